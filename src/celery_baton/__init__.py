@@ -1,0 +1,1 @@
+"""celery-baton: coordination for Celery."""

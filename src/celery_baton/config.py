@@ -1,0 +1,79 @@
+"""The ``baton_*`` settings, read from ``app.conf`` (or ``CELERY_BATON_*`` with a namespace).
+
+Every key is documented in docs/configuration.md. Celery-free: takes any mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery_baton.errors import ConfigError
+
+ON_STORE_ERROR = ("hold", "run")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings. All durations are in seconds."""
+
+    url: str | None = None
+    on_store_error: str = "hold"
+    socket_timeout: float = 2.0
+    lease_ttl: float = 30.0
+    global_rate_limits: bool = False
+    redelivery_guard: bool = False
+    redelivery_retention: float = 24 * 3600.0
+    hold_max: int = 10_000
+    hold_horizon: float = 300.0
+    unique_ttl: float = 3600.0
+    key_prefix: str = "baton"
+
+
+def _get(conf: Mapping[str, Any], name: str, default: Any) -> Any:
+    for key in (f"baton_{name}", f"BATON_{name.upper()}"):
+        try:
+            value = conf[key]
+        except (KeyError, AttributeError):
+            continue
+        if value is not None:
+            return value
+    return default
+
+
+def _seconds(value: Any, name: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected seconds, got {value!r}", subject=f"baton_{name}") from None
+    if seconds <= 0:
+        raise ConfigError(f"must be > 0, got {value!r}", subject=f"baton_{name}")
+    return seconds
+
+
+def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
+    """Settings from a Celery ``app.conf``; ``url`` (from ``Baton(app, url=...)``) wins."""
+    store_url = url or _get(conf, "url", None) or os.environ.get("BATON_URL") or None
+    policy = str(_get(conf, "on_store_error", "hold"))
+    if policy not in ON_STORE_ERROR:
+        raise ConfigError(f"must be one of {ON_STORE_ERROR}, got {policy!r}",
+                          subject="baton_on_store_error")
+    hold_max = int(_get(conf, "hold_max", 10_000))
+    if hold_max < 0:
+        raise ConfigError("must be >= 0", subject="baton_hold_max")
+    return Settings(
+        url=store_url,
+        on_store_error=policy,
+        socket_timeout=_seconds(_get(conf, "socket_timeout", 2.0), "socket_timeout"),
+        lease_ttl=_seconds(_get(conf, "lease_ttl", 30.0), "lease_ttl"),
+        global_rate_limits=bool(_get(conf, "global_rate_limits", False)),
+        redelivery_guard=bool(_get(conf, "redelivery_guard", False)),
+        redelivery_retention=_seconds(
+            _get(conf, "redelivery_retention", 24 * 3600.0), "redelivery_retention"),
+        hold_max=hold_max,
+        hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
+        unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
+        key_prefix=str(_get(conf, "key_prefix", "baton")),
+    )

@@ -1,0 +1,62 @@
+"""Every error celery-baton raises; one base class, each carrying what it is about."""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base class of every celery-baton error."""
+
+
+class ConfigError(BatonError, ValueError):
+    """An invalid option or setting, reported when it is declared or read."""
+
+    def __init__(self, message: str, *, subject: str | None = None) -> None:
+        super().__init__(f"{subject}: {message}" if subject else message)
+        self.subject = subject
+
+
+class KeySpecError(ConfigError):
+    """A key spec that cannot build a key: unknown argument, bad template, bad value."""
+
+
+class RateSpecError(ConfigError):
+    """A rate string or number that is not a valid positive rate."""
+
+
+class StoreUnavailable(BatonError):
+    """The store did not answer; raised ``from`` the client's own error."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(f"{message} (store {url})" if url else message)
+        self.url = url
+
+
+class LeaseNotOwned(BatonError):
+    """An operation on a lease that this owner does not hold (any more)."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(f"{message}: {key}")
+        self.key = key
+
+
+class NotInExclusiveTask(BatonError):
+    """``fence()`` was called outside a task run that holds an exclusive lease."""
+
+
+class TaskSkipped(BatonError):
+    """Stored as the result of a duplicate run that ``exclusive_conflict="skip"`` skipped."""
+
+    def __init__(self, message: str, key: str = "", holder: str = "") -> None:
+        super().__init__(message, key, holder)
+        self.key = key
+        self.holder = holder
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class AlreadyRun(BatonError):
+    """Stored for a redelivered message whose task id already finished."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "already run"

