@@ -1,1 +1,37 @@
-"""celery-baton: coordination for Celery."""
+"""celery-baton: coordination for Celery that holds under failure.
+
+>>> from celery import Celery
+>>> from celery_baton import Baton
+>>> app = Celery("feeds", broker="redis://127.0.0.1:6379/0")
+>>> baton = Baton(app)
+>>> @app.task(exclusive="feed_url")
+... def import_feed(feed_url): ...
+"""
+
+from celery_baton.baton import Baton
+from celery_baton.errors import (
+    AlreadyRun,
+    BatonError,
+    ConfigError,
+    KeySpecError,
+    LeaseNotOwned,
+    NotInExclusiveTask,
+    RateSpecError,
+    StoreUnavailable,
+    TaskSkipped,
+)
+from celery_baton.worker.context import fence
+
+__all__ = [
+    "AlreadyRun",
+    "Baton",
+    "BatonError",
+    "ConfigError",
+    "KeySpecError",
+    "LeaseNotOwned",
+    "NotInExclusiveTask",
+    "RateSpecError",
+    "StoreUnavailable",
+    "TaskSkipped",
+    "fence",
+]

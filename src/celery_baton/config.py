@@ -30,6 +30,12 @@ class Settings:
     hold_horizon: float = 300.0
     unique_ttl: float = 3600.0
     key_prefix: str = "baton"
+    # beat (docs/beat.md)
+    beat_lease_ttl: float = 6.0
+    beat_history: int = 100
+    beat_misfire_grace: float = 30.0
+    beat_misfire_max: int = 100
+    beat_check_tasks: bool = True
 
 
 def _get(conf: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -76,4 +82,19 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
         key_prefix=str(_get(conf, "key_prefix", "baton")),
+        beat_lease_ttl=_seconds(_get(conf, "beat_lease_ttl", 6.0), "beat_lease_ttl"),
+        beat_history=_positive_int(_get(conf, "beat_history", 100), "beat_history"),
+        beat_misfire_grace=float(_get(conf, "beat_misfire_grace", 30.0)),
+        beat_misfire_max=_positive_int(_get(conf, "beat_misfire_max", 100), "beat_misfire_max"),
+        beat_check_tasks=bool(_get(conf, "beat_check_tasks", True)),
     )
+
+
+def _positive_int(value: Any, name: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected an integer, got {value!r}", subject=f"baton_{name}") from None
+    if number < 1:
+        raise ConfigError(f"must be >= 1, got {value!r}", subject=f"baton_{name}")
+    return number

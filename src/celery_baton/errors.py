@@ -60,3 +60,11 @@ class AlreadyRun(BatonError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "already run"
+
+
+class BeatEntryError(BatonError, ValueError):
+    """A beat schedule entry that cannot be scheduled: bad schedule, unknown task, 0 s."""
+
+    def __init__(self, message: str, *, entry: str) -> None:
+        super().__init__(f"beat entry {entry!r}: {message}")
+        self.entry = entry

@@ -148,12 +148,12 @@ def _sentinel_client(url: str, socket_timeout: float, client_name: str | None) -
     service = path[0]
     db = int(path[1]) if len(path) > 1 else int(parse_qs(parts.query).get("db", ["0"])[0])
     password = unquote(parts.password) if parts.password else None
-    sentinel = redis.sentinel.Sentinel(
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
         nodes,
         socket_timeout=socket_timeout,
         sentinel_kwargs={"password": password} if password else None,
     )
-    master: redis.Redis = sentinel.master_for(
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         service,
         db=db,
         password=password,

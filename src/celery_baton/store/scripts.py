@@ -18,14 +18,13 @@ SCRIPT_NAMES = (
     "renew",
     "unique_claim",
     "unique_release",
-    "lease_acquire",
-    "lease_release",
-    "rate_acquire",
     "beat_lead",
     "beat_resign",
     "beat_claim",
     "beat_sent",
-    "beat_sync",
+    "beat_define",
+    "beat_remove",
+    "beat_mark",
 )
 
 

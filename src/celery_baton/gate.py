@@ -1,0 +1,165 @@
+"""The Gate: everything a run needs before it may start, decided in ONE script call.
+
+A run may need an exclusive lease, a concurrency lease, a rate reservation, and proof
+that its task id has not finished already. Asking for them one by one would let two
+workers each take half (deadlock) or let a rate token be spent by a run that then
+cannot get its lease. The gate script checks every condition first and writes only
+when all of them pass, on the server's clock. Celery-free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery_baton.store.connection import STORE_ERRORS, Store
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One thing a run needs; build with the class methods."""
+
+    kind: str  # "L" lease, "R" rate, "D" done marker, "U" unique claim to free
+    key: str
+    a: str = ""
+    b: str = ""
+    limit: int = 1
+
+    @classmethod
+    def lease(cls, key: str, *, limit: int = 1, fence: bool = False) -> Condition:
+        return cls("L", key, str(limit), "1" if fence else "0", limit)
+
+    @classmethod
+    def rate(cls, key: str, interval_us: int, burst: int = 1) -> Condition:
+        return cls("R", key, str(interval_us), str(burst))
+
+    @classmethod
+    def not_done(cls, key: str) -> Condition:
+        return cls("D", key)
+
+    @classmethod
+    def free_unique(cls, key: str, task_id: str) -> Condition:
+        return cls("U", key, task_id)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's answer. When denied, ``retry_after`` is in seconds (-1: never)."""
+
+    granted: bool
+    fence: int = 0
+    denied_by: Condition | None = None
+    retry_after: float = 0.0
+    holder: str = ""
+
+    @property
+    def holder_task_id(self) -> str:
+        return owner_task_id(self.holder)
+
+
+def owner_task_id(owner: str) -> str:
+    """Owners are ``"<task id>|<worker>|<nonce>"``: unique per delivery of a message."""
+    return owner.split("|", 1)[0]
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A lease as its holder knows it, for batched renewal."""
+
+    key: str
+    owner: str
+    limit: int
+    ttl: float
+
+
+class Gate:
+    """Runs the gate, release and renew scripts against one store.
+
+    >>> gate = Gate(connect("redis://127.0.0.1:6379/0"))  # doctest: +SKIP
+    >>> gate.decide([Condition.lease("baton:{t}:ex:k")], owner="id|w|1")  # doctest: +SKIP
+    Decision(granted=True, fence=1732240000000000, ...)
+    """
+
+    def __init__(self, store: Store, *, notice_channel: str = "baton:released") -> None:
+        self.store = store
+        self.notice_channel = notice_channel
+        self._cluster = not hasattr(store.client, "connection_pool")
+
+    def decide(
+        self, conditions: Sequence[Condition], *, owner: str, ttl: float = 30.0
+    ) -> Decision:
+        """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable."""
+        args: list[Any] = [owner, max(1, round(ttl * 1000))]
+        for c in conditions:
+            args += (c.kind, c.a, c.b)
+        try:
+            reply = self.store.scripts.run("gate", [c.key for c in conditions], args)
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+        if reply[0] == 1:
+            return Decision(True, fence=int(reply[1]))
+        retry_ms = int(reply[2])
+        return Decision(
+            False,
+            denied_by=conditions[int(reply[1]) - 1],
+            retry_after=-1.0 if retry_ms < 0 else retry_ms / 1000.0,
+            holder=str(reply[3] or ""),
+        )
+
+    def release(
+        self,
+        lease_keys: Sequence[str],
+        *,
+        owner: str,
+        done_key: str | None = None,
+        done_ttl: float = 0.0,
+        unique_key: str | None = None,
+        unique_owner: str = "",
+    ) -> int:
+        """Free ``owner``'s leases (never another owner's); mark done; free a unique key."""
+        keys = list(lease_keys)
+        done_ms = 0
+        if done_key and done_ttl > 0:
+            keys.append(done_key)
+            done_ms = max(1, round(done_ttl * 1000))
+        if unique_key and unique_owner:
+            keys.append(unique_key)
+        else:
+            unique_owner = ""
+        args = [owner, len(lease_keys), done_ms, unique_owner, self.notice_channel]
+        try:
+            return int(self.store.scripts.run("release", keys, args))
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def renew(self, leases: Sequence[HeldLease]) -> list[int]:
+        """Renew many leases in one round trip: 1 renewed, 2 re-asserted, 0 lost."""
+        if not leases:
+            return []
+        try:
+            if not self._cluster:
+                return [int(status) for status in self._renew_batch(leases)]
+            # Cluster: a script's keys must share a slot, so one call per hash tag,
+            # all in one pipeline.
+            by_tag: dict[str, list[int]] = defaultdict(list)
+            for i, lease in enumerate(leases):
+                by_tag[lease.key[lease.key.find("{"):lease.key.find("}") + 1]].append(i)
+            results = [0] * len(leases)
+            pipe = self.store.client.pipeline(transaction=False)
+            for indexes in by_tag.values():
+                self._renew_batch([leases[i] for i in indexes], pipe)
+            for indexes, reply in zip(by_tag.values(), pipe.execute(), strict=True):
+                for i, status in zip(indexes, reply, strict=True):
+                    results[i] = int(status)
+            return results
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def _renew_batch(self, leases: Sequence[HeldLease], pipe: Any = None) -> Any:
+        args: list[Any] = []
+        for lease in leases:
+            args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)))
+        reply = self.store.scripts.run("renew", [x.key for x in leases], args, client=pipe)
+        return reply

@@ -1,0 +1,197 @@
+"""Canonical keys from a key spec and a call's arguments. Celery-free, pure logic.
+
+A key spec says which arguments make two calls "the same":
+
+* ``True``: one key for the whole task;
+* ``"feed_url"``: an argument name; ``["tenant", "host"]``: several names;
+* ``"{tenant}/{host}"``: a template over argument names;
+* a callable ``(*args, **kwargs) -> str``.
+
+Arguments are bound to the function's signature with defaults applied, so ``f(1, b=2)``,
+``f(a=1, b=2)`` and ``f(1, 2)`` give one key. Values are serialised as sorted JSON and
+hashed, so a key never leaks argument values into the store and has a bounded length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery_baton.errors import KeySpecError
+
+KeySpecValue = bool | str | Sequence[str] | Callable[..., Any]
+
+_formatter = string.Formatter()
+
+
+def _template_fields(template: str) -> list[str]:
+    names = []
+    for _, field, _, _ in _formatter.parse(template):
+        if field is None:
+            continue
+        # "{user.id}" or "{items[0]}" read from the argument "user" / "items".
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root:
+            raise KeySpecError(f"template {template!r} has a positional field; name arguments")
+        names.append(root)
+    return names
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """A validated key spec bound to one function's signature.
+
+    >>> def fetch(host, path="/"): ...
+    >>> spec = KeySpec.build("host", fetch, subject="fetch")
+    >>> spec.key(("example.org",), {}) == spec.key((), {"host": "example.org", "path": "/x"})
+    True
+    """
+
+    subject: str
+    signature: inspect.Signature | None
+    names: tuple[str, ...]
+    template: str | None = None
+    func: Callable[..., Any] | None = None
+    whole_task: bool = False
+
+    @classmethod
+    def build(
+        cls, spec: KeySpecValue, fun: Callable[..., Any], *, subject: str, bound: bool = False
+    ) -> KeySpec:
+        """Validate ``spec`` against ``fun``'s signature; raise KeySpecError now, not later.
+
+        ``bound``: ``fun`` takes ``self`` first (a ``bind=True`` task) which is not an argument.
+        """
+        try:
+            signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            signature = None
+        if bound and signature is not None:
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        if spec is True:
+            return cls(subject, signature, (), whole_task=True)
+        if spec is False or spec is None:
+            raise KeySpecError("a key spec cannot be False/None here", subject=subject)
+        if callable(spec):
+            return cls(subject, signature, (), func=spec)
+        template: str | None = None
+        if isinstance(spec, str):
+            if "{" in spec:
+                template = spec
+                names = tuple(_template_fields(spec))
+            else:
+                names = (spec,)
+        elif isinstance(spec, Sequence) and all(isinstance(n, str) for n in spec):
+            names = tuple(spec)
+        else:
+            raise KeySpecError(
+                f"expected True, an argument name, a list of names, a '{{template}}' or a "
+                f"callable, got {spec!r}",
+                subject=subject,
+            )
+        if not names:
+            raise KeySpecError(f"key spec {spec!r} names no argument", subject=subject)
+        if signature is not None:
+            params = signature.parameters
+            takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            for name in names:
+                if name not in params and not takes_kwargs:
+                    raise KeySpecError(
+                        f"key spec {spec!r} names argument {name!r}, which the function does "
+                        f"not take (it takes: {', '.join(params) or 'nothing'})",
+                        subject=subject,
+                    )
+        return cls(subject, signature, names, template=template)
+
+    def arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, defaults applied (``**kw`` merged in)."""
+        if self.signature is None:
+            return dict(kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise KeySpecError(f"arguments do not match the task: {exc}",
+                               subject=self.subject) from exc
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+        for name, param in self.signature.parameters.items():
+            if param.kind is param.VAR_KEYWORD:
+                named.update(named.pop(name, {}))
+        return named
+
+    def material(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The canonical, human-readable text of the key (before hashing)."""
+        if self.whole_task:
+            return ""
+        if self.func is not None:
+            value = self.func(*args, **kwargs)
+            if not isinstance(value, str):
+                raise KeySpecError(f"key function returned {type(value).__name__}, not str",
+                                   subject=self.subject)
+            return value
+        named = self.arguments(args, kwargs)
+        if self.template is not None:
+            try:
+                return self.template.format_map(named)
+            except (KeyError, AttributeError, IndexError) as exc:
+                raise KeySpecError(f"template {self.template!r}: {exc!r}",
+                                   subject=self.subject) from exc
+        missing = [n for n in self.names if n not in named]
+        if missing:
+            raise KeySpecError(f"call lacks argument(s) {missing}", subject=self.subject)
+        try:
+            return json.dumps(
+                {n: named[n] for n in self.names},
+                sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+            )
+        except (TypeError, ValueError) as exc:
+            raise KeySpecError(f"argument cannot be serialised into a key: {exc}",
+                               subject=self.subject) from exc
+
+    def key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """A short stable digest of the canonical key text."""
+        return digest(self.material(args, kwargs))
+
+
+def digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyNames:
+    """Builds store key names. Every key of one task shares the ``{task name}`` hash tag,
+    so one gate call's keys always live on one Redis Cluster slot."""
+
+    prefix: str = "baton"
+
+    def family(self, task: str) -> str:
+        return f"{self.prefix}:{{{task}}}"
+
+    def lease(self, task: str, kind: str, key: str) -> str:
+        """kind: "ex" (exclusive), "cc" (concurrency), "run" (redelivery guard)."""
+        return f"{self.family(task)}:{kind}:{key}"
+
+    def rate(self, task: str, key: str) -> str:
+        return f"{self.family(task)}:rate:{key}"
+
+    def unique(self, task: str, key: str) -> str:
+        return f"{self.family(task)}:uq:{key}"
+
+    def done(self, task: str, task_id: str) -> str:
+        return f"{self.family(task)}:done:{task_id}"
+
+    def limits(self, task: str) -> str:
+        return f"{self.family(task)}:limits"
+
+    @property
+    def notice_channel(self) -> str:
+        return f"{self.prefix}:released"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"

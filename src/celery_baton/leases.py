@@ -1,0 +1,165 @@
+"""Leases: a lock held by an owner for a ttl, renewed while the owner lives. Celery-free.
+
+The race every hand-written Celery lock loses: worker A's lock expires while A is paused
+(GC, swap, a slow query); B takes it; A wakes and deletes "the lock" with a plain DEL,
+freeing B's lock; C takes it and now B and C run together. Here:
+
+1. release compares the owner in the script: A's release frees nothing of B's;
+2. each acquisition gets a fencing token that grows per key, so A's late writes can be
+   refused downstream (``UPDATE ... WHERE fence < :fence``);
+3. live owners renew every ttl/3 in one batched call, so a long run keeps its lease,
+   and a killed owner's lease ends when its ttl runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from celery_baton.errors import BatonError, LeaseNotOwned
+from celery_baton.gate import Condition, Gate, HeldLease
+
+logger = logging.getLogger(__name__)
+
+
+def new_owner(task_id: str, worker: str) -> str:
+    """An owner token unique to one delivery: ``"<task id>|<worker>|<nonce>"``."""
+    return f"{task_id}|{worker}|{secrets.token_hex(4)}"
+
+
+class Lease:
+    """A lease on one key, for use outside Celery tasks too.
+
+    >>> with Lease(gate, "baton:{jobs}:ex:nightly", ttl=10) as lease:  # doctest: +SKIP
+    ...     write(fence=lease.fence)
+    """
+
+    def __init__(
+        self, gate: Gate, key: str, *, ttl: float = 30.0, limit: int = 1, owner: str | None = None
+    ) -> None:
+        self.gate = gate
+        self.key = key
+        self.ttl = ttl
+        self.limit = limit
+        self.owner = owner or new_owner("-", "lease")
+        self.fence = 0
+        self.holder = ""
+
+    def acquire(self) -> bool:
+        """Take the lease now if it is free; ``self.fence`` is its token. One round trip."""
+        decision = self.gate.decide(
+            [Condition.lease(self.key, limit=self.limit, fence=True)], owner=self.owner,
+            ttl=self.ttl,
+        )
+        self.fence = decision.fence if decision.granted else 0
+        self.holder = decision.holder
+        return decision.granted
+
+    def renew(self) -> bool:
+        return self.gate.renew([HeldLease(self.key, self.owner, self.limit, self.ttl)])[0] > 0
+
+    def release(self) -> bool:
+        """Free the lease if this owner holds it; never anyone else's. One round trip."""
+        return self.gate.release([self.key], owner=self.owner) == 1
+
+    def __enter__(self) -> Lease:
+        if not self.acquire():
+            raise LeaseNotOwned(f"held by {self.holder}", key=self.key)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class LeaseBook:
+    """The leases one process holds, renewed together in one call every ``interval``.
+
+    ``on_lost(owner, key)`` is called (from the renewer thread) when a lease was taken
+    over by someone else: its run no longer has exclusivity, which must be loud.
+    Releases that failed because the store was down are retried here too.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        *,
+        interval: float,
+        on_lost: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.gate = gate
+        self.interval = interval
+        self.on_lost = on_lost
+        self._held: dict[str, list[HeldLease]] = {}
+        self._pending_releases: list[Callable[[], object]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+        self.losses = 0
+
+    def add(self, owner: str, leases: list[HeldLease]) -> None:
+        if leases:
+            with self._lock:
+                self._held[owner] = leases
+
+    def remove(self, owner: str) -> list[HeldLease]:
+        with self._lock:
+            return self._held.pop(owner, [])
+
+    def held(self) -> list[HeldLease]:
+        with self._lock:
+            return [lease for leases in self._held.values() for lease in leases]
+
+    def retry_later(self, release: Callable[[], object]) -> None:
+        """Queue a release that failed (store down) to be retried by the renewer."""
+        with self._lock:
+            self._pending_releases.append(release)
+
+    def renew_now(self) -> None:
+        held = self.held()
+        if held:
+            statuses = self.gate.renew(held)
+            self.renewals += len(held)
+            for lease, status in zip(held, statuses, strict=True):
+                if status == 0:
+                    self.losses += 1
+                    logger.error("lease lost: %s held by %s was taken over", lease.key,
+                                 lease.owner)
+                    if self.on_lost:
+                        self.on_lost(lease.owner, lease.key)
+                elif status == 2:
+                    logger.warning("lease re-asserted after the store lost it: %s", lease.key)
+        with self._lock:
+            pending, self._pending_releases = self._pending_releases, []
+        for i, release in enumerate(pending):
+            try:
+                release()
+            except BatonError:
+                with self._lock:
+                    self._pending_releases.extend(pending[i:])
+                raise
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.renew_now()
+            except BatonError as exc:
+                logger.warning("lease renewal failed, retrying in %.1fs: %s", self.interval, exc)
+            except Exception:  # the renewer must outlive any surprise
+                logger.exception("lease renewal crashed; retrying")
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="baton-renewer", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,228 @@
+"""A task's coordination policy, compiled once from its options. Celery-free.
+
+Reads the options as plain attributes (Celery stores ``@app.task(**options)`` on the task
+class), validates them, and turns one call into the gate's conditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_baton.config import Settings
+from celery_baton.errors import ConfigError
+from celery_baton.gate import Condition, HeldLease
+from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
+from celery_baton.rates import interval_us, parse_burst, parse_rate
+
+#: Every task option celery-baton reads (documented in docs/configuration.md).
+TASK_OPTIONS = (
+    "exclusive",
+    "exclusive_conflict",
+    "unique",
+    "unique_until",
+    "unique_ttl",
+    "global_rate_limit",
+    "global_rate_limit_key",
+    "global_rate_limit_burst",
+    "global_concurrency",
+    "global_concurrency_key",
+    "lease_ttl",
+    "redelivery_guard",
+)
+CONFLICT_POLICIES = ("skip", "wait")
+UNIQUE_UNTIL = ("finished", "started")
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    per_second: float
+    burst: int
+    key: KeySpec | None
+
+    @property
+    def interval_us(self) -> int:
+        return interval_us(self.per_second)
+
+
+@dataclass(frozen=True)
+class ConcurrencyPolicy:
+    limit: int
+    key: KeySpec | None
+
+
+@dataclass
+class RunPlan:
+    """What one delivery of a task asks the gate for, and what it must give back."""
+
+    owner: str
+    conditions: list[Condition]
+    leases: list[HeldLease]
+    exclusive_key: str | None = None
+    unique_key: str | None = None
+    done_key: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskPolicy:
+    """Compiled options of one task. ``plan()`` builds a delivery's conditions."""
+
+    name: str
+    lease_ttl: float
+    exclusive: KeySpec | None = None
+    exclusive_conflict: str = "skip"
+    unique: KeySpec | None = None
+    unique_until: str = "finished"
+    unique_ttl: float = 3600.0
+    rate: RatePolicy | None = None
+    rate_from_celery: bool = False
+    concurrency: ConcurrencyPolicy | None = None
+    redelivery_guard: bool = False
+    redelivery_retention: float = 86400.0
+
+    @property
+    def gates_runs(self) -> bool:
+        """Whether the worker must pass this task's deliveries through the gate."""
+        return bool(
+            self.exclusive or self.rate or self.rate_from_celery or self.concurrency
+            or self.redelivery_guard or (self.unique and self.unique_until == "started")
+        )
+
+    def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        assert self.unique is not None
+        return names.unique(self.name, self.unique.key(args, kwargs))
+
+    def plan(
+        self,
+        names: KeyNames,
+        *,
+        task_id: str,
+        owner: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        celery_rate: float | None = None,
+    ) -> RunPlan:
+        """The gate conditions of one delivery; raises KeySpecError for bad arguments."""
+        plan = RunPlan(owner, [], [])
+        if self.redelivery_guard:
+            plan.done_key = names.done(self.name, task_id)
+            plan.conditions.append(Condition.not_done(plan.done_key))
+            self._lease(plan, names.lease(self.name, "run", task_id), 1, fence=False)
+        if self.exclusive is not None:
+            material = self.exclusive.material(args, kwargs)
+            key = names.lease(self.name, "ex", digest(material))
+            plan.exclusive_key = key
+            plan.labels[key] = material
+            self._lease(plan, key, 1, fence=True)
+        if self.concurrency is not None:
+            spec = self.concurrency.key
+            material = spec.material(args, kwargs) if spec else ""
+            key = names.lease(self.name, "cc", digest(material))
+            plan.labels[key] = material
+            self._lease(plan, key, self.concurrency.limit, fence=False)
+        rate = self.rate
+        if rate is None and celery_rate is not None:
+            rate = RatePolicy(celery_rate, 1, None)
+        if rate is not None:
+            material = rate.key.material(args, kwargs) if rate.key else ""
+            plan.conditions.append(
+                Condition.rate(names.rate(self.name, digest(material)), rate.interval_us,
+                               rate.burst)
+            )
+        if self.unique is not None:
+            plan.unique_key = self.unique_key(names, args, kwargs)
+            if self.unique_until == "started":
+                plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
+        return plan
+
+    def _lease(self, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:
+        plan.conditions.append(Condition.lease(key, limit=limit, fence=fence))
+        plan.leases.append(HeldLease(key, plan.owner, limit, self.lease_ttl))
+
+
+def declares_options(options: Mapping[str, Any]) -> bool:
+    return any(options.get(name) is not None for name in TASK_OPTIONS)
+
+
+def compile_policy(
+    name: str,
+    options: Callable[[str], Any],
+    fun: Callable[..., Any],
+    settings: Settings,
+    *,
+    bound: bool = False,
+) -> TaskPolicy | None:
+    """Validate a task's options; ``None`` when it asks for nothing.
+
+    ``options(name)`` reads one option (``getattr`` on the task, or a dict lookup at
+    declaration time); ``fun`` is the function whose signature keys are bound to.
+    """
+
+    def spec(option: str) -> KeySpec | None:
+        value: KeySpecValue | None = options(option)
+        if value is None or value is False:
+            return None
+        return KeySpec.build(value, fun, subject=f"{name}.{option}", bound=bound)
+
+    def choice(option: str, allowed: tuple[str, ...]) -> str:
+        value = options(option)
+        value = allowed[0] if value is None else value
+        if value not in allowed:
+            raise ConfigError(f"must be one of {allowed}, got {value!r}",
+                              subject=f"{name}.{option}")
+        return str(value)
+
+    def seconds(option: str, default: float) -> float:
+        value = options(option)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"must be a number of seconds > 0, got {value!r}",
+                              subject=f"{name}.{option}")
+        return float(value)
+
+    rate = None
+    if options("global_rate_limit") is not None:
+        subject = f"{name}.global_rate_limit"
+        burst = options("global_rate_limit_burst")
+        rate = RatePolicy(
+            parse_rate(options("global_rate_limit"), subject=subject),
+            parse_burst(1 if burst is None else burst, subject=f"{subject}_burst"),
+            spec("global_rate_limit_key"),
+        )
+    elif options("global_rate_limit_key") is not None:
+        raise ConfigError("global_rate_limit_key needs global_rate_limit", subject=name)
+
+    concurrency = None
+    limit = options("global_concurrency")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"must be an int >= 1, got {limit!r}",
+                              subject=f"{name}.global_concurrency")
+        concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
+    elif options("global_concurrency_key") is not None:
+        raise ConfigError("global_concurrency_key needs global_concurrency", subject=name)
+
+    guard = options("redelivery_guard")
+    celery_rate = settings.global_rate_limits and options("rate_limit") is not None
+    if celery_rate:
+        parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
+    policy = TaskPolicy(
+        name=name,
+        lease_ttl=seconds("lease_ttl", settings.lease_ttl),
+        exclusive=spec("exclusive"),
+        exclusive_conflict=choice("exclusive_conflict", CONFLICT_POLICIES),
+        unique=spec("unique"),
+        unique_until=choice("unique_until", UNIQUE_UNTIL),
+        unique_ttl=seconds("unique_ttl", settings.unique_ttl),
+        rate=rate,
+        rate_from_celery=bool(celery_rate) and rate is None,
+        concurrency=concurrency,
+        redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
+        redelivery_retention=settings.redelivery_retention,
+    )
+    if not (policy.gates_runs or policy.unique):
+        return None
+    return policy

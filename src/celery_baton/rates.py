@@ -1,0 +1,91 @@
+"""Rate strings and the GCRA rate primitive. Celery-free.
+
+GCRA (the generic cell rate algorithm) keeps one number per limit: the theoretical
+arrival time (TAT) of the next request. A request may start when
+``now >= TAT + interval - burst * interval``; starting moves TAT one interval ahead.
+It is a token bucket with ``burst`` tokens that refills one token per interval, exact,
+one key, one round trip, and it says how long to wait (``retry_after``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from celery_baton.errors import RateSpecError
+from celery_baton.gate import Condition, Decision, Gate
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNIT_NAMES = {
+    **{name: "s" for name in ("s", "sec", "second")},
+    **{name: "m" for name in ("m", "min", "minute")},
+    **{name: "h" for name in ("h", "hour")},
+    **{name: "d" for name in ("d", "day")},
+}
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:/\s*([a-z]+))?\s*$")
+
+
+def parse_rate(value: str | float | int, *, subject: str | None = None) -> float:
+    """Requests per second from ``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or a number.
+
+    >>> parse_rate("10/m")
+    0.16666666666666666
+    """
+    if isinstance(value, bool):
+        raise RateSpecError(f"not a rate: {value!r}", subject=subject)
+    if isinstance(value, int | float):
+        per_second = float(value)
+    elif isinstance(value, str):
+        match = _RATE_RE.match(value)
+        if not match:
+            raise RateSpecError(
+                f"not a rate: {value!r}; write 'N/s', 'N/m', 'N/h' or a number per second",
+                subject=subject,
+            )
+        count, unit = match.groups()
+        unit = _UNIT_NAMES.get(unit or "s")
+        if unit is None:
+            raise RateSpecError(f"unknown unit in {value!r}; use s, m, h or d", subject=subject)
+        per_second = float(count) / _UNITS[unit]
+    else:
+        raise RateSpecError(f"not a rate: {value!r}", subject=subject)
+    if not per_second > 0 or per_second == float("inf"):
+        raise RateSpecError(f"a rate must be positive and finite, got {value!r}",
+                            subject=subject)
+    return per_second
+
+
+def parse_burst(value: object, *, subject: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RateSpecError(f"burst must be an int >= 1, got {value!r}", subject=subject)
+    return value
+
+
+def interval_us(per_second: float) -> int:
+    """The GCRA emission interval in microseconds (at least 1)."""
+    return max(1, round(1_000_000 / per_second))
+
+
+@dataclass
+class RateLimit:
+    """A rate shared by every process that uses the same store key.
+
+    >>> limit = RateLimit(gate, "baton:{api}:rate:x", rate="10/s", burst=2)  # doctest: +SKIP
+    >>> limit.try_acquire().granted  # doctest: +SKIP
+    True
+    """
+
+    gate: Gate
+    key: str
+    rate: str | float = 1.0
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        self._condition = Condition.rate(
+            self.key, interval_us(parse_rate(self.rate, subject=self.key)),
+            parse_burst(self.burst, subject=self.key),
+        )
+
+    def try_acquire(self) -> Decision:
+        """Take one start now, or learn ``retry_after`` (seconds) without taking anything."""
+        return self.gate.decide([self._condition], owner="-")

@@ -1,0 +1,21 @@
+"""Celery signals celery-baton sends, so that every skip, hold and throttle is visible.
+
+>>> from celery_baton.signals import task_skipped
+>>> @task_skipped.connect
+... def on_skip(sender, request, key, holder, reason, **kw):
+...     print("skipped", request.id, "held by", holder)
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+#: A delivery was not run: a duplicate of an exclusive run (``reason="exclusive"``),
+#: a task id that already finished (``reason="already-run"``) or an invalid key.
+task_skipped = Signal(name="baton_task_skipped")
+#: A delivery waits in the worker's consumer (no pool slot) for ``key``.
+task_held = Signal(name="baton_task_held")
+#: A held delivery went back to the broker (hold cap or time horizon reached).
+task_handed_back = Signal(name="baton_task_handed_back")
+#: A publish of a unique task found an earlier one queued or running.
+task_deduplicated = Signal(name="baton_task_deduplicated")

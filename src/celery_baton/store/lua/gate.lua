@@ -1,0 +1,102 @@
+-- gate: decide ALL of a request's conditions at once; grant all of them or none.
+--
+-- KEYS[i]   the key of condition i (same {hash tag} for all, so Cluster can run it)
+-- ARGV[1]   owner: "<task id>|<worker>|<nonce>", unique per delivery
+-- ARGV[2]   lease ttl in milliseconds
+-- ARGV[3+3(i-1)..]  per condition i, three values: kind, a, b
+--   kind "L"  lease:  a = limit (1 = exclusive), b = "1" to issue a fencing token
+--   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
+--   kind "D"  done marker: denied while the key exists (a task id that already finished)
+--   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
+-- returns   {1, fence}                    granted (fence 0 when no lease asked for one)
+--           {0, i, retry_after_ms, holder} denied by condition i; nothing was written.
+--           retry_after_ms is -1 when waiting cannot help (a done marker).
+-- Time is the server's TIME, so workers' clocks never matter.
+
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local owner = ARGV[1]
+local ttl_ms = tonumber(ARGV[2])
+local owner_field = 'o:' .. owner
+local writes = {}
+
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local kind = ARGV[3 * i]
+  local a = ARGV[3 * i + 1]
+  local b = ARGV[3 * i + 2]
+  if kind == 'L' then
+    local limit = tonumber(a)
+    local flat = redis.call('HGETALL', key)
+    local live, mine, expired = 0, false, {}
+    local earliest, holder = nil, ''
+    for j = 1, #flat, 2 do
+      local field = flat[j]
+      if string.sub(field, 1, 2) == 'o:' then
+        local deadline = tonumber(string.match(flat[j + 1], '^(%d+)'))
+        if deadline <= now_ms then
+          expired[#expired + 1] = field
+        elseif field == owner_field then
+          mine = true
+        else
+          live = live + 1
+          if earliest == nil or deadline < earliest then
+            earliest, holder = deadline, string.sub(field, 3)
+          end
+        end
+      end
+    end
+    if not mine and live >= limit then
+      return {0, i, earliest - now_ms, holder}
+    end
+    writes[#writes + 1] = {'L', key, expired, b == '1', mine}
+  elseif kind == 'R' then
+    local interval = tonumber(a)
+    local burst = tonumber(b)
+    local tat = tonumber(redis.call('GET', key)) or now_us
+    if tat < now_us then tat = now_us end
+    local new_tat = tat + interval
+    local allow_at = new_tat - burst * interval
+    if now_us < allow_at then
+      return {0, i, math.ceil((allow_at - now_us) / 1000), ''}
+    end
+    writes[#writes + 1] = {'R', key, new_tat}
+  elseif kind == 'D' then
+    local done_by = redis.call('GET', key)
+    if done_by then
+      return {0, i, -1, done_by}
+    end
+  elseif kind == 'U' then
+    writes[#writes + 1] = {'U', key, a}
+  end
+end
+
+local fence = 0
+for _, w in ipairs(writes) do
+  local key = w[2]
+  if w[1] == 'L' then
+    if #w[3] > 0 then redis.call('HDEL', key, unpack(w[3])) end
+    local token = 0
+    if w[4] then
+      if w[5] then
+        token = tonumber(string.match(redis.call('HGET', key, owner_field), ' (%d+)$')) or 0
+      else
+        -- Strictly increasing per key, even after the key expired: never below the clock.
+        local last = tonumber(redis.call('HGET', key, '_fence')) or 0
+        token = math.max(last + 1, now_us)
+        redis.call('HSET', key, '_fence', string.format('%.0f', token))
+      end
+      if fence == 0 then fence = token end
+    end
+    redis.call('HSET', key, owner_field,
+      string.format('%.0f %.0f', now_ms + ttl_ms, token))
+    if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+  elseif w[1] == 'R' then
+    redis.call('SET', key, string.format('%.0f', w[3]),
+      'PX', math.ceil((w[3] - now_us) / 1000) + 1)
+  elseif w[1] == 'U' then
+    if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
+  end
+end
+return {1, fence}

@@ -1,0 +1,35 @@
+-- release: free a run's leases (owner compared: never another owner's), and optionally
+-- mark its task id done and free its unique claim. Publishes each freed lease key on the
+-- notice channel so that requests held for it wake at once instead of polling.
+--
+-- KEYS[1..n]  lease keys held by ARGV[1]
+-- KEYS[n+1]   (optional) done-marker key, when ARGV[3] > 0
+-- KEYS[n+2]   (optional) unique key, when ARGV[4] ~= ''
+-- ARGV[1]     owner
+-- ARGV[2]     n: number of lease keys
+-- ARGV[3]     done-marker ttl in milliseconds (0: do not mark)
+-- ARGV[4]     task id owning the unique key ('' : leave it)
+-- ARGV[5]     notice channel
+-- returns     number of leases this owner actually held and freed
+
+local owner_field = 'o:' .. ARGV[1]
+local n = tonumber(ARGV[2])
+local done_ttl = tonumber(ARGV[3])
+local unique_owner = ARGV[4]
+local freed = 0
+for i = 1, n do
+  if redis.call('HDEL', KEYS[i], owner_field) == 1 then
+    freed = freed + 1
+    redis.call('PUBLISH', ARGV[5], KEYS[i])
+  end
+end
+local next_key = n + 1
+if done_ttl > 0 then
+  local task_id = string.match(ARGV[1], '^([^|]*)')
+  redis.call('SET', KEYS[next_key], task_id, 'PX', done_ttl)
+  next_key = next_key + 1
+end
+if unique_owner ~= '' and redis.call('GET', KEYS[next_key]) == unique_owner then
+  redis.call('DEL', KEYS[next_key])
+end
+return freed

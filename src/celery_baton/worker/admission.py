@@ -1,0 +1,387 @@
+"""Admission in the worker's consumer, before the pool.
+
+``Admission`` replaces the consumer's ``on_task_request``: every delivered request
+(plain, after its ETA, after Celery's own rate-limit bucket) reaches it before the
+pool. A request of a task with a policy asks the gate once:
+
+* granted: it goes to the pool holding its leases (released by ``worker.request``);
+* denied by an exclusive key with ``exclusive_conflict="skip"``: acked, not run,
+  logged, signalled and recorded as a ``TaskSkipped`` result;
+* denied by a task id that already finished (redelivery guard): acked, not run, logged;
+* otherwise it is HELD here, in memory, occupying no pool slot. Held requests wait in
+  one FIFO per key and are retried when the gate said they may pass (``retry_after``,
+  with jitter so several workers do not stampede) or at once when a lease on that key
+  is released (a pub/sub notice). Holding raises the prefetch count like an ETA task
+  does, so held requests do not starve the worker of other work; past a cap or a time
+  horizon they are handed back to the broker unchanged (``reject(requeue=True)``: same
+  id, headers and retry count; never ``task.retry``).
+
+When the store is down, ``baton_on_store_error="hold"`` holds the request and retries
+with back-off (nothing runs unguarded); ``"run"`` runs it unguarded, logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from celery.worker import state as worker_state
+
+from celery_baton import signals
+from celery_baton.errors import AlreadyRun, BatonError, KeySpecError, StoreUnavailable, TaskSkipped
+from celery_baton.gate import Decision
+from celery_baton.leases import LeaseBook, new_owner
+from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.rates import parse_rate
+from celery_baton.worker.context import FENCE_FIELD
+from celery_baton.worker.request import attach
+
+if TYPE_CHECKING:
+    from celery_baton.baton import Baton
+
+logger = logging.getLogger("celery_baton.worker")
+
+STORE_KEY = "<store>"  # the wait queue of requests held because the store is down
+BACKOFF_START = 0.25
+BACKOFF_MAX = 10.0
+
+
+@dataclass(eq=False)
+class Held:
+    """A request the consumer is deciding about, or holding."""
+
+    request: Any
+    policy: TaskPolicy
+    plan: RunPlan
+    since: float = field(default_factory=time.monotonic)
+    held: bool = False
+    backoff: float = BACKOFF_START
+
+
+@dataclass
+class Wait:
+    key: str
+    delay: float
+
+
+class Admission:
+    """The consumer's ``on_task_request``; see the module docstring."""
+
+    def __init__(self, baton: Baton, consumer: Any, handle: Callable[[Any], Any]) -> None:
+        self.baton = baton
+        self.consumer = consumer
+        self.handle = handle
+        self.hostname: str = consumer.hostname
+        self._queues: dict[str, deque[Held]] = {}
+        self._timers: dict[str, tuple[float, Any]] = {}
+        self._lock = threading.RLock()
+        self._wakeups: deque[str] = deque()
+        self._wake_w: int | None = None
+        self._rate_cache: dict[str, float | None] = {}
+        self.book: LeaseBook | None = None
+        self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
+
+    # -- entry point ----------------------------------------------------------------
+
+    def __call__(self, request: Any) -> Any:
+        policy = self.baton.policy_for(request.task)
+        if policy is None:
+            return self.handle(request)
+        try:
+            plan = policy.plan(
+                self.baton.names,
+                task_id=request.id,
+                owner=new_owner(request.id, self.hostname),
+                args=request.args,
+                kwargs=request.kwargs,
+                celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
+            )
+        except KeySpecError as exc:
+            return self._refuse(request, exc)
+        if not plan.conditions:  # only a unique key to free when it finishes
+            attach(request, self, policy, plan)
+            return self.handle(request)
+        with self._lock:
+            held = Held(request, policy, plan)
+            outcome = self._try(held)
+            if isinstance(outcome, Wait):
+                self._enqueue(held, outcome)
+        return None
+
+    def _celery_rate(self, task: Any) -> float | None:
+        # Read at every admission: `celery control rate_limit` changes it on every worker.
+        value = task.rate_limit
+        if value not in self._rate_cache:
+            self._rate_cache[value] = parse_rate(value, subject=task.name) if value else None
+        return self._rate_cache[value]
+
+    # -- one decision ---------------------------------------------------------------
+
+    def _try(self, held: Held) -> Wait | None:
+        """Ask the gate once. None: the request left (started, skipped, handed back)."""
+        request = held.request
+        if held.held and request.revoked():  # revoked or expired while held: Celery acks it
+            self._leave(held)
+            return None
+        elapsed = time.monotonic() - held.since
+        if held.held and elapsed >= self.baton.hold_horizon:
+            self._hand_back(held, f"held {elapsed:.0f}s, the horizon")
+            return None
+        try:
+            decision = self.baton.gate.decide(
+                held.plan.conditions, owner=held.plan.owner, ttl=held.policy.lease_ttl
+            )
+        except StoreUnavailable as exc:
+            if self.baton.settings.on_store_error == "run":
+                logger.warning("store unavailable, running %s[%s] UNGUARDED "
+                               "(baton_on_store_error='run'): %s", request.name, request.id, exc)
+                self._start(held, Decision(True), guarded=False)
+                return None
+            delay = held.backoff
+            held.backoff = min(BACKOFF_MAX, held.backoff * 2)
+            logger.warning("store unavailable, holding %s[%s], retry in %.2fs: %s",
+                           request.name, request.id, delay, exc)
+            return Wait(STORE_KEY, delay)
+        held.backoff = BACKOFF_START
+        if decision.granted:
+            self._start(held, decision)
+            return None
+        return self._denied(held, decision)
+
+    def _denied(self, held: Held, decision: Decision) -> Wait | None:
+        request, plan, policy = held.request, held.plan, held.policy
+        condition = decision.denied_by
+        assert condition is not None
+        own_copy = decision.holder_task_id == request.id
+        if condition.kind == "D":
+            self._skip(held, "already-run", condition.key, decision.holder,
+                       f"task id {request.id} already finished; this redelivered copy is "
+                       f"not run")
+            return None
+        if (condition.key == plan.exclusive_key and not own_copy
+                and policy.exclusive_conflict == "skip"):
+            label = plan.labels.get(condition.key, "")
+            self._skip(held, "exclusive", condition.key, decision.holder_task_id,
+                       f"exclusive key {label or '(task)'} of {request.name} is held by task "
+                       f"{decision.holder_task_id}; this run is skipped")
+            return None
+        if condition.kind == "R":
+            self.stats["throttled"] += 1
+        # A lease held by a copy of this very task id (its own retry, or a redelivery
+        # while the first copy still runs) always waits: it is freed in milliseconds,
+        # or the first copy finishes and this one is dropped as already run.
+        return Wait(condition.key, max(decision.retry_after, 0.001))
+
+    # -- outcomes -------------------------------------------------------------------
+
+    def _start(self, held: Held, decision: Decision, *, guarded: bool = True) -> None:
+        request = held.request
+        self._unhold(held)
+        if guarded:
+            attach(request, self, held.policy, held.plan)
+            if self.book is not None:
+                self.book.add(held.plan.owner, held.plan.leases)
+            if decision.fence:
+                request.request_dict[FENCE_FIELD] = decision.fence
+        self.stats["admitted"] += 1
+        self.handle(request)
+
+    def _skip(self, held: Held, reason: str, key: str, holder: str, message: str) -> None:
+        request = held.request
+        self._unhold(held)
+        self.stats["skipped"] += 1
+        logger.warning("%s[%s] skipped: %s", request.name, request.id, message)
+        signals.task_skipped.send(sender=request.task, request=request, key=key, holder=holder,
+                                  reason=reason)
+        task = request.task
+        if reason == "exclusive" and not task.ignore_result:
+            # A clear final state for whoever waits on the result; no errbacks: the
+            # work is being done by the holder.
+            task.backend.mark_as_failure(
+                request.id, TaskSkipped(message, key, holder), request=request._context,
+                store_result=True, call_errbacks=False,
+            )
+        if held.plan.unique_key and reason == "exclusive":
+            self._release_unique(held)
+        worker_state.task_ready(request)
+        request.acknowledge()
+
+    def _refuse(self, request: Any, exc: BatonError) -> None:
+        """A request whose key cannot be built: fail it loudly; never run it unguarded."""
+        logger.error("%s[%s] refused: %s", request.name, request.id, exc)
+        signals.task_skipped.send(sender=request.task, request=request, key="", holder="",
+                                  reason="invalid-key")
+        request.task.backend.mark_as_failure(request.id, exc, request=request._context,
+                                             store_result=True)
+        worker_state.task_ready(request)
+        request.acknowledge()
+
+    def _hand_back(self, held: Held, why: str) -> None:
+        request = held.request
+        self._unhold(held)
+        self.stats["handed_back"] += 1
+        logger.warning("%s[%s] handed back to the broker: %s", request.name, request.id, why)
+        signals.task_handed_back.send(sender=request.task, request=request, reason=why)
+        worker_state.task_ready(request)
+        request.reject(requeue=True)
+
+    def _leave(self, held: Held) -> None:
+        self._unhold(held)
+
+    def _release_unique(self, held: Held) -> None:
+        with contextlib.suppress(BatonError):
+            self.baton.release_unique(held.plan.unique_key or "", held.request.id)
+
+    # -- holding --------------------------------------------------------------------
+
+    def _enqueue(self, held: Held, wait: Wait) -> None:
+        if not held.held:
+            if self.held_count >= self.baton.settings.hold_max:
+                self._hand_back(held, f"{self.held_count} requests already held "
+                                      f"(baton_hold_max)")
+                return
+            held.held = True
+            self.stats["held"] += 1
+            self.consumer.qos.increment_eventually()
+            signals.task_held.send(sender=held.request.task, request=held.request,
+                                   key=wait.key, retry_after=wait.delay)
+            logger.info("%s[%s] held for %s, retry in %.3fs", held.request.name,
+                        held.request.id, wait.key, wait.delay)
+        self._queues.setdefault(wait.key, deque()).append(held)
+        self._arm(wait.key, wait.delay)
+
+    def _unhold(self, held: Held) -> None:
+        if held.held:
+            held.held = False
+            self.consumer.qos.decrement_eventually()
+
+    @property
+    def held_count(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def _arm(self, key: str, delay: float) -> None:
+        remaining = self.baton.hold_horizon  # never sleep past the horizon
+        delay = min(delay, remaining)
+        # Jitter: workers waiting on one limit wake at different moments.
+        delay = delay * (1 + random.random() * 0.05) + random.random() * 0.005
+        due = time.monotonic() + delay
+        armed = self._timers.get(key)
+        if armed is not None:
+            if armed[0] <= due:
+                return
+            armed[1].cancel()
+        entry = self.consumer.timer.call_after(delay, self._on_timer, (key,), priority=5)
+        self._timers[key] = (due, entry)
+
+    def _on_timer(self, key: str) -> None:
+        # kombu's timer swallows exceptions: catch everything so no request is lost.
+        try:
+            with self._lock:
+                self._timers.pop(key, None)
+                self._drain(key)
+        except Exception:
+            logger.exception("baton: draining %s failed; retrying", key)
+            with self._lock:
+                self._arm(key, 1.0)
+
+    def _drain(self, key: str) -> None:
+        queue = self._queues.get(key)
+        while queue:
+            held = queue[0]
+            outcome = self._try(held)
+            if isinstance(outcome, Wait) and outcome.key == key:
+                self._arm(key, outcome.delay)
+                return
+            queue.popleft()
+            if isinstance(outcome, Wait):
+                self._enqueue(held, outcome)
+        self._queues.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+
+    # -- wake-ups from the notice listener thread -----------------------------------
+
+    def install_wakeup(self) -> None:
+        """Let another thread wake a key's queue on the consumer's own loop."""
+        hub = getattr(self.consumer, "hub", None)
+        if hub is not None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake_w = w
+            hub.add_reader(r, self._on_wake_pipe, r)
+
+    def wake(self, key: str) -> None:
+        """Called from another thread when ``key`` was released."""
+        if key not in self._queues:
+            return
+        if self._wake_w is not None:
+            self._wakeups.append(key)
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"!")
+        else:  # timer2 runs its own thread and is thread-safe
+            self.consumer.timer.call_after(0, self._on_timer, (key,))
+
+    def _on_wake_pipe(self, fd: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(fd, 4096)
+        keys = set()
+        while self._wakeups:
+            keys.add(self._wakeups.popleft())
+        for key in keys:
+            self._on_timer(key)
+
+    def forget_held(self) -> int:
+        """Drop every held request (the connection is gone; the broker redelivers them)."""
+        with self._lock:
+            count = self.held_count
+            for _, entry in self._timers.values():
+                entry.cancel()
+            self._timers.clear()
+            self._queues.clear()
+            return count
+
+    def wait_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._queues)
+
+    # -- release (Finisher) ---------------------------------------------------------
+
+    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None:
+        """Give back a run's leases; when final, mark its id done and free its unique key."""
+        if self.book is not None:
+            self.book.remove(plan.owner)
+        done_key = plan.done_key if final else None
+        unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
+
+        def release() -> object:
+            return self.baton.gate.release(
+                [lease.key for lease in plan.leases],
+                owner=plan.owner,
+                done_key=done_key,
+                done_ttl=policy.redelivery_retention,
+                unique_key=unique_key,
+                unique_owner=request.id,
+            )
+
+        if not (plan.leases or done_key or unique_key):
+            return
+        try:
+            release()
+        except StoreUnavailable as exc:
+            logger.warning("release of %s[%s] failed, retrying in the background: %s",
+                           request.name, request.id, exc)
+            if self.book is not None:
+                self.book.retry_later(release)
+
+
+__all__ = ["Admission", "AlreadyRun"]
