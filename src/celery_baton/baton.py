@@ -66,8 +66,11 @@ class Baton:
 
     @functools.cached_property
     def store(self) -> Store:
-        return connect(self.settings.url, socket_timeout=self.settings.socket_timeout,
-                       client_name="celery-baton")
+        return connect(
+            self.settings.url,
+            socket_timeout=self.settings.socket_timeout,
+            client_name="celery-baton",
+        )
 
     @functools.cached_property
     def names(self) -> KeyNames:
@@ -126,8 +129,7 @@ class Baton:
 
             def validate(fun: Callable[..., Any]) -> None:
                 name = options.get("name") or f"{fun.__module__}.{fun.__qualname__}"
-                compile_policy(name, options.get, fun, Settings(),
-                               bound=bool(options.get("bind")))
+                compile_policy(name, options.get, fun, Settings(), bound=bool(options.get("bind")))
 
             if len(args) == 1 and callable(args[0]):
                 validate(args[0])
@@ -169,12 +171,17 @@ class Baton:
             key = policy.unique_key(self.names, request.args or (), request.kwargs or {})
             self.release_unique(key, request.id)
         except BatonError as exc:
-            logger.warning("could not free the unique key of revoked %s[%s]: %s",
-                           sender.name, request.id, exc)
+            logger.warning(
+                "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
+            )
 
     def on_lease_lost(self, owner: str, key: str) -> None:
-        logger.error("a running task lost its lease %s (owner %s): another run may have "
-                     "started; use fence() to refuse its late writes", key, owner)
+        logger.error(
+            "a running task lost its lease %s (owner %s): another run may have "
+            "started; use fence() to refuse its late writes",
+            key,
+            owner,
+        )
 
 
 __all__ = ["TASK_OPTIONS", "Baton", "baton_for"]

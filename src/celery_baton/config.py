@@ -64,8 +64,9 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
     store_url = url or _get(conf, "url", None) or os.environ.get("BATON_URL") or None
     policy = str(_get(conf, "on_store_error", "hold"))
     if policy not in ON_STORE_ERROR:
-        raise ConfigError(f"must be one of {ON_STORE_ERROR}, got {policy!r}",
-                          subject="baton_on_store_error")
+        raise ConfigError(
+            f"must be one of {ON_STORE_ERROR}, got {policy!r}", subject="baton_on_store_error"
+        )
     hold_max = int(_get(conf, "hold_max", 10_000))
     if hold_max < 0:
         raise ConfigError("must be >= 0", subject="baton_hold_max")
@@ -77,7 +78,8 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         global_rate_limits=bool(_get(conf, "global_rate_limits", False)),
         redelivery_guard=bool(_get(conf, "redelivery_guard", False)),
         redelivery_retention=_seconds(
-            _get(conf, "redelivery_retention", 24 * 3600.0), "redelivery_retention"),
+            _get(conf, "redelivery_retention", 24 * 3600.0), "redelivery_retention"
+        ),
         hold_max=hold_max,
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),

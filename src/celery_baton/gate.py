@@ -87,9 +87,7 @@ class Gate:
         self.notice_channel = notice_channel
         self._cluster = not hasattr(store.client, "connection_pool")
 
-    def decide(
-        self, conditions: Sequence[Condition], *, owner: str, ttl: float = 30.0
-    ) -> Decision:
+    def decide(self, conditions: Sequence[Condition], *, owner: str, ttl: float = 30.0) -> Decision:
         """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable."""
         args: list[Any] = [owner, max(1, round(ttl * 1000))]
         for c in conditions:
@@ -145,7 +143,7 @@ class Gate:
             # all in one pipeline.
             by_tag: dict[str, list[int]] = defaultdict(list)
             for i, lease in enumerate(leases):
-                by_tag[lease.key[lease.key.find("{"):lease.key.find("}") + 1]].append(i)
+                by_tag[lease.key[lease.key.find("{") : lease.key.find("}") + 1]].append(i)
             results = [0] * len(leases)
             pipe = self.store.client.pipeline(transaction=False)
             for indexes in by_tag.values():

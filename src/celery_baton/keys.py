@@ -115,8 +115,9 @@ class KeySpec:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise KeySpecError(f"arguments do not match the task: {exc}",
-                               subject=self.subject) from exc
+            raise KeySpecError(
+                f"arguments do not match the task: {exc}", subject=self.subject
+            ) from exc
         bound.apply_defaults()
         named = dict(bound.arguments)
         for name, param in self.signature.parameters.items():
@@ -131,27 +132,33 @@ class KeySpec:
         if self.func is not None:
             value = self.func(*args, **kwargs)
             if not isinstance(value, str):
-                raise KeySpecError(f"key function returned {type(value).__name__}, not str",
-                                   subject=self.subject)
+                raise KeySpecError(
+                    f"key function returned {type(value).__name__}, not str", subject=self.subject
+                )
             return value
         named = self.arguments(args, kwargs)
         if self.template is not None:
             try:
                 return self.template.format_map(named)
             except (KeyError, AttributeError, IndexError) as exc:
-                raise KeySpecError(f"template {self.template!r}: {exc!r}",
-                                   subject=self.subject) from exc
+                raise KeySpecError(
+                    f"template {self.template!r}: {exc!r}", subject=self.subject
+                ) from exc
         missing = [n for n in self.names if n not in named]
         if missing:
             raise KeySpecError(f"call lacks argument(s) {missing}", subject=self.subject)
         try:
             return json.dumps(
                 {n: named[n] for n in self.names},
-                sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
             )
         except (TypeError, ValueError) as exc:
-            raise KeySpecError(f"argument cannot be serialised into a key: {exc}",
-                               subject=self.subject) from exc
+            raise KeySpecError(
+                f"argument cannot be serialised into a key: {exc}", subject=self.subject
+            ) from exc
 
     def key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """A short stable digest of the canonical key text."""

@@ -51,7 +51,8 @@ class Lease:
     def acquire(self) -> bool:
         """Take the lease now if it is free; ``self.fence`` is its token. One round trip."""
         decision = self.gate.decide(
-            [Condition.lease(self.key, limit=self.limit, fence=True)], owner=self.owner,
+            [Condition.lease(self.key, limit=self.limit, fence=True)],
+            owner=self.owner,
             ttl=self.ttl,
         )
         self.fence = decision.fence if decision.granted else 0
@@ -128,8 +129,7 @@ class LeaseBook:
             for lease, status in zip(held, statuses, strict=True):
                 if status == 0:
                     self.losses += 1
-                    logger.error("lease lost: %s held by %s was taken over", lease.key,
-                                 lease.owner)
+                    logger.error("lease lost: %s held by %s was taken over", lease.key, lease.owner)
                     if self.on_lost:
                         self.on_lost(lease.owner, lease.key)
                 elif status == 2:

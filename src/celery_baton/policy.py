@@ -86,8 +86,12 @@ class TaskPolicy:
     def gates_runs(self) -> bool:
         """Whether the worker must pass this task's deliveries through the gate."""
         return bool(
-            self.exclusive or self.rate or self.rate_from_celery or self.concurrency
-            or self.redelivery_guard or (self.unique and self.unique_until == "started")
+            self.exclusive
+            or self.rate
+            or self.rate_from_celery
+            or self.concurrency
+            or self.redelivery_guard
+            or (self.unique and self.unique_until == "started")
         )
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -128,8 +132,9 @@ class TaskPolicy:
         if rate is not None:
             material = rate.key.material(args, kwargs) if rate.key else ""
             plan.conditions.append(
-                Condition.rate(names.rate(self.name, digest(material)), rate.interval_us,
-                               rate.burst)
+                Condition.rate(
+                    names.rate(self.name, digest(material)), rate.interval_us, rate.burst
+                )
             )
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
@@ -170,8 +175,9 @@ def compile_policy(
         value = options(option)
         value = allowed[0] if value is None else value
         if value not in allowed:
-            raise ConfigError(f"must be one of {allowed}, got {value!r}",
-                              subject=f"{name}.{option}")
+            raise ConfigError(
+                f"must be one of {allowed}, got {value!r}", subject=f"{name}.{option}"
+            )
         return str(value)
 
     def seconds(option: str, default: float) -> float:
@@ -179,8 +185,9 @@ def compile_policy(
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"must be a number of seconds > 0, got {value!r}",
-                              subject=f"{name}.{option}")
+            raise ConfigError(
+                f"must be a number of seconds > 0, got {value!r}", subject=f"{name}.{option}"
+            )
         return float(value)
 
     rate = None
@@ -199,8 +206,9 @@ def compile_policy(
     limit = options("global_concurrency")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"must be an int >= 1, got {limit!r}",
-                              subject=f"{name}.global_concurrency")
+            raise ConfigError(
+                f"must be an int >= 1, got {limit!r}", subject=f"{name}.global_concurrency"
+            )
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
     elif options("global_concurrency_key") is not None:
         raise ConfigError("global_concurrency_key needs global_concurrency", subject=name)

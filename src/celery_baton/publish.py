@@ -38,10 +38,14 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             ttl = float(expires)
         holder = baton.claim_unique(key, task_id, ttl)
         if holder:
-            logger.info("%s not queued: an earlier one with the same unique key is queued or "
-                        "running as %s", name, holder)
-            signals.task_deduplicated.send(sender=name, name=name, task_id=task_id,
-                                           existing_id=holder, key=key)
+            logger.info(
+                "%s not queued: an earlier one with the same unique key is queued or running as %s",
+                name,
+                holder,
+            )
+            signals.task_deduplicated.send(
+                sender=name, name=name, task_id=task_id, existing_id=holder, key=key
+            )
             result_cls = options.get("result_cls") or baton.app.AsyncResult
             return result_cls(holder)
         try:

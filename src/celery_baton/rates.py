@@ -50,8 +50,7 @@ def parse_rate(value: str | float | int, *, subject: str | None = None) -> float
     else:
         raise RateSpecError(f"not a rate: {value!r}", subject=subject)
     if not per_second > 0 or per_second == float("inf"):
-        raise RateSpecError(f"a rate must be positive and finite, got {value!r}",
-                            subject=subject)
+        raise RateSpecError(f"a rate must be positive and finite, got {value!r}", subject=subject)
     return per_second
 
 
@@ -82,7 +81,8 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         self._condition = Condition.rate(
-            self.key, interval_us(parse_rate(self.rate, subject=self.key)),
+            self.key,
+            interval_us(parse_rate(self.rate, subject=self.key)),
             parse_burst(self.burst, subject=self.key),
         )
 

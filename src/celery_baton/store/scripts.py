@@ -49,8 +49,6 @@ class Scripts:
             self._registered[name] = script
         return script
 
-    def run(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None
-    ) -> Any:
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
         """Run script ``name``; ``client`` may be a pipeline of the same connection."""
         return self._script(name)(keys=keys, args=args, client=client or self._client)

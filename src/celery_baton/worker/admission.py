@@ -141,14 +141,23 @@ class Admission:
             )
         except StoreUnavailable as exc:
             if self.baton.settings.on_store_error == "run":
-                logger.warning("store unavailable, running %s[%s] UNGUARDED "
-                               "(baton_on_store_error='run'): %s", request.name, request.id, exc)
+                logger.warning(
+                    "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
+                    request.name,
+                    request.id,
+                    exc,
+                )
                 self._start(held, Decision(True), guarded=False)
                 return None
             delay = held.backoff
             held.backoff = min(BACKOFF_MAX, held.backoff * 2)
-            logger.warning("store unavailable, holding %s[%s], retry in %.2fs: %s",
-                           request.name, request.id, delay, exc)
+            logger.warning(
+                "store unavailable, holding %s[%s], retry in %.2fs: %s",
+                request.name,
+                request.id,
+                delay,
+                exc,
+            )
             return Wait(STORE_KEY, delay)
         held.backoff = BACKOFF_START
         if decision.granted:
@@ -162,16 +171,28 @@ class Admission:
         assert condition is not None
         own_copy = decision.holder_task_id == request.id
         if condition.kind == "D":
-            self._skip(held, "already-run", condition.key, decision.holder,
-                       f"task id {request.id} already finished; this redelivered copy is "
-                       f"not run")
+            self._skip(
+                held,
+                "already-run",
+                condition.key,
+                decision.holder,
+                f"task id {request.id} already finished; this redelivered copy is not run",
+            )
             return None
-        if (condition.key == plan.exclusive_key and not own_copy
-                and policy.exclusive_conflict == "skip"):
+        if (
+            condition.key == plan.exclusive_key
+            and not own_copy
+            and policy.exclusive_conflict == "skip"
+        ):
             label = plan.labels.get(condition.key, "")
-            self._skip(held, "exclusive", condition.key, decision.holder_task_id,
-                       f"exclusive key {label or '(task)'} of {request.name} is held by task "
-                       f"{decision.holder_task_id}; this run is skipped")
+            self._skip(
+                held,
+                "exclusive",
+                condition.key,
+                decision.holder_task_id,
+                f"exclusive key {label or '(task)'} of {request.name} is held by task "
+                f"{decision.holder_task_id}; this run is skipped",
+            )
             return None
         if condition.kind == "R":
             self.stats["throttled"] += 1
@@ -199,15 +220,19 @@ class Admission:
         self._unhold(held)
         self.stats["skipped"] += 1
         logger.warning("%s[%s] skipped: %s", request.name, request.id, message)
-        signals.task_skipped.send(sender=request.task, request=request, key=key, holder=holder,
-                                  reason=reason)
+        signals.task_skipped.send(
+            sender=request.task, request=request, key=key, holder=holder, reason=reason
+        )
         task = request.task
         if reason == "exclusive" and not task.ignore_result:
             # A clear final state for whoever waits on the result; no errbacks: the
             # work is being done by the holder.
             task.backend.mark_as_failure(
-                request.id, TaskSkipped(message, key, holder), request=request._context,
-                store_result=True, call_errbacks=False,
+                request.id,
+                TaskSkipped(message, key, holder),
+                request=request._context,
+                store_result=True,
+                call_errbacks=False,
             )
         if held.plan.unique_key and reason == "exclusive":
             self._release_unique(held)
@@ -217,10 +242,12 @@ class Admission:
     def _refuse(self, request: Any, exc: BatonError) -> None:
         """A request whose key cannot be built: fail it loudly; never run it unguarded."""
         logger.error("%s[%s] refused: %s", request.name, request.id, exc)
-        signals.task_skipped.send(sender=request.task, request=request, key="", holder="",
-                                  reason="invalid-key")
-        request.task.backend.mark_as_failure(request.id, exc, request=request._context,
-                                             store_result=True)
+        signals.task_skipped.send(
+            sender=request.task, request=request, key="", holder="", reason="invalid-key"
+        )
+        request.task.backend.mark_as_failure(
+            request.id, exc, request=request._context, store_result=True
+        )
         worker_state.task_ready(request)
         request.acknowledge()
 
@@ -245,16 +272,21 @@ class Admission:
     def _enqueue(self, held: Held, wait: Wait) -> None:
         if not held.held:
             if self.held_count >= self.baton.settings.hold_max:
-                self._hand_back(held, f"{self.held_count} requests already held "
-                                      f"(baton_hold_max)")
+                self._hand_back(held, f"{self.held_count} requests already held (baton_hold_max)")
                 return
             held.held = True
             self.stats["held"] += 1
             self.consumer.qos.increment_eventually()
-            signals.task_held.send(sender=held.request.task, request=held.request,
-                                   key=wait.key, retry_after=wait.delay)
-            logger.info("%s[%s] held for %s, retry in %.3fs", held.request.name,
-                        held.request.id, wait.key, wait.delay)
+            signals.task_held.send(
+                sender=held.request.task, request=held.request, key=wait.key, retry_after=wait.delay
+            )
+            logger.info(
+                "%s[%s] held for %s, retry in %.3fs",
+                held.request.name,
+                held.request.id,
+                wait.key,
+                wait.delay,
+            )
         self._queues.setdefault(wait.key, deque()).append(held)
         self._arm(wait.key, wait.delay)
 
@@ -378,8 +410,12 @@ class Admission:
         try:
             release()
         except StoreUnavailable as exc:
-            logger.warning("release of %s[%s] failed, retrying in the background: %s",
-                           request.name, request.id, exc)
+            logger.warning(
+                "release of %s[%s] failed, retrying in the background: %s",
+                request.name,
+                request.id,
+                exc,
+            )
             if self.book is not None:
                 self.book.retry_later(release)
 

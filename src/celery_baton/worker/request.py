@@ -24,8 +24,7 @@ RUN_ATTR = "_baton_run"
 
 
 class Finisher(Protocol):
-    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None:
-        ...
+    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None: ...
 
 
 def _exception(exc_info: Any) -> BaseException:
@@ -71,8 +70,9 @@ class BatonRequestMixin:
             self._baton_finish(final=True)
         return super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         self._baton_finish(final=is_final(self.task, _exception(exc_info)))  # type: ignore[attr-defined]
         return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
 

@@ -156,5 +156,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
                     "its message would be redelivered to another worker while it runs. Raise "
                     "broker_transport_options['visibility_timeout'] above %ss, and/or set "
                     "baton_redelivery_guard = True so the copy never runs twice.",
-                    name, longest, visibility, longest,
+                    name,
+                    longest,
+                    visibility,
+                    longest,
                 )
