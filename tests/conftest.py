@@ -1,0 +1,156 @@
+"""Fixtures every integration test uses: real servers, real workers, the observer.
+
+Servers (session-wide, each on its own free port, never 6379):
+
+* ``store_server`` -- the store under test (celery-baton's ``BATON_URL``).
+* ``broker_server`` -- a separate server: Celery broker (db 0), result backend (db 1)
+  and observer (db 2). Tests may kill or restart the store without touching it.
+
+Per test: ``store_url`` / ``broker_url`` (flushed, server up), ``result_url``,
+``observer`` (flushed), ``workers`` (starts and stops celery processes),
+``rabbitmq_url`` (skips if RabbitMQ is not on 127.0.0.1:5672).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # so that `tests.support` and `tests.apps` import
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.support.observer import Observer  # noqa: E402
+from tests.support.servers import StoreServer  # noqa: E402
+from tests.support.workers import Workers, app_env  # noqa: E402
+
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+_reports = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a long test (deselect with -m 'not slow')")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # Keep each phase's report on the item, so fixtures can tell whether the test failed.
+    report: pytest.TestReport = yield
+    item.stash.setdefault(_reports, {})[report.when] = report
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    reports = request.node.stash.get(_reports, {})
+    return any(report.failed for report in reports.values())
+
+
+def _up(server: StoreServer) -> StoreServer:
+    """The server running and answering, whatever the previous test left it as."""
+    server.resume()
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def store_server() -> Iterator[StoreServer]:
+    """The store under test: a StoreServer a test may stop, kill, pause or restart."""
+    server = StoreServer(name="store")
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def broker_server() -> Iterator[StoreServer]:
+    """Broker (db 0), result backend (db 1) and observer (db 2). Leave it running."""
+    server = StoreServer(name="broker")
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def app_environ(store_server: StoreServer, broker_server: StoreServer) -> Iterator[None]:
+    """Sets ``BATON_URL``, ``TEST_BROKER_URL``, ``TEST_RESULT_URL`` and ``TEST_OBSERVER_URL``
+    in this process's environment for the session, so app modules under ``tests.apps`` can
+    be imported here too (import them inside the test, after the fixtures ran).
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _env_vars(store_server, broker_server).items():
+            mp.setenv(name, value)
+        yield
+
+
+def _env_vars(store: StoreServer, broker: StoreServer) -> dict[str, str]:
+    return {
+        "BATON_URL": store.url(0),
+        "TEST_BROKER_URL": broker.url(0),
+        "TEST_RESULT_URL": broker.url(1),
+        "TEST_OBSERVER_URL": broker.url(2),
+    }
+
+
+@pytest.fixture
+def store_url(store_server: StoreServer, app_environ: None) -> str:
+    """``redis://127.0.0.1:PORT/0`` of the store server: running, and flushed (all dbs)."""
+    _up(store_server).flushall()
+    return store_server.url(0)
+
+
+@pytest.fixture
+def broker_url(broker_server: StoreServer, app_environ: None) -> str:
+    """The broker's URL (db 0). The broker server is flushed (all dbs: results too)."""
+    _up(broker_server).flushall()
+    return broker_server.url(0)
+
+
+@pytest.fixture
+def result_url(broker_server: StoreServer, broker_url: str) -> str:
+    """The result backend's URL: the broker server's db 1 (flushed with the broker)."""
+    return broker_server.url(1)
+
+
+@pytest.fixture
+def observer(broker_server: StoreServer, broker_url: str) -> Iterator[Observer]:
+    """An Observer on the broker server's db 2, empty at the start of the test."""
+    obs = Observer(broker_server.url(2))
+    yield obs
+    obs.close()
+
+
+@pytest.fixture
+def workers(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    store_server: StoreServer,
+    broker_server: StoreServer,
+    store_url: str,
+    broker_url: str,
+    result_url: str,
+) -> Iterator[Workers]:
+    """Start celery workers/beats with this test's URLs; all are stopped at teardown."""
+    env = app_env(store_url, broker_url, result_url, broker_server.url(2))
+    started = Workers(env, tmp_path_factory.mktemp("celery"))
+    yield started
+    try:
+        started.stop_all(timeout=15)
+    finally:
+        if _failed(request):
+            print(started.report())
+
+
+@pytest.fixture
+def rabbitmq_url() -> str:
+    """RabbitMQ on 127.0.0.1:5672 (guest/guest), or skip the test if it is not there."""
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            pass
+    except OSError:
+        pytest.skip("RabbitMQ not reachable on 127.0.0.1:5672")
+    return RABBITMQ_URL

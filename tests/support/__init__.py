@@ -1,0 +1,11 @@
+"""Test infrastructure shared by every integration test.
+
+* :mod:`tests.support.servers` -- :class:`StoreServer`, a real ``redis-server`` / Valkey
+  process on a free port that a test can stop, kill, pause and restart.
+* :mod:`tests.support.workers` -- real ``celery worker`` and ``celery beat`` subprocesses.
+* :mod:`tests.support.observer` -- the :class:`Observer` that tasks report their runs to,
+  and the checkers (:func:`assert_no_overlap`, ...) that judge those runs from outside
+  the code under test.
+
+The fixtures that wire these together live in ``tests/conftest.py``.
+"""
