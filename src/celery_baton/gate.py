@@ -21,7 +21,7 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 class Condition:
     """One thing a run needs; build with the class methods."""
 
-    kind: str  # "L" lease, "R" rate, "D" done marker, "U" unique claim to free
+    kind: str  # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "O" override
     key: str
     a: str = ""
     b: str = ""
@@ -34,6 +34,11 @@ class Condition:
     @classmethod
     def rate(cls, key: str, interval_us: int, burst: int = 1) -> Condition:
         return cls("R", key, str(interval_us), str(burst))
+
+    @classmethod
+    def override(cls, key: str, field: str) -> Condition:
+        """The next condition's limit, if ``field`` of hash ``key`` is set (runtime edits)."""
+        return cls("O", key, field)
 
     @classmethod
     def not_done(cls, key: str) -> Condition:

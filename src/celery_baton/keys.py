@@ -199,6 +199,5 @@ class KeyNames:
     def notice_channel(self) -> str:
         return f"{self.prefix}:released"
 
-    @property
-    def workers(self) -> str:
-        return f"{self.prefix}:workers"
+    def worker(self, hostname: str) -> str:
+        return f"{self.prefix}:worker:{hostname}"

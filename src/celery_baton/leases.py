@@ -91,10 +91,12 @@ class LeaseBook:
         *,
         interval: float,
         on_lost: Callable[[str, str], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.gate = gate
         self.interval = interval
         self.on_lost = on_lost
+        self.on_tick = on_tick  # e.g. the worker's status report, on the same schedule
         self._held: dict[str, list[HeldLease]] = {}
         self._pending_releases: list[Callable[[], object]] = []
         self._lock = threading.Lock()
@@ -148,6 +150,8 @@ class LeaseBook:
         while not self._stop.wait(self.interval):
             try:
                 self.renew_now()
+                if self.on_tick is not None:
+                    self.on_tick()
             except BatonError as exc:
                 logger.warning("lease renewal failed, retrying in %.1fs: %s", self.interval, exc)
             except Exception:  # the renewer must outlive any surprise

@@ -125,12 +125,14 @@ class TaskPolicy:
             material = spec.material(args, kwargs) if spec else ""
             key = names.lease(self.name, "cc", digest(material))
             plan.labels[key] = material
+            plan.conditions.append(Condition.override(names.limits(self.name), "concurrency"))
             self._lease(plan, key, self.concurrency.limit, fence=False)
         rate = self.rate
         if rate is None and celery_rate is not None:
             rate = RatePolicy(celery_rate, 1, None)
         if rate is not None:
             material = rate.key.material(args, kwargs) if rate.key else ""
+            plan.conditions.append(Condition.override(names.limits(self.name), "rate"))
             plan.conditions.append(
                 Condition.rate(
                     names.rate(self.name, digest(material)), rate.interval_us, rate.burst

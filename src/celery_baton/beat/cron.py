@@ -94,9 +94,7 @@ class CronRule:
 
     def matches_wall(self, wall: datetime) -> bool:
         """Whether the naive wall-clock minute ``wall`` matches the rule."""
-        return (
-            wall.minute in self.minutes and wall.hour in self.hours and self.matches_day(wall)
-        )
+        return wall.minute in self.minutes and wall.hour in self.hours and self.matches_day(wall)
 
     def next_wall_after(self, wall: datetime) -> datetime:
         """The first matching naive wall minute strictly after naive ``wall``."""

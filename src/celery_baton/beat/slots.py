@@ -32,7 +32,7 @@ ENUMERATE_LIMIT = 10_000
 
 
 def to_ms(dt: datetime) -> int:
-    return int(round(dt.timestamp() * 1000))
+    return round(dt.timestamp() * 1000)
 
 
 def from_ms(ms: int) -> datetime:
@@ -42,8 +42,9 @@ def from_ms(ms: int) -> datetime:
 class SlotRule(Protocol):
     """When an entry fires."""
 
-    #: JSON-able definition of *when* the entry fires; its hash is the fingerprint.
-    definition: dict[str, Any]
+    @property
+    def definition(self) -> dict[str, Any]:
+        """JSON-able definition of *when* the entry fires; its hash is the fingerprint."""
 
     def following(self, slot_ms: int) -> int:
         """The slot after ``slot_ms`` in the same series."""
@@ -159,7 +160,8 @@ def rule_for(schedule: Any, *, tz: tzinfo | None = None) -> SlotRule:
     it is the zone of ``nowfun()`` when that returns an aware datetime, else the
     schedule's app time zone. Raises ``ValueError`` for a schedule that cannot fire.
     """
-    from celery.schedules import crontab, schedule as interval, solar
+    from celery.schedules import crontab, solar
+    from celery.schedules import schedule as interval
 
     if isinstance(schedule, crontab):
         zone = tz or _nowfun_zone(schedule) or schedule.tz
@@ -174,7 +176,7 @@ def rule_for(schedule: Any, *, tz: tzinfo | None = None) -> SlotRule:
             )
         )
     if isinstance(schedule, interval):
-        return IntervalRule(int(round(schedule.run_every.total_seconds() * 1000)))
+        return IntervalRule(round(schedule.run_every.total_seconds() * 1000))
     if isinstance(schedule, solar):
         definition = {
             "kind": "solar",
@@ -261,10 +263,8 @@ def plan_due(rule: SlotRule, next_slot: int, now_ms: int, policy: Policy) -> Due
     beyond = 0
     if slot <= now_ms:
         following = rule.skip_to(slot, now_ms)
-        if isinstance(rule, IntervalRule):
-            beyond = (following - slot) // rule.ms
-        else:
-            beyond = 1  # at least one more; not worth enumerating
+        # Intervals count exactly; other rules have at least one more (not enumerated).
+        beyond = (following - slot) // rule.ms if isinstance(rule, IntervalRule) else 1
         slot = following
     grace_ms = int(policy.grace * 1000)
     on_time = [s for s in slots if now_ms - s <= grace_ms]

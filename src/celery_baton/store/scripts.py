@@ -18,6 +18,7 @@ SCRIPT_NAMES = (
     "renew",
     "unique_claim",
     "unique_release",
+    "unlock",
     "beat_lead",
     "beat_resign",
     "beat_claim",

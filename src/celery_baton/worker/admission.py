@@ -87,6 +87,7 @@ class Admission:
         self._wake_w: int | None = None
         self._rate_cache: dict[str, float | None] = {}
         self.book: LeaseBook | None = None
+        self.held_count = 0
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
 
     # -- entry point ----------------------------------------------------------------
@@ -275,6 +276,7 @@ class Admission:
                 self._hand_back(held, f"{self.held_count} requests already held (baton_hold_max)")
                 return
             held.held = True
+            self.held_count += 1
             self.stats["held"] += 1
             self.consumer.qos.increment_eventually()
             signals.task_held.send(
@@ -293,11 +295,8 @@ class Admission:
     def _unhold(self, held: Held) -> None:
         if held.held:
             held.held = False
+            self.held_count -= 1
             self.consumer.qos.decrement_eventually()
-
-    @property
-    def held_count(self) -> int:
-        return sum(len(q) for q in self._queues.values())
 
     def _arm(self, key: str, delay: float) -> None:
         remaining = self.baton.hold_horizon  # never sleep past the horizon
@@ -375,16 +374,17 @@ class Admission:
     def forget_held(self) -> int:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self._lock:
-            count = self.held_count
+            count, self.held_count = self.held_count, 0
             for _, entry in self._timers.values():
                 entry.cancel()
             self._timers.clear()
             self._queues.clear()
             return count
 
-    def wait_keys(self) -> list[str]:
+    def held_by_key(self, top: int = 20) -> dict[str, int]:
         with self._lock:
-            return list(self._queues)
+            sizes = sorted(((len(q), k) for k, q in self._queues.items()), reverse=True)
+        return {key: size for size, key in sizes[:top]}
 
     # -- release (Finisher) ---------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -112,13 +113,20 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         self._warn_visibility(parent)
         if admission.book is None:
             admission.book = LeaseBook(
-                baton.gate, interval=baton.renew_interval, on_lost=baton.on_lease_lost
+                baton.gate,
+                interval=baton.renew_interval,
+                on_lost=baton.on_lease_lost,
+                on_tick=lambda: self._report(parent),
             )
             admission.book.start()
             admission.install_wakeup()
         if self.listener is None:
             self.listener = NoticeListener(baton, admission)
             self.listener.start()
+        try:
+            self._report(parent)
+        except BatonError as exc:
+            logger.warning("baton: store unavailable at start (%s); holding guarded tasks", exc)
 
     def stop(self, parent: Any) -> None:
         # The connection is going away: the broker gives held messages to others again.
@@ -135,6 +143,28 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             with contextlib.suppress(BatonError):
                 self.admission.book.renew_now()  # flush pending releases
             self.admission.book.stop()
+
+    def _report(self, consumer: Any) -> None:
+        """Publish this worker's view (held requests, counters) for `celery baton limits`."""
+        admission, baton = self.admission, self.baton
+        if admission is None or baton is None or admission.book is None:
+            return
+        report = {
+            "hostname": consumer.hostname,
+            "held": admission.held_count,
+            "held_by_key": admission.held_by_key(),
+            "leases": len(admission.book.held()),
+            "renewals": admission.book.renewals,
+            "losses": admission.book.losses,
+            **admission.stats,
+        }
+        ttl_ms = max(1000, round(baton.renew_interval * 3000))
+        try:
+            baton.store.client.set(
+                baton.names.worker(consumer.hostname), json.dumps(report), px=ttl_ms
+            )
+        except STORE_ERRORS as exc:
+            raise baton.store.unavailable(exc) from exc
 
     def _warn_visibility(self, consumer: Any) -> None:
         """Warn about tasks that can outlive the broker's visibility timeout."""

@@ -8,6 +8,8 @@
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
+--   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
+--             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 -- returns   {1, fence}                    granted (fence 0 when no lease asked for one)
 --           {0, i, retry_after_ms, holder} denied by condition i; nothing was written.
 --           retry_after_ms is -1 when waiting cannot help (a done marker).
@@ -20,13 +22,25 @@ local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
 local writes = {}
+local override = nil
 
 for i = 1, #KEYS do
   local key = KEYS[i]
   local kind = ARGV[3 * i]
   local a = ARGV[3 * i + 1]
   local b = ARGV[3 * i + 2]
-  if kind == 'L' then
+  if override then
+    a = override[1]
+    if override[2] then b = override[2] end
+    override = nil
+  end
+  if kind == 'O' then
+    local value = redis.call('HGET', key, a)
+    if value then
+      override = {string.match(value, '^(%S+)%s*(%S*)$')}
+      if override[2] == '' then override[2] = nil end
+    end
+  elseif kind == 'L' then
     local limit = tonumber(a)
     local flat = redis.call('HGETALL', key)
     local live, mine, expired = 0, false, {}

@@ -1,0 +1,207 @@
+"""Schedule entries as beat sees them: a Celery entry plus its slot rule and policies.
+
+Policies are read from the entry's ``options`` (they are removed before the message
+is published)::
+
+    "options": {
+        "baton_misfire": "skip" | "latest" | "all",   # default "skip"
+        "baton_misfire_grace": 30.0,                    # seconds; default baton_beat_misfire_grace
+        "baton_misfire_max": 100,                       # default baton_beat_misfire_max
+        "baton_overlap": "allow" | "skip",             # default "allow"
+        "baton_timezone": "Europe/Berlin",              # crontab only; default app.conf.timezone
+    }
+
+Entries made by the runtime API are stored as JSON definitions (``def``) and rebuilt
+here, so their arguments must be JSON values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from celery.beat import ScheduleEntry
+
+from celery_baton.beat.slots import Policy, SlotRule, fingerprint, rule_for, zone
+from celery_baton.config import Settings
+from celery_baton.errors import BeatEntryError
+
+OPTION_PREFIX = "baton_"
+
+
+@dataclass(frozen=True)
+class CompiledEntry:
+    """An entry ready to schedule: what it sends, when, and how it treats misfires."""
+
+    name: str
+    entry: ScheduleEntry
+    rule: SlotRule
+    fingerprint: str
+    policy: Policy
+    source: str  # "config" (beat_schedule) or "api"
+    definition: str = ""  # JSON of an API entry
+
+    def fields(self) -> dict[str, str]:
+        """What the store keeps about the entry besides its slots (for the listing)."""
+        fields = {
+            "source": self.source,
+            "task": str(self.entry.task),
+            "schedule": repr(self.entry.schedule),
+            "policy": json.dumps(self.policy.as_dict(), sort_keys=True),
+        }
+        if self.definition:
+            fields["def"] = self.definition
+        return fields
+
+    @property
+    def send_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.entry.options.items() if not k.startswith(OPTION_PREFIX)}
+
+
+def compile_entry(
+    entry: ScheduleEntry,
+    *,
+    settings: Settings,
+    app: Any,
+    source: str = "config",
+    definition: str = "",
+) -> CompiledEntry:
+    """Validate ``entry``; raise :class:`BeatEntryError` naming it if it cannot run."""
+    name = str(entry.name)
+    options = entry.options or {}
+    try:
+        tz_opt = options.get("baton_timezone")
+        rule = rule_for(entry.schedule, tz=zone(str(tz_opt)) if tz_opt else None)
+        policy = Policy(
+            misfire=str(options.get("baton_misfire", "skip")),
+            grace=float(options.get("baton_misfire_grace", settings.beat_misfire_grace)),
+            max_runs=int(options.get("baton_misfire_max", settings.beat_misfire_max)),
+            overlap=str(options.get("baton_overlap", "allow")),
+        )
+    except (ValueError, TypeError) as exc:
+        raise BeatEntryError(str(exc), entry=name) from exc
+    if not entry.task:
+        raise BeatEntryError("names no task", entry=name)
+    if settings.beat_check_tasks and entry.task not in app.tasks:
+        raise BeatEntryError(
+            f"unknown task {entry.task!r} (not registered in this app; set "
+            "baton_beat_check_tasks = False to send tasks by name)",
+            entry=name,
+        )
+    return CompiledEntry(
+        name=name,
+        entry=entry,
+        rule=rule,
+        fingerprint=fingerprint(rule),
+        policy=policy,
+        source=source,
+        definition=definition,
+    )
+
+
+# -- JSON definitions of runtime-API entries ---------------------------------------
+
+
+def schedule_to_json(schedule: Any) -> dict[str, Any]:
+    """A Celery schedule (or seconds, a timedelta, a cron string) as a JSON value."""
+    from celery.schedules import crontab, solar
+    from celery.schedules import schedule as interval
+
+    if isinstance(schedule, str):
+        parts = schedule.split()
+        if len(parts) != 5:
+            raise ValueError(f"a cron string has 5 fields, got {schedule!r}")
+        minute, hour, dom, month, dow = parts
+        return {
+            "kind": "crontab",
+            "minute": minute,
+            "hour": hour,
+            "day_of_week": dow,
+            "day_of_month": dom,
+            "month_of_year": month,
+        }
+    if isinstance(schedule, int | float) and not isinstance(schedule, bool):
+        return {"kind": "interval", "seconds": float(schedule)}
+    if isinstance(schedule, timedelta):
+        return {"kind": "interval", "seconds": schedule.total_seconds()}
+    if isinstance(schedule, crontab):
+        return {
+            "kind": "crontab",
+            "minute": _cronfield(schedule._orig_minute),
+            "hour": _cronfield(schedule._orig_hour),
+            "day_of_week": _cronfield(schedule._orig_day_of_week),
+            "day_of_month": _cronfield(schedule._orig_day_of_month),
+            "month_of_year": _cronfield(schedule._orig_month_of_year),
+        }
+    if isinstance(schedule, interval):
+        return {"kind": "interval", "seconds": schedule.run_every.total_seconds()}
+    if isinstance(schedule, solar):
+        return {"kind": "solar", "event": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
+    raise ValueError(f"the runtime API cannot store a {type(schedule).__name__} schedule")
+
+
+def _cronfield(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Iterable):
+        return ",".join(str(v) for v in sorted(value))
+    return str(value)
+
+
+def schedule_from_json(data: Mapping[str, Any], app: Any) -> Any:
+    from celery.schedules import crontab, solar
+    from celery.schedules import schedule as interval
+
+    kind = data.get("kind")
+    if kind == "interval":
+        return interval(timedelta(seconds=float(data["seconds"])), app=app)
+    if kind == "crontab":
+        return crontab(
+            minute=data["minute"],
+            hour=data["hour"],
+            day_of_week=data["day_of_week"],
+            day_of_month=data["day_of_month"],
+            month_of_year=data["month_of_year"],
+            app=app,
+        )
+    if kind == "solar":
+        return solar(data["event"], data["lat"], data["lon"], app=app)
+    raise ValueError(f"unknown schedule kind {kind!r}")
+
+
+def entry_from_definition(name: str, definition: str, app: Any) -> ScheduleEntry:
+    data = json.loads(definition)
+    return ScheduleEntry(
+        name=name,
+        task=data["task"],
+        schedule=schedule_from_json(data["schedule"], app),
+        args=tuple(data.get("args") or ()),
+        kwargs=dict(data.get("kwargs") or {}),
+        options=dict(data.get("options") or {}),
+        app=app,
+    )
+
+
+def definition_json(
+    task: str,
+    schedule: Any,
+    args: Iterable[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> str:
+    data = {
+        "task": task,
+        "schedule": schedule_to_json(schedule),
+        "args": list(args),
+        "kwargs": dict(kwargs),
+        "options": dict(options),
+    }
+    try:
+        return json.dumps(data, sort_keys=True)
+    except TypeError as exc:
+        raise ValueError(f"runtime API entries need JSON arguments and options: {exc}") from exc

@@ -1,0 +1,100 @@
+"""Read-only views of the store for the operator's commands (and ``unlock``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from celery_baton.store.connection import STORE_ERRORS, Store
+
+LEASE_KINDS = {"ex": "exclusive", "cc": "concurrency", "run": "redelivery"}
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    key: str
+    kind: str
+    task: str
+    task_id: str
+    worker: str
+    fence: int
+    ttl_left: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _parse_key(key: str) -> tuple[str, str]:
+    """``prefix:{task}:kind:digest`` -> (task, kind)."""
+    open_, close = key.find("{"), key.find("}")
+    task = key[open_ + 1 : close]
+    kind = key[close + 2 :].split(":", 1)[0]
+    return task, kind
+
+
+def server_now_ms(store: Store) -> int:
+    seconds, micros = store.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def leases(store: Store, prefix: str) -> list[LeaseRow]:
+    """Every live lease: exclusive, concurrency and redelivery-guard keys."""
+    try:
+        now = server_now_ms(store)
+        rows: list[LeaseRow] = []
+        for kind in LEASE_KINDS:
+            for key in store.client.scan_iter(match=f"{prefix}:{{*}}:{kind}:*", count=1000):
+                task, _ = _parse_key(key)
+                for field, value in store.client.hgetall(key).items():
+                    if not field.startswith("o:"):
+                        continue
+                    deadline, _, fence = value.partition(" ")
+                    left = (int(deadline) - now) / 1000
+                    if left <= 0:
+                        continue
+                    task_id, worker, _ = [*field[2:].split("|"), "", ""][:3]
+                    rows.append(
+                        LeaseRow(
+                            key, LEASE_KINDS[kind], task, task_id, worker, int(fence or 0), left
+                        )
+                    )
+        return sorted(rows, key=lambda r: (r.task, r.key, r.ttl_left))
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def workers(store: Store, prefix: str) -> list[dict[str, Any]]:
+    """The reports live workers publish every renewal interval."""
+    try:
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:worker:*", count=1000))
+        values = store.client.mget(keys) if keys else []
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    return [json.loads(v) for v in values if v]
+
+
+def limit_overrides(store: Store, key: str) -> dict[str, str]:
+    try:
+        return dict(store.client.hgetall(key))
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def set_limit_override(store: Store, key: str, field: str, value: str | None) -> None:
+    try:
+        if value is None:
+            store.client.hdel(key, field)
+        else:
+            store.client.hset(key, field, value)
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def unlock(store: Store, key: str, *, force: bool, channel: str) -> tuple[int, list[str]]:
+    """Free ``key``'s expired holders, and live ones with ``force``: (removed, live owners)."""
+    try:
+        reply = store.scripts.run("unlock", [key], ["1" if force else "0", channel])
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    return int(reply[0]), [str(x) for x in reply[1:]]
