@@ -5,6 +5,10 @@ arrival time (TAT) of the next request. A request may start when
 ``now >= TAT + interval - burst * interval``; starting moves TAT one interval ahead.
 It is a token bucket with ``burst`` tokens that refills one token per interval, exact,
 one key, one round trip, and it says how long to wait (``retry_after``).
+
+One refinement: a start that comes less than one interval after its slot keeps the
+slot lattice instead of restarting it from "now" (see gate.lua), so the wake-up
+latency of waiting workers does not slowly lower the achieved rate.
 """
 
 from __future__ import annotations

@@ -69,13 +69,17 @@ for i = 1, #KEYS do
     local interval = tonumber(a)
     local burst = tonumber(b)
     local tat = tonumber(redis.call('GET', key)) or now_us
-    if tat < now_us then tat = now_us end
+    -- Idle for more than an interval: no credit. A start that comes a little late
+    -- (less than one interval, e.g. a worker's wake-up latency) keeps the schedule,
+    -- so lateness does not accumulate and the long-run rate is exact. Starts still
+    -- never precede their slot: at most burst + window * rate in any window.
+    if tat < now_us - interval then tat = now_us end
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
     if now_us < allow_at then
       return {0, i, math.ceil((allow_at - now_us) / 1000), ''}
     end
-    writes[#writes + 1] = {'R', key, new_tat}
+    writes[#writes + 1] = {'R', key, new_tat, interval}
   elseif kind == 'D' then
     local done_by = redis.call('GET', key)
     if done_by then
@@ -107,8 +111,9 @@ for _, w in ipairs(writes) do
       string.format('%.0f %.0f', now_ms + ttl_ms, token))
     if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
   elseif w[1] == 'R' then
+    -- Kept one interval past the TAT: the late-start credit above needs it.
     redis.call('SET', key, string.format('%.0f', w[3]),
-      'PX', math.ceil((w[3] - now_us) / 1000) + 1)
+      'PX', math.ceil((w[3] + w[4] - now_us) / 1000) + 1)
   elseif w[1] == 'U' then
     if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
   end

@@ -1,0 +1,1 @@
+"""``python -m celery_baton demo``: the whole system on one machine, nothing installed."""
