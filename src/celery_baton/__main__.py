@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
         "what was measured and exits non-zero if a guarantee failed. Ctrl-C stops every "
         "process it started.",
     )
-    demo.add_argument("--keep-store", action="store_true",
-                      help="leave the embedded server running afterwards")
+    demo.add_argument(
+        "--keep-store", action="store_true", help="leave the embedded server running afterwards"
+    )
     sub.add_parser("stop-embedded", help="stop the shared embedded Valkey server")
     args = parser.parse_args(argv)
     if args.command == "demo":

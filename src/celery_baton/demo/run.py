@@ -65,13 +65,33 @@ class Demo:
         base = [sys.executable, "-m", "celery", "-A", "celery_baton.demo.app"]
         log = open(self.tmp / f"{kind}{n}.log", "wb")  # noqa: SIM115 - closed with the process
         if kind == "worker":
-            args = base + ["worker", "-c", "2", "-n", f"demo{n}@%h", "-l", "INFO",
-                           "--without-gossip", "--without-mingle", "--without-heartbeat"]
+            args = [
+                *base,
+                "worker",
+                "-c",
+                "2",
+                "-n",
+                f"demo{n}@%h",
+                "-l",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
         else:
-            args = base + ["beat", "-l", "INFO", "-s", str(self.tmp / f"beat{n}.db"),
-                           "--pidfile", ""]
-        proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+            args = [
+                *base,
+                "beat",
+                "-l",
+                "INFO",
+                "-s",
+                str(self.tmp / f"beat{n}.db"),
+                "--pidfile",
+                "",
+            ]
+        proc = subprocess.Popen(
+            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs.append(proc)
         return proc
 
@@ -98,14 +118,18 @@ class Demo:
                 if proc in self.beats:
                     continue
                 if proc.poll() is not None:
-                    raise RuntimeError(f"a demo process died while waiting for {what}; "
-                                       f"see logs in {self.tmp}")
+                    raise RuntimeError(
+                        f"a demo process died while waiting for {what}; see logs in {self.tmp}"
+                    )
             time.sleep(0.1)
         return False
 
     def runs(self, kind: str) -> list[dict[str, Any]]:
-        return [r for r in (json.loads(x) for x in self.observer.lrange("demo:runs", 0, -1))
-                if r["kind"] == kind]
+        return [
+            r
+            for r in (json.loads(x) for x in self.observer.lrange("demo:runs", 0, -1))
+            if r["kind"] == kind
+        ]
 
     def record(self, guarantee: str, measured: str, ok: bool) -> None:
         self.results.append(Result(guarantee, measured, ok))
@@ -126,8 +150,11 @@ class Demo:
         runs = self.runs("import")
         worst = max_concurrent_per_key(runs)
         self.record("exclusive: max concurrent runs per key", str(worst), worst == 1)
-        self.record("exclusive: duplicates skipped (logged, not run)",
-                    f"{20 - len(runs)} of 20", 4 <= len(runs) < 20)
+        self.record(
+            "exclusive: duplicates skipped (logged, not run)",
+            f"{20 - len(runs)} of 20",
+            4 <= len(runs) < 20,
+        )
 
     def rate(self) -> None:
         from celery_baton.demo.app import fetch
@@ -139,8 +166,11 @@ class Demo:
         starts = sorted(r["start"] for r in self.runs("fetch"))
         achieved = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1e6) if len(starts) > 1 else 0
         busiest = max_in_window(starts, 1_000_000)
-        self.record("rate: achieved rate across all workers", f"{achieved:.1f}/s",
-                    len(starts) == 30 and 9.0 <= achieved <= 10.5)
+        self.record(
+            "rate: achieved rate across all workers",
+            f"{achieved:.1f}/s",
+            len(starts) == 30 and 9.0 <= achieved <= 10.5,
+        )
         self.record("rate: most starts in any 1 s window", str(busiest), busiest <= 11)
 
     def concurrency(self) -> None:
@@ -152,8 +182,11 @@ class Demo:
         self.wait_for("renders", lambda: len(self.runs("render")) >= 12, 30)
         runs = self.runs("render")
         peak = max_concurrent_per_key(runs)
-        self.record("concurrency: most renders running at once", f"{peak} (cap 3)",
-                    len(runs) == 12 and peak <= 3)
+        self.record(
+            "concurrency: most renders running at once",
+            f"{peak} (cap 3)",
+            len(runs) == 12 and peak <= 3,
+        )
 
     def beat(self, started: float) -> None:
         say("\n[4/5] beat: 2 beat processes fire a 1 s entry; the leader is SIGKILLed")
@@ -165,17 +198,24 @@ class Demo:
             return
         os.killpg(victim.pid, signal.SIGKILL)
         say(f"  killed the leader (pid {leader}); waiting for the other to take over")
-        took_over = self.wait_for("a new leader",
-                                  lambda: self.leader_pid() not in (None, leader), 15)
+        took_over = self.wait_for(
+            "a new leader", lambda: self.leader_pid() not in (None, leader), 15
+        )
         failover = time.monotonic() - killed_at
         time.sleep(3.0)
         ticks = self.runs("tick")
         counts = Counter(r["key"] for r in ticks)
         duplicates = sum(c - 1 for c in counts.values())
-        self.record("beat: failover after SIGKILL of the leader",
-                    f"{failover:.1f}s" if took_over else "none", took_over and failover < 10)
-        self.record("beat: ticks fired / duplicates",
-                    f"{len(counts)} / {duplicates}", duplicates == 0 and len(counts) > 0)
+        self.record(
+            "beat: failover after SIGKILL of the leader",
+            f"{failover:.1f}s" if took_over else "none",
+            took_over and failover < 10,
+        )
+        self.record(
+            "beat: ticks fired / duplicates",
+            f"{len(counts)} / {duplicates}",
+            duplicates == 0 and len(counts) > 0,
+        )
 
     def leader_pid(self) -> int | None:
         owner = self.store.hget("baton:{beat}:leader", "owner")

@@ -88,6 +88,7 @@ class Admission:
         self._rate_cache: dict[str, float | None] = {}
         self.book: LeaseBook | None = None
         self.held_count = 0
+        self._store_down_until = 0.0
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
 
     # -- entry point ----------------------------------------------------------------
@@ -132,10 +133,15 @@ class Admission:
         if held.held and request.revoked():  # revoked or expired while held: Celery acks it
             self._leave(held)
             return None
-        elapsed = time.monotonic() - held.since
+        now = time.monotonic()
+        elapsed = now - held.since
         if held.held and elapsed >= self.baton.hold_horizon:
             self._hand_back(held, f"held {elapsed:.0f}s, the horizon")
             return None
+        if not held.held and now < self._store_down_until:
+            # The store failed moments ago: do not block the event loop on it again for
+            # every new request; wait behind the request that is probing it.
+            return Wait(STORE_KEY, self._store_down_until - now)
         try:
             decision = self.baton.gate.decide(
                 held.plan.conditions, owner=held.plan.owner, ttl=held.policy.lease_ttl
@@ -152,6 +158,7 @@ class Admission:
                 return None
             delay = held.backoff
             held.backoff = min(BACKOFF_MAX, held.backoff * 2)
+            self._store_down_until = time.monotonic() + delay
             logger.warning(
                 "store unavailable, holding %s[%s], retry in %.2fs: %s",
                 request.name,
@@ -161,6 +168,7 @@ class Admission:
             )
             return Wait(STORE_KEY, delay)
         held.backoff = BACKOFF_START
+        self._store_down_until = 0.0
         if decision.granted:
             self._start(held, decision)
             return None
