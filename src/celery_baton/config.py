@@ -30,6 +30,7 @@ class Settings:
     hold_horizon: float = 300.0
     unique_ttl: float = 3600.0
     key_prefix: str = "baton"
+    metrics_port: int | None = None
     # beat (docs/beat.md)
     beat_lease_ttl: float = 6.0
     beat_history: int = 100
@@ -84,6 +85,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
         key_prefix=str(_get(conf, "key_prefix", "baton")),
+        metrics_port=_get(conf, "metrics_port", None),
         beat_lease_ttl=_seconds(_get(conf, "beat_lease_ttl", 6.0), "beat_lease_ttl"),
         beat_history=_positive_int(_get(conf, "beat_history", 100), "beat_history"),
         beat_misfire_grace=float(_get(conf, "beat_misfire_grace", 30.0)),

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
+from celery_baton import metrics
 from celery_baton.errors import BatonError, LeaseNotOwned
 from celery_baton.gate import Condition, Gate, HeldLease
 
@@ -116,7 +117,9 @@ class LeaseBook:
 
     def held(self) -> list[HeldLease]:
         with self._lock:
-            return [lease for leases in self._held.values() for lease in leases]
+            held = [lease for leases in self._held.values() for lease in leases]
+        metrics.leases_now.set(len(held))
+        return held
 
     def retry_later(self, release: Callable[[], object]) -> None:
         """Queue a release that failed (store down) to be retried by the renewer."""
@@ -128,9 +131,11 @@ class LeaseBook:
         if held:
             statuses = self.gate.renew(held)
             self.renewals += len(held)
+            metrics.lease_renewals.inc(len(held))
             for lease, status in zip(held, statuses, strict=True):
                 if status == 0:
                     self.losses += 1
+                    metrics.lease_losses.inc()
                     logger.error("lease lost: %s held by %s was taken over", lease.key, lease.owner)
                     if self.on_lost:
                         self.on_lost(lease.owner, lease.key)

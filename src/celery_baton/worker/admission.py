@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.worker import state as worker_state
 
-from celery_baton import signals
+from celery_baton import metrics, signals
 from celery_baton.errors import AlreadyRun, BatonError, KeySpecError, StoreUnavailable, TaskSkipped
 from celery_baton.gate import Decision
 from celery_baton.leases import LeaseBook, new_owner
@@ -205,6 +205,7 @@ class Admission:
             return None
         if condition.kind == "R":
             self.stats["throttled"] += 1
+            metrics.throttled.labels(held.request.name).inc()
         # A lease held by a copy of this very task id (its own retry, or a redelivery
         # while the first copy still runs) always waits: it is freed in milliseconds,
         # or the first copy finishes and this one is dropped as already run.
@@ -222,12 +223,14 @@ class Admission:
             if decision.fence:
                 request.request_dict[FENCE_FIELD] = decision.fence
         self.stats["admitted"] += 1
+        metrics.admissions.labels(request.name).inc()
         self.handle(request)
 
     def _skip(self, held: Held, reason: str, key: str, holder: str, message: str) -> None:
         request = held.request
         self._unhold(held)
         self.stats["skipped"] += 1
+        metrics.skips.labels(request.name, reason).inc()
         logger.warning("%s[%s] skipped: %s", request.name, request.id, message)
         signals.task_skipped.send(
             sender=request.task, request=request, key=key, holder=holder, reason=reason
@@ -264,6 +267,7 @@ class Admission:
         request = held.request
         self._unhold(held)
         self.stats["handed_back"] += 1
+        metrics.handed_back.labels(request.name).inc()
         logger.warning("%s[%s] handed back to the broker: %s", request.name, request.id, why)
         signals.task_handed_back.send(sender=request.task, request=request, reason=why)
         worker_state.task_ready(request)
@@ -286,6 +290,8 @@ class Admission:
             held.held = True
             self.held_count += 1
             self.stats["held"] += 1
+            metrics.holds.labels(held.request.name).inc()
+            metrics.held_now.set(self.held_count)
             self.consumer.qos.increment_eventually()
             signals.task_held.send(
                 sender=held.request.task, request=held.request, key=wait.key, retry_after=wait.delay
@@ -304,6 +310,8 @@ class Admission:
         if held.held:
             held.held = False
             self.held_count -= 1
+            metrics.held_now.set(self.held_count)
+            metrics.hold_seconds.labels(held.request.name).observe(time.monotonic() - held.since)
             self.consumer.qos.decrement_eventually()
 
     def _arm(self, key: str, delay: float) -> None:

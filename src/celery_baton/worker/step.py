@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
+from celery_baton import metrics
 from celery_baton.errors import BatonError
 from celery_baton.leases import LeaseBook
 from celery_baton.store.connection import STORE_ERRORS
@@ -111,6 +112,7 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
                 baton.store.safe_url,
             )
         self._warn_visibility(parent)
+        metrics.serve(baton.settings.metrics_port)
         if admission.book is None:
             admission.book = LeaseBook(
                 baton.gate,
