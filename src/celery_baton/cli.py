@@ -50,6 +50,17 @@ class Context:
         return result
 
 
+def describe_overrides(overrides: dict[str, str]) -> str:
+    """``{"rate": "500000 2"}`` -> ``"rate 2/s burst 2"``: what an operator typed."""
+    parts = []
+    if "rate" in overrides:
+        interval, _, burst = overrides["rate"].partition(" ")
+        parts.append(f"rate {1_000_000 / int(interval):g}/s burst {burst or 1}")
+    if "concurrency" in overrides:
+        parts.append(f"concurrency {overrides['concurrency']}")
+    return ", ".join(parts)
+
+
 def _reader(task: Any) -> Any:
     return lambda option: getattr(task, option, None)
 
@@ -73,13 +84,17 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], width: int = 80
 
 
 def emit(ctx: click.Context, data: Any, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if ctx.obj["json"] else text)
+    as_json = ctx.obj["json"] or ctx.params.get("as_json")
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
 @click.group(name="baton")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
-def baton(ctx: click.Context, as_json: bool) -> None:
+def baton(ctx: click.Context, as_json: bool = False) -> None:
     """celery-baton: leases, limits and the beat schedule in the store."""
     app = ctx.obj.app if ctx.obj is not None and hasattr(ctx.obj, "app") else None
     if app is None:
@@ -97,8 +112,9 @@ def _fail(exc: BatonError) -> None:
 
 
 @baton.command()
+@json_option
 @click.pass_context
-def status(ctx: click.Context) -> None:
+def status(ctx: click.Context, as_json: bool = False) -> None:
     """Store URL, server version, round trip, workers and their leases."""
     c = _ctx(ctx)
     try:
@@ -147,8 +163,9 @@ def status(ctx: click.Context) -> None:
 
 
 @baton.command()
+@json_option
 @click.pass_context
-def locks(ctx: click.Context) -> None:
+def locks(ctx: click.Context, as_json: bool = False) -> None:
     """Live leases: key, holder task id, worker, fence, TTL left."""
     c = _ctx(ctx)
     try:
@@ -169,8 +186,9 @@ def locks(ctx: click.Context) -> None:
 
 
 @baton.group(invoke_without_command=True)
+@json_option
 @click.pass_context
-def limits(ctx: click.Context) -> None:
+def limits(ctx: click.Context, as_json: bool = False) -> None:
     """Configured limits, runtime overrides, held requests and concurrency holders."""
     if ctx.invoked_subcommand is not None:
         return
@@ -208,7 +226,7 @@ def limits(ctx: click.Context) -> None:
                     t["task"],
                     t["rate"] or "-",
                     t["concurrency"] or "-",
-                    " ".join(f"{k}={v}" for k, v in t["overrides"].items()) or "-",
+                    describe_overrides(t["overrides"]) or "-",
                     len(t["concurrency_holders"]),
                 )
                 for t in tasks
@@ -234,9 +252,15 @@ def limits(ctx: click.Context) -> None:
 @click.option("--rate", help="New global rate for all workers, e.g. 5/s.")
 @click.option("--burst", type=int, default=1, show_default=True)
 @click.option("--concurrency", type=int, help="New global concurrency limit.")
+@json_option
 @click.pass_context
 def limits_set(
-    ctx: click.Context, task: str, rate: str | None, burst: int, concurrency: int | None
+    ctx: click.Context,
+    task: str,
+    rate: str | None,
+    burst: int,
+    concurrency: int | None,
+    as_json: bool = False,
 ) -> None:
     """Change TASK's limits at runtime, for every worker (kept in the store)."""
     c = _ctx(ctx)
@@ -262,8 +286,9 @@ def limits_set(
 
 @limits.command("clear")
 @click.argument("task")
+@json_option
 @click.pass_context
-def limits_clear(ctx: click.Context, task: str) -> None:
+def limits_clear(ctx: click.Context, task: str, as_json: bool = False) -> None:
     """Drop TASK's runtime overrides: its declared limits apply again."""
     c = _ctx(ctx)
     try:
@@ -275,8 +300,9 @@ def limits_clear(ctx: click.Context, task: str) -> None:
 
 
 @baton.command()
+@json_option
 @click.pass_context
-def schedule(ctx: click.Context) -> None:
+def schedule(ctx: click.Context, as_json: bool = False) -> None:
     """The beat schedule: next and last slot per entry, the leader, recent history."""
     from celery_baton.beat.api import describe_schedule
 
@@ -317,8 +343,9 @@ def schedule(ctx: click.Context) -> None:
 @baton.command()
 @click.argument("key")
 @click.option("--force", is_flag=True, help="Free it even if a live run holds it.")
+@json_option
 @click.pass_context
-def unlock(ctx: click.Context, key: str, force: bool) -> None:
+def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> None:
     """Free lease KEY (as shown by `locks`); refuses a live lease unless --force."""
     c = _ctx(ctx)
     try:

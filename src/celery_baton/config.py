@@ -33,7 +33,7 @@ class Settings:
     metrics_port: int | None = None
     # beat (docs/beat.md)
     beat_lease_ttl: float = 6.0
-    beat_history: int = 100
+    beat_history: int = 20
     beat_misfire_grace: float = 30.0
     beat_misfire_max: int = 100
     beat_check_tasks: bool = True
@@ -48,6 +48,18 @@ def _get(conf: Mapping[str, Any], name: str, default: Any) -> Any:
         if value is not None:
             return value
     return default
+
+
+def _bool(value: Any, name: str) -> bool:
+    """Booleans also arrive as strings from the environment (Django settings, $VARS)."""
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"expected a boolean, got {value!r}", subject=f"baton_{name}")
+    return bool(value)
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -76,8 +88,8 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         on_store_error=policy,
         socket_timeout=_seconds(_get(conf, "socket_timeout", 2.0), "socket_timeout"),
         lease_ttl=_seconds(_get(conf, "lease_ttl", 30.0), "lease_ttl"),
-        global_rate_limits=bool(_get(conf, "global_rate_limits", False)),
-        redelivery_guard=bool(_get(conf, "redelivery_guard", False)),
+        global_rate_limits=_bool(_get(conf, "global_rate_limits", False), "global_rate_limits"),
+        redelivery_guard=_bool(_get(conf, "redelivery_guard", False), "redelivery_guard"),
         redelivery_retention=_seconds(
             _get(conf, "redelivery_retention", 24 * 3600.0), "redelivery_retention"
         ),
@@ -87,10 +99,10 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         key_prefix=str(_get(conf, "key_prefix", "baton")),
         metrics_port=_get(conf, "metrics_port", None),
         beat_lease_ttl=_seconds(_get(conf, "beat_lease_ttl", 6.0), "beat_lease_ttl"),
-        beat_history=_positive_int(_get(conf, "beat_history", 100), "beat_history"),
+        beat_history=_positive_int(_get(conf, "beat_history", 20), "beat_history"),
         beat_misfire_grace=float(_get(conf, "beat_misfire_grace", 30.0)),
         beat_misfire_max=_positive_int(_get(conf, "beat_misfire_max", 100), "beat_misfire_max"),
-        beat_check_tasks=bool(_get(conf, "beat_check_tasks", True)),
+        beat_check_tasks=_bool(_get(conf, "beat_check_tasks", True), "beat_check_tasks"),
     )
 
 

@@ -30,6 +30,7 @@ TASK_OPTIONS = (
     "global_concurrency_key",
     "lease_ttl",
     "redelivery_guard",
+    "expected_runtime",
 )
 CONFLICT_POLICIES = ("skip", "wait")
 UNIQUE_UNTIL = ("finished", "started")

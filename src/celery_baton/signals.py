@@ -15,6 +15,8 @@ from celery.utils.dispatch import Signal
 task_skipped = Signal(name="baton_task_skipped")
 #: A delivery waits in the worker's consumer (no pool slot) for ``key``.
 task_held = Signal(name="baton_task_held")
+#: A delivery was denied by a global rate limit; it waits ``retry_after`` seconds.
+task_throttled = Signal(name="baton_task_throttled")
 #: A held delivery went back to the broker (hold cap or time horizon reached).
 task_handed_back = Signal(name="baton_task_handed_back")
 #: A publish of a unique task found an earlier one queued or running.

@@ -41,10 +41,22 @@ class ScheduleStore:
     def __init__(self, app: Any, *, store: Store | None = None) -> None:
         self.app = app
         self.settings: Settings = read_settings(app.conf)
+        self._owns_store = store is None
         self.store = store or connect(
             self.settings.url, socket_timeout=self.settings.socket_timeout
         )
         self.state = BeatState(self.store, self.settings.key_prefix)
+
+    def close(self) -> None:
+        """Close the store connection (if this object opened it)."""
+        if self._owns_store:
+            self.store.client.close()
+
+    def __enter__(self) -> ScheduleStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

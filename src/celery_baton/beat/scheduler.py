@@ -90,10 +90,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._store = store
+        self._owns_store = store is None
         self._beat: BeatState | None = None
         self._compiled: dict[str, CompiledEntry] = {}
         self._config_names: set[str] = set()
         self._refused: dict[str, str] = {}
+        self._refused_stored: dict[str, str] = {}
         self._slots: dict[str, StoredSlots] = {}
         self._due: list[tuple[int, str]] = []
         self._triggers: list[str] = []
@@ -149,7 +151,11 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             logger.warning("beat: could not resign the leader lease: %r", exc)
         finally:
             self._leading = False
-            super().close()
+            try:
+                super().close()
+            finally:
+                if self._owns_store and self._store is not None:
+                    self._store.client.close()
 
     @property
     def info(self) -> str:
@@ -333,8 +339,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         for name in stale:
             logger.info("beat: entry %r is gone from beat_schedule; removed it", name)
             stored.pop(name, None)
-        if full:
+        if full or self._refused != self._refused_stored:
             beat.set_refused(self._refused)
+            self._refused_stored = dict(self._refused)
         self._slots = {}
         self._triggers = []
         for name, c in self._compiled.items():

@@ -52,6 +52,7 @@ logger = logging.getLogger("celery_baton.worker")
 STORE_KEY = "<store>"  # the wait queue of requests held because the store is down
 BACKOFF_START = 0.25
 BACKOFF_MAX = 10.0
+SKIP_GRACE = 0.25  # seconds a duplicate waits for a release in flight before it is skipped
 
 
 @dataclass(eq=False)
@@ -64,6 +65,7 @@ class Held:
     since: float = field(default_factory=time.monotonic)
     held: bool = False
     backoff: float = BACKOFF_START
+    skip_after: float | None = None
 
 
 @dataclass
@@ -193,6 +195,9 @@ class Admission:
             and not own_copy
             and policy.exclusive_conflict == "skip"
         ):
+            grace = self._grace_left(held)
+            if grace > 0:
+                return Wait(condition.key, min(grace, max(decision.retry_after, 0.001)))
             label = plan.labels.get(condition.key, "")
             self._skip(
                 held,
@@ -206,10 +211,30 @@ class Admission:
         if condition.kind == "R":
             self.stats["throttled"] += 1
             metrics.throttled.labels(held.request.name).inc()
+            signals.task_throttled.send(
+                sender=held.request.task,
+                request=held.request,
+                key=condition.key,
+                retry_after=decision.retry_after,
+            )
         # A lease held by a copy of this very task id (its own retry, or a redelivery
         # while the first copy still runs) always waits: it is freed in milliseconds,
         # or the first copy finishes and this one is dropped as already run.
         return Wait(condition.key, max(decision.retry_after, 0.001))
+
+    def _grace_left(self, held: Held) -> float:
+        """How long a duplicate still waits before it is skipped (0: skip it now).
+
+        A run's result is stored by the pool child before the main process releases its
+        lease, so a caller that waited for the result and publishes again at once can
+        find the key still held for a few milliseconds. Skipping that run would be
+        wrong: the first run is over. The release notice wakes it at once; a run that
+        really is still going makes it skip when the grace ends.
+        """
+        now = time.monotonic()
+        if held.skip_after is None:
+            held.skip_after = now + SKIP_GRACE
+        return max(0.0, held.skip_after - now)
 
     # -- outcomes -------------------------------------------------------------------
 

@@ -1,0 +1,25 @@
+"""Settings of the example project: just enough Django for Celery and celery-baton.
+
+Celery reads every ``CELERY_*`` name here (``namespace="CELERY"`` in ``proj/celery.py``),
+so ``CELERY_BATON_URL`` is celery-baton's ``baton_url``, ``CELERY_BATON_LEASE_TTL`` its
+``baton_lease_ttl``, and so on (docs/configuration.md).
+"""
+
+import os
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
+DEBUG = True
+ALLOWED_HOSTS: list[str] = []
+INSTALLED_APPS = ["feeds"]
+DATABASES: dict[str, dict[str, str]] = {}  # the example task needs no database
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/1")
+# The coordination store. Unset: $BATON_URL, else celery-baton's embedded server.
+CELERY_BATON_URL = os.environ.get("CELERY_BATON_URL")
+CELERY_BATON_LEASE_TTL = 15  # a killed worker's feeds are free again within 15 s
+CELERY_BEAT_SCHEDULER = "celery_baton.beat:Scheduler"
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
