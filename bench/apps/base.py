@@ -1,0 +1,66 @@
+"""What every bench app shares: URLs from the environment, the readiness mark, and a
+per-process client of the broker's redis-server for the tasks' records.
+
+Environment: ``BENCH_BROKER_URL`` (required), ``BENCH_STORE_URL`` (celery-baton's
+store), ``BENCH_BATON=0`` (a plain Celery app, without celery-baton),
+``BENCH_GUARD=1`` (``baton_redelivery_guard = True``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from celery import Celery, signals
+
+from celery_baton import Baton
+
+_client: redis.Redis | None = None
+_client_pid = 0
+
+#: One server-side call: append the broker server's TIME ("sec.usec") to a list.
+RECORD_SERVER_TIME = """
+local t = redis.call('TIME')
+redis.call('RPUSH', KEYS[1], string.format('%d.%06d', t[1], t[2]))
+return 1
+"""
+
+
+def make_app(name: str) -> Celery:
+    app = Celery(name, broker=os.environ["BENCH_BROKER_URL"])
+    app.conf.update(
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=True,
+    )
+    if os.environ.get("BENCH_BATON", "1") == "1":
+        app.conf.baton_url = os.environ["BENCH_STORE_URL"]
+        app.conf.baton_redelivery_guard = os.environ.get("BENCH_GUARD") == "1"
+        Baton(app)
+    return app
+
+
+def bench_redis() -> redis.Redis:
+    """A client of the broker's server, one per process (pool children fork)."""
+    global _client, _client_pid
+    if _client is None or _client_pid != os.getpid():
+        _client = redis.Redis.from_url(os.environ["BENCH_BROKER_URL"], decode_responses=True)
+        _client_pid = os.getpid()
+    return _client
+
+
+def record_done(started: float) -> None:
+    """Count a finished task; keep the first start and the last end (local clock)."""
+    pipe = bench_redis().pipeline(transaction=False)
+    pipe.set("bench:first", repr(started), nx=True)
+    pipe.set("bench:last", repr(time.time()))
+    pipe.incr("bench:count")
+    pipe.execute()
+
+
+@signals.worker_ready.connect
+def _mark_ready(sender: object = None, **kwargs: object) -> None:
+    hostname = getattr(sender, "hostname", None)
+    if hostname:
+        bench_redis().set(f"bench:ready:{hostname}", 1)

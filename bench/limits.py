@@ -1,0 +1,155 @@
+"""Single-client rate-limit decisions per second, beside the anchors.
+
+    python bench/limits.py [--quick]
+
+Every candidate decides one request against a limit high enough that it is always
+granted (the common, hot path), one client, on a private redis-server. PING/s of the
+same client in the same run is the baseline: a decision needs at least one round trip.
+
+celery-baton is measured twice: one rate condition (``RateLimit.try_acquire``), and
+a rate + a concurrency lease + an exclusive lease decided together in one script call
+(the same owner asks again each time, so its leases are re-granted, not refused).
+dramatiq's limiters are used through their ``acquire()`` context manager, which
+releases on exit (only the concurrent limiter has anything to release).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+
+from celery_baton.gate import Condition, Gate
+from celery_baton.rates import RateLimit, interval_us
+from celery_baton.store import connect
+from common import (
+    RedisServer,
+    compare,
+    import_package,
+    machine_note,
+    parse_args,
+    ratio_table,
+    verdict,
+)
+
+TARGET = 0.9
+HIGH = 1_000_000  # per second: never the binding constraint in these runs
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[str]]:
+    store = connect(url)
+    gate = Gate(store)
+    one_rate = RateLimit(gate, "baton:{bench}:rate:one", rate=f"{HIGH}/s", burst=1)
+
+    def baton_rate() -> None:
+        if not one_rate.try_acquire().granted:
+            raise RuntimeError("celery-baton rate decision refused")
+
+    three = [
+        Condition.rate("baton:{bench}:rate:three", interval_us(HIGH), 1),
+        Condition.lease("baton:{bench}:conc:three", limit=5),
+        Condition.lease("baton:{bench}:ex:three", limit=1, fence=True),
+    ]
+
+    def baton_three() -> None:
+        if not gate.decide(three, owner="bench-task|bench-worker|1", ttl=30).granted:
+            raise RuntimeError("celery-baton combined decision refused")
+
+    # The floor of any script-based decision: one EVALSHA of a no-op script with the
+    # same key and arguments as the rate decision (a yardstick, not a limiter).
+    noop_sha = store.client.script_load("return {1, 0}")
+
+    def script_floor() -> None:
+        store.client.evalsha(noop_sha, 1, "baton:{bench}:rate:one", "-", 30000, "R", "1", "1")
+
+    rows: list[tuple[str, Callable[[], object]]] = [
+        ("PING", store.client.ping),
+        ("(yardstick) EVALSHA of a no-op script, same args", script_floor),
+        ("celery-baton rate (RateLimit.try_acquire)", baton_rate),
+        ("celery-baton rate + concurrency + exclusive", baton_three),
+    ]
+    missing: list[str] = []
+
+    try:
+        limits = import_package("limits")  # this script's name shadows the package
+        storage = import_package("limits.storage").storage_from_string(url)
+        strategies = import_package("limits.strategies")
+        item = limits.RateLimitItemPerSecond(HIGH)
+        moving = strategies.MovingWindowRateLimiter(storage)
+        sliding = strategies.SlidingWindowCounterRateLimiter(storage)
+
+        def limits_moving() -> None:
+            if not moving.hit(item, "bench-moving"):
+                raise RuntimeError("limits moving window refused")
+
+        def limits_sliding() -> None:
+            if not sliding.hit(item, "bench-sliding"):
+                raise RuntimeError("limits sliding window refused")
+
+        v = version("limits")
+        rows += [
+            (f"limits moving window hit() ({v})", limits_moving),
+            (f"limits sliding window counter hit() ({v})", limits_sliding),
+        ]
+    except Exception as exc:  # an anchor that does not import is reported, not fatal
+        missing.append(f"limits: {exc!r}")
+
+    try:
+        from dramatiq.rate_limits import (
+            BucketRateLimiter,
+            ConcurrentRateLimiter,
+            WindowRateLimiter,
+        )
+        from dramatiq.rate_limits.backends import RedisBackend
+
+        backend = RedisBackend(url=url)
+        limiters = {
+            "Bucket": BucketRateLimiter(backend, "bench-bucket", limit=HIGH, bucket=1000),
+            "Window": WindowRateLimiter(backend, "bench-window", limit=HIGH, window=1),
+            "Concurrent": ConcurrentRateLimiter(backend, "bench-concurrent", limit=5),
+        }
+        v = version("dramatiq")
+
+        def dramatiq_call(limiter: object, name: str) -> Callable[[], None]:
+            def call() -> None:
+                with limiter.acquire(raise_on_failure=False) as acquired:  # type: ignore[attr-defined]
+                    if not acquired:
+                        raise RuntimeError(f"dramatiq {name} refused")
+
+            return call
+
+        for name, limiter in limiters.items():
+            label = "acquire+release" if name == "Concurrent" else "acquire"
+            rows.append((f"dramatiq {name}RateLimiter {label} ({v})", dramatiq_call(limiter, name)))
+    except Exception as exc:
+        missing.append(f"dramatiq: {exc!r}")
+    return rows, missing
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    rounds = args.rounds or (3 if args.quick else 5)
+    with RedisServer() as server:
+        rows, missing = candidates(server.url)
+        samples = compare(rows, seconds=seconds, rounds=rounds)
+    print("## limits: single-client decisions per second\n")
+    print(f"{machine_note()}; {rounds} interleaved rounds x {seconds:g} s, median.\n")
+    print(ratio_table(samples, baseline="PING", unit="decisions/s"))
+    ping = samples[0].median
+    for s in samples[2:4]:
+        print(f"\n{s.name} / PING: {verdict(s.median / ping, TARGET)}")
+        for other in samples[4:]:
+            print(f"- / {other.name}: {s.median / other.median:.2f}")
+    for line in missing:
+        print(f"- not measured: {line}")
+
+
+if __name__ == "__main__":
+    main()

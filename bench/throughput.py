@@ -1,0 +1,139 @@
+"""No-op task throughput through one real worker, and the publish rate of ``unique``.
+
+    python bench/throughput.py [--quick]
+
+Drain: N no-op tasks are published up front, then one ``celery worker`` (prefork,
+concurrency 2, redis broker on a private server, without gossip/mingle/heartbeat)
+is started; the rate is N / (first task start .. last task end), from the tasks' own
+records. Variants, interleaved over rounds (median reported), each a fresh worker:
+
+* plain Celery (no celery-baton installed) — the baseline;
+* celery-baton installed, the task has no option;
+* ``exclusive="i"`` on distinct keys (one gate call before and one release after);
+* ``global_rate_limit="1000000/s"`` (never binding; one gate call per task);
+* ``baton_redelivery_guard = True`` on the plain task (gate call + done marker).
+
+Publish: ``apply_async`` per second of a plain task vs a ``unique="i"`` task with
+distinct keys, from one process, interleaved.
+"""
+
+from __future__ import annotations
+
+import os
+
+from common import (
+    RedisServer,
+    Sample,
+    Worker,
+    compare,
+    machine_note,
+    parse_args,
+    ratio_table,
+    table,
+    verdict,
+    wait_for,
+)
+
+TARGET = 0.85
+
+VARIANTS = [
+    # label, task name, env
+    ("plain Celery (no celery-baton)", "noop", {"BENCH_BATON": "0"}),
+    ("celery-baton installed, no option", "noop", {}),
+    ("exclusive (distinct keys)", "noop_exclusive", {}),
+    ('global_rate_limit="1000000/s"', "noop_rate", {}),
+    ("redelivery guard on", "noop", {"BENCH_GUARD": "1"}),
+]
+
+
+def drain_once(
+    broker: RedisServer, store: RedisServer, task: str, env: dict[str, str], n: int
+) -> float:
+    """Publish ``n`` tasks, start a worker, return tasks/s from first start to last end."""
+    from apps.throughput import app  # the publisher: same app, same routing
+
+    client = broker.client()
+    client.flushdb()
+    store.client().flushdb()
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            app.send_task(task, (i,), producer=producer)
+    worker = Worker(
+        "throughput",
+        "drain",
+        env={
+            "BENCH_BROKER_URL": broker.url,
+            "BENCH_STORE_URL": store.url,
+            **env,
+        },
+    )
+    worker.start()
+    try:
+        worker.wait_ready(client)
+        if not wait_for(lambda: int(client.get("bench:count") or 0) >= n, timeout=120):
+            raise RuntimeError(f"{task}: only {client.get('bench:count')} of {n} ran")
+        first, last = float(client.get("bench:first")), float(client.get("bench:last"))
+    finally:
+        worker.stop()
+        errors = worker.check_log()
+        if errors:
+            print(f"<!-- worker errors ({task}):\n{errors[:1500]}\n-->")
+    return n / (last - first)
+
+
+def publish_rates(broker: RedisServer, store: RedisServer, seconds: float, rounds: int) -> list:
+    os.environ["BENCH_BROKER_URL"] = broker.url
+    os.environ["BENCH_STORE_URL"] = store.url
+    from apps.throughput import noop, noop_unique
+
+    counter = iter(range(10**9))
+
+    def plain() -> None:
+        noop.apply_async((next(counter),))
+
+    def unique() -> None:
+        noop_unique.apply_async((next(counter),))
+
+    samples = compare(
+        [("plain apply_async", plain), ("unique apply_async (distinct keys)", unique)],
+        seconds=seconds,
+        rounds=rounds,
+    )
+    broker.client().flushdb()
+    store.client().flushdb()
+    return samples
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "", tasks={"type": int, "default": None})
+    n = args.tasks or (1000 if args.quick else 3000)
+    rounds = args.rounds or (1 if args.quick else 3)
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    with RedisServer() as broker, RedisServer() as store:
+        os.environ["BENCH_BROKER_URL"] = broker.url
+        os.environ["BENCH_STORE_URL"] = store.url
+        samples = [Sample(label) for label, _, _ in VARIANTS]
+        for _ in range(rounds):
+            for sample, (_, task, env) in zip(samples, VARIANTS, strict=True):
+                sample.values.append(drain_once(broker, store, task, env, n))
+        pub = publish_rates(broker, store, seconds, max(rounds, 3))
+    print("## throughput: no-op tasks through one worker (prefork, concurrency 2)\n")
+    print(
+        f"{machine_note()}; {n} tasks per drain, {rounds} interleaved round(s), a fresh "
+        "worker per drain, median.\n"
+    )
+    print(ratio_table(samples, baseline=VARIANTS[0][0], unit="tasks/s"))
+    base = samples[0].median
+    with_baton = samples[1].median
+    print()
+    rows = []
+    for s in samples[2:]:
+        rows.append([s.name, verdict(s.median / base, TARGET), f"{s.median / with_baton:.2f}"])
+    print(table(["variant", "x plain Celery", "x celery-baton, no option"], rows))
+    print("\n## publish rate: unique vs plain apply_async\n")
+    print(ratio_table(pub, baseline="plain apply_async", unit="publishes/s"))
+    print(f"\nunique / plain publish: {verdict(pub[1].median / pub[0].median, TARGET)}")
+
+
+if __name__ == "__main__":
+    main()

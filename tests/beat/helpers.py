@@ -1,0 +1,56 @@
+"""Shared helpers of the beat tests: which beat leads, what ran per slot."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from tests.support.observer import Observer
+from tests.support.workers import BeatProcess
+
+LEADER_KEY = "baton:{beat}:leader"
+
+
+def beat_env(entries: dict[str, Any], **settings: Any) -> dict[str, str]:
+    """Env for ``tests.apps.beat_app``: its entries and ``baton_beat_*`` settings."""
+    env = {"BEAT_ENTRIES": json.dumps(entries)}
+    for name, value in settings.items():
+        env[f"BATON_BEAT_{name.upper()}"] = json.dumps(value)
+    return env
+
+
+def leader_pid(store: redis.Redis) -> int | None:
+    owner = store.hget(LEADER_KEY, "owner")
+    return int(str(owner).split(":")[1]) if owner else None
+
+
+def wait_for_leader(
+    store: redis.Redis, beats: Sequence[BeatProcess], timeout: float = 30, not_pid: int = 0
+) -> BeatProcess:
+    """The beat process that holds the lease (other than ``not_pid``), once one does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = leader_pid(store)
+        except redis.RedisError:
+            pid = None
+        for beat in beats:
+            if pid and pid == beat.pid and pid != not_pid and beat.is_running:
+                return beat
+        time.sleep(0.05)
+    raise AssertionError(f"no beat leads after {timeout} s (lease: {store.hgetall(LEADER_KEY)})")
+
+
+def runs_per_slot(observer: Observer, entry: str) -> Counter[int]:
+    """How many runs started per slot of ``entry`` (killed runs included)."""
+    counts: Counter[int] = Counter()
+    for start in observer.started():
+        name, _, slot = str(start["key"]).partition("|")
+        if name == entry:
+            counts[int(slot)] += 1
+    return counts

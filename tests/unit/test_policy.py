@@ -1,0 +1,160 @@
+"""Task options compiled into a policy: validation at declaration, and each run's plan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_baton import Baton, ConfigError, KeySpecError
+from celery_baton.config import Settings
+from celery_baton.gate import Condition
+from celery_baton.keys import KeyNames, digest
+from celery_baton.policy import compile_policy, declares_options
+
+NAMES = KeyNames()
+
+
+def feed(feed_url: str, page: int = 1) -> None: ...
+
+
+def compile_(fun: Any = feed, settings: Settings | None = None, **options: Any) -> Any:
+    return compile_policy("app.feed", options.get, fun, settings or Settings())
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    # memory:// and no backend: declaring tasks never connects anywhere.
+    celery = Celery("policy-test", broker="memory://", set_as_current=False)
+    Baton(celery, url="redis://127.0.0.1:1/0")
+    yield celery
+    celery.close()
+
+
+def test_no_options_no_policy() -> None:
+    assert compile_() is None
+    assert compile_(exclusive=False) is None
+    assert not declares_options({"bind": True, "acks_late": True})
+    assert declares_options({"unique": "x"})
+
+
+def test_defaults() -> None:
+    policy = compile_(exclusive="feed_url")
+    assert policy.exclusive_conflict == "skip"
+    assert policy.lease_ttl == 30
+    assert policy.unique is None and policy.gates_runs
+    custom = compile_(exclusive=True, settings=Settings(lease_ttl=7))
+    assert custom.lease_ttl == 7
+    assert compile_(exclusive=True, lease_ttl=2.5).lease_ttl == 2.5
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"exclusive": "feed_url", "exclusive_conflict": "queue"}, "exclusive_conflict"),
+        ({"unique": "feed_url", "unique_until": "acked"}, "unique_until"),
+        ({"exclusive": True, "lease_ttl": 0}, "lease_ttl"),
+        ({"exclusive": True, "lease_ttl": -1}, "lease_ttl"),
+        ({"exclusive": True, "lease_ttl": True}, "lease_ttl"),
+        ({"exclusive": True, "lease_ttl": "30"}, "lease_ttl"),
+        ({"unique": True, "unique_ttl": 0}, "unique_ttl"),
+        ({"global_concurrency": 0}, "global_concurrency"),
+        ({"global_concurrency_key": "feed_url"}, "needs global_concurrency"),
+    ],
+)
+def test_invalid_options_raise_config_error(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as error:
+        compile_(**options)
+    assert "app.feed" in str(error.value)
+
+
+def test_exclusive_plan_asks_for_one_fenced_lease() -> None:
+    policy = compile_(exclusive="feed_url", lease_ttl=5)
+    plan = policy.plan(NAMES, task_id="id-1", owner="id-1|w|n", args=("u",), kwargs={})
+    material = '{"feed_url":"u"}'
+    key = "baton:{app.feed}:ex:" + digest(material)
+    assert plan.exclusive_key == key
+    assert plan.conditions == [Condition.lease(key, limit=1, fence=True)]
+    assert [(x.key, x.owner, x.limit, x.ttl) for x in plan.leases] == [(key, "id-1|w|n", 1, 5)]
+    assert plan.labels[key] == material
+    assert plan.unique_key is None and plan.done_key is None
+    same = policy.plan(NAMES, task_id="id-2", owner="o", args=(), kwargs={"feed_url": "u"})
+    assert same.exclusive_key == key
+
+
+def test_unique_until_finished_needs_no_gate_and_started_frees_at_the_gate() -> None:
+    finished = compile_(unique="feed_url")
+    assert finished is not None and not finished.gates_runs
+    plan = finished.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    assert plan.conditions == [] and plan.unique_key and ":uq:" in plan.unique_key
+
+    started = compile_(unique="feed_url", unique_until="started")
+    assert started.gates_runs
+    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+
+
+def test_plan_with_bad_arguments_raises_key_spec_error() -> None:
+    policy = compile_(exclusive="feed_url")
+    with pytest.raises(KeySpecError):
+        policy.plan(NAMES, task_id="i", owner="o", args=(object(),), kwargs={})
+    with pytest.raises(KeySpecError):
+        policy.plan(NAMES, task_id="i", owner="o", args=(1, 2, 3), kwargs={})
+
+
+# -- declaration through Baton's @app.task: errors now, not at 3 a.m. ----------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"exclusive": "missing"},
+        {"unique": "missing"},
+        {"exclusive": ["feed_url", "missing"]},
+        {"unique": "{missing}"},
+        {"global_concurrency": 2, "global_concurrency_key": "missing"},
+        {"global_rate_limit": "1/s", "global_rate_limit_key": "missing"},
+    ],
+)
+def test_a_key_spec_naming_a_missing_argument_raises_at_declaration(
+    app: Celery, options: dict[str, Any]
+) -> None:
+    with pytest.raises(KeySpecError, match="missing"):
+
+        @app.task(**options)
+        def feed(feed_url: str) -> None: ...
+
+    assert not any(name.endswith(".feed") for name in app.tasks)
+
+
+def test_bad_option_values_raise_at_declaration(app: Celery) -> None:
+    with pytest.raises(ConfigError, match="exclusive_conflict"):
+
+        @app.task(exclusive=True, exclusive_conflict="later")
+        def feed(feed_url: str) -> None: ...
+
+
+def test_bound_tasks_validate_against_the_arguments_after_self(app: Celery) -> None:
+    @app.task(bind=True, exclusive="feed_url", name="policy.bound")
+    def bound(self: Any, feed_url: str) -> None: ...
+
+    assert bound.name == "policy.bound"
+    with pytest.raises(KeySpecError, match="self"):
+
+        @app.task(bind=True, exclusive="self", name="policy.bad")
+        def bad(self: Any, feed_url: str) -> None: ...
+
+
+def test_plain_decorator_forms(app: Celery) -> None:
+    @app.task
+    def plain(x: int) -> int:
+        return x
+
+    @app.task(exclusive=True, name="policy.whole")
+    def whole(x: int) -> int:
+        return x
+
+    assert plain.name.endswith("plain") and whole.name == "policy.whole"
+    assert whole.exclusive is True

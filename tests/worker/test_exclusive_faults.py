@@ -1,0 +1,89 @@
+"""Bad input and a store that goes away, at the worker (issue 2, item 7).
+
+* A key that cannot be built from a delivered message: the task fails with a clear
+  ``KeySpecError`` and is not run (never run unguarded).
+* The store paused (SIGSTOP: calls time out) or killed (connections refused) while a
+  request arrives: with the default ``baton_on_store_error="hold"`` the worker holds it,
+  runs nothing unguarded and does not crash; once the store is back the task runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from celery_baton import KeySpecError
+from tests.support.observer import Observer, assert_no_overlap
+from tests.support.servers import StoreServer
+from tests.support.workers import Workers
+
+APP = "tests.apps.exclusive"
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+def test_a_key_that_cannot_be_built_fails_the_task_and_it_does_not_run(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import app, ex_skip, ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    # NaN travels in a JSON message but is not a canonical key; a wrong arity is caught
+    # only by the worker when the task is sent by name.
+    bad = [
+        ex_skip.delay(float("nan")),
+        ex_wait.delay(float("nan"), 0),
+        app.send_task("tests.apps.exclusive.ex_skip", args=["k", 0, "extra"]),
+    ]
+    for result in bad:
+        with pytest.raises(KeySpecError) as error:
+            result.get(timeout=20)
+        assert "tests.apps.exclusive.ex_" in str(error.value)
+        assert result.state == "FAILURE"
+    assert ex_skip.delay("good").get(timeout=20)  # the worker goes on
+    assert [r.key for r in observer.runs()] == ["good"]
+    log = worker.log_text()
+    assert all(f"[{result.id}] refused" in log for result in bad)
+    assert worker.is_running
+
+
+@pytest.mark.parametrize("outage", ["pause", "kill"])
+def test_store_down_at_the_worker_holds_the_request_until_it_is_back(
+    outage: str, workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    assert ex_wait.delay("warm", 0).get(timeout=20)  # connected to the store
+    getattr(store_server, outage)()
+    try:
+        results = [ex_wait.delay("outage", 0.2) for _ in range(3)]
+        wait_until(
+            lambda: worker.log_text().count("store unavailable, holding") >= 2,
+            30,
+            "worker holds the requests",
+        )
+        time.sleep(1.0)
+        assert [s for s in observer.started() if s["key"] == "outage"] == []
+        assert worker.is_running
+        assert all(result.state == "PENDING" for result in results)
+    finally:
+        store_server.resume()
+        store_server.start()
+
+    for result in results:
+        assert result.get(timeout=30)  # backoff is capped at 10 s
+    runs = [r for r in observer.runs() if r.key == "outage"]
+    assert len(runs) == 3
+    assert_no_overlap(runs)
+    assert worker.is_running
+    assert "Traceback" not in worker.log_text()
+    assert ex_wait.delay("after", 0).get(timeout=20)

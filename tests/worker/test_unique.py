@@ -1,0 +1,303 @@
+"""Unique tasks: claimed at publish on every path, freed on every outcome.
+
+Issue 2, items 6 and 7 (publish side), and the publish paths of "What a user gets".
+Publishes of ``uq_idle`` go to a queue no worker consumes, so "queued" is a state the
+test can look at (the broker's list) instead of a race.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain, group
+
+from celery_baton import Baton, BatonError, KeySpecError, StoreUnavailable
+from celery_baton.signals import task_deduplicated
+from tests.support.observer import Observer
+from tests.support.servers import StoreServer, free_port
+from tests.support.workers import Workers
+
+APP = "tests.apps.exclusive"
+
+
+@pytest.fixture
+def store(store_server: StoreServer, store_url: str) -> Iterator[redis.Redis]:
+    with store_server.client() as client:
+        yield client
+
+
+@pytest.fixture
+def broker(broker_server: StoreServer, broker_url: str) -> Iterator[redis.Redis]:
+    with broker_server.client(0) as client:
+        yield client
+
+
+def queued(broker: redis.Redis, queue: str = "idle") -> int:
+    """Messages waiting in ``queue`` (all of kombu's priority lists)."""
+    return sum(int(broker.llen(name)) for name in broker.keys(f"{queue}*"))
+
+
+def test_every_publish_path_claims_the_key_and_a_duplicate_queues_nothing(
+    store: redis.Redis, broker: redis.Redis
+) -> None:
+    from tests.apps.exclusive import app, plain, unique_key, uq_idle
+
+    deduplicated: list[dict[str, Any]] = []
+
+    def on_dedup(sender: Any = None, **kw: Any) -> None:
+        deduplicated.append(kw)
+
+    task_deduplicated.connect(on_dedup)
+    try:
+        first = uq_idle.delay("a")
+        assert store.get(unique_key(uq_idle, "a")) == first.id
+        assert queued(broker) == 1
+
+        # Same key by every path, positional or keyword: the first one's result, no message.
+        again = [
+            uq_idle.delay("a"),
+            uq_idle.delay(key="a"),
+            uq_idle.apply_async(("a",)),
+            uq_idle.apply_async(kwargs={"key": "a"}, countdown=5),
+            app.send_task("tests.apps.exclusive.uq_idle", args=["a"]),
+            uq_idle.s("a").apply_async(),
+        ]
+        assert [result.id for result in again] == [first.id] * len(again)
+        assert queued(broker) == 1
+        assert [d["existing_id"] for d in deduplicated] == [first.id] * len(again)
+        assert len({d["task_id"] for d in deduplicated}) == len(again)
+
+        # Another key is another message; an argument that is not part of the key is ignored.
+        other = uq_idle.apply_async(("b",), {"extra": 1})
+        assert other.id != first.id
+        assert uq_idle.delay("b", extra=2).id == other.id
+        assert queued(broker) == 2
+
+        # group: each member claims its own key.
+        members = group(uq_idle.s("g1"), uq_idle.s("g2"))()
+        ids = [result.id for result in members.results]
+        assert store.get(unique_key(uq_idle, "g1")) == ids[0]
+        assert store.get(unique_key(uq_idle, "g2")) == ids[1]
+        assert queued(broker) == 4
+        assert uq_idle.delay("g2").id == ids[1]
+
+        # chain: its first member is published, and claims.
+        chained = chain(uq_idle.s("c"), plain.si(1)).apply_async()
+        head = chained.parent
+        assert head is not None
+        assert store.get(unique_key(uq_idle, "c")) == head.id
+        assert queued(broker) == 5
+        assert uq_idle.delay("c").id == head.id
+        assert queued(broker) == 5
+    finally:
+        task_deduplicated.disconnect(on_dedup)
+
+
+def test_an_explicit_task_id_is_the_claim_owner(store: redis.Redis, broker: redis.Redis) -> None:
+    from tests.apps.exclusive import unique_key, uq_idle
+
+    result = uq_idle.apply_async(("tid",), task_id="my-own-id")
+    assert result.id == "my-own-id"
+    assert store.get(unique_key(uq_idle, "tid")) == "my-own-id"
+    # Re-publishing under the same id (what a retry does) passes and queues it again.
+    assert uq_idle.apply_async(("tid",), task_id="my-own-id").id == "my-own-id"
+    assert queued(broker) == 2
+
+
+def test_unique_ttl_bounds_a_claim_and_a_numeric_expires_shortens_it(
+    store: redis.Redis, broker: redis.Redis
+) -> None:
+    from tests.apps.exclusive import unique_key, uq_idle
+
+    uq_idle.delay("ttl")
+    assert 3_500_000 < store.pttl(unique_key(uq_idle, "ttl")) <= 3_600_000
+    uq_idle.apply_async(("exp",), expires=30)
+    assert 0 < store.pttl(unique_key(uq_idle, "exp")) <= 30_000
+
+
+def test_a_key_that_cannot_be_built_fails_the_publish_and_queues_nothing(
+    store: redis.Redis, broker: redis.Redis
+) -> None:
+    from tests.apps.exclusive import app, uq_idle
+
+    for args in [(object(),), (float("nan"),), ({"a": b"bytes"},)]:
+        with pytest.raises(KeySpecError, match=r"tests\.apps\.exclusive\.uq_idle\.unique"):
+            uq_idle.apply_async(args)
+    # Sent by name, Celery does not check the arguments: the key binding does.
+    with pytest.raises(KeySpecError, match="do not match"):
+        app.send_task("tests.apps.exclusive.uq_idle", args=["k", 1, 2])
+    assert queued(broker) == 0
+    assert store.keys("*") == []
+
+
+def test_a_failed_publish_frees_the_key_it_claimed(store_url: str, store: redis.Redis) -> None:
+    """Broker unreachable: the publish raises the broker's error and leaves the key free."""
+    port = free_port()
+    app = Celery("broken", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
+    app.conf.update(
+        task_publish_retry=False,
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        broker_connection_timeout=1,
+    )
+    baton = Baton(app, url=store_url)
+
+    @app.task(unique="key", name="broken.unique")
+    def unique(key: str) -> None: ...
+
+    key = baton.policy_for(unique).unique_key(baton.names, ("x",), {})
+    try:
+        for _ in range(2):  # the second publish is not deduplicated against a ghost
+            started = time.monotonic()
+            with pytest.raises(Exception) as error:
+                unique.delay("x")
+            assert not isinstance(error.value, BatonError)
+            assert isinstance(error.value, OSError | ConnectionError) or "onnect" in repr(
+                error.value
+            )
+            assert time.monotonic() - started < 30
+            assert store.get(key) is None
+        # The claim was really taken and given back (not skipped): a held key still dedups.
+        store.set(key, "holder-id")
+        assert unique.delay("x").id == "holder-id"
+    finally:
+        app.close()
+        baton.store.client.close()
+
+
+def test_store_down_at_publish_raises_and_claims_nothing(
+    store_server: StoreServer, store: redis.Redis, broker: redis.Redis
+) -> None:
+    from tests.apps.exclusive import plain, unique_key, uq_idle
+
+    store_server.kill()
+    try:
+        with pytest.raises(StoreUnavailable) as down:
+            uq_idle.delay("down")
+        assert isinstance(down.value, BatonError)
+        assert queued(broker) == 0
+        plain.delay()  # tasks without options publish as usual with the store down
+    finally:
+        store_server.start()
+    assert store.get(unique_key(uq_idle, "down")) is None
+    result = uq_idle.delay("down")
+    assert store.get(unique_key(uq_idle, "down")) == result.id
+    assert queued(broker) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG publish.py/baton.claim_unique: the claim sent to a paused store runs when it "
+    "resumes, after the publish gave up: a ghost claim blocks the key for unique_ttl",
+)
+def test_store_paused_at_publish_raises_and_leaves_no_claim_behind(
+    store_server: StoreServer, store: redis.Redis, broker: redis.Redis
+) -> None:
+    """A store that stops answering mid-call (SIGSTOP): the publish fails within seconds,
+    and once the store answers again no ghost claim blocks the key."""
+    from tests.apps.exclusive import baton, unique_key, uq_idle
+
+    baton.store.client.ping()  # connected before the pause
+    store_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            uq_idle.delay("paused")
+        assert time.monotonic() - started < 30
+        assert queued(broker) == 0
+    finally:
+        store_server.resume()
+    time.sleep(0.5)  # let the server run whatever it had received
+    holder = store.get(unique_key(uq_idle, "paused"))
+    assert holder is None, f"a publish that failed left its claim behind, held by {holder}"
+    assert uq_idle.delay("paused").id != holder
+    assert queued(broker) == 1
+
+
+# -- with workers ----------------------------------------------------------------------------
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def wait_for_start(observer: Observer, key: str, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in observer.started():
+            if entry["key"] == key:
+                return entry
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no run of {key!r} started in {timeout} s")
+        time.sleep(0.05)
+
+
+def test_unique_until_finished_and_until_started_on_a_worker(
+    workers: Workers, observer: Observer, store: redis.Redis
+) -> None:
+    from tests.apps.exclusive import unique_key, uq, uq_started
+
+    workers.start(APP, concurrency=2)
+
+    # finished: a publish while it runs returns the running one; after it, a new one queues.
+    first = uq.delay("fin", 1.5)
+    wait_for_start(observer, "fin")
+    assert uq.delay("fin", 0).id == first.id
+    assert store.get(unique_key(uq, "fin")) == first.id
+    assert first.get(timeout=20) == first.id
+    # The result is stored by the pool child just before the main process frees the key.
+    wait_until(lambda: store.get(unique_key(uq, "fin")) is None, 5, "unique key freed")
+    second = uq.delay("fin", 0)
+    assert second.id != first.id
+    assert second.get(timeout=20) == second.id
+
+    # started: the key is free once the run started, so a publish during the run queues.
+    running = uq_started.delay("sta", 1.5)
+    wait_for_start(observer, "sta")
+    assert store.get(unique_key(uq_started, "sta")) is None
+    during = uq_started.delay("sta", 0)
+    assert during.id != running.id
+    assert during.get(timeout=20) == during.id
+    assert running.get(timeout=20) == running.id
+    runs = {r.task_id for r in observer.runs() if r.key in ("fin", "sta")}
+    assert runs == {first.id, second.id, running.id, during.id}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG publish.py: a deduplicated group member returns the holder's result, but "
+    "group() keeps the member's pre-frozen id, which never runs: GroupResult.get() hangs",
+)
+def test_a_group_with_a_duplicate_member_completes(workers: Workers, observer: Observer) -> None:
+    from tests.apps.exclusive import uq
+
+    workers.start(APP, concurrency=2)
+    members = group(uq.s("gdup", 0.5), uq.s("gdup", 0.5))()
+    ids = members.get(timeout=4)
+    assert len(set(ids)) == 1
+    assert [r.task_id for r in observer.runs()] == ids[:1]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG publish.py: a chain whose first member is deduplicated is dropped whole: "
+    "the rest of the chain never runs and the chain's result never completes",
+)
+def test_a_chain_whose_head_is_deduplicated_still_completes(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import plain, uq
+
+    workers.start(APP, concurrency=2)
+    holder = uq.delay("chead", 1.0)
+    chained = chain(uq.s("chead", 0), plain.si("tail")).apply_async()
+    assert holder.get(timeout=10) == holder.id
+    assert chained.get(timeout=4) == "tail"
