@@ -18,6 +18,7 @@ from celery_baton.errors import (
     NotInExclusiveTask,
     RateSpecError,
     StoreUnavailable,
+    TaskDeduplicated,
     TaskSkipped,
 )
 from celery_baton.worker.context import fence
@@ -32,6 +33,7 @@ __all__ = [
     "NotInExclusiveTask",
     "RateSpecError",
     "StoreUnavailable",
+    "TaskDeduplicated",
     "TaskSkipped",
     "fence",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -151,8 +152,28 @@ class Baton:
         try:
             holder = self.store.scripts.run("unique_claim", [key], [task_id, round(ttl * 1000)])
         except STORE_ERRORS as exc:
+            # The claim may still run later (a paused store executes what it buffered):
+            # give it back once the store answers, or it would block the key for ttl.
+            self._release_later(key, task_id, ttl)
             raise self.store.unavailable(exc) from exc
         return str(holder or "")
+
+    def _release_later(self, key: str, task_id: str, ttl: float) -> None:
+        def retry() -> None:
+            deadline = time.monotonic() + ttl
+            delay = 0.5
+            while time.monotonic() < deadline:
+                time.sleep(delay)
+                try:
+                    self.release_unique(key, task_id)
+                    # Once more, in case the buffered claim ran after our first release.
+                    time.sleep(delay)
+                    self.release_unique(key, task_id)
+                    return
+                except BatonError:
+                    delay = min(delay * 2, 10.0)
+
+        threading.Thread(target=retry, name="baton-unclaim", daemon=True).start()
 
     def release_unique(self, key: str, task_id: str) -> bool:
         try:

@@ -55,6 +55,18 @@ class TaskSkipped(BatonError):
         return str(self.args[0])
 
 
+class TaskDeduplicated(BatonError):
+    """Stored for a pre-assigned task id (a group or chain member) whose publish found an
+    earlier task with the same unique key: that id will never run; ``holder`` does."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message, holder)
+        self.holder = holder
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class AlreadyRun(BatonError):
     """Stored for a redelivered message whose task id already finished."""
 

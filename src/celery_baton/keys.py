@@ -29,7 +29,7 @@ KeySpecValue = bool | str | Sequence[str] | Callable[..., Any]
 _formatter = string.Formatter()
 
 
-def _template_fields(template: str) -> list[str]:
+def _template_fields(template: str, subject: str) -> list[str]:
     names = []
     for _, field, _, _ in _formatter.parse(template):
         if field is None:
@@ -37,7 +37,10 @@ def _template_fields(template: str) -> list[str]:
         # "{user.id}" or "{items[0]}" read from the argument "user" / "items".
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root:
-            raise KeySpecError(f"template {template!r} has a positional field; name arguments")
+            raise KeySpecError(
+                f"template {template!r} has a positional field; name arguments",
+                subject=subject,
+            )
         names.append(root)
     return names
 
@@ -83,7 +86,7 @@ class KeySpec:
         if isinstance(spec, str):
             if "{" in spec:
                 template = spec
-                names = tuple(_template_fields(spec))
+                names = tuple(_template_fields(spec, subject))
             else:
                 names = (spec,)
         elif isinstance(spec, Sequence) and all(isinstance(n, str) for n in spec):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
+from celery_baton.errors import TaskDeduplicated
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
@@ -29,7 +30,8 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
         policy = baton.policy_for_name(name)
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
-        task_id = options.get("task_id") or uuid()
+        preassigned = options.get("task_id")
+        task_id = preassigned or uuid()
         options["task_id"] = task_id
         key = policy.unique_key(baton.names, args or (), kwargs or {})
         ttl = policy.unique_ttl
@@ -46,6 +48,8 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             signals.task_deduplicated.send(
                 sender=name, name=name, task_id=task_id, existing_id=holder, key=key
             )
+            if preassigned:
+                _settle_preassigned(baton, name, task_id, holder, options)
             result_cls = options.get("result_cls") or baton.app.AsyncResult
             return result_cls(holder)
         try:
@@ -60,3 +64,29 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _settle_preassigned(
+    baton: Baton, name: str, task_id: str, holder: str, options: dict[str, Any]
+) -> None:
+    """Give ids that will never run a final state, so nothing waits on them forever.
+
+    A caller that chose the id (a group or chord member, a chain's frozen ids) may wait
+    on it rather than on the AsyncResult returned here: ``GroupResult.get()`` or the
+    chain's last result would hang. Each such id gets a ``TaskDeduplicated`` failure
+    that names the task that runs instead.
+    """
+    ids = [task_id]
+    for sig in options.get("chain") or ():
+        frozen = (sig.get("options") or {}).get("task_id") if isinstance(sig, dict) else None
+        if frozen:
+            ids.append(frozen)
+    exc = TaskDeduplicated(
+        f"{name} was not queued: task {holder} with the same unique key is queued or running",
+        holder,
+    )
+    for dead_id in ids:
+        try:
+            baton.app.backend.mark_as_failure(dead_id, exc, call_errbacks=False)
+        except Exception:  # the result backend is optional; its failure must not hide ours
+            logger.exception("could not record %s as deduplicated", dead_id)

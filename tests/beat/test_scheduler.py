@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -369,3 +370,22 @@ def test_store_down_fires_nothing_and_resumes(
     tick(s)
     slots = [slot for _, slot, _ in s.sent]
     assert len(slots) == len(set(slots)) == 5  # the down time's slots caught up (grace)
+
+
+def test_now_follows_the_store_clock_not_the_host_wall_clock(
+    make_app: Callable[..., Celery], store: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A jump of the host's wall clock moves neither "now" nor the slots (no burst)."""
+    s = RecordingScheduler(make_app({"e": entry(1.0)}))
+    s.sent = []
+    try:
+        s.tick()
+        real_time = time.time
+        monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+        seconds, micros = store.time()
+        server_ms = int(seconds) * 1000 + int(micros) // 1000
+        assert abs(s.now_ms() - server_ms) < 1000
+        s.tick()
+        assert s.sent == []  # the entry's first slot is 1 s away, not an hour ago
+    finally:
+        s.close()

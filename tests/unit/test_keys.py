@@ -104,12 +104,7 @@ def test_bound_task_signature_skips_self() -> None:
         "missing",
         ["host", "missing"],
         "{missing}/{host}",
-        pytest.param(
-            "{}",
-            marks=pytest.mark.xfail(
-                strict=True, reason="BUG keys.py _template_fields: error lacks the subject"
-            ),
-        ),
+        "{}",
         "",
         [],
         42,
