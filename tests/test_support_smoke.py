@@ -11,6 +11,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
 from tests.support.observer import Observer, assert_no_overlap, max_concurrent
 from tests.support.servers import StoreServer
 from tests.support.workers import Workers

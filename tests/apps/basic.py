@@ -12,6 +12,7 @@ import functools
 import os
 
 from celery import Celery, Task
+
 from tests.support.observer import Observer
 
 app = Celery(

@@ -24,6 +24,7 @@ from pathlib import Path
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
 from tests.support import processes
 
 #: Set to a server binary to test against it instead of the default choice.

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
 from tests.support import processes
 from tests.support.processes import REPO_ROOT
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.support.observer import Run, assert_fences_increase, assert_no_overlap, max_concurrent
 
 

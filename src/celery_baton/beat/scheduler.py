@@ -38,6 +38,7 @@ from celery.beat import BeatLazyFunc, ScheduleEntry
 from celery.schedules import crontab
 from celery.utils.log import get_logger
 
+from celery_baton import metrics
 from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_definition
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim
@@ -126,6 +127,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 client_name="baton-beat",
             )
         self._beat = BeatState(self._store, self.settings.key_prefix)
+        metrics.serve(self.settings.metrics_port)
         self._compile_config()
 
     def get_schedule(self) -> dict[str, ScheduleEntry]:
@@ -227,6 +229,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         if reply.leading:
             if not self._leading or reply.fence != self._fence:
                 logger.info("beat: leading the schedule (fence %s)", reply.fence)
+                metrics.beat_leader_changes.inc()
                 self._full_sync = self._dirty = True
             self._leading = True
             self._fence = reply.fence
@@ -418,6 +421,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 )
                 self._dirty = True
                 continue
+            metrics.beat_fired.labels(claim.name).inc(claim.fired)
+            metrics.beat_missed.labels(claim.name).inc(claim.missed)
+            metrics.beat_suppressed.labels(claim.name).inc(claim.suppressed)
             slots = self._slots[claim.name]
             if claim.new_next is not None:
                 slots.next_ms = claim.new_next
