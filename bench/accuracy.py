@@ -17,6 +17,7 @@ Achieved rate = (starts - 1) / (last start - first start). Target (issue 3): wit
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -50,6 +51,7 @@ def run_variant(
     count: int,
     workers: int,
     baton: bool = True,
+    slack: float = 10.0,
 ) -> list[float]:
     from apps.accuracy import app
 
@@ -69,9 +71,9 @@ def run_variant(
             for _ in range(count):
                 app.send_task(task, producer=producer)
         key = f"bench:starts:{variant}"
-        expected = count / RATE * 1.5 + 30
-        if not wait_for(lambda: client.llen(key) >= count, timeout=expected, poll=0.2):
-            print(f"<!-- {variant}: only {client.llen(key)} of {count} started -->")
+        # A limiter that stalls is reported with what it did by then, not waited for.
+        cap = count / RATE + slack
+        wait_for(lambda: client.llen(key) >= count, timeout=cap, poll=0.2)
         times = [float(t) for t in client.lrange(key, 0, -1)]
     finally:
         stop_workers(procs)
@@ -89,21 +91,32 @@ def main() -> None:
         os.environ["BENCH_RATE"] = str(RATE)
         for label, task, variant, baton in VARIANTS:
             started = time.monotonic()
-            times = run_variant(broker, store, task, variant, count, args.workers, baton)
+            times = run_variant(
+                broker,
+                store,
+                task,
+                variant,
+                count,
+                args.workers,
+                baton,
+                3.0 if args.quick else 10.0,
+            )
             times.sort()
             span = times[-1] - times[0] if len(times) > 1 else float("nan")
             achieved = (len(times) - 1) / span
             worst = max_in_window(times, 1.0)
+            gap = min(b - a for a, b in itertools.pairwise(times)) * 1000
             error = (achieved / RATE - 1) * 100
             ok = abs(error) <= 2 and worst <= RATE + BURST
             rows.append(
                 [
                     label,
-                    len(times),
+                    f"{len(times)} of {count}",
                     f"{span:.2f}",
                     f"{achieved:.2f}",
                     f"{error:+.1f} %",
                     worst,
+                    f"{gap:.1f}",
                     "met" if ok else "not met",
                     f"{time.monotonic() - started:.0f}",
                 ]
@@ -119,6 +132,7 @@ def main() -> None:
                 "achieved /s",
                 "error",
                 "max in any 1 s",
+                "min gap ms",
                 f"target ±2 %, ≤ {RATE + BURST} per 1 s",
                 "wall s",
             ],

@@ -102,9 +102,9 @@ def run_once(
 
 def main() -> None:
     args = parse_args(__doc__ or "", tasks={"type": int, "default": None})
-    n = args.tasks or (1000 if args.quick else 2000)
+    n = args.tasks or (600 if args.quick else 2000)
     rounds = args.rounds or (1 if args.quick else 2)
-    timeout = 10.0 if args.quick else 30.0
+    timeout = 5.0 if args.quick else 20.0
     results: dict[tuple[str, bool], list[float]] = {}
     taken: dict[str, int] = {}
     notes: dict[str, str] = {}

@@ -103,11 +103,11 @@ class Gate:
             raise self.store.unavailable(exc) from exc
         if reply[0] == 1:
             return Decision(True, fence=int(reply[1]))
-        retry_ms = int(reply[2])
+        retry_us = int(reply[2])
         return Decision(
             False,
             denied_by=conditions[int(reply[1]) - 1],
-            retry_after=-1.0 if retry_ms < 0 else retry_ms / 1000.0,
+            retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
             holder=str(reply[3] or ""),
         )
 

@@ -6,9 +6,10 @@ arrival time (TAT) of the next request. A request may start when
 It is a token bucket with ``burst`` tokens that refills one token per interval, exact,
 one key, one round trip, and it says how long to wait (``retry_after``).
 
-One refinement: a start that comes less than one interval after its slot keeps the
-slot lattice instead of restarting it from "now" (see gate.lua), so the wake-up
-latency of waiting workers does not slowly lower the achieved rate.
+It is strict: a late start earns no credit, so in every window of length ``w`` at most
+``burst + w * rate`` runs start. The price is that any lateness of a waiting worker is
+lost rate; the consumer therefore wakes throttled requests exactly at ``retry_after``
+(no jitter). With ``burst >= 2`` lateness below one interval is absorbed.
 """
 
 from __future__ import annotations

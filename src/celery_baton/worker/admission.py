@@ -64,6 +64,7 @@ class Held:
     plan: RunPlan
     since: float = field(default_factory=time.monotonic)
     held: bool = False
+    counted: bool = False  # raised the prefetch count (False past baton_hold_max)
     backoff: float = BACKOFF_START
     skip_after: float | None = None
 
@@ -72,6 +73,9 @@ class Held:
 class Wait:
     key: str
     delay: float
+    # Jitter spreads workers that a release notice wakes together; a rate wait must not
+    # have it: strict GCRA loses every microsecond a waiter comes late.
+    jitter: bool = True
 
 
 class Admission:
@@ -90,6 +94,8 @@ class Admission:
         self._rate_cache: dict[str, float | None] = {}
         self.book: LeaseBook | None = None
         self.held_count = 0
+        self.counted = 0  # held requests that raised the prefetch count
+        self._cap_warned = -1e9
         self._store_down_until = 0.0
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
 
@@ -220,7 +226,7 @@ class Admission:
         # A lease held by a copy of this very task id (its own retry, or a redelivery
         # while the first copy still runs) always waits: it is freed in milliseconds,
         # or the first copy finishes and this one is dropped as already run.
-        return Wait(condition.key, max(decision.retry_after, 0.001))
+        return Wait(condition.key, max(decision.retry_after, 0.0001), jitter=condition.kind != "R")
 
     def _grace_left(self, held: Held) -> float:
         """How long a duplicate still waits before it is skipped (0: skip it now).
@@ -309,15 +315,22 @@ class Admission:
 
     def _enqueue(self, held: Held, wait: Wait) -> None:
         if not held.held:
-            if self.held_count >= self.baton.settings.hold_max:
-                self._hand_back(held, f"{self.held_count} requests already held (baton_hold_max)")
-                return
             held.held = True
             self.held_count += 1
             self.stats["held"] += 1
             metrics.holds.labels(held.request.name).inc()
             metrics.held_now.set(self.held_count)
-            self.consumer.qos.increment_eventually()
+            if self.counted < self.baton.settings.hold_max:
+                # Like an ETA task: a held request must not use up the prefetch window,
+                # or the worker would stop receiving the work it could run.
+                held.counted = True
+                self.counted += 1
+                self.consumer.qos.increment_eventually()
+            else:
+                # Past the cap, held requests keep their prefetch slot: the window fills
+                # and the broker stops sending to this worker, so memory stays bounded
+                # (handing them back would make Redis redeliver them at once, a spin).
+                self._warn_cap()
             signals.task_held.send(
                 sender=held.request.task, request=held.request, key=wait.key, retry_after=wait.delay
             )
@@ -329,7 +342,7 @@ class Admission:
                 wait.delay,
             )
         self._queues.setdefault(wait.key, deque()).append(held)
-        self._arm(wait.key, wait.delay)
+        self._arm(wait.key, wait.delay, jitter=wait.jitter)
 
     def _unhold(self, held: Held) -> None:
         if held.held:
@@ -337,13 +350,26 @@ class Admission:
             self.held_count -= 1
             metrics.held_now.set(self.held_count)
             metrics.hold_seconds.labels(held.request.name).observe(time.monotonic() - held.since)
-            self.consumer.qos.decrement_eventually()
+            if held.counted:
+                held.counted = False
+                self.counted -= 1
+                self.consumer.qos.decrement_eventually()
 
-    def _arm(self, key: str, delay: float) -> None:
-        remaining = self.baton.hold_horizon  # never sleep past the horizon
-        delay = min(delay, remaining)
-        # Jitter: workers waiting on one limit wake at different moments.
-        delay = delay * (1 + random.random() * 0.05) + random.random() * 0.005
+    def _warn_cap(self) -> None:
+        now = time.monotonic()
+        if now - self._cap_warned > 10:
+            self._cap_warned = now
+            logger.warning(
+                "%d requests held, past baton_hold_max=%d: the rest keep their prefetch "
+                "slots, so this worker receives no more messages until some leave",
+                self.held_count,
+                self.baton.settings.hold_max,
+            )
+
+    def _arm(self, key: str, delay: float, *, jitter: bool = True) -> None:
+        delay = min(delay, self.baton.hold_horizon)  # never sleep past the horizon
+        if jitter:  # workers woken together retry at different moments
+            delay = delay * (1 + random.random() * 0.05) + random.random() * 0.005
         due = time.monotonic() + delay
         armed = self._timers.get(key)
         if armed is not None:
@@ -370,7 +396,7 @@ class Admission:
             held = queue[0]
             outcome = self._try(held)
             if isinstance(outcome, Wait) and outcome.key == key:
-                self._arm(key, outcome.delay)
+                self._arm(key, outcome.delay, jitter=outcome.jitter)
                 return
             queue.popleft()
             if isinstance(outcome, Wait):
@@ -415,7 +441,7 @@ class Admission:
     def forget_held(self) -> int:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self._lock:
-            count, self.held_count = self.held_count, 0
+            count, self.held_count, self.counted = self.held_count, 0, 0
             for _, entry in self._timers.values():
                 entry.cancel()
             self._timers.clear()

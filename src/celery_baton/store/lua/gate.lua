@@ -11,8 +11,8 @@
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 -- returns   {1, fence}                    granted (fence 0 when no lease asked for one)
---           {0, i, retry_after_ms, holder} denied by condition i; nothing was written.
---           retry_after_ms is -1 when waiting cannot help (a done marker).
+--           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
+--           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
 
 local t = redis.call('TIME')
@@ -62,24 +62,22 @@ for i = 1, #KEYS do
       end
     end
     if not mine and live >= limit then
-      return {0, i, earliest - now_ms, holder}
+      return {0, i, (earliest - now_ms) * 1000, holder}
     end
     writes[#writes + 1] = {'L', key, expired, b == '1', mine}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
     local tat = tonumber(redis.call('GET', key)) or now_us
-    -- Idle for more than an interval: no credit. A start that comes a little late
-    -- (less than one interval, e.g. a worker's wake-up latency) keeps the schedule,
-    -- so lateness does not accumulate and the long-run rate is exact. Starts still
-    -- never precede their slot: at most burst + window * rate in any window.
-    if tat < now_us - interval then tat = now_us end
+    -- Strict GCRA: a late start earns no credit, so in every window of length w at
+    -- most burst + w * rate runs start. (Waiters wake on time to keep the rate.)
+    if tat < now_us then tat = now_us end
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
     if now_us < allow_at then
-      return {0, i, math.ceil((allow_at - now_us) / 1000), ''}
+      return {0, i, allow_at - now_us, ''}
     end
-    writes[#writes + 1] = {'R', key, new_tat, interval}
+    writes[#writes + 1] = {'R', key, new_tat}
   elseif kind == 'D' then
     local done_by = redis.call('GET', key)
     if done_by then
@@ -111,9 +109,8 @@ for _, w in ipairs(writes) do
       string.format('%.0f %.0f', now_ms + ttl_ms, token))
     if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
   elseif w[1] == 'R' then
-    -- Kept one interval past the TAT: the late-start credit above needs it.
     redis.call('SET', key, string.format('%.0f', w[3]),
-      'PX', math.ceil((w[3] + w[4] - now_us) / 1000) + 1)
+      'PX', math.ceil((w[3] - now_us) / 1000) + 1)
   elseif w[1] == 'U' then
     if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
   end
