@@ -49,8 +49,16 @@ def parse_args(description: str, **extra: Any) -> argparse.Namespace:
 def machine_note() -> str:
     cpus = os.cpu_count()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    git = ["git", "-C", str(REPO_DIR)]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "src"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    commit = f"celery-baton at {head or '?'}{' + uncommitted src changes' if dirty else ''}, "
     return (
-        f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, "
+        f"{commit}{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, "
         f"{redis_server_version()}, loopback TCP; client, server (and workers) share the "
         f"CPUs; load average at the end {load}"
     )

@@ -35,6 +35,7 @@ app = Celery(
 app.conf.update(
     baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=float(os.environ.get("BATON_TEST_SOCKET_TIMEOUT", "1")),
+    baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
@@ -165,6 +166,13 @@ def uq_started(self: Task, key: str, sleep: float = 0.0) -> str:
 @app.task(bind=True, unique="key")
 def uq_idle(self: Task, key: str, extra: Any = None) -> str:
     """Unique, routed to the ``idle`` queue that no test worker consumes."""
+    return str(self.request.id)
+
+
+@app.task(bind=True, exclusive="key")
+def ex_unfenced(self: Task, key: str) -> str:
+    """Exclusive, but reads no fence: it may run unguarded (baton_on_store_error="run")."""
+    observer().run(key, task_id=self.request.id)
     return str(self.request.id)
 
 

@@ -87,3 +87,24 @@ def test_store_down_at_the_worker_holds_the_request_until_it_is_back(
     assert worker.is_running
     assert "Traceback" not in worker.log_text()
     assert ex_wait.delay("after", 0).get(timeout=20)
+
+
+def test_store_down_with_run_policy_runs_unguarded_and_says_so(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """``baton_on_store_error="run"`` fails open: the task runs without its lease, and
+    every such run is logged as UNGUARDED."""
+    from tests.apps.exclusive import ex_unfenced
+
+    worker = workers.start(APP, concurrency=2, env={"BATON_TEST_ON_STORE_ERROR": "run"})
+    assert ex_unfenced.delay("warm").get(timeout=20)
+    store_server.kill()
+    try:
+        results = [ex_unfenced.delay("open") for _ in range(3)]
+        for result in results:
+            assert result.get(timeout=30)
+        assert len([r for r in observer.runs() if r.key == "open"]) == 3
+        assert worker.log_text().count("UNGUARDED") >= 3
+        assert worker.is_running
+    finally:
+        store_server.start()

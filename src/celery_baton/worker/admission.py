@@ -146,15 +146,18 @@ class Admission:
         if held.held and elapsed >= self.baton.hold_horizon:
             self._hand_back(held, f"held {elapsed:.0f}s, the horizon")
             return None
-        if not held.held and now < self._store_down_until:
-            # The store failed moments ago: do not block the event loop on it again for
-            # every new request; wait behind the request that is probing it.
-            return Wait(STORE_KEY, self._store_down_until - now)
         try:
+            if not held.held and now < self._store_down_until:
+                # The store failed moments ago: do not block the event loop on it again
+                # for every new request; wait behind the request that is probing it.
+                raise StoreUnavailable("the store failed moments ago; not asked again yet")
             decision = self.baton.gate.decide(
                 held.plan.conditions, owner=held.plan.owner, ttl=held.policy.lease_ttl
             )
         except StoreUnavailable as exc:
+            delay = held.backoff
+            if self._store_down_until <= now:
+                self._store_down_until = now + delay
             if self.baton.settings.on_store_error == "run":
                 logger.warning(
                     "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
@@ -164,9 +167,7 @@ class Admission:
                 )
                 self._start(held, Decision(True), guarded=False)
                 return None
-            delay = held.backoff
             held.backoff = min(BACKOFF_MAX, held.backoff * 2)
-            self._store_down_until = time.monotonic() + delay
             logger.warning(
                 "store unavailable, holding %s[%s], retry in %.2fs: %s",
                 request.name,
@@ -475,8 +476,13 @@ class Admission:
         if not (plan.leases or done_key or unique_key):
             return
         try:
+            if time.monotonic() < self._store_down_until:
+                raise StoreUnavailable("the store failed moments ago; not asked again yet")
             release()
         except StoreUnavailable as exc:
+            now = time.monotonic()
+            if self._store_down_until <= now:
+                self._store_down_until = now + BACKOFF_START
             logger.warning(
                 "release of %s[%s] failed, retrying in the background: %s",
                 request.name,
