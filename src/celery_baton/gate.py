@@ -70,6 +70,30 @@ def owner_task_id(owner: str) -> str:
 
 
 @dataclass(frozen=True)
+class Release:
+    """What a finished run gives back: its leases, and when final its id and unique key."""
+
+    lease_keys: tuple[str, ...]
+    owner: str
+    done_key: str | None = None
+    done_ttl: float = 0.0
+    unique_key: str | None = None
+    unique_owner: str = ""
+
+    def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
+        keys = list(self.lease_keys)
+        done_ms = 0
+        if self.done_key and self.done_ttl > 0:
+            keys.append(self.done_key)
+            done_ms = max(1, round(self.done_ttl * 1000))
+        unique_owner = ""
+        if self.unique_key and self.unique_owner:
+            keys.append(self.unique_key)
+            unique_owner = self.unique_owner
+        return keys, [self.owner, len(self.lease_keys), done_ms, unique_owner, channel]
+
+
+@dataclass(frozen=True)
 class HeldLease:
     """A lease as its holder knows it, for batched renewal."""
 
@@ -98,7 +122,7 @@ class Gate:
         for c in conditions:
             args += (c.kind, c.a, c.b)
         try:
-            reply = self.store.scripts.run("gate", [c.key for c in conditions], args)
+            reply = self.store.scripts.call("gate", [c.key for c in conditions], args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
         if reply[0] == 1:
@@ -122,18 +146,19 @@ class Gate:
         unique_owner: str = "",
     ) -> int:
         """Free ``owner``'s leases (never another owner's); mark done; free a unique key."""
-        keys = list(lease_keys)
-        done_ms = 0
-        if done_key and done_ttl > 0:
-            keys.append(done_key)
-            done_ms = max(1, round(done_ttl * 1000))
-        if unique_key and unique_owner:
-            keys.append(unique_key)
-        else:
-            unique_owner = ""
-        args = [owner, len(lease_keys), done_ms, unique_owner, self.notice_channel]
+        keys, args = Release(
+            tuple(lease_keys), owner, done_key, done_ttl, unique_key, unique_owner
+        ).script_call(self.notice_channel)
         try:
-            return int(self.store.scripts.run("release", keys, args))
+            return int(self.store.scripts.call("release", keys, args))
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def release_many(self, releases: Sequence[Release]) -> list[int]:
+        """Several releases in one round trip (a pipeline of release scripts)."""
+        calls = [r.script_call(self.notice_channel) for r in releases]
+        try:
+            return [int(freed) for freed in self.store.scripts.call_many("release", calls)]
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 

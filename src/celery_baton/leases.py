@@ -14,6 +14,7 @@ freeing B's lock; C takes it and now B and C run together. Here:
 from __future__ import annotations
 
 import logging
+import queue
 import secrets
 import threading
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from types import TracebackType
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError, LeaseNotOwned
-from celery_baton.gate import Condition, Gate, HeldLease
+from celery_baton.gate import Condition, Gate, HeldLease, Release
 
 logger = logging.getLogger(__name__)
 
@@ -171,4 +172,68 @@ class LeaseBook:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
+
+
+class Releaser:
+    """Sends releases from a background thread, all that are waiting in one round trip.
+
+    A worker's event loop must not wait for the store after every task: releases are
+    handed over here and sent within a millisecond, batched under load. Releases that
+    fail (the store is down) go to ``on_failure`` to be retried; none is dropped.
+    """
+
+    BATCH = 256
+
+    def __init__(self, gate: Gate, *, on_failure: Callable[[Release], None]) -> None:
+        self.gate = gate
+        self.on_failure = on_failure
+        self._queue: queue.SimpleQueue[Release | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, release: Release) -> None:
+        self._queue.put(release)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self.BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._send(batch)
+            if stop:
+                return
+
+    def _send(self, batch: list[Release]) -> None:
+        try:
+            self.gate.release_many(batch)
+        except BatonError as exc:
+            logger.warning("%d releases failed, retrying in the background: %s", len(batch), exc)
+            for release in batch:
+                self.on_failure(release)
+        except Exception:  # the releaser must outlive any surprise, and lose nothing
+            logger.exception("releases crashed; retrying them in the background")
+            for release in batch:
+                self.on_failure(release)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="baton-releaser", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Send what is queued, then stop."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=10)
             self._thread = None

@@ -136,14 +136,22 @@ def test_renew_batch_reports_renewed_lost_and_reasserted(gate: Gate, r: redis.Re
     assert f"o:{lost.owner}" not in r.hgetall(lost.key)
 
 
-def test_release_publishes_a_notice_only_when_it_frees(gate: Gate, store: Store) -> None:
+def test_release_publishes_a_notice_only_when_it_frees_a_key_someone_waits_for(
+    gate: Gate, store: Store
+) -> None:
     pubsub = store.client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe("baton:released")
     try:
         assert pubsub.get_message(timeout=1) is None  # subscribe confirmation swallowed
         holder, other = Lease(gate, KEY), Lease(gate, KEY)
+        # Nobody waits: releasing sends nothing.
         assert holder.acquire()
-        assert other.release() is False
+        assert holder.release() is True
+        assert pubsub.get_message(timeout=0.2) is None
+        # Someone was denied: the release that frees the key tells them.
+        assert holder.acquire()
+        assert other.acquire() is False
+        assert other.release() is False  # frees nothing, tells nobody
         assert holder.release() is True
         message = pubsub.get_message(timeout=2)
         assert message is not None and message["data"] == KEY

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
-from celery_baton.errors import AlreadyRun, BatonError, KeySpecError, StoreUnavailable, TaskSkipped
-from celery_baton.gate import Decision
-from celery_baton.leases import LeaseBook, new_owner
+from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
+from celery_baton.gate import Decision, Release
+from celery_baton.leases import LeaseBook, Releaser, new_owner
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.rates import parse_rate
 from celery_baton.worker.context import FENCE_FIELD
@@ -93,6 +93,7 @@ class Admission:
         self._wake_w: int | None = None
         self._rate_cache: dict[str, float | None] = {}
         self.book: LeaseBook | None = None
+        self.releaser: Releaser | None = None
         self.held_count = 0
         self.counted = 0  # held requests that raised the prefetch count
         self._cap_warned = -1e9
@@ -462,23 +463,23 @@ class Admission:
             self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
         unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
-
-        def release() -> object:
-            return self.baton.gate.release(
-                [lease.key for lease in plan.leases],
-                owner=plan.owner,
-                done_key=done_key,
-                done_ttl=policy.redelivery_retention,
-                unique_key=unique_key,
-                unique_owner=request.id,
-            )
-
         if not (plan.leases or done_key or unique_key):
+            return
+        release = Release(
+            tuple(lease.key for lease in plan.leases),
+            plan.owner,
+            done_key,
+            policy.redelivery_retention,
+            unique_key,
+            request.id,
+        )
+        if self.releaser is not None:
+            self.releaser.submit(release)  # sent off the event loop, batched
             return
         try:
             if time.monotonic() < self._store_down_until:
                 raise StoreUnavailable("the store failed moments ago; not asked again yet")
-            release()
+            self.baton.gate.release_many([release])
         except StoreUnavailable as exc:
             now = time.monotonic()
             if self._store_down_until <= now:
@@ -489,8 +490,9 @@ class Admission:
                 request.id,
                 exc,
             )
-            if self.book is not None:
-                self.book.retry_later(release)
+            self.retry_release(release)
 
-
-__all__ = ["Admission", "AlreadyRun"]
+    def retry_release(self, release: Release) -> None:
+        if self.book is not None:
+            gate = self.baton.gate
+            self.book.retry_later(lambda: gate.release_many([release]))

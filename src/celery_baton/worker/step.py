@@ -12,7 +12,7 @@ from celery import bootsteps
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError
-from celery_baton.leases import LeaseBook
+from celery_baton.leases import LeaseBook, Releaser
 from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.admission import Admission
 
@@ -121,6 +121,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
                 on_tick=lambda: self._report(parent),
             )
             admission.book.start()
+            admission.releaser = Releaser(baton.gate, on_failure=admission.retry_release)
+            admission.releaser.start()
             admission.install_wakeup()
         if self.listener is None:
             self.listener = NoticeListener(baton, admission)
@@ -141,6 +143,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(parent)
         if self.listener is not None:
             self.listener.stop()
+        if self.admission is not None and self.admission.releaser is not None:
+            self.admission.releaser.stop()  # sends what is queued
         if self.admission is not None and self.admission.book is not None:
             with contextlib.suppress(BatonError):
                 self.admission.book.renew_now()  # flush pending releases

@@ -43,28 +43,34 @@ for i = 1, #KEYS do
   elseif kind == 'L' then
     local limit = tonumber(a)
     local flat = redis.call('HGETALL', key)
-    local live, mine, expired = 0, false, {}
-    local earliest, holder = nil, ''
+    local live, mine, expired = 0, nil, {}
+    local earliest, holder, latest, last_fence = nil, '', 0, 0
     for j = 1, #flat, 2 do
       local field = flat[j]
       if string.sub(field, 1, 2) == 'o:' then
-        local deadline = tonumber(string.match(flat[j + 1], '^(%d+)'))
+        local value = flat[j + 1]
+        local deadline = tonumber(string.match(value, '^%d+'))
         if deadline <= now_ms then
           expired[#expired + 1] = field
         elseif field == owner_field then
-          mine = true
+          mine = value
         else
           live = live + 1
+          if deadline > latest then latest = deadline end
           if earliest == nil or deadline < earliest then
             earliest, holder = deadline, string.sub(field, 3)
           end
         end
+      elseif field == '_fence' then
+        last_fence = tonumber(flat[j + 1])
       end
     end
     if not mine and live >= limit then
+      -- A hint for release: someone waits for this key, so publish a notice.
+      redis.call('HSET', key, '_w', '1')
       return {0, i, (earliest - now_ms) * 1000, holder}
     end
-    writes[#writes + 1] = {'L', key, expired, b == '1', mine}
+    writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
@@ -94,20 +100,23 @@ for _, w in ipairs(writes) do
   if w[1] == 'L' then
     if #w[3] > 0 then redis.call('HDEL', key, unpack(w[3])) end
     local token = 0
+    local deadline = now_ms + ttl_ms
     if w[4] then
       if w[5] then
-        token = tonumber(string.match(redis.call('HGET', key, owner_field), ' (%d+)$')) or 0
+        token = tonumber(string.match(w[5], ' (%d+)$')) or 0
+        redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token))
       else
         -- Strictly increasing per key, even after the key expired: never below the clock.
-        local last = tonumber(redis.call('HGET', key, '_fence')) or 0
-        token = math.max(last + 1, now_us)
-        redis.call('HSET', key, '_fence', string.format('%.0f', token))
+        token = math.max(w[6] + 1, now_us)
+        redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token),
+          '_fence', string.format('%.0f', token))
       end
       if fence == 0 then fence = token end
+    else
+      redis.call('HSET', key, owner_field, string.format('%.0f 0', deadline))
     end
-    redis.call('HSET', key, owner_field,
-      string.format('%.0f %.0f', now_ms + ttl_ms, token))
-    if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+    -- The key lives as long as its longest lease.
+    redis.call('PEXPIRE', key, math.max(ttl_ms, w[7] - now_ms))
   elseif w[1] == 'R' then
     redis.call('SET', key, string.format('%.0f', w[3]),
       'PX', math.ceil((w[3] - now_us) / 1000) + 1)

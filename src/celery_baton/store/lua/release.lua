@@ -1,6 +1,7 @@
 -- release: free a run's leases (owner compared: never another owner's), and optionally
 -- mark its task id done and free its unique claim. Publishes each freed lease key on the
--- notice channel so that requests held for it wake at once instead of polling.
+-- notice channel, when someone waits for it, so that held requests wake at once
+-- instead of polling.
 --
 -- KEYS[1..n]  lease keys held by ARGV[1]
 -- KEYS[n+1]   (optional) done-marker key, when ARGV[3] > 0
@@ -20,7 +21,10 @@ local freed = 0
 for i = 1, n do
   if redis.call('HDEL', KEYS[i], owner_field) == 1 then
     freed = freed + 1
-    redis.call('PUBLISH', ARGV[5], KEYS[i])
+    -- Only when the gate saw someone wait for this key: most releases have no waiter.
+    if redis.call('HDEL', KEYS[i], '_w') == 1 then
+      redis.call('PUBLISH', ARGV[5], KEYS[i])
+    end
   end
 end
 local next_key = n + 1
