@@ -118,22 +118,12 @@ class Gate:
 
     def decide(self, conditions: Sequence[Condition], *, owner: str, ttl: float = 30.0) -> Decision:
         """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable."""
-        args: list[Any] = [owner, max(1, round(ttl * 1000))]
-        for c in conditions:
-            args += (c.kind, c.a, c.b)
+        keys, args = gate_call(conditions, owner, ttl)
         try:
-            reply = self.store.scripts.call("gate", [c.key for c in conditions], args)
+            reply = self.store.scripts.call("gate", keys, args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
-        if reply[0] == 1:
-            return Decision(True, fence=int(reply[1]))
-        retry_us = int(reply[2])
-        return Decision(
-            False,
-            denied_by=conditions[int(reply[1]) - 1],
-            retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
-            holder=str(reply[3] or ""),
-        )
+        return parse_decision(conditions, reply)
 
     def release(
         self,
@@ -191,3 +181,26 @@ class Gate:
             args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)))
         reply = self.store.scripts.run("renew", [x.key for x in leases], args, client=pipe)
         return reply
+
+
+def gate_call(
+    conditions: Sequence[Condition], owner: str, ttl: float
+) -> tuple[list[str], list[Any]]:
+    """The gate script's KEYS and ARGV for ``conditions``."""
+    args: list[Any] = [owner, max(1, round(ttl * 1000))]
+    for c in conditions:
+        args += (c.kind, c.a, c.b)
+    return [c.key for c in conditions], args
+
+
+def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
+    """The gate script's reply as a Decision."""
+    if reply[0] == 1:
+        return Decision(True, fence=int(reply[1]))
+    retry_us = int(reply[2])
+    return Decision(
+        False,
+        denied_by=conditions[int(reply[1]) - 1],
+        retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
+        holder=str(reply[3] or ""),
+    )

@@ -37,10 +37,11 @@ from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
-from celery_baton.gate import Decision, Release
+from celery_baton.gate import Decision, Release, gate_call, parse_decision
 from celery_baton.leases import LeaseBook, Releaser, new_owner
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.rates import parse_rate
+from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.request import attach
 
@@ -67,6 +68,9 @@ class Held:
     counted: bool = False  # raised the prefetch count (False past baton_hold_max)
     backoff: float = BACKOFF_START
     skip_after: float | None = None
+    asking: bool = False  # a gate call for it is in flight
+    generation: int = 0
+    queue_key: str | None = None  # the wait queue it sits in
 
 
 @dataclass
@@ -94,6 +98,8 @@ class Admission:
         self._rate_cache: dict[str, float | None] = {}
         self.book: LeaseBook | None = None
         self.releaser: Releaser | None = None
+        self.channel: BlockingChannel | PipelinedChannel | None = None
+        self.generation = 0  # bumped when held requests are forgotten (connection lost)
         self.held_count = 0
         self.counted = 0  # held requests that raised the prefetch count
         self._cap_warned = -1e9
@@ -121,10 +127,7 @@ class Admission:
             attach(request, self, policy, plan)
             return self.handle(request)
         with self._lock:
-            held = Held(request, policy, plan)
-            outcome = self._try(held)
-            if isinstance(outcome, Wait):
-                self._enqueue(held, outcome)
+            self._ask(Held(request, policy, plan, generation=self.generation), self._enqueue)
         return None
 
     def _celery_rate(self, task: Any) -> float | None:
@@ -136,27 +139,71 @@ class Admission:
 
     # -- one decision ---------------------------------------------------------------
 
-    def _try(self, held: Held) -> Wait | None:
-        """Ask the gate once. None: the request left (started, skipped, handed back)."""
+    def _ask(self, held: Held, then: Callable[[Held, Wait], None]) -> None:
+        """Ask the gate for ``held``; when it must wait, ``then(held, wait)`` queues it.
+
+        The answer may come later (the store channel is pipelined on the event loop):
+        a request is never asked twice at once (``asking``).
+        """
         request = held.request
         if held.held and request.revoked():  # revoked or expired while held: Celery acks it
             self._leave(held)
-            return None
+            return
         now = time.monotonic()
         elapsed = now - held.since
         if held.held and elapsed >= self.baton.hold_horizon:
             self._hand_back(held, f"held {elapsed:.0f}s, the horizon")
-            return None
+            return
+        if not held.held and now < self._store_down_until:
+            # The store failed moments ago: do not wait on it again for every new
+            # request; queue behind the request that is probing it.
+            self._answered(held, then, StoreUnavailable("the store failed moments ago"))
+            return
+        held.asking = True
+        keys, args = gate_call(held.plan.conditions, held.plan.owner, held.policy.lease_ttl)
+        self._channel().call("gate", keys, args, lambda reply: self._answered(held, then, reply))
+
+    def _channel(self) -> BlockingChannel | PipelinedChannel:
+        if self.channel is None:
+            self.channel = BlockingChannel(self.baton.store)
+        return self.channel
+
+    def _answered(self, held: Held, then: Callable[[Held, Wait], None], reply: Any) -> None:
+        # Runs on the event loop when the store answered; kombu swallows exceptions
+        # there, so none may escape: a request must never be lost.
         try:
-            if not held.held and now < self._store_down_until:
-                # The store failed moments ago: do not block the event loop on it again
-                # for every new request; wait behind the request that is probing it.
-                raise StoreUnavailable("the store failed moments ago; not asked again yet")
-            decision = self.baton.gate.decide(
-                held.plan.conditions, owner=held.plan.owner, ttl=held.policy.lease_ttl
+            with self._lock:
+                held.asking = False
+                if held.generation != self.generation:
+                    self._forgotten(held, reply)
+                    return
+                outcome = self._outcome(held, reply)
+                if isinstance(outcome, Wait):
+                    then(held, outcome)
+        except Exception:
+            logger.exception(
+                "baton: deciding %s[%s] failed; holding it", held.request.name, held.request.id
             )
-        except StoreUnavailable as exc:
+            with self._lock:
+                then(held, Wait(STORE_KEY, BACKOFF_MAX))
+
+    def _forgotten(self, held: Held, reply: Any) -> None:
+        """The answer for a request dropped meanwhile (the broker connection was lost and
+        its message goes to another worker): give back whatever the gate granted."""
+        if isinstance(reply, BaseException) or reply[0] != 1:
+            return
+        leases = tuple(lease.key for lease in held.plan.leases)
+        if leases:
+            self._send_release(Release(leases, held.plan.owner))
+
+    def _outcome(self, held: Held, reply: Any) -> Wait | None:
+        """What to do with the gate's reply. None: the request left (started, skipped)."""
+        request = held.request
+        if isinstance(reply, BaseException):
+            if not isinstance(reply, StoreUnavailable):
+                raise reply
             delay = held.backoff
+            now = time.monotonic()
             if self._store_down_until <= now:
                 self._store_down_until = now + delay
             if self.baton.settings.on_store_error == "run":
@@ -164,7 +211,7 @@ class Admission:
                     "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
                     request.name,
                     request.id,
-                    exc,
+                    reply,
                 )
                 self._start(held, Decision(True), guarded=False)
                 return None
@@ -174,15 +221,16 @@ class Admission:
                 request.name,
                 request.id,
                 delay,
-                exc,
+                reply,
             )
             return Wait(STORE_KEY, delay)
         held.backoff = BACKOFF_START
         self._store_down_until = 0.0
-        if decision.granted:
-            self._start(held, decision)
+        result = parse_decision(held.plan.conditions, reply)
+        if result.granted:
+            self._start(held, result)
             return None
-        return self._denied(held, decision)
+        return self._denied(held, result)
 
     def _denied(self, held: Held, decision: Decision) -> Wait | None:
         request, plan, policy = held.request, held.plan, held.policy
@@ -343,10 +391,14 @@ class Admission:
                 wait.key,
                 wait.delay,
             )
-        self._queues.setdefault(wait.key, deque()).append(held)
+        if held.queue_key != wait.key:
+            self._remove(held)
+            self._queues.setdefault(wait.key, deque()).append(held)
+            held.queue_key = wait.key
         self._arm(wait.key, wait.delay, jitter=wait.jitter)
 
     def _unhold(self, held: Held) -> None:
+        self._remove(held)
         if held.held:
             held.held = False
             self.held_count -= 1
@@ -393,16 +445,34 @@ class Admission:
                 self._arm(key, 1.0)
 
     def _drain(self, key: str) -> None:
+        """Ask for the head of ``key``'s queue. Its answer re-arms the timer (it still
+        waits), moves it to another queue, or lets it leave, which drains on."""
         queue = self._queues.get(key)
-        while queue:
-            held = queue[0]
-            outcome = self._try(held)
-            if isinstance(outcome, Wait) and outcome.key == key:
-                self._arm(key, outcome.delay, jitter=outcome.jitter)
-                return
-            queue.popleft()
-            if isinstance(outcome, Wait):
-                self._enqueue(held, outcome)
+        if not queue:
+            self._drop_queue(key)
+            return
+        head = queue[0]
+        if not head.asking:
+            self._ask(head, self._enqueue)
+
+    def _remove(self, held: Held) -> None:
+        key, held.queue_key = held.queue_key, None
+        if key is None:
+            return
+        queue = self._queues.get(key)
+        if queue is None:
+            return
+        was_head = bool(queue) and queue[0] is held
+        with contextlib.suppress(ValueError):
+            queue.remove(held)
+        if not queue:
+            self._drop_queue(key)
+        elif was_head:
+            # The next one may pass now (a slot, a lease): ask on the next loop turn,
+            # not recursively from inside this answer.
+            self.consumer.timer.call_after(0, self._on_timer, (key,))
+
+    def _drop_queue(self, key: str) -> None:
         self._queues.pop(key, None)
         timer = self._timers.pop(key, None)
         if timer is not None:
@@ -444,6 +514,7 @@ class Admission:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self._lock:
             count, self.held_count, self.counted = self.held_count, 0, 0
+            self.generation += 1
             for _, entry in self._timers.values():
                 entry.cancel()
             self._timers.clear()
@@ -473,8 +544,22 @@ class Admission:
             unique_key,
             request.id,
         )
+        self._send_release(release)
+
+    def _send_release(self, release: Release) -> None:
+        if isinstance(self.channel, PipelinedChannel):
+            # Written to the store's socket now; the event loop reads the answer later.
+            keys, args = release.script_call(self.baton.names.notice_channel)
+
+            def answered(reply: Any) -> None:
+                if isinstance(reply, BaseException):
+                    logger.warning("release failed, retrying in the background: %s", reply)
+                    self.retry_release(release)
+
+            self.channel.call("release", keys, args, answered)
+            return
         if self.releaser is not None:
-            self.releaser.submit(release)  # sent off the event loop, batched
+            self.releaser.submit(release)  # sent from a thread, batched
             return
         try:
             if time.monotonic() < self._store_down_until:
@@ -484,12 +569,7 @@ class Admission:
             now = time.monotonic()
             if self._store_down_until <= now:
                 self._store_down_until = now + BACKOFF_START
-            logger.warning(
-                "release of %s[%s] failed, retrying in the background: %s",
-                request.name,
-                request.id,
-                exc,
-            )
+            logger.warning("release failed, retrying in the background: %s", exc)
             self.retry_release(release)
 
     def retry_release(self, release: Release) -> None:

@@ -13,6 +13,7 @@ from celery import bootsteps
 from celery_baton import metrics
 from celery_baton.errors import BatonError
 from celery_baton.leases import LeaseBook, Releaser
+from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.admission import Admission
 
@@ -121,8 +122,17 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
                 on_tick=lambda: self._report(parent),
             )
             admission.book.start()
-            admission.releaser = Releaser(baton.gate, on_failure=admission.retry_release)
-            admission.releaser.start()
+            hub = getattr(parent, "hub", None)
+            if hub is not None and hasattr(baton.store.client, "connection_pool"):
+                # The consumer runs an event loop: gate and release calls are pipelined
+                # on it and never make it wait for the store.
+                admission.channel = PipelinedChannel(
+                    baton.store, hub, parent.timer, timeout=baton.settings.socket_timeout
+                )
+            else:
+                admission.channel = BlockingChannel(baton.store)
+                admission.releaser = Releaser(baton.gate, on_failure=admission.retry_release)
+                admission.releaser.start()
             admission.install_wakeup()
         if self.listener is None:
             self.listener = NoticeListener(baton, admission)
@@ -145,6 +155,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             self.listener.stop()
         if self.admission is not None and self.admission.releaser is not None:
             self.admission.releaser.stop()  # sends what is queued
+        if self.admission is not None and isinstance(self.admission.channel, PipelinedChannel):
+            self.admission.channel.flush()  # answers for releases already written
         if self.admission is not None and self.admission.book is not None:
             with contextlib.suppress(BatonError):
                 self.admission.book.renew_now()  # flush pending releases

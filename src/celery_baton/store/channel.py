@@ -1,0 +1,156 @@
+"""Script calls answered through callbacks, so a worker's event loop never waits on the
+store.
+
+``BlockingChannel`` answers at once (for pools without an event loop: solo, threads).
+``PipelinedChannel`` writes each call to one connection and returns; the event loop
+calls it back when the socket is readable, and replies are matched to calls in order
+(Redis answers a connection's commands in the order it received them). Under load
+many calls share a round trip, and the loop keeps receiving messages meanwhile.
+
+Every call gets exactly one answer: the reply, or an exception (``StoreUnavailable``
+when the connection broke or a reply took longer than the socket timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.store.scripts import script_sha, script_source
+
+logger = logging.getLogger("celery_baton.store")
+
+Answer = Callable[[Any], None]  # called with the reply, or with an exception
+
+
+class BlockingChannel:
+    """Calls the store and answers before returning."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
+        try:
+            reply = self.store.scripts.call(name, keys, args)
+        except STORE_ERRORS as exc:
+            reply = self.store.unavailable(exc)
+        except ResponseError as exc:
+            reply = exc
+        answer(reply)
+
+    def close(self) -> None:
+        pass
+
+
+class PipelinedChannel:
+    """Script calls on one connection, replies read when the event loop says so.
+
+    ``hub`` is kombu's event loop (``add_reader``/``remove_reader``); ``timer`` has
+    ``call_repeatedly`` and checks that no reply is overdue.
+    """
+
+    def __init__(self, store: Store, hub: Any, timer: Any, *, timeout: float) -> None:
+        self.store = store
+        self.hub = hub
+        self.timeout = timeout
+        self._conn: Any = None
+        self._fd: int | None = None
+        # (answer, name, keys, args, sent at): one per call not yet answered, in order.
+        self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
+        self._ticker = timer.call_repeatedly(max(0.05, timeout / 4), self._check_overdue)
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
+        try:
+            conn = self._connection()
+            conn.send_command(
+                "EVALSHA", script_sha(name), len(keys), *keys, *args, check_health=False
+            )
+        except STORE_ERRORS as exc:
+            self._broken(exc)
+            answer(self.store.unavailable(exc))
+            return
+        self._pending.append((answer, name, keys, args, time.monotonic()))
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            pool = self.store.client.connection_pool
+            conn = pool.get_connection()
+            try:
+                # Load the scripts once per connection: NOSCRIPT then only follows a
+                # SCRIPT FLUSH, handled below.
+                for name in ("gate", "release"):
+                    conn.send_command("SCRIPT", "LOAD", script_source(name))
+                    conn.read_response()
+            except BaseException:
+                conn.disconnect()
+                raise
+            self._conn = conn
+            self._fd = conn._sock.fileno()
+            self.hub.add_reader(self._fd, self._on_readable)
+        return self._conn
+
+    def _on_readable(self, *args: Any) -> None:
+        conn = self._conn
+        try:
+            while self._pending and conn is not None and conn.can_read(timeout=0):
+                answer, name, keys, args_, _ = self._pending.popleft()
+                try:
+                    reply = conn.read_response(disconnect_on_error=False)
+                except NoScriptError:
+                    # Someone flushed the scripts: send this one again with its source.
+                    conn.send_command("SCRIPT", "LOAD", script_source(name))
+                    conn.read_response()
+                    self.call(name, keys, args_, answer)
+                    continue
+                except ResponseError as exc:
+                    reply = exc
+                answer(reply)
+        except STORE_ERRORS as exc:
+            self._broken(exc)
+
+    def flush(self) -> None:
+        """Wait for every pending answer (at shutdown: releases already written)."""
+        conn = self._conn
+        try:
+            while self._pending and conn is not None and conn is self._conn:
+                answer, *_ = self._pending.popleft()
+                try:
+                    reply = conn.read_response(disconnect_on_error=False)
+                except ResponseError as exc:
+                    reply = exc
+                answer(reply)
+        except STORE_ERRORS as exc:
+            self._broken(exc)
+
+    def _check_overdue(self) -> None:
+        if self._pending and time.monotonic() - self._pending[0][4] > self.timeout:
+            self._broken(TimeoutError(f"no reply from the store in {self.timeout:g}s"))
+
+    def _broken(self, exc: BaseException) -> None:
+        """Drop the connection and answer every pending call with StoreUnavailable."""
+        if self._conn is not None:
+            if self._fd is not None:
+                self.hub.remove_reader(self._fd)
+            try:
+                self._conn.disconnect()
+            except Exception:  # already broken; nothing more to do
+                logger.debug("disconnect failed", exc_info=True)
+            self._conn = None
+            self._fd = None
+        pending, self._pending = self._pending, deque()
+        error = self.store.unavailable(exc)
+        for answer, *_ in pending:
+            answer(error)
+
+    def close(self) -> None:
+        try:
+            self._ticker.cancel()
+        except Exception:  # the timer may be gone with the consumer
+            logger.debug("cancel failed", exc_info=True)
+        self._broken(ConnectionError("channel closed"))
