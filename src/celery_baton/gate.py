@@ -55,6 +55,7 @@ class Decision:
 
     granted: bool
     fence: int = 0
+    start_after: float = 0.0  # seconds: a reserved rate slot starts later
     denied_by: Condition | None = None
     retry_after: float = 0.0
     holder: str = ""
@@ -116,9 +117,20 @@ class Gate:
         self.notice_channel = notice_channel
         self._cluster = not hasattr(store.client, "connection_pool")
 
-    def decide(self, conditions: Sequence[Condition], *, owner: str, ttl: float = 30.0) -> Decision:
-        """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable."""
-        keys, args = gate_call(conditions, owner, ttl)
+    def decide(
+        self,
+        conditions: Sequence[Condition],
+        *,
+        owner: str,
+        ttl: float = 30.0,
+        reserve: float = 0.0,
+    ) -> Decision:
+        """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable.
+
+        ``reserve`` (seconds): a rate slot free within it is taken now, and the decision
+        says when the run may start (``start_after``).
+        """
+        keys, args = gate_call(conditions, owner, ttl, reserve)
         try:
             reply = self.store.scripts.call("gate", keys, args)
         except STORE_ERRORS as exc:
@@ -184,10 +196,10 @@ class Gate:
 
 
 def gate_call(
-    conditions: Sequence[Condition], owner: str, ttl: float
+    conditions: Sequence[Condition], owner: str, ttl: float, reserve: float = 0.0
 ) -> tuple[list[str], list[Any]]:
     """The gate script's KEYS and ARGV for ``conditions``."""
-    args: list[Any] = [owner, max(1, round(ttl * 1000))]
+    args: list[Any] = [owner, max(1, round(ttl * 1000)), round(reserve * 1_000_000)]
     for c in conditions:
         args += (c.kind, c.a, c.b)
     return [c.key for c in conditions], args
@@ -196,7 +208,7 @@ def gate_call(
 def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
     """The gate script's reply as a Decision."""
     if reply[0] == 1:
-        return Decision(True, fence=int(reply[1]))
+        return Decision(True, fence=int(reply[1]), start_after=int(reply[2]) / 1_000_000)
     retry_us = int(reply[2])
     return Decision(
         False,

@@ -33,6 +33,7 @@ TASK_OPTIONS = (
     "expected_runtime",
 )
 CONFLICT_POLICIES = ("skip", "wait")
+MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
 
 
@@ -64,6 +65,7 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,9 @@ class TaskPolicy:
         if rate is None and celery_rate is not None:
             rate = RatePolicy(celery_rate, 1, None)
         if rate is not None:
+            # Reserve up to one interval ahead: a waiter that asks early takes its slot
+            # and starts exactly then, so wake-up latency costs no rate.
+            plan.reserve = min(1.0 / rate.per_second, MAX_RESERVE)
             material = rate.key.material(args, kwargs) if rate.key else ""
             plan.conditions.append(Condition.override(names.limits(self.name), "rate"))
             plan.conditions.append(

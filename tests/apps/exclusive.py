@@ -36,6 +36,7 @@ app.conf.update(
     baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=float(os.environ.get("BATON_TEST_SOCKET_TIMEOUT", "1")),
     baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
+    baton_metrics_port=os.environ.get("BATON_TEST_METRICS_PORT"),
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},

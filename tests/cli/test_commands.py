@@ -47,7 +47,7 @@ def test_status_locks_and_unlock(workers: Workers, observer: Observer) -> None:
     from tests.apps.exclusive import ex_skip
 
     worker = workers.start(APP, concurrency=2)
-    running = ex_skip.delay("cli", 4.0)
+    running = ex_skip.delay("cli", 10.0)  # outlives the five commands below
     wait_for_start(observer, "cli")
 
     status = as_json(workers, "status")

@@ -160,7 +160,9 @@ class Admission:
             self._answered(held, then, StoreUnavailable("the store failed moments ago"))
             return
         held.asking = True
-        keys, args = gate_call(held.plan.conditions, held.plan.owner, held.policy.lease_ttl)
+        keys, args = gate_call(
+            held.plan.conditions, held.plan.owner, held.policy.lease_ttl, held.plan.reserve
+        )
         self._channel().call("gate", keys, args, lambda reply: self._answered(held, then, reply))
 
     def _channel(self) -> BlockingChannel | PipelinedChannel:
@@ -276,6 +278,11 @@ class Admission:
         # A lease held by a copy of this very task id (its own retry, or a redelivery
         # while the first copy still runs) always waits: it is freed in milliseconds,
         # or the first copy finishes and this one is dropped as already run.
+        if condition.kind == "R" and plan.reserve:
+            # Ask again just inside the reservation window: the slot is then reserved
+            # before it comes, however late this worker wakes.
+            early = decision.retry_after - plan.reserve * 0.9
+            return Wait(condition.key, max(early, 0.0001), jitter=False)
         return Wait(condition.key, max(decision.retry_after, 0.0001), jitter=condition.kind != "R")
 
     def _grace_left(self, held: Held) -> float:
@@ -296,7 +303,6 @@ class Admission:
 
     def _start(self, held: Held, decision: Decision, *, guarded: bool = True) -> None:
         request = held.request
-        self._unhold(held)
         if guarded:
             attach(request, self, held.policy, held.plan)
             if self.book is not None:
@@ -305,7 +311,39 @@ class Admission:
                 request.request_dict[FENCE_FIELD] = decision.fence
         self.stats["admitted"] += 1
         metrics.admissions.labels(request.name).inc()
+        if decision.start_after > 0:
+            # A reserved rate slot: hold it (no pool slot) until the slot's instant.
+            self._remove(held)
+            if not held.held:
+                self._enqueue_reserved(held)
+            self.consumer.timer.call_after(
+                decision.start_after, self._dispatch, (held,), priority=5
+            )
+            return
+        self._unhold(held)
         self.handle(request)
+
+    def _enqueue_reserved(self, held: Held) -> None:
+        """Count a reserved request as held (prefetch, stats) without a wait queue."""
+        held.held = True
+        self.held_count += 1
+        if self.counted < self.baton.settings.hold_max:
+            held.counted = True
+            self.counted += 1
+            self.consumer.qos.increment_eventually()
+
+    def _dispatch(self, held: Held) -> None:
+        try:
+            with self._lock:
+                if held.generation != self.generation:
+                    # Forgotten (the connection was lost; the broker redelivers it): it
+                    # will not run here, so give back what it was granted.
+                    self.finish(held.request, held.policy, held.plan, final=False)
+                    return
+                self._unhold(held)
+                self.handle(held.request)
+        except Exception:
+            logger.exception("baton: dispatching %s[%s] failed", held.request.name, held.request.id)
 
     def _skip(self, held: Held, reason: str, key: str, holder: str, message: str) -> None:
         request = held.request

@@ -3,14 +3,17 @@
 -- KEYS[i]   the key of condition i (same {hash tag} for all, so Cluster can run it)
 -- ARGV[1]   owner: "<task id>|<worker>|<nonce>", unique per delivery
 -- ARGV[2]   lease ttl in milliseconds
--- ARGV[3+3(i-1)..]  per condition i, three values: kind, a, b
+-- ARGV[3]   reservation window in microseconds (0: none): a rate slot that comes free
+--           within it is reserved now, and the run starts when the slot comes
+-- ARGV[4+3(i-1)..]  per condition i, three values: kind, a, b
 --   kind "L"  lease:  a = limit (1 = exclusive), b = "1" to issue a fencing token
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
--- returns   {1, fence}                    granted (fence 0 when no lease asked for one)
+-- returns   {1, fence, start_in_us}       granted (fence 0 when no lease asked for one);
+--                                         start no earlier than start_in_us from now
 --           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
@@ -21,14 +24,16 @@ local now_ms = math.floor(now_us / 1000)
 local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
+local reserve_us = tonumber(ARGV[3])
 local writes = {}
 local override = nil
+local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local kind = ARGV[3 * i]
-  local a = ARGV[3 * i + 1]
-  local b = ARGV[3 * i + 2]
+  local kind = ARGV[3 * i + 1]
+  local a = ARGV[3 * i + 2]
+  local b = ARGV[3 * i + 3]
   if override then
     a = override[1]
     if override[2] then b = override[2] end
@@ -81,7 +86,12 @@ for i = 1, #KEYS do
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
     if now_us < allow_at then
-      return {0, i, allow_at - now_us, ''}
+      if allow_at - now_us > reserve_us then
+        return {0, i, allow_at - now_us, ''}
+      end
+      -- Reserve the slot: the schedule advances exactly one interval, however late
+      -- the waiter wakes, so the rate holds without crediting lateness.
+      if allow_at > start_at then start_at = allow_at end
     end
     writes[#writes + 1] = {'R', key, new_tat}
   elseif kind == 'D' then
@@ -106,8 +116,9 @@ for _, w in ipairs(writes) do
         token = tonumber(string.match(w[5], ' (%d+)$')) or 0
         redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token))
       else
-        -- Strictly increasing per key, even after the key expired: never below the clock.
-        token = math.max(w[6] + 1, now_us)
+        -- Strictly increasing per key, even after the key expired: never below the clock
+        -- (the start instant, for a reserved slot).
+        token = math.max(w[6] + 1, start_at)
         redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token),
           '_fence', string.format('%.0f', token))
       end
@@ -124,4 +135,4 @@ for _, w in ipairs(writes) do
     if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
   end
 end
-return {1, fence}
+return {1, fence, start_at - now_us}

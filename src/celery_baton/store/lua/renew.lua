@@ -1,6 +1,7 @@
 -- renew: extend a batch of leases in one call (a worker renews all of its leases at once).
 -- A lease whose field vanished (the store lost it, e.g. restarted without persistence)
--- is re-asserted when the key still has room, so a live run keeps its key.
+-- is re-asserted when the key still has room, so a live run keeps its key; not when an
+-- operator removed it on purpose (an "x:<owner>" field, written by unlock).
 --
 -- KEYS[i]              lease key i
 -- ARGV[3(i-1)+1..+3]   owner, limit, ttl in milliseconds for lease i
@@ -20,6 +21,8 @@ for i = 1, #KEYS do
   if current then
     fence = string.match(current, ' (%d+)$') or '0'
     status = 1
+  elseif redis.call('HEXISTS', key, 'x:' .. ARGV[3 * i - 2]) == 1 then
+    status = 0  -- an operator freed it (`celery baton unlock --force`): lost, for good
   else
     local live = 0
     local flat = redis.call('HGETALL', key)

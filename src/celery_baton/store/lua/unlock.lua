@@ -24,6 +24,10 @@ for j = 1, #flat, 2 do
 end
 if #remove > 0 then
   redis.call('HDEL', KEYS[1], unpack(remove))
+  if ARGV[1] == '1' then
+    -- Tell the holders' renewals that this was on purpose: they must not re-assert it.
+    for _, owner in ipairs(live) do redis.call('HSET', KEYS[1], 'x:' .. owner, '1') end
+  end
   redis.call('PUBLISH', ARGV[2], KEYS[1])
 end
 local result = {#remove}
