@@ -5,13 +5,15 @@ Set ``baton_metrics_port`` to serve them from each worker (and beat) process.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
 logger = logging.getLogger("celery_baton.metrics")
 
+_prom: Any
 try:
-    import prometheus_client as _prom
+    _prom = importlib.import_module("prometheus_client")
 except ImportError:  # pragma: no cover - the extra is optional
     _prom = None
 
