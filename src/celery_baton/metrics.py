@@ -1,4 +1,4 @@
-"""Prometheus metrics (extra ``prometheus``); every call is a no-op without the package.
+"""Prometheus metrics (extra ``prometheus``); every call is a no-op until they are served.
 
 Set ``baton_metrics_port`` to serve them from each worker (and beat) process.
 """
@@ -32,16 +32,49 @@ class _Noop:
         pass
 
 
-def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-    return _prom.Counter(name, doc, labels) if _prom else _Noop()
+_NOOP = _Noop()
+_all: list[_Metric] = []
 
 
-def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-    return _prom.Gauge(name, doc, labels) if _prom else _Noop()
+class _Metric:
+    """A metric that costs nothing until ``serve()`` creates the real one: the hot path
+    of a worker that exports no metrics must not pay for them."""
+
+    def __init__(self, kind: str, name: str, doc: str, labels: tuple[str, ...] = ()) -> None:
+        self.kind, self.name, self.doc, self.label_names = kind, name, doc, labels
+        self.real: Any = None
+        _all.append(self)
+
+    def enable(self) -> None:
+        if self.real is None and _prom is not None:
+            self.real = getattr(_prom, self.kind)(self.name, self.doc, self.label_names)
+
+    def labels(self, *values: str) -> Any:
+        return _NOOP if self.real is None else self.real.labels(*values)
+
+    def inc(self, amount: float = 1) -> None:
+        if self.real is not None:
+            self.real.inc(amount)
+
+    def set(self, value: float) -> None:
+        if self.real is not None:
+            self.real.set(value)
+
+    def observe(self, value: float) -> None:
+        if self.real is not None:
+            self.real.observe(value)
 
 
-def _histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-    return _prom.Histogram(name, doc, labels) if _prom else _Noop()
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Metric:
+    return _Metric("Counter", name, doc, labels)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Metric:
+    return _Metric("Gauge", name, doc, labels)
+
+
+def _histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Metric:
+    return _Metric("Histogram", name, doc, labels)
 
 
 admissions = _counter("baton_admissions_total", "Requests the gate admitted to the pool", ("task",))
@@ -78,6 +111,8 @@ def serve(port: int | None) -> None:
             "pip install 'celery-baton[prometheus]'"
         )
         return
+    for metric in _all:
+        metric.enable()
     try:
         _prom.start_http_server(int(port))
         _served = True
