@@ -71,7 +71,7 @@ class PipelinedChannel:
             conn.send_command(
                 "EVALSHA", script_sha(name), len(keys), *keys, *args, check_health=False
             )
-        except STORE_ERRORS as exc:
+        except BaseException as exc:  # on the event loop: answer, never raise
             self._broken(exc)
             answer(self.store.unavailable(exc))
             return
