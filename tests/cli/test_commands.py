@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 from tests.support.observer import Observer
@@ -33,22 +32,12 @@ def as_json(workers: Workers, *args: str, app: str = APP) -> Any:
     return json.loads(done.stdout)
 
 
-def wait_for_start(observer: Observer, key: str, timeout: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for entry in observer.started():
-            if entry["key"] == key:
-                return entry
-        time.sleep(0.05)
-    raise AssertionError(f"no run of {key!r} started")
-
-
 def test_status_locks_and_unlock(workers: Workers, observer: Observer) -> None:
     from tests.apps.exclusive import ex_skip
 
     worker = workers.start(APP, concurrency=2)
     running = ex_skip.delay("cli", 10.0)  # outlives the five commands below
-    wait_for_start(observer, "cli")
+    observer.starts_of("cli")
 
     status = as_json(workers, "status")
     assert "127.0.0.1" in status["store"] and status["rtt_ms"] > 0

@@ -139,6 +139,28 @@ class Observer:
         """The most runs of ``key`` that were ever in progress at once."""
         return int(self._redis.get(f"observer:maxrun:{key}") or 0)
 
+    def starts_of(self, key: str, n: int = 1, timeout: float = 20) -> list[dict[str, Any]]:
+        """The start entries of ``key`` (pid, fence, task_id, start) once there are ``n``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            starts = [s for s in self.started() if s["key"] == key]
+            if len(starts) >= n:
+                return starts
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(starts)} of {n} runs of {key!r} started in {timeout} s")
+            time.sleep(0.05)
+
+    def runs_of(self, key: str, n: int = 1, timeout: float = 20) -> list[Run]:
+        """The finished runs of ``key`` once there are ``n``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = [r for r in self.runs() if r.key == key]
+            if len(runs) >= n:
+                return runs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(runs)} of {n} runs of {key!r} finished in {timeout} s")
+            time.sleep(0.05)
+
     def wait_for(self, n: int, timeout: float) -> list[Run]:
         """Poll until at least ``n`` runs finished; return all of them.
 

@@ -18,8 +18,6 @@ from tests.worker.test_rate_limits import (
     runs_per_worker,
     server_time_us,
     start_workers,
-    wait_runs,
-    wait_started,
 )
 
 
@@ -50,7 +48,7 @@ def test_killed_worker_slots_return_within_lease_ttl(workers: Workers, observer:
     env = {"LIMITS_VISIBILITY": "6"}
     started = start_workers(workers, 2, pool="prefork", concurrency=2, env=env)
     long_ids = [limits.capped_late.delay("long", 3.0).id for _ in range(2)]
-    entries = wait_started(observer, "long", 2, timeout=20)
+    entries = observer.starts_of("long", 2, timeout=20)
     owner = {pid: w for w in started for pid in w.pool_pids()}
     by_worker = [owner[e["pid"]] for e in entries]
     victim = max(started, key=by_worker.count)  # holds both slots, or one of them
@@ -61,7 +59,7 @@ def test_killed_worker_slots_return_within_lease_ttl(workers: Workers, observer:
     victim.kill()
     short_ids = [limits.capped_late.delay("short", 0.2).id for _ in range(4)]
 
-    shorts = wait_runs(observer, "short", 4, timeout=30)
+    shorts = observer.runs_of("short", 4, timeout=30)
     first_short = min(r.start for r in shorts)
     waited = (first_short - killed_at) / 1e6
     assert waited <= limits.SHORT_LEASE_TTL + 1.5, (
@@ -69,7 +67,7 @@ def test_killed_worker_slots_return_within_lease_ttl(workers: Workers, observer:
         f"(lease_ttl {limits.SHORT_LEASE_TTL} s)"
     )
     # The killed tasks are redelivered (acks_late) and run to the end on the survivor.
-    longs = wait_runs(observer, "long", 2, timeout=40)
+    longs = observer.runs_of("long", 2, timeout=40)
     assert {r.task_id for r in longs} == set(long_ids)
     redone = [r for r in longs if r.task_id in killed_ids]
     assert redone and all(r.start > killed_at for r in redone)
@@ -95,7 +93,7 @@ def test_store_restart_mid_run_loses_nothing_and_keeps_limits(
 
     start_workers(workers, 2, pool="prefork", concurrency=3)
     publish(limits.limited, 40, 0.25, numbered=True)
-    wait_started(observer, "limited", 10, timeout=30)
+    observer.starts_of("limited", 10, timeout=30)
 
     down_at = server_time_us(observer)
     store_server.restart(kill=True, down_for=1.5)

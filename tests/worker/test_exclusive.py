@@ -14,45 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.observer import Observer, Run, assert_fences_increase, assert_no_overlap
+from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import WorkerProcess, Workers
 
 APP = "tests.apps.exclusive"
-
-
-def wait_for_starts(observer: Observer, key: str, n: int = 1, timeout: float = 20) -> list[dict]:
-    """The first ``n`` start entries of ``key`` (pid, fence, task_id, start)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        starts = [s for s in observer.started() if s["key"] == key]
-        if len(starts) >= n:
-            return starts
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(starts)} of {n} runs of {key!r} started in {timeout} s")
-        time.sleep(0.05)
-
-
-def wait_for_runs(observer: Observer, key: str, n: int = 1, timeout: float = 20) -> list[Run]:
-    """The finished runs of ``key`` once there are ``n``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = [r for r in observer.runs() if r.key == key]
-        if len(runs) >= n:
-            return runs
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(runs)} of {n} runs of {key!r} finished in {timeout} s")
-        time.sleep(0.05)
-
-
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> float:
-    """Poll ``predicate`` until true; return the seconds it took."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(interval)
-    return time.monotonic() - start
 
 
 def server_time_us(server: StoreServer) -> int:
@@ -106,7 +73,7 @@ def test_killed_pool_child_releases_its_lease_at_once(
 
     (worker,) = [workers.start(APP, concurrency=2)]
     result = ex_wait.delay("victim", 60)
-    (start,) = wait_for_starts(observer, "victim")
+    (start,) = observer.starts_of("victim")
     key = exclusive_key(ex_wait, "victim")
     with store_server.client() as store:
         owners = live_owners(store, key)
@@ -135,13 +102,13 @@ def test_redelivered_after_worker_lost_gets_the_key(
 
     workers.start(APP, concurrency=2)
     result = ex_late.delay("late", 1.0)
-    (first,) = wait_for_starts(observer, "late")
+    (first,) = observer.starts_of("late")
     os.kill(first["pid"], signal.SIGKILL)
 
-    second = wait_for_starts(observer, "late", n=2, timeout=30)[1]
+    second = observer.starts_of("late", n=2, timeout=30)[1]
     assert second["task_id"] == first["task_id"] == result.id
     assert second["fence"] > first["fence"]
-    (run,) = wait_for_runs(observer, "late", timeout=20)
+    (run,) = observer.runs_of("late", timeout=20)
     assert (run.task_id, run.fence) == (result.id, second["fence"])
     assert result.get(timeout=10) == second["fence"]
     with store_server.client() as store:
@@ -159,13 +126,13 @@ def test_killed_worker_frees_its_keys_within_lease_ttl(
     assert LEASE_TTL == 3
     w1, w2 = start_pair(workers, concurrency=2)
     ex_long.delay("orphan", 60)
-    (doomed_start,) = wait_for_starts(observer, "orphan")
+    (doomed_start,) = observer.starts_of("orphan")
     doomed, survivor = (w1, w2) if doomed_start["pid"] in w1.pool_pids() else (w2, w1)
     doomed.kill()
     killed_at = server_time_us(broker_server)
 
     result = ex_long.delay("orphan", 0.1)
-    (run,) = wait_for_runs(observer, "orphan", timeout=30)
+    (run,) = observer.runs_of("orphan", timeout=30)
 
     assert run.task_id == result.id
     assert run.pid in survivor.pool_pids()
@@ -184,7 +151,7 @@ def test_a_run_three_times_the_lease_ttl_keeps_its_key(
 
     w1, w2 = start_pair(workers, concurrency=2)
     long_result = ex_long.delay("marathon", 3 * LEASE_TTL + 1)
-    (start,) = wait_for_starts(observer, "marathon")
+    (start,) = observer.starts_of("marathon")
     duplicate = ex_long.delay("marathon", 0)
     key = exclusive_key(ex_long, "marathon")
 
@@ -200,7 +167,7 @@ def test_a_run_three_times_the_lease_ttl_keeps_its_key(
     assert first_owner == {(o, start["fence"]) for o, _ in first_owner}, "fence unchanged"
     assert len(first_owner) == 1
 
-    runs = wait_for_runs(observer, "marathon", n=2, timeout=20)
+    runs = observer.runs_of("marathon", n=2, timeout=20)
     first, second = sorted(runs, key=lambda r: r.start)
     assert first.task_id == long_result.id and second.task_id == duplicate.id
     assert (first.end - first.start) / 1e6 >= 3 * LEASE_TTL
@@ -218,7 +185,7 @@ def test_a_skipped_duplicate_is_reported(workers: Workers, observer: Observer) -
 
     (worker,) = [workers.start(APP, concurrency=2)]
     holder = ex_skip.delay("busy", 3)
-    wait_for_starts(observer, "busy")
+    observer.starts_of("busy")
     duplicate = ex_skip.delay("busy", 0)
 
     with pytest.raises(TaskSkipped) as skipped:

@@ -10,24 +10,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
 from celery_baton import KeySpecError
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def test_a_key_that_cannot_be_built_fails_the_task_and_it_does_not_run(

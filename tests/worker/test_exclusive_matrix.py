@@ -23,6 +23,7 @@ import redis
 
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import WorkerProcess, Workers, app_env
 
 APP = "tests.apps.exclusive"
@@ -68,14 +69,6 @@ def store(store_server: StoreServer, pair: list[WorkerProcess]) -> Iterator[redi
 @pytest.fixture
 def key(request: pytest.FixtureRequest) -> str:
     return f"{request.node.name}-{uuid.uuid4().hex[:8]}"
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def starts(observer: Observer, key: str) -> list[dict[str, Any]]:

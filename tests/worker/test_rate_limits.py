@@ -145,28 +145,6 @@ def admissions(runs: Iterable[Run]) -> list[int]:
     return [int(f) for f in fences if f is not None]
 
 
-def wait_started(observer: Observer, key: str, n: int, timeout: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        entries = [e for e in observer.started() if e["key"] == key]
-        if len(entries) >= n:
-            return entries
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout} s for {n} starts of {key!r}: {entries}")
-        time.sleep(0.05)
-
-
-def wait_runs(observer: Observer, key: str, n: int, timeout: float) -> list[Run]:
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = [r for r in observer.runs() if r.key == key]
-        if len(runs) >= n:
-            return runs
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout} s for {n} runs of {key!r}: {len(runs)}")
-        time.sleep(0.1)
-
-
 def server_time_us(observer: Observer) -> int:
     """Now, by the observer server's clock (the clock every run is stamped with)."""
     seconds, micros = observer._redis.time()
@@ -290,7 +268,7 @@ def test_throttled_backlog_does_not_block_other_tasks(workers: Workers, observer
     publish(limits.crawl, 1000)
     publish(limits.free, 50)
 
-    runs = wait_runs(observer, "free", 50, timeout=90)
+    runs = observer.runs_of("free", 50, timeout=90)
     elapsed = time.monotonic() - began
 
     assert len(runs) == 50

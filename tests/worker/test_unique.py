@@ -19,6 +19,7 @@ from celery_baton import Baton, BatonError, KeySpecError, StoreUnavailable
 from celery_baton.signals import task_deduplicated
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer, free_port
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
@@ -220,25 +221,6 @@ def test_store_paused_at_publish_raises_and_leaves_no_claim_behind(
 # -- with workers ----------------------------------------------------------------------------
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
-
-
-def wait_for_start(observer: Observer, key: str, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        for entry in observer.started():
-            if entry["key"] == key:
-                return entry
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no run of {key!r} started in {timeout} s")
-        time.sleep(0.05)
-
-
 def test_unique_until_finished_and_until_started_on_a_worker(
     workers: Workers, observer: Observer, store: redis.Redis
 ) -> None:
@@ -248,7 +230,7 @@ def test_unique_until_finished_and_until_started_on_a_worker(
 
     # finished: a publish while it runs returns the running one; after it, a new one queues.
     first = uq.delay("fin", 1.5)
-    wait_for_start(observer, "fin")
+    observer.starts_of("fin")
     assert uq.delay("fin", 0).id == first.id
     assert store.get(unique_key(uq, "fin")) == first.id
     assert first.get(timeout=20) == first.id
@@ -260,7 +242,7 @@ def test_unique_until_finished_and_until_started_on_a_worker(
 
     # started: the key is free once the run started, so a publish during the run queues.
     running = uq_started.delay("sta", 1.5)
-    wait_for_start(observer, "sta")
+    observer.starts_of("sta")
     assert store.get(unique_key(uq_started, "sta")) is None
     during = uq_started.delay("sta", 0)
     assert during.id != running.id
