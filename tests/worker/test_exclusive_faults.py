@@ -100,3 +100,22 @@ def test_store_down_with_run_policy_runs_unguarded_and_says_so(
         assert worker.is_running
     finally:
         store_server.start()
+
+
+def test_scripts_flushed_mid_run_are_loaded_again(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """SCRIPT FLUSH while a worker has gate calls in flight: every call is answered in
+    order, the script is loaded again, and every task runs once."""
+    from tests.apps.exclusive import ex_wait
+
+    workers.start(APP, concurrency=2)
+    assert ex_wait.delay("warm", 0).get(timeout=20)
+    with store_server.client() as store:
+        store.script_flush()
+    results = [ex_wait.delay(f"flush-{i % 5}", 0) for i in range(40)]
+    for result in results:
+        assert result.get(timeout=30)
+    runs = [r for r in observer.runs() if r.key.startswith("flush-")]
+    assert len(runs) == 40
+    assert_no_overlap(runs)

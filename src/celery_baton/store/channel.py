@@ -29,6 +29,10 @@ logger = logging.getLogger("celery_baton.store")
 Answer = Callable[[Any], None]  # called with the reply, or with an exception
 
 
+def _ignore(reply: Any) -> None:
+    """The answer to a command sent for its effect only (SCRIPT LOAD)."""
+
+
 class BlockingChannel:
     """Calls the store and answers before returning."""
 
@@ -66,11 +70,22 @@ class PipelinedChannel:
         self._ticker = timer.call_repeatedly(max(0.05, timeout / 4), self._check_overdue)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
+        self._send(
+            "EVALSHA", script_sha(name), len(keys), *keys, *args,
+            answer=answer, name=name, keys=keys, args=args,
+        )  # fmt: skip
+
+    def _send(
+        self,
+        *command: Any,
+        answer: Answer,
+        name: str = "",
+        keys: Sequence[str] = (),
+        args: Sequence[Any] = (),
+    ) -> None:
         try:
             conn = self._connection()
-            conn.send_command(
-                "EVALSHA", script_sha(name), len(keys), *keys, *args, check_health=False
-            )
+            conn.send_command(*command, check_health=False)
         except BaseException as exc:  # on the event loop: answer, never raise
             self._broken(exc)
             answer(self.store.unavailable(exc))
@@ -103,9 +118,10 @@ class PipelinedChannel:
                 try:
                     reply = conn.read_response(disconnect_on_error=False)
                 except NoScriptError:
-                    # Someone flushed the scripts: send this one again with its source.
-                    conn.send_command("SCRIPT", "LOAD", script_source(name))
-                    conn.read_response()
+                    # Someone flushed the scripts. Replies to calls sent after this one
+                    # are still on their way, so load the script as one more pipelined
+                    # command (its reply comes back in order) and send this call after it.
+                    self._send("SCRIPT", "LOAD", script_source(name), answer=_ignore)
                     self.call(name, keys, args_, answer)
                     continue
                 except ResponseError as exc:
