@@ -10,7 +10,6 @@
 
 from celery_baton.baton import Baton
 from celery_baton.errors import (
-    AlreadyRun,
     BatonError,
     ConfigError,
     KeySpecError,
@@ -24,7 +23,6 @@ from celery_baton.errors import (
 from celery_baton.worker.context import fence
 
 __all__ = [
-    "AlreadyRun",
     "Baton",
     "BatonError",
     "ConfigError",

@@ -67,13 +67,6 @@ class TaskDeduplicated(BatonError):
         return str(self.args[0])
 
 
-class AlreadyRun(BatonError):
-    """Stored for a redelivered message whose task id already finished."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "already run"
-
-
 class BeatEntryError(BatonError, ValueError):
     """A beat schedule entry that cannot be scheduled: bad schedule, unknown task, 0 s."""
 

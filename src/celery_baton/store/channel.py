@@ -114,19 +114,7 @@ class PipelinedChannel:
         conn = self._conn
         try:
             while self._pending and conn is not None and conn.can_read(timeout=0):
-                answer, name, keys, args_, _ = self._pending.popleft()
-                try:
-                    reply = conn.read_response(disconnect_on_error=False)
-                except NoScriptError:
-                    # Someone flushed the scripts. Replies to calls sent after this one
-                    # are still on their way, so load the script as one more pipelined
-                    # command (its reply comes back in order) and send this call after it.
-                    self._send("SCRIPT", "LOAD", script_source(name), answer=_ignore)
-                    self.call(name, keys, args_, answer)
-                    continue
-                except ResponseError as exc:
-                    reply = exc
-                answer(reply)
+                self._answer_next(conn)
         except STORE_ERRORS as exc:
             self._broken(exc)
 
@@ -135,14 +123,25 @@ class PipelinedChannel:
         conn = self._conn
         try:
             while self._pending and conn is not None and conn is self._conn:
-                answer, *_ = self._pending.popleft()
-                try:
-                    reply = conn.read_response(disconnect_on_error=False)
-                except ResponseError as exc:
-                    reply = exc
-                answer(reply)
+                self._answer_next(conn)
         except STORE_ERRORS as exc:
             self._broken(exc)
+
+    def _answer_next(self, conn: Any) -> None:
+        """Read the oldest pending call's reply and answer it."""
+        answer, name, keys, args, _ = self._pending.popleft()
+        try:
+            reply = conn.read_response(disconnect_on_error=False)
+        except NoScriptError:
+            # Someone flushed the scripts. Replies to calls sent after this one are
+            # still on their way, so load the script as one more pipelined command
+            # (its reply comes back in order) and send this call after it.
+            self._send("SCRIPT", "LOAD", script_source(name), answer=_ignore)
+            self.call(name, keys, args, answer)
+            return
+        except ResponseError as exc:
+            reply = exc
+        answer(reply)
 
     def _check_overdue(self) -> None:
         if self._pending and time.monotonic() - self._pending[0][4] > self.timeout:

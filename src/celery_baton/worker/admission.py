@@ -147,7 +147,7 @@ class Admission:
         """
         request = held.request
         if held.held and request.revoked():  # revoked or expired while held: Celery acks it
-            self._leave(held)
+            self._unhold(held)
             return
         now = time.monotonic()
         elapsed = now - held.since
@@ -391,9 +391,6 @@ class Admission:
         signals.task_handed_back.send(sender=request.task, request=request, reason=why)
         worker_state.task_ready(request)
         request.reject(requeue=True)
-
-    def _leave(self, held: Held) -> None:
-        self._unhold(held)
 
     def _release_unique(self, held: Held) -> None:
         with contextlib.suppress(BatonError):
