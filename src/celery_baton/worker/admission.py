@@ -69,6 +69,7 @@ class Held:
     backoff: float = BACKOFF_START
     skip_after: float | None = None
     asking: bool = False  # a gate call for it is in flight
+    asked_at: float = 0.0  # when the last gate call for it was sent
     generation: int = 0
     queue_key: str | None = None  # the wait queue it sits in
 
@@ -96,6 +97,7 @@ class Admission:
         self._wakeups: deque[str] = deque()
         self._wake_w: int | None = None
         self._rate_cache: dict[str, float | None] = {}
+        self._released: dict[str, float] = {}  # lease key -> when its release was announced
         self.book: LeaseBook | None = None
         self.releaser: Releaser | None = None
         self.channel: BlockingChannel | PipelinedChannel | None = None
@@ -160,6 +162,7 @@ class Admission:
             self._answered(held, then, StoreUnavailable("the store failed moments ago"))
             return
         held.asking = True
+        held.asked_at = time.monotonic()
         keys, args = gate_call(
             held.plan.conditions, held.plan.owner, held.policy.lease_ttl, held.plan.reserve
         )
@@ -430,7 +433,10 @@ class Admission:
             self._remove(held)
             self._queues.setdefault(wait.key, deque()).append(held)
             held.queue_key = wait.key
-        self._arm(wait.key, wait.delay, jitter=wait.jitter)
+        delay = wait.delay
+        if self._released.get(wait.key, -1.0) >= held.asked_at:
+            delay = 0.0  # released after we asked: the notice came before the denial
+        self._arm(wait.key, delay, jitter=wait.jitter)
 
     def _unhold(self, held: Held) -> None:
         self._remove(held)
@@ -527,6 +533,12 @@ class Admission:
 
     def wake(self, key: str) -> None:
         """Called from another thread when ``key`` was released."""
+        # Remembered even when nobody waits here yet: a denial may be on its way back
+        # to this loop while the release that follows it is already announced.
+        self._released[key] = time.monotonic()
+        if len(self._released) > 4096:
+            horizon = time.monotonic() - 10
+            self._released = {k: t for k, t in list(self._released.items()) if t > horizon}
         if key not in self._queues:
             return
         if self._wake_w is not None:
