@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -160,3 +162,42 @@ def test_key_names_share_one_hash_tag_per_task() -> None:
     assert keys[3] == "baton:{app.t}:uq:d"
     assert all(key.startswith("baton:{app.t}:") for key in keys)
     assert KeyNames("p").unique("x", "d") == "p:{x}:uq:d"
+
+
+def _plain(a: Any, b: Any = 2, *, c: Any = 3) -> None: ...
+def _kw(a: Any, b: Any = 2, **kw: Any) -> None: ...
+def _posonly(a: Any, /, b: Any = 2) -> None: ...
+def _star(a: Any, *rest: Any, b: Any = 2) -> None: ...
+
+
+@pytest.mark.parametrize("fun", [_plain, _kw, _posonly, _star])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((1,), {}),
+        ((1, 5), {}),
+        ((), {"a": 1}),
+        ((1,), {"b": 5, "c": 6}),
+        ((1,), {"z": 9}),  # unknown: only **kw takes it
+        ((1,), {"a": 1}),  # a given twice
+        ((), {}),  # a missing
+        ((1, 2, 3), {}),  # one too many for most
+    ],
+)
+def test_fast_binding_agrees_with_signature_bind(
+    fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """The worker binds arguments without ``Signature.bind`` when it can; the result, or
+    the error, must be exactly what ``Signature.bind`` gives."""
+    spec = KeySpec.build(["a", "b"], fun, subject="t")
+    signature = inspect.signature(fun)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        with pytest.raises(KeySpecError, match="do not match"):
+            spec.arguments(args, kwargs)
+        return
+    bound.apply_defaults()
+    expected = dict(bound.arguments)
+    expected.update(expected.pop("kw", {}))
+    assert spec.arguments(args, kwargs) == expected

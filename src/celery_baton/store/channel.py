@@ -22,7 +22,8 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.store.scripts import script_sha, script_source
+from celery_baton.store.scripts import STORE_REPLY_ERRORS, script_sha, script_source
+from celery_baton.store.wire import Wire
 
 logger = logging.getLogger("celery_baton.store")
 
@@ -63,7 +64,7 @@ class PipelinedChannel:
         self.store = store
         self.hub = hub
         self.timeout = timeout
-        self._conn: Any = None
+        self._wire: Wire | None = None
         self._fd: int | None = None
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
@@ -84,63 +85,65 @@ class PipelinedChannel:
         args: Sequence[Any] = (),
     ) -> None:
         try:
-            conn = self._connection()
-            conn.send_command(*command, check_health=False)
+            self._connection().send(command)
         except BaseException as exc:  # on the event loop: answer, never raise
             self._broken(exc)
             answer(self.store.unavailable(exc))
             return
         self._pending.append((answer, name, keys, args, time.monotonic()))
 
-    def _connection(self) -> Any:
-        if self._conn is None:
-            pool = self.store.client.connection_pool
-            conn = pool.get_connection()
+    def _connection(self) -> Wire:
+        if self._wire is None:
+            wire = Wire(self.store.client.connection_pool.get_connection())
             try:
                 # Load the scripts once per connection: NOSCRIPT then only follows a
                 # SCRIPT FLUSH, handled below.
-                for name in ("gate", "release"):
-                    conn.send_command("SCRIPT", "LOAD", script_source(name))
-                    conn.read_response()
+                wire.send(*[("SCRIPT", "LOAD", script_source(n)) for n in ("gate", "release")])
+                for _ in range(2):
+                    reply = wire.read()
+                    if isinstance(reply, Exception):
+                        raise reply
             except BaseException:
-                conn.disconnect()
+                wire.close()
                 raise
-            self._conn = conn
-            self._fd = conn._sock.fileno()
+            self._wire = wire
+            self._fd = wire.fileno()
             self.hub.add_reader(self._fd, self._on_readable)
-        return self._conn
+        return self._wire
 
     def _on_readable(self, *args: Any) -> None:
-        conn = self._conn
+        wire = self._wire
+        if wire is None:
+            return
         try:
-            while self._pending and conn is not None and conn.can_read(timeout=0):
-                self._answer_next(conn)
+            for reply in wire.read_ready():
+                self._answer_next(reply)
         except STORE_ERRORS as exc:
             self._broken(exc)
 
     def flush(self) -> None:
         """Wait for every pending answer (at shutdown: releases already written)."""
-        conn = self._conn
+        wire = self._wire
         try:
-            while self._pending and conn is not None and conn is self._conn:
-                self._answer_next(conn)
+            while self._pending and wire is not None and wire is self._wire:
+                self._answer_next(wire.read())
         except STORE_ERRORS as exc:
             self._broken(exc)
 
-    def _answer_next(self, conn: Any) -> None:
-        """Read the oldest pending call's reply and answer it."""
+    def _answer_next(self, reply: Any) -> None:
+        """Answer the oldest pending call with ``reply``."""
+        if not self._pending:
+            return  # answered already: the connection broke meanwhile
+        if isinstance(reply, STORE_REPLY_ERRORS):
+            raise reply  # LOADING, READONLY...: every pending call gets StoreUnavailable
         answer, name, keys, args, _ = self._pending.popleft()
-        try:
-            reply = conn.read_response(disconnect_on_error=False)
-        except NoScriptError:
+        if isinstance(reply, NoScriptError):
             # Someone flushed the scripts. Replies to calls sent after this one are
             # still on their way, so load the script as one more pipelined command
             # (its reply comes back in order) and send this call after it.
             self._send("SCRIPT", "LOAD", script_source(name), answer=_ignore)
             self.call(name, keys, args, answer)
             return
-        except ResponseError as exc:
-            reply = exc
         answer(reply)
 
     def _check_overdue(self) -> None:
@@ -149,14 +152,14 @@ class PipelinedChannel:
 
     def _broken(self, exc: BaseException) -> None:
         """Drop the connection and answer every pending call with StoreUnavailable."""
-        if self._conn is not None:
+        if self._wire is not None:
             if self._fd is not None:
                 self.hub.remove_reader(self._fd)
             try:
-                self._conn.disconnect()
+                self._wire.close()
             except Exception:  # already broken; nothing more to do
                 logger.debug("disconnect failed", exc_info=True)
-            self._conn = None
+            self._wire = None
             self._fd = None
         pending, self._pending = self._pending, deque()
         error = self.store.unavailable(exc)

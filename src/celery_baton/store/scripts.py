@@ -7,14 +7,26 @@ caller's clock, so workers with skewed clocks agree.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import threading
+from collections import deque
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import (
+    BusyLoadingError,
+    MasterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from celery_baton.store.wire import Wire
 
 SCRIPT_NAMES = (
     "gate",
@@ -43,48 +55,136 @@ def script_sha(name: str) -> str:
     return hashlib.sha1(script_source(name).encode()).hexdigest()
 
 
+class Pending:
+    """A script call sent on this thread's connection whose reply is not read yet."""
+
+    __slots__ = ("args", "keys", "name", "reply")
+
+    def __init__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        self.name = name
+        self.keys = keys
+        self.args = args
+        self.reply: Any = _UNREAD
+
+
+_UNREAD: Any = object()
+
+#: Error replies that mean "this connection cannot serve us now", not "the call failed".
+STORE_REPLY_ERRORS = (BusyLoadingError, ReadOnlyError, MasterDownError, RedisConnectionError)
+
+
+class _Line:
+    """This thread's connection and the calls sent on it, oldest first."""
+
+    __slots__ = ("pid", "waiting", "wire")
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.pid = os.getpid()
+        self.waiting: deque[Pending] = deque()
+
+
 class Scripts:
     """The registered scripts of one client: ``scripts.run("gate", keys, args)``."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._registered: dict[str, Any] = {}
-        self._pool = getattr(client, "connection_pool", None)  # None: Redis Cluster
+        self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
         self._local = threading.local()
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The hot path: one EVALSHA; on NOSCRIPT (a restarted or flushed server) load the
         script and send it again.
 
-        A worker calls this for every task on its event loop, so it skips redis-py's
-        per-command machinery (pool checkout, retry wrapper, instrumentation: about half
-        the client CPU of a call) and talks on a connection of its own per thread.
+        A worker calls this for every task, so it skips redis-py's per-command machinery
+        (pool checkout, retry wrapper, instrumentation: about half the client CPU of a
+        call) and talks on a connection of its own per thread (see ``wire``).
         """
-        sha = script_sha(name)
         if self._pool is None:
+            sha = script_sha(name)
             try:
                 return self._client.evalsha(sha, len(keys), *keys, *args)
             except NoScriptError:
                 self._client.script_load(script_source(name))
                 return self._client.evalsha(sha, len(keys), *keys, *args)
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._pool.get_connection()
+        return self.result(self.send(name, keys, args))
+
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
+        """Write a call now and read its reply later with ``result``: the round trip then
+        overlaps whatever the caller does meanwhile. Raises the store's errors."""
+        if self._pool is None:  # Cluster: no shared line; the call runs in result()
+            return Pending(name, keys, args)
+        line = self._line()
+        pending = Pending(name, keys, args)
         try:
-            try:
-                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
-                return conn.read_response()
-            except NoScriptError:
-                conn.send_command("SCRIPT", "LOAD", script_source(name))
-                conn.read_response()
-                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
-                return conn.read_response()
-        except ResponseError:
+            line.wire.send(("EVALSHA", script_sha(name), len(keys), *keys, *args))
+        except BaseException as exc:
+            self._drop(line, exc)
             raise
-        except BaseException:
-            # Unknown state (timeout mid-reply, broken socket): start clean next time.
-            conn.disconnect()
+        line.waiting.append(pending)
+        return pending
+
+    def result(self, pending: Pending) -> Any:
+        """The reply of a call ``send`` wrote; raises its error reply or the store's."""
+        if self._pool is None:
+            if pending.reply is _UNREAD:
+                pending.reply = self.call(pending.name, pending.keys, pending.args)
+            return pending.reply
+        line = self._line()
+        try:
+            while pending.reply is _UNREAD:
+                if not line.waiting:  # its line broke and was replaced
+                    raise ConnectionError("the store connection was reset")
+                self._read_one(line)
+        except BaseException as exc:
+            self._drop(line, exc)
             raise
+        reply = pending.reply
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _read_one(self, line: _Line) -> None:
+        """Read the oldest call's reply; on NOSCRIPT load the script and send it again
+        (its reply then comes after those of the calls sent since)."""
+        head = line.waiting.popleft()
+        try:
+            reply = line.wire.read()
+            if isinstance(reply, STORE_REPLY_ERRORS):
+                raise reply  # LOADING, READONLY (a failed-over master)...: reconnect
+        except BaseException as exc:
+            head.reply = exc if isinstance(exc, Exception) else ConnectionError(str(exc))
+            raise
+        if isinstance(reply, NoScriptError):
+            line.wire.send(
+                ("SCRIPT", "LOAD", script_source(head.name)),
+                ("EVALSHA", script_sha(head.name), len(head.keys), *head.keys, *head.args),
+            )
+            line.waiting.append(Pending("", (), ()))  # the SCRIPT LOAD's reply
+            line.waiting.append(head)
+            return
+        head.reply = reply
+
+    def _line(self) -> _Line:
+        line: _Line | None = getattr(self._local, "line", None)
+        if line is None or line.pid != os.getpid():
+            # New, or inherited through fork (a pool child): the parent's socket is not
+            # ours to use or to close.
+            line = self._local.line = _Line(Wire(self._pool.get_connection()))
+        return line
+
+    def _drop(self, line: _Line, exc: BaseException) -> None:
+        """After an error the connection's state is unknown: answer every call still
+        waiting on it with the error and start clean next time."""
+        if isinstance(exc, ResponseError):
+            return
+        for waiting in line.waiting:
+            waiting.reply = exc if isinstance(exc, Exception) else ConnectionError(str(exc))
+        line.waiting.clear()
+        self._local.line = None
+        with contextlib.suppress(Exception):  # already broken
+            line.wire.close()
 
     def _script(self, name: str) -> Any:
         script = self._registered.get(name)
@@ -101,30 +201,21 @@ class Scripts:
         """Several calls of one script in one round trip (pipelined, not a transaction)."""
         if self._pool is None or len(calls) == 1:
             return [self.call(name, keys, args) for keys, args in calls]
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._pool.get_connection()
+        line = self._line()
         sha = script_sha(name)
-        commands = [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        pending = [Pending(name, keys, args) for keys, args in calls]
         try:
-            # SCRIPT LOAD first, in the same round trip: NOSCRIPT cannot happen below.
-            conn.send_packed_command(
-                conn.pack_commands([("SCRIPT", "LOAD", script_source(name)), *commands])
+            # SCRIPT LOAD first, in the same write: NOSCRIPT cannot happen below.
+            line.wire.send(
+                ("SCRIPT", "LOAD", script_source(name)),
+                *[("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls],
             )
-            conn.read_response()
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()
+        except BaseException as exc:
+            self._drop(line, exc)
             raise
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
-        return replies
+        line.waiting.append(Pending("", (), ()))
+        line.waiting.extend(pending)
+        return [self.result(p) for p in pending]
 
     def run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
         """Run script ``name``; ``client`` may be a pipeline of the same connection."""

@@ -1,0 +1,110 @@
+"""One store connection spoken to directly: the hot path's commands and replies.
+
+redis-py connects (address, TLS, AUTH, SELECT, Sentinel discovery, client name); after
+that, ``Wire`` writes commands packed by hiredis straight to the socket and feeds what
+it reads to a hiredis reader of its own. That skips redis-py's per-command checks and
+wrappers, and lets one ``recv`` bring in every reply that has arrived, so a caller can
+send a command, do other work, and read the reply later (``send`` / ``read``), or let
+an event loop collect replies when the socket is readable (``read_ready``).
+
+Replies come back in the order the commands were sent. An error reply is returned as
+an exception *instance* (redis-py's class for it, e.g. ``NoScriptError``), never
+raised, so that one error cannot make a caller lose its place in the reply stream.
+A broken socket raises ``redis.ConnectionError`` / ``redis.TimeoutError``; the wire
+is then unusable and must be closed.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+try:  # redis-py's mapping of error replies to exception classes (NOSCRIPT, LOADING...)
+    from redis._parsers.base import BaseParser
+
+    _reply_error: Any = BaseParser.parse_error
+except (ImportError, AttributeError):  # pragma: no cover - other redis-py layouts
+    _reply_error = ResponseError
+
+READ_SIZE = 65536
+_pack = hiredis.pack_command
+
+
+class Wire:
+    """A connected redis-py ``Connection``'s socket, used directly."""
+
+    __slots__ = ("_reader", "_sock", "conn")
+
+    def __init__(self, conn: Any) -> None:
+        conn.connect()  # a no-op when the pool handed out a connected one
+        self.conn = conn
+        self._sock: socket.socket = conn._sock
+        encoder = conn.encoder
+        self._reader = hiredis.Reader(
+            replyError=_reply_error,
+            encoding=encoder.encoding if encoder.decode_responses else None,
+            errors=encoder.encoding_errors,
+        )
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send(self, *commands: Sequence[Any]) -> None:
+        """Write one or more commands in one write."""
+        data = (
+            _pack(tuple(commands[0]))
+            if len(commands) == 1
+            else b"".join(_pack(tuple(command)) for command in commands)
+        )
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise _broken(exc) from exc
+
+    def read(self) -> Any:
+        """The next reply, waiting for it (up to the connection's socket timeout)."""
+        reply = self._reader.gets()
+        while reply is False:
+            self._receive()
+            reply = self._reader.gets()
+        return reply
+
+    def read_ready(self) -> list[Any]:
+        """Every complete reply that has arrived; for an event loop whose poller said the
+        socket is readable (reads once, so it never blocks)."""
+        self._receive()
+        # TLS: decrypted bytes can wait inside the SSL object while the socket itself
+        # has nothing more to read, and the poller would not report them.
+        while isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            self._receive()
+        replies = []
+        reply = self._reader.gets()
+        while reply is not False:
+            replies.append(reply)
+            reply = self._reader.gets()
+        return replies
+
+    def _receive(self) -> None:
+        try:
+            data = self._sock.recv(READ_SIZE)
+        except OSError as exc:
+            raise _broken(exc) from exc
+        if not data:
+            raise RedisConnectionError("the store closed the connection")
+        self._reader.feed(data)
+
+    def close(self) -> None:
+        self.conn.disconnect()
+
+
+def _broken(exc: OSError) -> Exception:
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return RedisTimeoutError(f"no reply from the store in time: {exc}")
+    return RedisConnectionError(f"store connection broken: {exc}")
