@@ -20,6 +20,7 @@ from celery_baton.keys import KeyNames
 from celery_baton.policy import TASK_OPTIONS, TaskPolicy, compile_policy, declares_options
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import STORE_ERRORS, Store, connect
+from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton")
 
@@ -149,16 +150,28 @@ class Baton:
 
     def claim_unique(self, key: str, task_id: str, ttl: float) -> str:
         """Claim ``key`` for ``task_id``: '' when claimed, else the holder's task id."""
+        return self.claim_result(self.send_claim(key, task_id, ttl), key, task_id, ttl)
+
+    def send_claim(self, key: str, task_id: str, ttl: float) -> Pending:
+        """Write the claim now; ``claim_result`` reads its answer (the round trip overlaps
+        what the caller does meanwhile: building the message)."""
         try:
-            holder = self.store.scripts.run("unique_claim", [key], [task_id, round(ttl * 1000)])
+            return self.store.scripts.send("unique_claim", [key], [task_id, round(ttl * 1000)])
+        except STORE_ERRORS as exc:
+            self.release_unique_later(key, task_id, ttl)  # part of it may have been written
+            raise self.store.unavailable(exc) from exc
+
+    def claim_result(self, pending: Pending, key: str, task_id: str, ttl: float) -> str:
+        try:
+            holder = self.store.scripts.result(pending)
         except STORE_ERRORS as exc:
             # The claim may still run later (a paused store executes what it buffered):
             # give it back once the store answers, or it would block the key for ttl.
-            self._release_later(key, task_id, ttl)
+            self.release_unique_later(key, task_id, ttl)
             raise self.store.unavailable(exc) from exc
         return str(holder or "")
 
-    def _release_later(self, key: str, task_id: str, ttl: float) -> None:
+    def release_unique_later(self, key: str, task_id: str, ttl: float) -> None:
         def retry() -> None:
             deadline = time.monotonic() + ttl
             delay = 0.5

@@ -30,19 +30,19 @@ logger = logging.getLogger(__name__)
 
 
 class _Nonces:
-    """Per-process nonces: a random prefix (new in each forked child) and a counter.
-    Asking the OS for random bytes per delivery cost a system call on the worker's
-    hot path; the prefix alone keeps processes and restarts apart."""
+    """Per-process nonces: a random prefix and a counter. Asking the OS for random bytes
+    (or even for the pid) per delivery costs a system call on the worker's hot path; a
+    forked child draws a new prefix, which keeps processes and restarts apart."""
 
     def __init__(self) -> None:
-        self.pid = -1
-        self.prefix = ""
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = secrets.token_hex(4)
         self.counter = itertools.count()
 
     def next(self) -> str:
-        pid = os.getpid()
-        if pid != self.pid:
-            self.pid, self.prefix = pid, secrets.token_hex(4)
         return f"{self.prefix}{next(self.counter):x}"
 
 

@@ -3,28 +3,86 @@
 Every publish path ends in ``app.send_task``: ``delay``, ``apply_async``, sending by
 name, canvas members (chain, group, chord) and beat. Wrapping it there covers all of
 them at once. The claim uses the task id as owner, so a retry (same id) passes, and
-a publish that fails gives its claim back.
+a publish that fails gives its claim back. The claim's answer is read at the last
+step before the broker, so nothing is sent until the claim is known.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
-from celery_baton.errors import TaskDeduplicated
+from celery_baton.errors import StoreUnavailable, TaskDeduplicated
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
+    from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")
 
 
+class _Duplicate(Exception):  # control flow inside one publish; never escapes it
+    """Raised from the message sender when the claim found an earlier holder."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+@dataclass
+class _Claim:
+    """A unique claim written before the message is built, read before it is sent."""
+
+    baton: Baton
+    key: str
+    task_id: str
+    ttl: float
+    pending: Pending
+    holder: str | None = None  # None: not read yet; '': claimed; else the holder's id
+    failed: bool = False  # no answer: claim_result gives the claim back in the background
+
+    def settle(self) -> str:
+        if self.holder is None:
+            try:
+                self.holder = self.baton.claim_result(
+                    self.pending, self.key, self.task_id, self.ttl
+                )
+            except BaseException:
+                self.failed = True
+                raise
+        return self.holder
+
+    def give_back(self) -> None:
+        """After a publish that did not happen: free the key if this claim took it."""
+        if self.failed:
+            return
+        try:
+            if self.settle() != "":
+                return
+        except StoreUnavailable:
+            return  # no answer: already being given back in the background
+        try:
+            self.baton.release_unique(self.key, self.task_id)
+        except StoreUnavailable as exc:
+            logger.warning("freeing unique key %s later: %s", self.key, exc)
+            self.baton.release_unique_later(self.key, self.task_id, self.ttl)
+
+
+_claims = threading.local()  # .by_id: claims of publishes in progress on this thread
+
+
 def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``app.send_task`` so that a unique task already queued is not queued again."""
+    """Wrap ``app.send_task`` so that a unique task already queued is not queued again.
+
+    The claim is written first and read just before the message goes to the broker
+    (``_guard_sender``), so its round trip overlaps Celery building the message.
+    """
 
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         policy = baton.policy_for_name(name)
@@ -38,32 +96,79 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
-        holder = baton.claim_unique(key, task_id, ttl)
-        if holder:
-            logger.info(
-                "%s not queued: an earlier one with the same unique key is queued or running as %s",
-                name,
-                holder,
-            )
-            signals.task_deduplicated.send(
-                sender=name, name=name, task_id=task_id, existing_id=holder, key=key
-            )
-            if preassigned:
-                _settle_preassigned(baton, name, task_id, holder, options)
-            result_cls = options.get("result_cls") or baton.app.AsyncResult
-            return result_cls(holder)
+        claim = _Claim(baton, key, task_id, ttl, baton.send_claim(key, task_id, ttl))
+        if not _guard_sender(baton.app):
+            claim.settle()  # no hook before the broker: know the answer before sending
+        by_id = _claims.__dict__.setdefault("by_id", {})
+        by_id[task_id] = claim
         try:
+            if claim.holder:
+                raise _Duplicate(claim.holder)
             return send_task(name, args, kwargs, **options)
+        except _Duplicate as dup:
+            return _deduplicated(baton, name, task_id, dup.holder, key, preassigned, options)
         except BaseException:
-            # The message was not sent: nothing may keep its key.
-            try:
-                baton.release_unique(key, task_id)
-            except Exception:
-                logger.exception("could not free unique key %s after a failed publish", key)
+            claim.give_back()  # the message was not sent: nothing may keep its key
             raise
+        finally:
+            by_id.pop(task_id, None)
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _guard_sender(app: Any) -> bool:
+    """Make ``app.amqp.send_task_message`` read a publish's claim before it sends (and
+    refuse to send a duplicate). False when this Celery has no such step."""
+    amqp = app.amqp
+    sender = getattr(amqp, "send_task_message", None)
+    if sender is None:
+        return False
+    if getattr(sender, "_baton_guarded", False):
+        return True
+
+    def send_task_message(producer: Any, name: str, message: Any, **kwargs: Any) -> Any:
+        by_id = getattr(_claims, "by_id", None)
+        if by_id:
+            claim = by_id.get(_message_id(message))
+            if claim is not None and claim.settle():
+                raise _Duplicate(claim.holder or "")
+        return sender(producer, name, message, **kwargs)
+
+    send_task_message._baton_guarded = True  # type: ignore[attr-defined]
+    amqp.send_task_message = send_task_message
+    return True
+
+
+def _message_id(message: Any) -> Any:
+    headers = getattr(message, "headers", None)
+    if isinstance(headers, dict) and "id" in headers:  # task protocol 2
+        return headers["id"]
+    body = getattr(message, "body", None)
+    return body.get("id") if isinstance(body, dict) else None  # protocol 1
+
+
+def _deduplicated(
+    baton: Baton,
+    name: str,
+    task_id: str,
+    holder: str,
+    key: str,
+    preassigned: str | None,
+    options: dict[str, Any],
+) -> Any:
+    logger.info(
+        "%s not queued: an earlier one with the same unique key is queued or running as %s",
+        name,
+        holder,
+    )
+    signals.task_deduplicated.send(
+        sender=name, name=name, task_id=task_id, existing_id=holder, key=key
+    )
+    if preassigned:
+        _settle_preassigned(baton, name, task_id, holder, options)
+    result_cls = options.get("result_cls") or baton.app.AsyncResult
+    return result_cls(holder)
 
 
 def _settle_preassigned(

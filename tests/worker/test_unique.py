@@ -170,6 +170,39 @@ def test_a_failed_publish_frees_the_key_it_claimed(store_url: str, store: redis.
         baton.store.client.close()
 
 
+def test_a_publish_that_fails_while_the_message_is_built_frees_the_key(
+    store_url: str, broker_url: str, store: redis.Redis, broker: redis.Redis
+) -> None:
+    """The claim is written before Celery builds the message and read just before the
+    message is sent; a failure in between (here: a router) gives the claim back."""
+
+    def router(name: str, args: Any, kwargs: Any, options: Any, **kw: Any) -> Any:
+        if args and args[0] == "boom":
+            raise RuntimeError("router failed")
+        return {"queue": "idle"}
+
+    app = Celery("routing", broker=broker_url, set_as_current=False)
+    app.conf.task_routes = (router,)
+    baton = Baton(app, url=store_url)
+
+    @app.task(unique="key", name="routing.unique")
+    def unique(key: str) -> None: ...
+
+    key = baton.policy_for(unique).unique_key(baton.names, ("boom",), {})
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="router failed"):
+                unique.delay("boom")
+            assert store.get(key) is None
+        assert queued(broker) == 0
+        first = unique.delay("fine")
+        assert unique.delay("fine").id == first.id  # deduplicated by the same path
+        assert queued(broker) == 1
+    finally:
+        app.close()
+        baton.store.client.close()
+
+
 def test_store_down_at_publish_raises_and_claims_nothing(
     store_server: StoreServer, store: redis.Redis, broker: redis.Redis
 ) -> None:

@@ -2,10 +2,11 @@
 store.
 
 ``BlockingChannel`` answers at once (for pools without an event loop: solo, threads).
-``PipelinedChannel`` writes each call to one connection and returns; the event loop
-calls it back when the socket is readable, and replies are matched to calls in order
-(Redis answers a connection's commands in the order it received them). Under load
-many calls share a round trip, and the loop keeps receiving messages meanwhile.
+``PipelinedChannel`` queues each call and returns; the calls of one event-loop turn
+are written together just before the loop polls, the loop calls the channel back when
+the socket is readable, and replies are matched to calls in order (Redis answers a
+connection's commands in the order it received them). Under load many calls share a
+write and a round trip, and the loop keeps receiving messages meanwhile.
 
 Every call gets exactly one answer: the reply, or an exception (``StoreUnavailable``
 when the connection broke or a reply took longer than the socket timeout).
@@ -14,6 +15,7 @@ when the connection broke or a reply took longer than the socket timeout).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -69,6 +71,9 @@ class PipelinedChannel:
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._ticker = timer.call_repeatedly(max(0.05, timeout / 4), self._check_overdue)
+        self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._loop_thread = threading.get_ident()
+        hub.on_tick.add(self._write)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
         self._send(
@@ -85,12 +90,27 @@ class PipelinedChannel:
         args: Sequence[Any] = (),
     ) -> None:
         try:
-            self._connection().send(command)
+            self._connection()
         except BaseException as exc:  # on the event loop: answer, never raise
             self._broken(exc)
             answer(self.store.unavailable(exc))
             return
+        self._out.append(command)
         self._pending.append((answer, name, keys, args, time.monotonic()))
+        if threading.get_ident() != self._loop_thread:
+            self._write()  # no loop turn will come soon for a call from another thread
+
+    def _write(self) -> None:
+        """Write every call made since the last write, in one write (the loop calls this
+        just before it polls). The store then reads them with one read and answers
+        with one write: fewer system calls on both sides than one write per call."""
+        if not self._out or self._wire is None:
+            return
+        out, self._out = self._out, []
+        try:
+            self._wire.send(*out)
+        except BaseException as exc:
+            self._broken(exc)
 
     def _connection(self) -> Wire:
         if self._wire is None:
@@ -122,7 +142,8 @@ class PipelinedChannel:
             self._broken(exc)
 
     def flush(self) -> None:
-        """Wait for every pending answer (at shutdown: releases already written)."""
+        """Write what is buffered and wait for every pending answer (at shutdown)."""
+        self._write()
         wire = self._wire
         try:
             while self._pending and wire is not None and wire is self._wire:
@@ -161,12 +182,14 @@ class PipelinedChannel:
                 logger.debug("disconnect failed", exc_info=True)
             self._wire = None
             self._fd = None
+        self._out = []
         pending, self._pending = self._pending, deque()
         error = self.store.unavailable(exc)
         for answer, *_ in pending:
             answer(error)
 
     def close(self) -> None:
+        self.hub.on_tick.discard(self._write)
         try:
             self._ticker.cancel()
         except Exception:  # the timer may be gone with the consumer

@@ -73,14 +73,28 @@ _UNREAD: Any = object()
 STORE_REPLY_ERRORS = (BusyLoadingError, ReadOnlyError, MasterDownError, RedisConnectionError)
 
 
+class _Forks:
+    """Counts forks into this process (cheaper than asking for the pid on every call)."""
+
+    count = 0
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.count += 1
+
+
+_forks = _Forks
+os.register_at_fork(after_in_child=_Forks.forked)
+
+
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("pid", "waiting", "wire")
+    __slots__ = ("forks", "waiting", "wire")
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.pid = os.getpid()
+        self.forks = _forks.count
         self.waiting: deque[Pending] = deque()
 
 
@@ -168,7 +182,7 @@ class Scripts:
 
     def _line(self) -> _Line:
         line: _Line | None = getattr(self._local, "line", None)
-        if line is None or line.pid != os.getpid():
+        if line is None or line.forks != _forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
             line = self._local.line = _Line(Wire(self._pool.get_connection()))

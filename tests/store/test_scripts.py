@@ -1,0 +1,100 @@
+"""Script calls on the direct socket path: overlap, order, errors, fork, restarts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from celery_baton.errors import StoreUnavailable
+from celery_baton.gate import Condition, Gate
+from celery_baton.store import connect
+from celery_baton.store.connection import STORE_ERRORS
+from tests.support.servers import StoreServer
+
+
+def _claim(store_url: str) -> tuple[object, str]:
+    store = connect(store_url)
+    return store, f"baton:{{t}}:uq:{os.urandom(4).hex()}"
+
+
+def test_sent_calls_are_answered_in_order_whichever_is_read_first(store_url: str) -> None:
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    first = scripts.send("unique_claim", [key], ["id-1", 60_000])
+    second = scripts.send("unique_claim", [key], ["id-2", 60_000])
+    # Reading the second reads the first's reply on the way and keeps it for it.
+    assert scripts.result(second) == "id-1"
+    assert scripts.result(first) in ("", None)
+    # A blocking call made while nothing is pending is unaffected.
+    assert scripts.call("unique_release", [key], ["id-1"]) == 1
+
+
+def test_an_error_reply_is_raised_to_its_own_caller_only(store_url: str) -> None:
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    bad = scripts.send("unique_claim", [key], ["id-1", "not-a-number"])
+    good = scripts.send("unique_claim", [key], ["id-2", 60_000])
+    with pytest.raises(ResponseError):
+        scripts.result(bad)
+    assert scripts.result(good) in ("", None)
+
+
+def test_script_flush_between_sent_calls_reloads_and_keeps_the_order(store_url: str) -> None:
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    scripts.call("unique_release", [key], ["nobody"])  # the connection exists
+    redis.Redis.from_url(store_url).script_flush()
+    first = scripts.send("unique_claim", [key], ["id-1", 60_000])
+    second = scripts.send("unique_release", [key], ["id-1"])
+    third = scripts.send("unique_claim", [key], ["id-3", 60_000])
+    # NOSCRIPT for all three: each is sent again after a SCRIPT LOAD, in order.
+    assert scripts.result(third) in ("", None)
+    assert scripts.result(first) in ("", None)
+    assert scripts.result(second) == 1
+    assert redis.Redis.from_url(store_url, decode_responses=True).get(key) == "id-3"
+
+
+def test_a_forked_child_uses_its_own_connection(store_url: str) -> None:
+    """A pool child inherits the parent's per-thread connection object; reading from
+    that socket in the child would steal the parent's replies."""
+    store = connect(store_url)
+    gate = Gate(store)
+    key = f"baton:{{t}}:ex:{os.urandom(4).hex()}"
+    assert gate.decide([Condition.lease(key)], owner="parent|w|1").granted
+    in_flight = store.scripts.send("unique_claim", [key + ":uq"], ["parent", 60_000])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            decision = gate.decide([Condition.lease(key)], owner="child|w|1")
+            os._exit(0 if not decision.granted and decision.holder == "parent|w|1" else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's reply was left for the parent, and its connection is in step.
+    assert store.scripts.result(in_flight) in ("", None)
+    assert gate.release([key], owner="parent|w|1") == 1
+    assert gate.decide([Condition.lease(key)], owner="parent|w|2").granted
+
+
+def test_a_restarted_store_fails_the_calls_in_flight_then_reconnects(
+    store_server: StoreServer, store_url: str
+) -> None:
+    store = connect(store_url)
+    scripts = store.scripts
+    key = f"baton:{{t}}:uq:{os.urandom(4).hex()}"
+    scripts.call("unique_release", [key], ["nobody"])
+    store_server.pause()
+    try:
+        pending = scripts.send("unique_claim", [key], ["id-1", 60_000])
+    finally:
+        store_server.restart(kill=True, down_for=0.2)
+    with pytest.raises(STORE_ERRORS):
+        scripts.result(pending)
+    # The next call starts a new connection (the scripts are loaded again).
+    assert scripts.call("unique_claim", [key], ["id-2", 60_000]) in ("", None)
+    with pytest.raises(StoreUnavailable):
+        Gate(connect("redis://127.0.0.1:1/0")).decide([Condition.lease("k")], owner="o|w|1")
