@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.gate import Condition, Gate, owner_task_id
+from celery_baton.gate import Condition, Gate, HeldLease, owner_task_id
 from celery_baton.leases import new_owner
 from celery_baton.store.connection import connect
 from tests.support.servers import StoreServer
@@ -142,3 +142,51 @@ def test_release_marks_done_and_frees_only_its_unique_key(gate: Gate, r: redis.R
 def test_owner_task_id() -> None:
     assert owner_task_id("abc-123|w@h|0f0f") == "abc-123"
     assert owner_task_id("") == ""
+
+
+def test_a_busy_key_always_outlives_its_leases_and_a_used_once_key_vanishes(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """A key shared by many runs is not extended on every acquisition (it is extended
+    with room to spare), yet it never expires before a live lease in it."""
+    import random
+
+    rng = random.Random(7)
+    key = "baton:{t}:cc:busy"
+    held: dict[str, int] = {}  # owner -> ttl ms
+
+    def check(step: int) -> None:
+        seconds, micros = r.time()
+        now_ms = seconds * 1000 + micros // 1000
+        pttl = r.pttl(key)
+        for field, value in r.hgetall(key).items():
+            if field.startswith("o:") and int(value.split()[0]) > now_ms:
+                assert pttl >= int(value.split()[0]) - now_ms - 5, (step, field, pttl)
+
+    # Short leases first (the key gets a short expiry), then a longer one that needs more.
+    for step, ttl in enumerate([1_000, 1_000, 5_000, 1_000, 20_000]):
+        owner = f"first{step}|w|1"
+        assert gate.decide([Condition.lease(key, limit=9)], owner=owner, ttl=ttl / 1000).granted
+        check(step)
+    for step in range(5):
+        assert gate.release([key], owner=f"first{step}|w|1") == 1
+    for step in range(300):
+        op = rng.random()
+        if held and op < 0.35:
+            owner = rng.choice(list(held))
+            assert gate.release([key], owner=owner) == 1
+            del held[owner]
+        elif held and op < 0.5:
+            owner = rng.choice(list(held))
+            lease = HeldLease(key, owner, 3, held[owner] / 1000)
+            assert gate.renew([lease]) == [1]
+        else:
+            owner, ttl = f"t{step}|w|1", rng.choice([1_000, 5_000, 20_000])
+            if gate.decide([Condition.lease(key, limit=3)], owner=owner, ttl=ttl / 1000).granted:
+                held[owner] = ttl
+        check(step)
+    # A key used once and released is gone at once (the redelivery guard's per-id keys).
+    once = "baton:{t}:run:task-9"
+    assert gate.decide([Condition.lease(once)], owner="task-9|w|1", ttl=5).granted
+    assert gate.release([once], owner="task-9|w|1") == 1
+    assert not r.exists(once)

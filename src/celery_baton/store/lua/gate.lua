@@ -49,7 +49,7 @@ for i = 1, #KEYS do
     local limit = tonumber(a)
     local flat = redis.call('HGETALL', key)
     local live, mine, expired = 0, nil, {}
-    local earliest, holder, latest, last_fence = nil, '', 0, 0
+    local earliest, holder, latest, last_fence, expire_at = nil, '', 0, 0, 0
     for j = 1, #flat, 2 do
       local field = flat[j]
       if string.sub(field, 1, 2) == 'o:' then
@@ -68,6 +68,8 @@ for i = 1, #KEYS do
         end
       elseif field == '_fence' then
         last_fence = tonumber(flat[j + 1])
+      elseif field == '_e' then
+        expire_at = tonumber(flat[j + 1])
       end
     end
     if not mine and live >= limit then
@@ -75,7 +77,8 @@ for i = 1, #KEYS do
       redis.call('HSET', key, '_w', '1')
       return {0, i, (earliest - now_ms) * 1000, holder}
     end
-    writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest}
+    writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
+      #flat > 0}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
@@ -111,23 +114,40 @@ for _, w in ipairs(writes) do
     if #w[3] > 0 then redis.call('HDEL', key, unpack(w[3])) end
     local token = 0
     local deadline = now_ms + ttl_ms
+    local fields
     if w[4] then
       if w[5] then
         token = tonumber(string.match(w[5], ' (%d+)$')) or 0
-        redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token))
+        fields = {owner_field, string.format('%.0f %.0f', deadline, token)}
       else
         -- Strictly increasing per key, even after the key expired: never below the clock
         -- (the start instant, for a reserved slot).
         token = math.max(w[6] + 1, start_at)
-        redis.call('HSET', key, owner_field, string.format('%.0f %.0f', deadline, token),
-          '_fence', string.format('%.0f', token))
+        fields = {owner_field, string.format('%.0f %.0f', deadline, token),
+          '_fence', string.format('%.0f', token)}
       end
       if fence == 0 then fence = token end
     else
-      redis.call('HSET', key, owner_field, string.format('%.0f 0', deadline))
+      fields = {owner_field, string.format('%.0f 0', deadline)}
     end
-    -- The key lives as long as its longest lease.
-    redis.call('PEXPIRE', key, math.max(ttl_ms, w[7] - now_ms))
+    -- The key must outlive its longest lease. "_e" is a lower bound of when the key
+    -- expires (renew only ever extends it). A key in use by others or holding a fence
+    -- counter (a busy concurrency or exclusive key) is extended by one more ttl than
+    -- needed, so that its next acquisitions need not extend it again; a new key gets
+    -- exactly its lease's ttl and vanishes with its release (a task id's guard key).
+    local needed = math.max(deadline, w[7])
+    if not w[9] then
+      redis.call('HSET', key, unpack(fields))
+      redis.call('PEXPIRE', key, needed - now_ms)
+    elseif w[8] < needed then
+      local expire_at = needed + ttl_ms
+      fields[#fields + 1] = '_e'
+      fields[#fields + 1] = string.format('%.0f', expire_at)
+      redis.call('HSET', key, unpack(fields))
+      redis.call('PEXPIRE', key, expire_at - now_ms)
+    else
+      redis.call('HSET', key, unpack(fields))
+    end
   elseif w[1] == 'R' then
     redis.call('SET', key, string.format('%.0f', w[3]),
       'PX', math.ceil((w[3] - now_us) / 1000) + 1)
