@@ -4,7 +4,8 @@
 
 Four ``celery worker`` processes (prefork, concurrency 1 each) are started and ready;
 then rate x duration no-op tasks are published at once. Each task records its start
-time from the broker's redis-server ``TIME`` (one clock for all workers). Variants:
+time the moment its body starts (``time.time()``: all workers run on this machine, one
+clock). Variants:
 
 * celery-baton ``global_rate_limit="50/s"`` (burst 1);
 * Celery's own ``rate_limit="50/s"`` (per worker, so about 4 x 50/s is expected);

@@ -97,8 +97,9 @@ class RedisServer:
     ...     server.url  # 'redis://127.0.0.1:PORT/0'
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, cpu: int | None = None) -> None:
         self.port = 0
+        self.cpu = cpu  # pin the server to this CPU (see pin_client)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -128,6 +129,8 @@ class RedisServer:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            if self.cpu is not None:
+                os.sched_setaffinity(self.proc.pid, {self.cpu})
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
@@ -191,6 +194,24 @@ class Sample:
         return f"{min(self.values):,.0f}-{max(self.values):,.0f}"
 
 
+def pinned_pair() -> tuple[int | None, int | None]:
+    """CPUs for a single-client benchmark: (client, server) on two different CPUs.
+
+    Left to the scheduler, the client and the server sometimes share a CPU and
+    sometimes not, and the round-trip rate of either layout differs by a third: the
+    rounds then measure placement, not the code. Pinned, every candidate runs in the
+    same layout. (None, None) on a machine with one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return cpus[0], cpus[1]
+
+
+def pin_client(cpu: int | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
 def compare(
     candidates: Sequence[tuple[str, Callable[[], object]]],
     *,
@@ -208,13 +229,31 @@ def compare(
     return samples
 
 
+def paired_ratios(sample: Sample, base: Sample) -> list[float]:
+    """``sample / base`` per round: each round measures both back to back, so the
+    machine's slow and fast spells (other work on shared CPUs) cancel out."""
+    return [v / b for v, b in zip(sample.values, base.values, strict=True)]
+
+
+def paired_ratio(sample: Sample, base: Sample) -> float:
+    """The median of the per-round ratios: the number every verdict uses."""
+    return statistics.median(paired_ratios(sample, base))
+
+
 def ratio_table(samples: Sequence[Sample], *, baseline: str, unit: str = "ops/s") -> str:
-    """A markdown table: median ops/s, the range over rounds, and the ratio to ``baseline``."""
-    base = next(s.median for s in samples if s.name == baseline)
+    """A markdown table: median ops/s, the range over rounds, and the ratio to
+    ``baseline`` (the median of the per-round ratios, with their range)."""
+    base = next(s for s in samples if s.name == baseline)
     rows = []
     for s in samples:
-        rows.append([s.name, f"{s.median:,.0f}", s.spread, f"{s.median / base:.2f}", s.note])
-    return table(["candidate", f"{unit} (median)", "range", f"x {baseline}", "note"], rows)
+        ratios = paired_ratios(s, base)
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
+        rows.append(
+            [s.name, f"{s.median:,.0f}", s.spread, f"{paired_ratio(s, base):.2f}", spread, s.note]
+        )
+    return table(
+        ["candidate", f"{unit} (median)", "range", f"x {baseline}", "ratio range", "note"], rows
+    )
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -26,7 +26,10 @@ from common import (
     compare,
     import_package,
     machine_note,
+    paired_ratio,
     parse_args,
+    pin_client,
+    pinned_pair,
     ratio_table,
     verdict,
 )
@@ -134,19 +137,24 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    seconds = args.seconds or (1.0 if args.quick else 3.0)
-    rounds = args.rounds or (3 if args.quick else 5)
-    with RedisServer() as server:
+    seconds = args.seconds or (0.3 if args.quick else 0.5)
+    rounds = args.rounds or (5 if args.quick else 20)
+    client_cpu, server_cpu = pinned_pair()
+    pin_client(client_cpu)
+    with RedisServer(cpu=server_cpu) as server:
         rows, missing = candidates(server.url)
         samples = compare(rows, seconds=seconds, rounds=rounds)
     print("## limits: single-client decisions per second\n")
-    print(f"{machine_note()}; {rounds} interleaved rounds x {seconds:g} s, median.\n")
+    print(
+        f"{machine_note()}; client on CPU {client_cpu}, server on CPU {server_cpu}; "
+        f"{rounds} interleaved rounds x {seconds:g} s; ratios are the "
+        "median of the per-round ratios.\n"
+    )
     print(ratio_table(samples, baseline="PING", unit="decisions/s"))
-    ping = samples[0].median
     for s in samples[2:4]:
-        print(f"\n{s.name} / PING: {verdict(s.median / ping, TARGET)}")
+        print(f"\n{s.name} / PING: {verdict(paired_ratio(s, samples[0]), TARGET)}")
         for other in samples[4:]:
-            print(f"- / {other.name}: {s.median / other.median:.2f}")
+            print(f"- / {other.name}: {paired_ratio(s, other):.2f}")
     for line in missing:
         print(f"- not measured: {line}")
 

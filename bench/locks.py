@@ -17,7 +17,17 @@ import redis
 from celery_baton.gate import Gate
 from celery_baton.leases import Lease
 from celery_baton.store import connect
-from common import RedisServer, compare, machine_note, parse_args, ratio_table, verdict
+from common import (
+    RedisServer,
+    compare,
+    machine_note,
+    paired_ratio,
+    parse_args,
+    pin_client,
+    pinned_pair,
+    ratio_table,
+    verdict,
+)
 
 TARGET = 0.45
 
@@ -114,19 +124,24 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    seconds = args.seconds or (1.0 if args.quick else 4.0)
-    rounds = args.rounds or (3 if args.quick else 5)
-    with RedisServer() as server:
+    seconds = args.seconds or (0.3 if args.quick else 0.5)
+    rounds = args.rounds or (5 if args.quick else 20)
+    client_cpu, server_cpu = pinned_pair()
+    pin_client(client_cpu)
+    with RedisServer(cpu=server_cpu) as server:
         rows, missing = candidates(server.url)
         samples = compare(rows, seconds=seconds, rounds=rounds)
     print("## locks: single-client acquire+release pairs per second\n")
-    print(f"{machine_note()}; {rounds} interleaved rounds x {seconds:g} s, median.\n")
+    print(
+        f"{machine_note()}; client on CPU {client_cpu}, server on CPU {server_cpu}; "
+        f"{rounds} interleaved rounds x {seconds:g} s; ratios are the "
+        "median of the per-round ratios.\n"
+    )
     print(ratio_table(samples, baseline="PING", unit="pairs/s"))
-    baton = next(s for s in samples if s.name == "celery-baton Lease").median
-    ping = samples[0].median
-    print(f"\ncelery-baton Lease / PING: {verdict(baton / ping, TARGET)}")
+    baton = next(s for s in samples if s.name == "celery-baton Lease")
+    print(f"\ncelery-baton Lease / PING: {verdict(paired_ratio(baton, samples[0]), TARGET)}")
     for s in samples[2:]:
-        print(f"- celery-baton Lease / {s.name}: {baton / s.median:.2f}")
+        print(f"- celery-baton Lease / {s.name}: {paired_ratio(baton, s):.2f}")
     for line in missing:
         print(f"- not measured: {line}")
 

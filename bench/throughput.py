@@ -27,6 +27,7 @@ from common import (
     Worker,
     compare,
     machine_note,
+    paired_ratio,
     parse_args,
     ratio_table,
     table,
@@ -107,8 +108,8 @@ def publish_rates(broker: RedisServer, store: RedisServer, seconds: float, round
 def main() -> None:
     args = parse_args(__doc__ or "", tasks={"type": int, "default": None})
     n = args.tasks or (600 if args.quick else 3000)
-    rounds = args.rounds or (1 if args.quick else 3)
-    seconds = args.seconds or (0.5 if args.quick else 3.0)
+    rounds = args.rounds or (1 if args.quick else 5)
+    seconds = args.seconds or (0.5 if args.quick else 1.0)
     with RedisServer() as broker, RedisServer() as store:
         os.environ["BENCH_BROKER_URL"] = broker.url
         os.environ["BENCH_STORE_URL"] = store.url
@@ -116,23 +117,27 @@ def main() -> None:
         for _ in range(rounds):
             for sample, (_, task, env) in zip(samples, VARIANTS, strict=True):
                 sample.values.append(drain_once(broker, store, task, env, n))
-        pub = publish_rates(broker, store, seconds, 2 if args.quick else 3)
+        pub = publish_rates(broker, store, seconds, 2 if args.quick else 10)
     print("## throughput: no-op tasks through one worker (prefork, concurrency 2)\n")
     print(
         f"{machine_note()}; {n} tasks per drain, {rounds} interleaved round(s), a fresh "
-        "worker per drain, median.\n"
+        "worker per drain; ratios are the median of the per-round ratios.\n"
     )
     print(ratio_table(samples, baseline=VARIANTS[0][0], unit="tasks/s"))
-    base = samples[0].median
-    with_baton = samples[1].median
     print()
     rows = []
     for s in samples[2:]:
-        rows.append([s.name, verdict(s.median / base, TARGET), f"{s.median / with_baton:.2f}"])
+        rows.append(
+            [
+                s.name,
+                verdict(paired_ratio(s, samples[0]), TARGET),
+                f"{paired_ratio(s, samples[1]):.2f}",
+            ]
+        )
     print(table(["variant", "x plain Celery", "x celery-baton, no option"], rows))
     print("\n## publish rate: unique vs plain apply_async\n")
     print(ratio_table(pub, baseline="plain apply_async", unit="publishes/s"))
-    print(f"\nunique / plain publish: {verdict(pub[1].median / pub[0].median, TARGET)}")
+    print(f"\nunique / plain publish: {verdict(paired_ratio(pub[1], pub[0]), TARGET)}")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,6 @@ from celery_baton import Baton
 _client: redis.Redis | None = None
 _client_pid = 0
 
-#: One server-side call: append the broker server's TIME ("sec.usec") to a list.
-RECORD_SERVER_TIME = """
-local t = redis.call('TIME')
-redis.call('RPUSH', KEYS[1], string.format('%d.%06d', t[1], t[2]))
-return 1
-"""
-
 
 def make_app(name: str) -> Celery:
     app = Celery(name, broker=os.environ["BENCH_BROKER_URL"])

@@ -122,7 +122,28 @@ class Scripts:
             except NoScriptError:
                 self._client.script_load(script_source(name))
                 return self._client.evalsha(sha, len(keys), *keys, *args)
-        return self.result(self.send(name, keys, args))
+        line = self._line()
+        if line.waiting:  # replies of earlier sends come first
+            return self.result(self.send(name, keys, args))
+        wire = line.wire
+        try:
+            wire.send(("EVALSHA", script_sha(name), len(keys), *keys, *args))
+            reply = wire.read()
+            if isinstance(reply, NoScriptError):
+                wire.send(
+                    ("SCRIPT", "LOAD", script_source(name)),
+                    ("EVALSHA", script_sha(name), len(keys), *keys, *args),
+                )
+                wire.read()
+                reply = wire.read()
+            if isinstance(reply, STORE_REPLY_ERRORS):
+                raise reply
+        except BaseException as exc:
+            self._drop(line, exc)
+            raise
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
         """Write a call now and read its reply later with ``result``: the round trip then
@@ -191,8 +212,8 @@ class Scripts:
     def _drop(self, line: _Line, exc: BaseException) -> None:
         """After an error the connection's state is unknown: answer every call still
         waiting on it with the error and start clean next time."""
-        if isinstance(exc, ResponseError):
-            return
+        if isinstance(exc, ResponseError) and not isinstance(exc, STORE_REPLY_ERRORS):
+            return  # an error reply: the connection itself is fine
         for waiting in line.waiting:
             waiting.reply = exc if isinstance(exc, Exception) else ConnectionError(str(exc))
         line.waiting.clear()
