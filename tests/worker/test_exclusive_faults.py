@@ -119,3 +119,31 @@ def test_scripts_flushed_mid_run_are_loaded_again(
     runs = [r for r in observer.runs() if r.key.startswith("flush-")]
     assert len(runs) == 40
     assert_no_overlap(runs)
+
+
+def test_guarded_tasks_keep_running_after_the_broker_connection_comes_back(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A broker outage makes Celery reset the worker's event loop (every registered
+    file descriptor and the connection's timers are dropped) and restart the consumer.
+    The store channel and the release-notice wake-ups must come back with it."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    assert ex_wait.delay("before", 0).get(timeout=20)
+    broker_server.restart(down_for=1.0)
+    wait_until(
+        lambda: worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker reconnects to the broker",
+    )
+    started = time.monotonic()
+    results = [ex_wait.delay(f"after-{i % 2}", 0.1) for i in range(6)]
+    for result in results:
+        assert result.get(timeout=60)
+    # Same-key runs waited for each other's release (a notice or a retry), not long.
+    assert time.monotonic() - started < 30
+    runs = [r for r in observer.runs() if r.key.startswith("after-")]
+    assert len(runs) == 6
+    assert_no_overlap(runs)
+    assert worker.is_running

@@ -14,6 +14,7 @@ when the connection broke or a reply took longer than the socket timeout).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -72,6 +73,20 @@ class PipelinedChannel:
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._ticker = timer.call_repeatedly(max(0.05, timeout / 4), self._check_overdue)
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._loop_thread = threading.get_ident()
+        hub.on_tick.add(self._write)
+
+    def rebind(self, hub: Any, timer: Any) -> None:
+        """After the consumer restarted (a lost broker connection): Celery reset the
+        event loop, which dropped this channel's socket from the poller and may have
+        cancelled its overdue check. Start over on a new connection; calls still
+        waiting for a reply are answered with StoreUnavailable (releases are retried
+        in the background, and the held requests were given back already)."""
+        self._broken(ConnectionError("the worker's event loop was reset"))
+        with contextlib.suppress(Exception):  # the timer may have dropped it already
+            self._ticker.cancel()
+        self.hub = hub
+        self._ticker = timer.call_repeatedly(max(0.05, self.timeout / 4), self._check_overdue)
         self._loop_thread = threading.get_ident()
         hub.on_tick.add(self._write)
 
@@ -175,7 +190,8 @@ class PipelinedChannel:
         """Drop the connection and answer every pending call with StoreUnavailable."""
         if self._wire is not None:
             if self._fd is not None:
-                self.hub.remove_reader(self._fd)
+                with contextlib.suppress(Exception):  # gone already if the loop was reset
+                    self.hub.remove_reader(self._fd)
             try:
                 self._wire.close()
             except Exception:  # already broken; nothing more to do

@@ -96,6 +96,7 @@ class Admission:
         self._lock = threading.RLock()
         self._wakeups: deque[str] = deque()
         self._wake_w: int | None = None
+        self._wake_fds: tuple[int, int] | None = None
         self._rate_cache: dict[str, float | None] = {}
         self._released: dict[str, float] = {}  # lease key -> when its release was announced
         self.book: LeaseBook | None = None
@@ -521,13 +522,27 @@ class Admission:
 
     # -- wake-ups from the notice listener thread -----------------------------------
 
-    def install_wakeup(self) -> None:
-        """Let another thread wake a key's queue on the consumer's own loop."""
-        hub = getattr(self.consumer, "hub", None)
+    def install_wakeup(self, consumer: Any) -> None:
+        """Let another thread wake a key's queue on the consumer's own loop.
+
+        Called at every consumer start: after a lost broker connection Celery resets
+        the event loop, which drops every file descriptor registered on it."""
+        self.consumer = consumer
+        hub = getattr(consumer, "hub", None)
+        old, self._wake_fds = self._wake_fds, None
+        if old is not None:
+            if hub is not None:
+                with contextlib.suppress(Exception):  # gone already if the loop was reset
+                    hub.remove_reader(old[0])
+            for fd in old:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_w = None
         if hub is not None:
             r, w = os.pipe()
             os.set_blocking(r, False)
             os.set_blocking(w, False)
+            self._wake_fds = (r, w)
             self._wake_w = w
             hub.add_reader(r, self._on_wake_pipe, r)
 

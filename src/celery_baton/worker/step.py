@@ -133,7 +133,13 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
                 admission.channel = BlockingChannel(baton.store)
                 admission.releaser = Releaser(baton.gate, on_failure=admission.retry_release)
                 admission.releaser.start()
-            admission.install_wakeup()
+        else:
+            # A restart of the consumer (the broker connection was lost): its event loop
+            # was reset, so register on it again.
+            hub = getattr(parent, "hub", None)
+            if isinstance(admission.channel, PipelinedChannel) and hub is not None:
+                admission.channel.rebind(hub, parent.timer)
+        admission.install_wakeup(parent)
         if self.listener is None:
             self.listener = NoticeListener(baton, admission)
             self.listener.start()
