@@ -225,7 +225,7 @@ def compare(
         rate(fn, warmup, batch=10)
     for _ in range(rounds):
         for sample, (_, fn) in zip(samples, candidates, strict=True):
-            sample.values.append(rate(fn, seconds))
+            sample.values.append(rate(fn, seconds, batch=10))
     return samples
 
 

@@ -124,8 +124,8 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    seconds = args.seconds or (0.3 if args.quick else 0.5)
-    rounds = args.rounds or (5 if args.quick else 20)
+    seconds = args.seconds or 0.1
+    rounds = args.rounds or (20 if args.quick else 100)
     client_cpu, server_cpu = pinned_pair()
     pin_client(client_cpu)
     with RedisServer(cpu=server_cpu) as server:

@@ -109,7 +109,7 @@ def main() -> None:
     args = parse_args(__doc__ or "", tasks={"type": int, "default": None})
     n = args.tasks or (600 if args.quick else 3000)
     rounds = args.rounds or (1 if args.quick else 5)
-    seconds = args.seconds or (0.5 if args.quick else 1.0)
+    seconds = args.seconds or 0.1
     with RedisServer() as broker, RedisServer() as store:
         os.environ["BENCH_BROKER_URL"] = broker.url
         os.environ["BENCH_STORE_URL"] = store.url
@@ -117,7 +117,7 @@ def main() -> None:
         for _ in range(rounds):
             for sample, (_, task, env) in zip(samples, VARIANTS, strict=True):
                 sample.values.append(drain_once(broker, store, task, env, n))
-        pub = publish_rates(broker, store, seconds, 2 if args.quick else 10)
+        pub = publish_rates(broker, store, seconds, 20 if args.quick else 100)
     print("## throughput: no-op tasks through one worker (prefork, concurrency 2)\n")
     print(
         f"{machine_note()}; {n} tasks per drain, {rounds} interleaved round(s), a fresh "
