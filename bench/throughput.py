@@ -5,7 +5,8 @@
 Drain: N no-op tasks are published up front, then one ``celery worker`` (prefork,
 concurrency 2, redis broker on a private server, without gossip/mingle/heartbeat)
 is started; the rate is N / (first task start .. last task end), from the tasks' own
-records. Variants, interleaved over rounds (median reported), each a fresh worker:
+records. Variants, interleaved over rounds (every other round in reverse order), each a
+fresh worker; a ratio is the median of the per-round ratios:
 
 * plain Celery (no celery-baton installed) — the baseline;
 * celery-baton installed, the task has no option;
@@ -106,24 +107,40 @@ def publish_rates(broker: RedisServer, store: RedisServer, seconds: float, round
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "", tasks={"type": int, "default": None})
+    args = parse_args(
+        __doc__ or "",
+        tasks={"type": int, "default": None},
+        only={"default": None, "help": "drain only these variants (numbers 3-5, comma-separated)"},
+        no_publish={"action": "store_true", "help": "skip the publish comparison"},
+    )
+    variants = VARIANTS
+    if args.only:
+        # The baselines (plain Celery, celery-baton without options) always run.
+        variants = VARIANTS[:2] + [VARIANTS[int(i) - 1] for i in args.only.split(",")]
     n = args.tasks or (600 if args.quick else 3000)
     rounds = args.rounds or (1 if args.quick else 5)
     seconds = args.seconds or 0.1
     with RedisServer() as broker, RedisServer() as store:
         os.environ["BENCH_BROKER_URL"] = broker.url
         os.environ["BENCH_STORE_URL"] = store.url
-        samples = [Sample(label) for label, _, _ in VARIANTS]
-        for _ in range(rounds):
-            for sample, (_, task, env) in zip(samples, VARIANTS, strict=True):
+        samples = [Sample(label) for label, _, _ in variants]
+        for round_no in range(rounds):
+            # Every other round runs the variants in reverse order: a drain's position
+            # in the round (the first one after flushing, say) must not favour a variant.
+            order = list(zip(samples, variants, strict=True))
+            for sample, (_, task, env) in order if round_no % 2 == 0 else order[::-1]:
                 sample.values.append(drain_once(broker, store, task, env, n))
-        pub = publish_rates(broker, store, seconds, 20 if args.quick else 100)
+        pub = (
+            []
+            if args.no_publish
+            else publish_rates(broker, store, seconds, 20 if args.quick else 100)
+        )
     print("## throughput: no-op tasks through one worker (prefork, concurrency 2)\n")
     print(
         f"{machine_note()}; {n} tasks per drain, {rounds} interleaved round(s), a fresh "
         "worker per drain; ratios are the median of the per-round ratios.\n"
     )
-    print(ratio_table(samples, baseline=VARIANTS[0][0], unit="tasks/s"))
+    print(ratio_table(samples, baseline=variants[0][0], unit="tasks/s"))
     print()
     rows = []
     for s in samples[2:]:
@@ -135,6 +152,8 @@ def main() -> None:
             ]
         )
     print(table(["variant", "x plain Celery", "x celery-baton, no option"], rows))
+    if not pub:
+        return
     print("\n## publish rate: unique vs plain apply_async\n")
     print(ratio_table(pub, baseline="plain apply_async", unit="publishes/s"))
     print(f"\nunique / plain publish: {verdict(paired_ratio(pub[1], pub[0]), TARGET)}")
