@@ -146,8 +146,9 @@ class Scripts:
         return reply
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
-        """Write a call now and read its reply later with ``result``: the round trip then
-        overlaps whatever the caller does meanwhile. Raises the store's errors."""
+        """Write a call now and read its reply later with ``result``, on the same thread:
+        the round trip then overlaps whatever the caller does meanwhile. Raises the
+        store's errors."""
         if self._pool is None:  # Cluster: no shared line; the call runs in result()
             return Pending(name, keys, args)
         line = self._line()
