@@ -56,6 +56,7 @@ class Decision:
     granted: bool
     fence: int = 0
     start_after: float = 0.0  # seconds: a reserved rate slot starts later
+    at_us: int = 0  # granted: the start instant on the store's clock (us since the epoch)
     denied_by: Condition | None = None
     retry_after: float = 0.0
     holder: str = ""
@@ -208,7 +209,12 @@ def gate_call(
 def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
     """The gate script's reply as a Decision."""
     if reply[0] == 1:
-        return Decision(True, fence=int(reply[1]), start_after=int(reply[2]) / 1_000_000)
+        return Decision(
+            True,
+            fence=int(reply[1]),
+            start_after=int(reply[2]) / 1_000_000,
+            at_us=int(reply[3]) if len(reply) > 3 else 0,
+        )
     retry_us = int(reply[2])
     return Decision(
         False,

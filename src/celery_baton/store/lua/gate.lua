@@ -12,8 +12,9 @@
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
--- returns   {1, fence, start_in_us}       granted (fence 0 when no lease asked for one);
---                                         start no earlier than start_in_us from now
+-- returns   {1, fence, start_in_us, at_us} granted (fence 0 when no lease asked for one);
+--                                         start no earlier than start_in_us from now,
+--                                         which is at_us on the server's clock (us)
 --           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
@@ -155,4 +156,4 @@ for _, w in ipairs(writes) do
     if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
   end
 end
-return {1, fence, start_at - now_us}
+return {1, fence, start_at - now_us, start_at}
