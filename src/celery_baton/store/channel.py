@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.store.scripts import STORE_REPLY_ERRORS, script_sha, script_source
+from celery_baton.store.scripts import STORE_REPLY_ERRORS, evalsha_command, script_source
 from celery_baton.store.wire import Wire
 
 logger = logging.getLogger("celery_baton.store")
@@ -65,14 +65,18 @@ class PipelinedChannel:
 
     def __init__(self, store: Store, hub: Any, timer: Any, *, timeout: float) -> None:
         self.store = store
-        self.hub = hub
         self.timeout = timeout
         self._wire: Wire | None = None
         self._fd: int | None = None
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
-        self._ticker = timer.call_repeatedly(max(0.05, timeout / 4), self._check_overdue)
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._attach(hub, timer)
+
+    def _attach(self, hub: Any, timer: Any) -> None:
+        """Run on ``hub``: write before each poll, and check for overdue replies."""
+        self.hub = hub
+        self._ticker = timer.call_repeatedly(max(0.05, self.timeout / 4), self._check_overdue)
         self._loop_thread = threading.get_ident()
         hub.on_tick.add(self._write)
 
@@ -85,16 +89,12 @@ class PipelinedChannel:
         self._broken(ConnectionError("the worker's event loop was reset"))
         with contextlib.suppress(Exception):  # the timer may have dropped it already
             self._ticker.cancel()
-        self.hub = hub
-        self._ticker = timer.call_repeatedly(max(0.05, self.timeout / 4), self._check_overdue)
-        self._loop_thread = threading.get_ident()
-        hub.on_tick.add(self._write)
+        self._attach(hub, timer)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
         self._send(
-            "EVALSHA", script_sha(name), len(keys), *keys, *args,
-            answer=answer, name=name, keys=keys, args=args,
-        )  # fmt: skip
+            *evalsha_command(name, keys, args), answer=answer, name=name, keys=keys, args=args
+        )
 
     def _send(
         self,

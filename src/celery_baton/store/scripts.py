@@ -55,6 +55,11 @@ def script_sha(name: str) -> str:
     return hashlib.sha1(script_source(name).encode()).hexdigest()
 
 
+def evalsha_command(name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    """The EVALSHA command that runs script ``name``."""
+    return ("EVALSHA", script_sha(name), len(keys), *keys, *args)
+
+
 class Pending:
     """A script call sent on this thread's connection whose reply is not read yet."""
 
@@ -73,6 +78,12 @@ _UNREAD: Any = object()
 STORE_REPLY_ERRORS = (BusyLoadingError, ReadOnlyError, MasterDownError, RedisConnectionError)
 
 
+def _as_reply(exc: BaseException) -> Exception:
+    """What a call whose reply was lost answers (KeyboardInterrupt and the like become a
+    ConnectionError: they must not be raised again to another caller)."""
+    return exc if isinstance(exc, Exception) else ConnectionError(str(exc))
+
+
 class _Forks:
     """Counts forks into this process (cheaper than asking for the pid on every call)."""
 
@@ -83,7 +94,6 @@ class _Forks:
         cls.count += 1
 
 
-_forks = _Forks
 os.register_at_fork(after_in_child=_Forks.forked)
 
 
@@ -94,7 +104,7 @@ class _Line:
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.forks = _forks.count
+        self.forks = _Forks.count
         self.waiting: deque[Pending] = deque()
 
 
@@ -122,28 +132,7 @@ class Scripts:
             except NoScriptError:
                 self._client.script_load(script_source(name))
                 return self._client.evalsha(sha, len(keys), *keys, *args)
-        line = self._line()
-        if line.waiting:  # replies of earlier sends come first
-            return self.result(self.send(name, keys, args))
-        wire = line.wire
-        try:
-            wire.send(("EVALSHA", script_sha(name), len(keys), *keys, *args))
-            reply = wire.read()
-            if isinstance(reply, NoScriptError):
-                wire.send(
-                    ("SCRIPT", "LOAD", script_source(name)),
-                    ("EVALSHA", script_sha(name), len(keys), *keys, *args),
-                )
-                wire.read()
-                reply = wire.read()
-            if isinstance(reply, STORE_REPLY_ERRORS):
-                raise reply
-        except BaseException as exc:
-            self._drop(line, exc)
-            raise
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        return self.result(self.send(name, keys, args))
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
         """Write a call now and read its reply later with ``result``, on the same thread:
@@ -154,7 +143,7 @@ class Scripts:
         line = self._line()
         pending = Pending(name, keys, args)
         try:
-            line.wire.send(("EVALSHA", script_sha(name), len(keys), *keys, *args))
+            line.wire.send(evalsha_command(name, keys, args))
         except BaseException as exc:
             self._drop(line, exc)
             raise
@@ -190,12 +179,12 @@ class Scripts:
             if isinstance(reply, STORE_REPLY_ERRORS):
                 raise reply  # LOADING, READONLY (a failed-over master)...: reconnect
         except BaseException as exc:
-            head.reply = exc if isinstance(exc, Exception) else ConnectionError(str(exc))
+            head.reply = _as_reply(exc)
             raise
         if isinstance(reply, NoScriptError):
             line.wire.send(
                 ("SCRIPT", "LOAD", script_source(head.name)),
-                ("EVALSHA", script_sha(head.name), len(head.keys), *head.keys, *head.args),
+                evalsha_command(head.name, head.keys, head.args),
             )
             line.waiting.append(Pending("", (), ()))  # the SCRIPT LOAD's reply
             line.waiting.append(head)
@@ -204,7 +193,7 @@ class Scripts:
 
     def _line(self) -> _Line:
         line: _Line | None = getattr(self._local, "line", None)
-        if line is None or line.forks != _forks.count:
+        if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
             line = self._local.line = _Line(Wire(self._pool.get_connection()))
@@ -216,7 +205,7 @@ class Scripts:
         if isinstance(exc, ResponseError) and not isinstance(exc, STORE_REPLY_ERRORS):
             return  # an error reply: the connection itself is fine
         for waiting in line.waiting:
-            waiting.reply = exc if isinstance(exc, Exception) else ConnectionError(str(exc))
+            waiting.reply = _as_reply(exc)
         line.waiting.clear()
         self._local.line = None
         with contextlib.suppress(Exception):  # already broken
@@ -238,13 +227,12 @@ class Scripts:
         if self._pool is None or len(calls) == 1:
             return [self.call(name, keys, args) for keys, args in calls]
         line = self._line()
-        sha = script_sha(name)
         pending = [Pending(name, keys, args) for keys, args in calls]
         try:
             # SCRIPT LOAD first, in the same write: NOSCRIPT cannot happen below.
             line.wire.send(
                 ("SCRIPT", "LOAD", script_source(name)),
-                *[("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls],
+                *[evalsha_command(name, keys, args) for keys, args in calls],
             )
         except BaseException as exc:
             self._drop(line, exc)

@@ -137,18 +137,17 @@ for _, w in ipairs(writes) do
     -- needed, so that its next acquisitions need not extend it again; a new key gets
     -- exactly its lease's ttl and vanishes with its release (a task id's guard key).
     local needed = math.max(deadline, w[7])
+    local expire_in = nil
     if not w[9] then
-      redis.call('HSET', key, unpack(fields))
-      redis.call('PEXPIRE', key, needed - now_ms)
+      expire_in = needed - now_ms
     elseif w[8] < needed then
       local expire_at = needed + ttl_ms
       fields[#fields + 1] = '_e'
       fields[#fields + 1] = string.format('%.0f', expire_at)
-      redis.call('HSET', key, unpack(fields))
-      redis.call('PEXPIRE', key, expire_at - now_ms)
-    else
-      redis.call('HSET', key, unpack(fields))
+      expire_in = expire_at - now_ms
     end
+    redis.call('HSET', key, unpack(fields))
+    if expire_in then redis.call('PEXPIRE', key, expire_in) end
   elseif w[1] == 'R' then
     redis.call('SET', key, string.format('%.0f', w[3]),
       'PX', math.ceil((w[3] - now_us) / 1000) + 1)
