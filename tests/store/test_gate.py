@@ -190,3 +190,25 @@ def test_a_busy_key_always_outlives_its_leases_and_a_used_once_key_vanishes(
     assert gate.decide([Condition.lease(once)], owner="task-9|w|1", ttl=5).granted
     assert gate.release([once], owner="task-9|w|1") == 1
     assert not r.exists(once)
+
+
+def test_a_rate_key_outlives_its_schedule_and_then_goes(gate: Gate, r: redis.Redis) -> None:
+    """A busy rate key moves its expiry about once a second, not on every decision; it
+    must still never expire while its schedule (TAT) is in the future, always carry a
+    TTL, and be gone within a second after the schedule ran out."""
+    key = "baton:{t}:rate:grain"
+    interval = 40_000  # 25/s, burst 3: the TAT runs ahead of the clock and crosses seconds
+    granted = 0
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        decision = gate.decide([Condition.rate(key, interval, 3)], owner="-", reserve=0.2)
+        if decision.granted:
+            granted += 1
+        seconds, micros = r.time()
+        now_us = seconds * 1_000_000 + micros
+        tat_us = int(r.get(key) or 0)
+        pttl = r.pttl(key)
+        assert pttl > 0, "a rate key without a TTL"
+        # The key outlives its TAT (so no decision forgets the schedule) by at most 1 s.
+        assert (tat_us - now_us) / 1000 - 1 <= pttl <= (tat_us - now_us) / 1000 + 1_001
+    assert granted > 40

@@ -18,10 +18,16 @@
 --           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
+--
+-- Every admitted task runs this script, so it is written for the store's CPU: numbers
+-- are formatted with %d (exact for integers, and a third of the cost of %.0f), tables
+-- are made only when something needs them, and expiries are set only when they must
+-- move (a key's expiry is the costliest part of a write).
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local call, format = redis.call, string.format
+local t = call('TIME')
+local now_us = t[1] * 1000000 + t[2]
+local now_ms = (now_us - now_us % 1000) / 1000
 local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
@@ -32,39 +38,32 @@ local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local kind = ARGV[3 * i + 1]
-  local a = ARGV[3 * i + 2]
-  local b = ARGV[3 * i + 3]
+  local base = 3 * i
+  local kind, a, b = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
   if override then
     a = override[1]
-    if override[2] then b = override[2] end
+    if override[2] ~= '' then b = override[2] end
     override = nil
   end
-  if kind == 'O' then
-    local value = redis.call('HGET', key, a)
-    if value then
-      override = {string.match(value, '^(%S+)%s*(%S*)$')}
-      if override[2] == '' then override[2] = nil end
-    end
-  elseif kind == 'L' then
+  if kind == 'L' then
     local limit = tonumber(a)
-    local flat = redis.call('HGETALL', key)
-    local live, mine, expired = 0, nil, {}
+    local flat = call('HGETALL', key)
+    local live, mine, expired = 0, nil, nil
     local earliest, holder, latest, last_fence, expire_at = nil, '', 0, 0, 0
     for j = 1, #flat, 2 do
       local field = flat[j]
-      if string.sub(field, 1, 2) == 'o:' then
+      if string.byte(field, 1) == 111 then  -- 'o': "o:<owner>", a lease
         local value = flat[j + 1]
         local deadline = tonumber(string.match(value, '^%d+'))
         if deadline <= now_ms then
-          expired[#expired + 1] = field
+          if expired then expired[#expired + 1] = field else expired = {field} end
         elseif field == owner_field then
           mine = value
         else
           live = live + 1
           if deadline > latest then latest = deadline end
           if earliest == nil or deadline < earliest then
-            earliest, holder = deadline, string.sub(field, 3)
+            earliest, holder = deadline, field
           end
         end
       elseif field == '_fence' then
@@ -75,15 +74,16 @@ for i = 1, #KEYS do
     end
     if not mine and live >= limit then
       -- A hint for release: someone waits for this key, so publish a notice.
-      redis.call('HSET', key, '_w', '1')
-      return {0, i, (earliest - now_ms) * 1000, holder}
+      call('HSET', key, '_w', '1')
+      return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3)}
     end
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
       #flat > 0}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
-    local tat = tonumber(redis.call('GET', key)) or now_us
+    local stored = call('GET', key)
+    local tat = tonumber(stored) or now_us
     -- Strict GCRA: a late start earns no credit, so in every window of length w at
     -- most burst + w * rate runs start. (Waiters wake on time to keep the rate.)
     if tat < now_us then tat = now_us end
@@ -97,9 +97,12 @@ for i = 1, #KEYS do
       -- the waiter wakes, so the rate holds without crediting lateness.
       if allow_at > start_at then start_at = allow_at end
     end
-    writes[#writes + 1] = {'R', key, new_tat}
+    writes[#writes + 1] = {'R', key, new_tat, stored}
+  elseif kind == 'O' then
+    local value = call('HGET', key, a)
+    if value then override = {string.match(value, '^(%S+)%s*(%S*)$')} end
   elseif kind == 'D' then
-    local done_by = redis.call('GET', key)
+    local done_by = call('GET', key)
     if done_by then
       return {0, i, -1, done_by}
     end
@@ -108,51 +111,74 @@ for i = 1, #KEYS do
   end
 end
 
+-- A rate key expires at the end of the second its TAT falls in (EXPIRE_GRAIN below).
+-- While the TAT stays within that second, the key's expiry is already right and the write
+-- keeps it (KEEPTTL); so a busy rate key moves its expiry once a second, not on every
+-- decision. The key is gone at most a second after its schedule ran out (a missing key
+-- means the same as a TAT in the past).
+local EXPIRE_GRAIN = 1000000
+
 local fence = 0
 for _, w in ipairs(writes) do
   local key = w[2]
   if w[1] == 'L' then
-    if #w[3] > 0 then redis.call('HDEL', key, unpack(w[3])) end
-    local token = 0
+    if w[3] then call('HDEL', key, unpack(w[3])) end
     local deadline = now_ms + ttl_ms
-    local fields
-    if w[4] then
-      if w[5] then
-        token = tonumber(string.match(w[5], ' (%d+)$')) or 0
-        fields = {owner_field, string.format('%.0f %.0f', deadline, token)}
-      else
-        -- Strictly increasing per key, even after the key expired: never below the clock
-        -- (the start instant, for a reserved slot).
-        token = math.max(w[6] + 1, start_at)
-        fields = {owner_field, string.format('%.0f %.0f', deadline, token),
-          '_fence', string.format('%.0f', token)}
-      end
-      if fence == 0 then fence = token end
+    local token = 0
+    local value
+    local counter = nil
+    if not w[4] then
+      value = format('%d 0', deadline)
+    elseif w[5] then
+      -- The same owner asks again (a retried call): its token does not change.
+      local kept = string.match(w[5], ' (%d+)$') or '0'
+      value = format('%d %s', deadline, kept)
+      token = tonumber(kept)
     else
-      fields = {owner_field, string.format('%.0f 0', deadline)}
+      -- Strictly increasing per key, even after the key expired: never below the clock
+      -- (the start instant, for a reserved slot).
+      token = math.max(w[6] + 1, start_at)
+      value = format('%d %d', deadline, token)
+      counter = format('%d', token)
     end
+    if w[4] and fence == 0 then fence = token end
     -- The key must outlive its longest lease. "_e" is a lower bound of when the key
     -- expires (renew only ever extends it). A key in use by others or holding a fence
     -- counter (a busy concurrency or exclusive key) is extended by one more ttl than
     -- needed, so that its next acquisitions need not extend it again; a new key gets
     -- exactly its lease's ttl and vanishes with its release (a task id's guard key).
     local needed = math.max(deadline, w[7])
-    local expire_in = nil
     if not w[9] then
-      expire_in = needed - now_ms
+      if counter then
+        call('HSET', key, owner_field, value, '_fence', counter)
+      else
+        call('HSET', key, owner_field, value)
+      end
+      call('PEXPIRE', key, needed - now_ms)
     elseif w[8] < needed then
       local expire_at = needed + ttl_ms
-      fields[#fields + 1] = '_e'
-      fields[#fields + 1] = string.format('%.0f', expire_at)
-      expire_in = expire_at - now_ms
+      if counter then
+        call('HSET', key, owner_field, value, '_fence', counter, '_e', format('%d', expire_at))
+      else
+        call('HSET', key, owner_field, value, '_e', format('%d', expire_at))
+      end
+      call('PEXPIRE', key, expire_at - now_ms)
+    elseif counter then
+      call('HSET', key, owner_field, value, '_fence', counter)
+    else
+      call('HSET', key, owner_field, value)
     end
-    redis.call('HSET', key, unpack(fields))
-    if expire_in then redis.call('PEXPIRE', key, expire_in) end
   elseif w[1] == 'R' then
-    redis.call('SET', key, string.format('%.0f', w[3]),
-      'PX', math.ceil((w[3] - now_us) / 1000) + 1)
+    local new_tat = w[3]
+    local grain_end = new_tat - new_tat % EXPIRE_GRAIN + EXPIRE_GRAIN
+    local old = tonumber(w[4])
+    if old and old - old % EXPIRE_GRAIN + EXPIRE_GRAIN == grain_end then
+      call('SET', key, format('%d', new_tat), 'KEEPTTL')
+    else
+      call('SET', key, format('%d', new_tat), 'PX', format('%d', (grain_end - now_us) / 1000 + 1))
+    end
   elseif w[1] == 'U' then
-    if redis.call('GET', key) == w[3] then redis.call('DEL', key) end
+    if call('GET', key) == w[3] then call('DEL', key) end
   end
 end
 return {1, fence, start_at - now_us, start_at}
