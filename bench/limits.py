@@ -135,6 +135,25 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
     return rows, missing
 
 
+def server_cost(url: str, rows: list[tuple[str, Callable[[], object]]], calls: int) -> list[str]:
+    """The store's own time per call of each celery-baton row: the server's count of
+    microseconds spent in its commands (INFO commandstats), which the machine's noise
+    hardly moves, unlike a round-trip rate."""
+    client = connect(url).client
+    lines = []
+    for name, fn in rows:
+        if not name.startswith(("PING", "celery-baton")):
+            continue
+        fn()
+        client.config_resetstat()
+        for _ in range(calls):
+            fn()
+        stats = client.info("commandstats")
+        top = "cmdstat_ping" if name == "PING" else "cmdstat_evalsha"
+        lines.append(f"| {name} | {stats[top]['usec_per_call']:.2f} |")
+    return lines
+
+
 def main() -> None:
     args = parse_args(__doc__ or "")
     seconds = args.seconds or 0.1
@@ -144,6 +163,7 @@ def main() -> None:
     with RedisServer(cpu=server_cpu) as server:
         rows, missing = candidates(server.url)
         samples = compare(rows, seconds=seconds, rounds=rounds)
+        cost = server_cost(server.url, rows, 2_000 if args.quick else 20_000)
     print("## limits: single-client decisions per second\n")
     print(
         f"{machine_note()}; client on CPU {client_cpu}, server on CPU {server_cpu}; "
@@ -157,6 +177,10 @@ def main() -> None:
             print(f"- / {other.name}: {paired_ratio(s, other):.2f}")
     for line in missing:
         print(f"- not measured: {line}")
+    print("\nStore time per call (the server's own count, after the rounds above; a script's")
+    print("time includes the commands it runs):\n")
+    print("| call | store µs per call |\n|---|---|")
+    print("\n".join(cost))
 
 
 if __name__ == "__main__":
