@@ -148,26 +148,23 @@ for _, w in ipairs(writes) do
     -- needed, so that its next acquisitions need not extend it again; a new key gets
     -- exactly its lease's ttl and vanishes with its release (a task id's guard key).
     local needed = math.max(deadline, w[7])
+    local expire_in, expire_field = nil, nil
     if not w[9] then
-      if counter then
-        call('HSET', key, owner_field, value, '_fence', counter)
-      else
-        call('HSET', key, owner_field, value)
-      end
-      call('PEXPIRE', key, needed - now_ms)
+      expire_in = needed - now_ms
     elseif w[8] < needed then
-      local expire_at = needed + ttl_ms
-      if counter then
-        call('HSET', key, owner_field, value, '_fence', counter, '_e', format('%d', expire_at))
-      else
-        call('HSET', key, owner_field, value, '_e', format('%d', expire_at))
-      end
-      call('PEXPIRE', key, expire_at - now_ms)
+      expire_in = needed + ttl_ms - now_ms
+      expire_field = format('%d', needed + ttl_ms)
+    end
+    if counter and expire_field then
+      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field)
     elseif counter then
       call('HSET', key, owner_field, value, '_fence', counter)
+    elseif expire_field then
+      call('HSET', key, owner_field, value, '_e', expire_field)
     else
       call('HSET', key, owner_field, value)
     end
+    if expire_in then call('PEXPIRE', key, expire_in) end
   elseif w[1] == 'R' then
     local new_tat = w[3]
     local grain_end = new_tat - new_tat % EXPIRE_GRAIN + EXPIRE_GRAIN
