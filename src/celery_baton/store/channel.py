@@ -2,11 +2,14 @@
 store.
 
 ``BlockingChannel`` answers at once (for pools without an event loop: solo, threads).
-``PipelinedChannel`` queues each call and returns; the calls of one event-loop turn
-are written together just before the loop polls, the loop calls the channel back when
-the socket is readable, and replies are matched to calls in order (Redis answers a
-connection's commands in the order it received them). Under load many calls share a
-write and a round trip, and the loop keeps receiving messages meanwhile.
+``PipelinedChannel`` queues each call and returns; queued calls are written together
+just before the loop polls, the loop calls the channel back when the socket is
+readable, and replies are matched to calls in order (Redis answers a connection's
+commands in the order it received them). One write is in flight at a time: calls made
+while it is unanswered wait for its replies and then go out together. Under load many
+calls share a write and a round trip (fewer system calls in the worker and in the
+store), and the loop keeps receiving messages meanwhile; when idle, a call is written
+at the next loop turn.
 
 Every call gets exactly one answer: the reply, or an exception (``StoreUnavailable``
 when the connection broke or a reply took longer than the socket timeout).
@@ -116,11 +119,15 @@ class PipelinedChannel:
             self._write()  # no loop turn will come soon for a call from another thread
 
     def _write(self) -> None:
-        """Write every call made since the last write, in one write (the loop calls this
-        just before it polls). The store then reads them with one read and answers
-        with one write: fewer system calls on both sides than one write per call."""
+        """Write every queued call in one write (the loop calls this just before it
+        polls), unless an earlier write is still unanswered: then they wait for its
+        replies, and meanwhile more calls join them. The store reads a write with one
+        read and answers it with one write: under load, far fewer system calls on both
+        sides than a write per call or per loop turn."""
         if not self._out or self._wire is None:
             return
+        if len(self._pending) > len(self._out):
+            return  # calls written earlier are unanswered (the queued ones are the last)
         out, self._out = self._out, []
         try:
             self._wire.send(*out)
@@ -162,6 +169,7 @@ class PipelinedChannel:
         wire = self._wire
         try:
             while self._pending and wire is not None and wire is self._wire:
+                self._write()  # what waited for the replies just read
                 self._answer_next(wire.read())
         except STORE_ERRORS as exc:
             self._broken(exc)

@@ -1,0 +1,117 @@
+"""The worker's pipelined store channel, on kombu's real event loop and a real server.
+
+The loop calls the channel back twice per turn: ``_write`` just before it polls
+(kombu's ``on_tick``) and ``_on_readable`` when the socket has replies. Some tests
+below make those two calls by hand, in the order a loop would, to put the channel in
+an exact state (a write in flight) that a running loop passes through too fast to see.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu.asynchronous import Hub
+
+from celery_baton.gate import Condition, gate_call, parse_decision
+from celery_baton.store.channel import PipelinedChannel
+from celery_baton.store.connection import Store, connect
+from tests.support.servers import StoreServer
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    store = connect(store_url, socket_timeout=2)
+    yield store
+    store.client.close()
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    hub = Hub()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
+def r(store_server: StoreServer) -> Iterator[redis.Redis]:
+    with store_server.client() as client:
+        yield client
+
+
+def key(i: int) -> str:
+    return f"baton:{{ch}}:ex:k{i}"
+
+
+class Calls:
+    """Gate calls, one exclusive key each, and the answers they got, in answer order."""
+
+    def __init__(self, channel: PipelinedChannel) -> None:
+        self.channel = channel
+        self.answers: list[tuple[int, Any]] = []
+
+    def make(self, numbers: range) -> None:
+        for i in numbers:
+            conditions = [Condition.lease(key(i))]
+            keys, args = gate_call(conditions, f"t{i}|w|1", 5)
+
+            def answer(reply: Any, i: int = i, conditions: list[Condition] = conditions) -> None:
+                if isinstance(reply, BaseException):
+                    self.answers.append((i, reply))
+                else:
+                    self.answers.append((i, parse_decision(conditions, reply).granted))
+
+            self.channel.call("gate", keys, args, answer)
+
+
+def test_calls_over_many_loop_turns_are_answered_once_each_in_order(store: Store, hub: Hub) -> None:
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    loop = hub.create_loop()
+    made = 0
+    deadline = time.monotonic() + 10
+    while len(calls.answers) < 200 and time.monotonic() < deadline:
+        if made < 200:  # a few new calls every turn, some while others are in flight
+            calls.make(range(made, made + 7))
+            made += 7
+        next(loop)
+    channel.close()
+    assert calls.answers[:200] == [(i, True) for i in range(200)]
+
+
+def test_calls_made_while_a_write_is_unanswered_wait_for_it_then_go_together(
+    store: Store, hub: Hub, r: redis.Redis
+) -> None:
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    calls.make(range(3))
+    channel._write()  # the loop's turn: the first three go out
+    calls.make(range(3, 6))
+    channel._write()  # the next turn, before the replies were read
+    time.sleep(0.2)
+    assert r.exists(key(0)) and not r.exists(key(3)), "the later calls were written early"
+    channel._on_readable()  # the replies of the first write (all in by now)
+    assert calls.answers == [(0, True), (1, True), (2, True)]
+    channel._write()  # the next turn: the three that waited go out together
+    time.sleep(0.2)
+    channel._on_readable()
+    assert calls.answers[3:] == [(3, True), (4, True), (5, True)]
+    channel.close()
+
+
+def test_flush_answers_calls_queued_behind_an_unanswered_write(store: Store, hub: Hub) -> None:
+    """At shutdown the worker flushes: calls still queued behind a write in flight must
+    be written and answered too, not left to time out."""
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    calls.make(range(10, 13))
+    channel._write()
+    calls.make(range(13, 16))
+    started = time.monotonic()
+    channel.flush()
+    assert calls.answers == [(i, True) for i in range(10, 16)]
+    assert time.monotonic() - started < 1.5, "flush waited for a reply never asked for"
+    channel.close()
