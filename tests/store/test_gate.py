@@ -212,3 +212,21 @@ def test_a_rate_key_outlives_its_schedule_and_then_goes(gate: Gate, r: redis.Red
         # The key outlives its TAT (so no decision forgets the schedule) by at most 1 s.
         assert (tat_us - now_us) / 1000 - 1 <= pttl <= (tat_us - now_us) / 1000 + 1_001
     assert granted > 40
+
+
+def test_a_runtime_override_replaces_the_next_conditions_limit(gate: Gate, r: redis.Redis) -> None:
+    """An "O" condition reads the hash `celery baton limits set` writes; a value that
+    does not parse is ignored (the declared limit holds), never an error for the run."""
+    limits = "baton:{t}:limits"
+    conditions = [Condition.override(limits, "rate"), Condition.rate(RATE, 1_000, 1)]
+    assert gate.decide(conditions, owner="-").granted
+    assert gate.decide(conditions, owner="-").retry_after < 0.01  # 1 ms interval declared
+    r.hset(limits, "rate", "10000000 1")  # one per 10 s
+    r.delete(RATE)
+    assert gate.decide(conditions, owner="-").granted
+    denied = gate.decide(conditions, owner="-")
+    assert not denied.granted and denied.retry_after > 9
+    r.hset(limits, "rate", "1 2 3")  # not "<interval> [<burst>]"
+    r.delete(RATE)
+    assert gate.decide(conditions, owner="-").granted
+    assert gate.decide(conditions, owner="-").retry_after < 0.01

@@ -108,3 +108,36 @@ def test_store_restart_mid_run_loses_nothing_and_keeps_limits(
     assert max_concurrent(runs) <= 2
     assert observer.max_running("limited") <= 2
     assert_gcra_bound(admissions(runs), 10)
+
+
+def test_limits_changed_at_runtime_reach_running_workers(
+    workers: Workers, observer: Observer, store_url: str
+) -> None:
+    """``celery baton limits set`` writes an override into the store; workers that are
+    already running follow it from their next admission, with no restart: a 20/s rate
+    set to 10/s, and a concurrency of 2 set to 1."""
+    from celery_baton.store import connect
+    from celery_baton.store import inspect as store_inspect
+    from tests.apps import limits
+
+    start_workers(workers, 2, pool="prefork", concurrency=2)
+    store = connect(store_url)
+    names = limits.baton.names
+    store_inspect.set_limit_override(store, names.limits(limits.rated.name), "rate", "100000 1")
+    store_inspect.set_limit_override(store, names.limits(limits.capped.name), "concurrency", "1")
+    try:
+        publish(limits.rated, 30, numbered=True)
+        publish(limits.capped, 8, 0.2)
+        runs = observer.wait_for(38, timeout=60)
+    finally:
+        store_inspect.set_limit_override(store, names.limits(limits.rated.name), "rate", None)
+        store_inspect.set_limit_override(
+            store, names.limits(limits.capped.name), "concurrency", None
+        )
+        store.client.close()
+
+    rated = [r for r in runs if r.key == "rated"]
+    capped = [r for r in runs if r.key == "capped"]
+    assert len(rated) == 30 and len(capped) == 8
+    assert_gcra_bound(admissions(rated), 10)  # 10/s, not the declared 20/s
+    assert max_concurrent(capped) == 1 and observer.max_running("capped") == 1

@@ -100,7 +100,9 @@ for i = 1, #KEYS do
     writes[#writes + 1] = {'R', key, new_tat, stored}
   elseif kind == 'O' then
     local value = call('HGET', key, a)
-    if value then override = {string.match(value, '^(%S+)%s*(%S*)$')} end
+    local limit, extra = nil, nil
+    if value then limit, extra = string.match(value, '^(%S+)%s*(%S*)$') end
+    if limit then override = {limit, extra} end  -- (`limits set` validates what it writes)
   elseif kind == 'D' then
     local done_by = call('GET', key)
     if done_by then
