@@ -19,7 +19,6 @@ from kombu.asynchronous import Hub
 from celery_baton.gate import Condition, gate_call, parse_decision
 from celery_baton.store.channel import PipelinedChannel
 from celery_baton.store.connection import Store, connect
-from tests.support.servers import StoreServer
 
 
 @pytest.fixture
@@ -34,12 +33,6 @@ def hub() -> Iterator[Hub]:
     hub = Hub()
     yield hub
     hub.close()
-
-
-@pytest.fixture
-def r(store_server: StoreServer) -> Iterator[redis.Redis]:
-    with store_server.client() as client:
-        yield client
 
 
 def key(i: int) -> str:

@@ -11,7 +11,6 @@ import redis
 from celery_baton.gate import Condition, Gate, HeldLease, owner_task_id
 from celery_baton.leases import new_owner
 from celery_baton.store.connection import connect
-from tests.support.servers import StoreServer
 
 EX = "baton:{t}:ex:k"
 EX2 = "baton:{t}:ex:k2"
@@ -25,12 +24,6 @@ def gate(store_url: str) -> Iterator[Gate]:
     store = connect(store_url, socket_timeout=2)
     yield Gate(store)
     store.client.close()
-
-
-@pytest.fixture
-def r(store_server: StoreServer, store_url: str) -> Iterator[redis.Redis]:
-    with store_server.client() as client:
-        yield client
 
 
 def owner_fields(r: redis.Redis, key: str) -> list[str]:

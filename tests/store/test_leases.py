@@ -34,12 +34,6 @@ def gate(store: Store) -> Gate:
     return Gate(store)
 
 
-@pytest.fixture
-def r(store_server: StoreServer, store_url: str) -> Iterator[redis.Redis]:
-    with store_server.client() as client:
-        yield client
-
-
 def owners(r: redis.Redis, key: str = KEY) -> dict[str, str]:
     return {f[2:]: v for f, v in r.hgetall(key).items() if f.startswith("o:")}
 
