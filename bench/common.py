@@ -3,6 +3,7 @@
 * ``RedisServer``: a private ``redis-server`` on a free loopback port (never 6379).
 * ``rate`` / ``compare``: run callables for a fixed time, interleaved over several
   rounds, and take the median ops/s of each (the machine is small and shared).
+* ``SingleClientRun``: the rounds and the CPU layout of the single-client benchmarks.
 * ``Worker``: a real ``celery worker`` subprocess on one of the apps in ``bench/apps``.
 * ``table``: results as a markdown table.
 
@@ -210,6 +211,35 @@ def pinned_pair() -> tuple[int | None, int | None]:
 def pin_client(cpu: int | None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+
+
+@dataclass
+class SingleClientRun:
+    """How a single-client benchmark (locks, limits) runs: many short interleaved
+    rounds, this process and its server pinned to two different CPUs (``pinned_pair``)."""
+
+    seconds: float
+    rounds: int
+    client_cpu: int | None
+    server_cpu: int | None
+
+    @classmethod
+    def start(cls, args: argparse.Namespace) -> SingleClientRun:
+        """The settings from the command line; pins this process at once."""
+        client_cpu, server_cpu = pinned_pair()
+        pin_client(client_cpu)
+        rounds = args.rounds or (20 if args.quick else 100)
+        return cls(args.seconds or 0.1, rounds, client_cpu, server_cpu)
+
+    def server(self) -> RedisServer:
+        return RedisServer(cpu=self.server_cpu)
+
+    def note(self) -> str:
+        return (
+            f"{machine_note()}; client on CPU {self.client_cpu}, server on CPU "
+            f"{self.server_cpu}; {self.rounds} interleaved rounds x {self.seconds:g} s; "
+            "ratios are the median of the per-round ratios.\n"
+        )
 
 
 def compare(

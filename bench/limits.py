@@ -22,14 +22,11 @@ from celery_baton.gate import Condition, Gate
 from celery_baton.rates import RateLimit, interval_us
 from celery_baton.store import connect
 from common import (
-    RedisServer,
+    SingleClientRun,
     compare,
     import_package,
-    machine_note,
     paired_ratio,
     parse_args,
-    pin_client,
-    pinned_pair,
     ratio_table,
     verdict,
 )
@@ -156,20 +153,13 @@ def server_cost(url: str, rows: list[tuple[str, Callable[[], object]]], calls: i
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    seconds = args.seconds or 0.1
-    rounds = args.rounds or (20 if args.quick else 100)
-    client_cpu, server_cpu = pinned_pair()
-    pin_client(client_cpu)
-    with RedisServer(cpu=server_cpu) as server:
+    run = SingleClientRun.start(args)
+    with run.server() as server:
         rows, missing = candidates(server.url)
-        samples = compare(rows, seconds=seconds, rounds=rounds)
+        samples = compare(rows, seconds=run.seconds, rounds=run.rounds)
         cost = server_cost(server.url, rows, 2_000 if args.quick else 20_000)
     print("## limits: single-client decisions per second\n")
-    print(
-        f"{machine_note()}; client on CPU {client_cpu}, server on CPU {server_cpu}; "
-        f"{rounds} interleaved rounds x {seconds:g} s; ratios are the "
-        "median of the per-round ratios.\n"
-    )
+    print(run.note())
     print(ratio_table(samples, baseline="PING", unit="decisions/s"))
     for s in samples[2:4]:
         print(f"\n{s.name} / PING: {verdict(paired_ratio(s, samples[0]), TARGET)}")

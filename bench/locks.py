@@ -18,13 +18,10 @@ from celery_baton.gate import Gate
 from celery_baton.leases import Lease
 from celery_baton.store import connect
 from common import (
-    RedisServer,
+    SingleClientRun,
     compare,
-    machine_note,
     paired_ratio,
     parse_args,
-    pin_client,
-    pinned_pair,
     ratio_table,
     verdict,
 )
@@ -124,19 +121,12 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    seconds = args.seconds or 0.1
-    rounds = args.rounds or (20 if args.quick else 100)
-    client_cpu, server_cpu = pinned_pair()
-    pin_client(client_cpu)
-    with RedisServer(cpu=server_cpu) as server:
+    run = SingleClientRun.start(args)
+    with run.server() as server:
         rows, missing = candidates(server.url)
-        samples = compare(rows, seconds=seconds, rounds=rounds)
+        samples = compare(rows, seconds=run.seconds, rounds=run.rounds)
     print("## locks: single-client acquire+release pairs per second\n")
-    print(
-        f"{machine_note()}; client on CPU {client_cpu}, server on CPU {server_cpu}; "
-        f"{rounds} interleaved rounds x {seconds:g} s; ratios are the "
-        "median of the per-round ratios.\n"
-    )
+    print(run.note())
     print(ratio_table(samples, baseline="PING", unit="pairs/s"))
     baton = next(s for s in samples if s.name == "celery-baton Lease")
     print(f"\ncelery-baton Lease / PING: {verdict(paired_ratio(baton, samples[0]), TARGET)}")
