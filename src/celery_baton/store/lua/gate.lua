@@ -32,6 +32,11 @@ local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
 local reserve_us = tonumber(ARGV[3])
+-- What to write once every condition passed, one record per condition (positional: the
+-- script runs for every admitted task, and array tables are the cheapest):
+--   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
+--    latest deadline of the others, "_e" (key expires no earlier), key existed}
+--   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
 local writes = {}
 local override = nil
 local start_at = now_us  -- a reserved rate slot may start later than now
@@ -119,6 +124,7 @@ end
 -- decision. The key is gone at most a second after its schedule ran out (a missing key
 -- means the same as a TAT in the past).
 local EXPIRE_GRAIN = 1000000
+local function grain_end(tat) return tat - tat % EXPIRE_GRAIN + EXPIRE_GRAIN end
 
 local fence = 0
 for _, w in ipairs(writes) do
@@ -168,13 +174,12 @@ for _, w in ipairs(writes) do
     end
     if expire_in then call('PEXPIRE', key, expire_in) end
   elseif w[1] == 'R' then
-    local new_tat = w[3]
-    local grain_end = new_tat - new_tat % EXPIRE_GRAIN + EXPIRE_GRAIN
-    local old = tonumber(w[4])
-    if old and old - old % EXPIRE_GRAIN + EXPIRE_GRAIN == grain_end then
+    local new_tat, old = w[3], tonumber(w[4])
+    local expires_at = grain_end(new_tat)
+    if old and grain_end(old) == expires_at then
       call('SET', key, format('%d', new_tat), 'KEEPTTL')
     else
-      call('SET', key, format('%d', new_tat), 'PX', format('%d', (grain_end - now_us) / 1000 + 1))
+      call('SET', key, format('%d', new_tat), 'PX', format('%d', (expires_at - now_us) / 1000 + 1))
     end
   elseif w[1] == 'U' then
     if call('GET', key) == w[3] then call('DEL', key) end
