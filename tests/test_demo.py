@@ -27,6 +27,32 @@ def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
     assert "beat: ticks fired / duplicates" in out and " / 0 " in out
 
 
+def test_a_process_that_dies_is_reported_with_its_own_error(tmp_path: object) -> None:
+    """The fresh-install failure: kombu's Redis transport needs ``packaging``. Here it is
+    made unimportable in the demo's processes; the demo must print the worker's error,
+    not just "see logs"."""
+    from pathlib import Path
+
+    shadow = Path(str(tmp_path)) / "packaging"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'packaging'\")\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_baton", "demo"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "worker1 died" in done.stdout or "worker2 died" in done.stdout, done.stdout
+    assert "ModuleNotFoundError: No module named 'packaging'" in done.stdout, done.stdout
+
+
 def test_the_demo_explains_itself() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "celery_baton", "demo", "--help"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from celery_baton.store.connection import ensure_embedded_server, stop_embedded_
 
 WORKERS = 2
 BEATS = 2
+# The line that names an exception in a traceback: "ModuleNotFoundError: No module ..."
+ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b.*")
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Demo:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.beats: list[subprocess.Popen[bytes]] = []
         self.results: list[Result] = []
+        self.names: dict[int, str] = {}  # pid -> "worker1", the name of its log
 
     # -- processes ------------------------------------------------------------------
 
@@ -93,6 +97,7 @@ class Demo:
             args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.procs.append(proc)
+        self.names[proc.pid] = f"{kind}{n}"
         return proc
 
     def stop_all(self) -> None:
@@ -118,11 +123,21 @@ class Demo:
                 if proc in self.beats:
                     continue
                 if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"a demo process died while waiting for {what}; see logs in {self.tmp}"
-                    )
+                    raise RuntimeError(self.death_report(proc, what))
             time.sleep(0.1)
         return False
+
+    def death_report(self, proc: subprocess.Popen[bytes], what: str) -> str:
+        """Why a process died, from its own log: the error itself, not just "see logs"."""
+        name = self.names.get(proc.pid, "a demo process")
+        log = self.tmp / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        errors = [line for line in lines if ERROR_LINE.match(line)]
+        cause = errors[-1] if errors else "\n".join(lines[-10:]) or "(its log is empty)"
+        return (
+            f"{name} died (exit status {proc.returncode}) while waiting for {what}:\n"
+            f"    {cause}\n  its whole log: {log}"
+        )
 
     def runs(self, kind: str) -> list[dict[str, Any]]:
         return [
