@@ -13,14 +13,15 @@ from typing import Any
 from celery import Celery
 from celery import signals as celery_signals
 
-from celery_baton.config import Settings, read_settings
+from celery_baton.config import Settings
 from celery_baton.errors import BatonError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
 from celery_baton.policy import TASK_OPTIONS, TaskPolicy, compile_policy, declares_options
 from celery_baton.publish import guard_send_task
-from celery_baton.store.connection import STORE_ERRORS, Store, connect
+from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.scripts import Pending
+from celery_baton.wiring import parts_for
 
 logger = logging.getLogger("celery_baton")
 
@@ -48,7 +49,7 @@ class Baton:
         if app in _batons:
             raise BatonError(f"celery-baton is already installed on app {app.main!r}")
         self.app = app
-        self._url = url
+        self.parts = parts_for(app, url=url)
         self._policies: dict[str, TaskPolicy | None] = {}
         self._lock = threading.Lock()
         self.admission: Any = None
@@ -62,25 +63,24 @@ class Baton:
 
     # -- lazily built parts -----------------------------------------------------------
 
-    @functools.cached_property
+    # Resolved in one place for the whole app (celery_baton.wiring): beat, the schedule
+    # API, the CLI and metrics read the very same settings and store.
+
+    @property
     def settings(self) -> Settings:
-        return read_settings(self.app.conf, self._url)
+        return self.parts.settings
 
-    @functools.cached_property
+    @property
     def store(self) -> Store:
-        return connect(
-            self.settings.url,
-            socket_timeout=self.settings.socket_timeout,
-            client_name="celery-baton",
-        )
+        return self.parts.store
 
-    @functools.cached_property
+    @property
     def names(self) -> KeyNames:
-        return KeyNames(self.settings.key_prefix)
+        return self.parts.names
 
-    @functools.cached_property
+    @property
     def gate(self) -> Gate:
-        return Gate(self.store, notice_channel=self.names.notice_channel)
+        return self.parts.gate
 
     @property
     def hold_horizon(self) -> float:

@@ -13,12 +13,12 @@ from typing import Any
 
 import click
 
-from celery_baton.config import Settings, read_settings
+from celery_baton.config import Settings
 from celery_baton.errors import BatonError
-from celery_baton.keys import KeyNames
 from celery_baton.rates import interval_us, parse_burst, parse_rate
-from celery_baton.store import Store, connect
+from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
+from celery_baton.wiring import parts_for
 
 
 class Context:
@@ -26,18 +26,13 @@ class Context:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        from celery_baton.baton import baton_for
-
-        baton = baton_for(app)
-        self.settings: Settings = baton.settings if baton else read_settings(app.conf)
-        self.names = KeyNames(self.settings.key_prefix)
-        self._store: Store | None = baton.store if baton else None
+        self.parts = parts_for(app)
+        self.settings: Settings = self.parts.settings
+        self.names = self.parts.names
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            self._store = connect(self.settings.url, socket_timeout=self.settings.socket_timeout)
-        return self._store
+        return self.parts.store
 
     def policies(self) -> dict[str, Any]:
         from celery_baton.policy import compile_policy

@@ -203,6 +203,7 @@ def start_worker(
     extra_args: Sequence[str] = (),
     prefetch_multiplier: int | None = None,
     log_dir: Path | None = None,
+    cwd: Path | None = None,
 ) -> WorkerProcess:
     """Start ``celery -A app worker`` without waiting; call :meth:`WorkerProcess.wait_ready`.
 
@@ -230,7 +231,7 @@ def start_worker(
     if prefetch_multiplier is not None:
         cmd += ["--prefetch-multiplier", str(prefetch_multiplier)]
     cmd += extra_args
-    proc = processes.spawn(cmd, log_path=log_path, env=_process_env(env), cwd=REPO_ROOT)
+    proc = processes.spawn(cmd, log_path=log_path, env=_process_env(env), cwd=cwd or REPO_ROOT)
     return WorkerProcess(hostname, proc, log_path)
 
 
@@ -251,6 +252,7 @@ def start_beat(
     scheduler: str | None = None,
     extra_args: Sequence[str] = (),
     log_dir: Path | None = None,
+    cwd: Path | None = None,
 ) -> BeatProcess:
     """Start ``celery -A app beat [-S scheduler] --loglevel INFO`` without waiting.
 
@@ -268,8 +270,33 @@ def start_beat(
     if scheduler is not None:
         cmd += ["--scheduler", scheduler]
     cmd += extra_args
-    proc = processes.spawn(cmd, log_path=log_path, env=_process_env(env), cwd=REPO_ROOT)
+    proc = processes.spawn(cmd, log_path=log_path, env=_process_env(env), cwd=cwd or REPO_ROOT)
     return BeatProcess(name, proc, log_path)
+
+
+class Machine:
+    """A stand-in for another machine: processes started with it share nothing local
+    with the test or with another Machine (own ``TMPDIR``, ``XDG_RUNTIME_DIR``, working
+    directory; no ``BATON_*`` variables): only the URLs they are configured with.
+
+    Pass ``env=machine.env, cwd=machine.cwd`` to ``Workers.start`` / ``start_beat``.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cwd = root / "cwd"
+        self.tmp = root / "tmp"
+        self.runtime = root / "run"
+        for path in (self.cwd, self.tmp, self.runtime):
+            path.mkdir(parents=True, exist_ok=True)
+        self.runtime.chmod(0o700)
+        self.env = {"TMPDIR": str(self.tmp), "XDG_RUNTIME_DIR": str(self.runtime)}
+
+    def embedded_servers(self) -> list[Path]:
+        """Sockets of embedded stores started on this machine (none when a URL is used)."""
+        return sorted(self.runtime.glob("celery-baton-*/*.sock")) + sorted(
+            self.tmp.glob("celery-baton-*/*.sock")
+        )
 
 
 class Workers:
@@ -306,7 +333,7 @@ class Workers:
 
         Waits for ready unless ``wait=False``. ``kw`` goes to :func:`start_worker`.
         """
-        worker = start_worker(app, env={**self.env, **(env or {})}, log_dir=self.log_dir, **kw)
+        worker = start_worker(app, env=self._env(env), log_dir=self.log_dir, **kw)
         self.started.append(worker)
         if wait:
             worker.wait_ready()
@@ -321,11 +348,16 @@ class Workers:
         **kw: Any,
     ) -> BeatProcess:
         """:func:`start_beat` with the test's env; waits for started unless ``wait=False``."""
-        beat = start_beat(app, env={**self.env, **(env or {})}, log_dir=self.log_dir, **kw)
+        beat = start_beat(app, env=self._env(env), log_dir=self.log_dir, **kw)
         self.started.append(beat)
         if wait:
             beat.wait_started()
         return beat
+
+    def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {**self.env, **(extra or {})}
+        # A variable set to "" means "unset it" (a Machine has no $BATON_URL).
+        return {name: value for name, value in env.items() if value != ""}
 
     def stop_all(self, timeout: float = 15) -> None:
         """Stop every process still running: SIGTERM to all at once, SIGKILL after ``timeout`` s."""

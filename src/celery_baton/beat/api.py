@@ -20,9 +20,10 @@ from typing import Any
 
 from celery_baton.beat.entries import compile_entry, definition_json, entry_from_definition
 from celery_baton.beat.state import BeatState
-from celery_baton.config import Settings, read_settings
+from celery_baton.config import Settings
 from celery_baton.errors import BeatEntryError
-from celery_baton.store.connection import STORE_ERRORS, Store, connect
+from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.wiring import parts_for
 
 _DEFINE_ERRORS = {
     -1: "already exists",
@@ -40,11 +41,10 @@ class ScheduleStore:
 
     def __init__(self, app: Any, *, store: Store | None = None) -> None:
         self.app = app
-        self.settings: Settings = read_settings(app.conf)
+        parts = parts_for(app)
+        self.settings: Settings = parts.settings
         self._owns_store = store is None
-        self.store = store or connect(
-            self.settings.url, socket_timeout=self.settings.socket_timeout
-        )
+        self.store = store or parts.connect()
         self.state = BeatState(self.store, self.settings.key_prefix)
 
     def close(self) -> None:

@@ -42,9 +42,10 @@ from celery_baton import metrics
 from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_definition
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim
-from celery_baton.config import Settings, read_settings
+from celery_baton.config import Settings
 from celery_baton.errors import BatonError
-from celery_baton.store.connection import STORE_ERRORS, Store, connect
+from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.wiring import parts_for
 
 logger = get_logger(__name__)
 
@@ -87,7 +88,8 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         store: Store | None = None,
         **kwargs: Any,
     ) -> None:
-        self.settings: Settings = read_settings(app.conf)
+        self.parts = parts_for(app)
+        self.settings: Settings = self.parts.settings
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._store = store
@@ -121,8 +123,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
 
     def setup_schedule(self) -> None:
         if self._store is None:
-            self._store = connect(
-                self.settings.url,
+            self._store = self.parts.connect(
                 socket_timeout=min(self.settings.socket_timeout, self.ttl / 3),
                 client_name="baton-beat",
             )

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -142,7 +142,9 @@ class Demo:
     def runs(self, kind: str) -> list[dict[str, Any]]:
         return [
             r
-            for r in (json.loads(x) for x in self.observer.lrange("demo:runs", 0, -1))
+            for r in (
+                json.loads(x) for x in cast(list[bytes], self.observer.lrange("demo:runs", 0, -1))
+            )
             if r["kind"] == kind
         ]
 
@@ -264,7 +266,9 @@ class Demo:
             self.beats.append(self.spawn("beat", n))
         say(f"  started {WORKERS} workers and {BEATS} beats (logs in {self.tmp})")
         ready = self.wait_for(
-            "workers", lambda: len(self.store.keys("baton:worker:*")) >= WORKERS, 40
+            "workers",
+            lambda: len(cast(list[str], self.store.keys("baton:worker:*"))) >= WORKERS,
+            40,
         )
         if not ready:
             raise RuntimeError(f"workers did not start; see logs in {self.tmp}")

@@ -1,0 +1,34 @@
+"""An app that names its store only in ``Baton(app, url=...)``: no ``baton_url``, no
+``$BATON_URL``. Every part (worker, beat, schedule API, CLI) must use that store.
+
+``TEST_GIVEN_STORE_URL`` is the URL handed to ``Baton``; beat publishes one entry every
+second to the queue ``url_given`` (nothing consumes it: the test counts the messages).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from celery_baton import Baton
+
+app = Celery("url_given", broker=os.environ["TEST_BROKER_URL"])
+app.conf.update(
+    timezone="UTC",
+    beat_scheduler="celery_baton.beat:Scheduler",
+    broker_connection_retry_on_startup=True,
+    beat_schedule={
+        "every1": {
+            "task": "tests.apps.url_given.tick",
+            "schedule": 1.0,
+            "options": {"queue": "url_given"},
+        }
+    },
+)
+baton = Baton(app, url=os.environ["TEST_GIVEN_STORE_URL"])
+
+
+@app.task
+def tick() -> None:
+    pass
