@@ -62,3 +62,19 @@ def test_the_demo_explains_itself() -> None:
     )
     assert done.returncode == 0
     assert "Ctrl-C" in done.stdout and "embedded" in done.stdout
+
+
+def test_the_cli_refuses_a_bad_store_url_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env.update(TEST_BROKER_URL="redis://127.0.0.1:1/0", TEST_GIVEN_STORE_URL="127.0.0.1:6379")
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.url_given", "baton", "status"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "baton_url:" in done.stderr and "no scheme" in done.stderr, done.stderr

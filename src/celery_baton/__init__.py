@@ -20,6 +20,7 @@ from celery_baton.errors import (
     TaskDeduplicated,
     TaskSkipped,
 )
+from celery_baton.policy import TaskOptions
 from celery_baton.worker.context import fence
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "RateSpecError",
     "StoreUnavailable",
     "TaskDeduplicated",
+    "TaskOptions",
     "TaskSkipped",
     "fence",
 ]

@@ -11,13 +11,20 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
 from celery_baton.config import Settings
 from celery_baton.errors import BatonError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
-from celery_baton.policy import TASK_OPTIONS, TaskPolicy, compile_policy, declares_options
+from celery_baton.policy import (
+    TASK_OPTIONS,
+    TaskPolicy,
+    check_option_names,
+    compile_policy,
+    declares_options,
+)
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.scripts import Pending
@@ -27,10 +34,58 @@ logger = logging.getLogger("celery_baton")
 
 _batons: weakref.WeakKeyDictionary[Any, Baton] = weakref.WeakKeyDictionary()
 
+#: Names that are Celery's, not ours: a task option among them is never a typo of ours.
+CELERY_NAMES = frozenset(
+    [name for name in dir(CeleryTask) if not name.startswith("_")]
+    + [
+        "name", "base", "bind", "shared", "queue", "routing_key", "exchange", "priority",
+        "expires", "countdown", "eta", "serializer", "compression", "autoretry_for",
+        "retry_kwargs", "retry_backoff", "retry_backoff_max", "retry_jitter", "pydantic",
+        "dont_autoretry_for", "filter", "lazy",
+    ]
+)  # fmt: skip
+
+
+def _name_of(fun: Callable[..., Any], options: dict[str, Any]) -> str:
+    return str(options.get("name") or f"{fun.__module__}.{fun.__qualname__}")
+
+
+def _checked_later(decorate: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+    """``@app.task(exclusiv=...)``: the function is known only when the decorator runs."""
+
+    def decorator(fun: Callable[..., Any]) -> Any:
+        check_option_names(_name_of(fun, options), options, CELERY_NAMES)
+        return decorate(fun)
+
+    return decorator
+
 
 def baton_for(app: Any) -> Baton | None:
     """The Baton installed on ``app``, if any."""
     return _batons.get(app)
+
+
+def _warn_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
+    """A worker of an app whose tasks declare celery-baton options but that never called
+    ``Baton(app)``: those options do nothing (``unique`` would be a silent no-op)."""
+    app = getattr(sender, "app", None)
+    if app is None or app in _batons:
+        return
+    names = sorted(
+        name
+        for name, task in list(app.tasks.items())
+        if any(getattr(task, option, None) is not None for option in TASK_OPTIONS)
+    )
+    if names:
+        logger.warning(
+            "tasks %s declare celery-baton options, but Baton(app) was never called for "
+            "app %r: they run UNGUARDED. Call Baton(app) where the app is created.",
+            ", ".join(names),
+            app.main,
+        )
+
+
+celery_signals.worker_init.connect(_warn_if_not_installed, weak=False)
 
 
 class Baton:
@@ -126,11 +181,16 @@ class Baton:
 
         @functools.wraps(task_decorator)
         def task(*args: Any, **options: Any) -> Any:
+            if len(args) == 1 and callable(args[0]):
+                check_option_names(_name_of(args[0], options), options, CELERY_NAMES)
             if not declares_options(options):
+                if options and not (len(args) == 1 and callable(args[0])):
+                    return _checked_later(task_decorator(*args, **options), options)
                 return task_decorator(*args, **options)
 
             def validate(fun: Callable[..., Any]) -> None:
-                name = options.get("name") or f"{fun.__module__}.{fun.__qualname__}"
+                name = _name_of(fun, options)
+                check_option_names(name, options, CELERY_NAMES)
                 compile_policy(name, options.get, fun, Settings(), bound=bool(options.get("bind")))
 
             if len(args) == 1 and callable(args[0]):

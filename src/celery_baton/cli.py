@@ -94,7 +94,10 @@ def baton(ctx: click.Context, as_json: bool = False) -> None:
     app = ctx.obj.app if ctx.obj is not None and hasattr(ctx.obj, "app") else None
     if app is None:
         raise click.UsageError("run as: celery -A proj baton ...")
-    ctx.obj = {"baton": Context(app), "json": as_json}
+    try:
+        ctx.obj = {"baton": Context(app), "json": as_json}
+    except BatonError as exc:  # a bad setting or URL: one line, not a traceback
+        _fail(exc)
 
 
 def _ctx(ctx: click.Context) -> Context:

@@ -5,14 +5,27 @@ Every key is documented in docs/configuration.md. Celery-free: takes any mapping
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from celery_baton.errors import ConfigError
 
 ON_STORE_ERROR = ("hold", "run")
+#: Store URL schemes (docs/configuration.md); anything else is refused at resolution.
+URL_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "sentinel",
+    "sentinels",
+    "redis+cluster",
+    "rediss+cluster",
+    "embedded",
+)
 
 
 @dataclass(frozen=True)
@@ -72,9 +85,56 @@ def _seconds(value: Any, name: str) -> float:
     return seconds
 
 
+def suggest(word: str, known: Iterable[str]) -> str:
+    """`` (did you mean `exclusive`?)`` for a near miss, else ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def check_setting_names(conf: Mapping[str, Any]) -> None:
+    """An unknown ``baton_*`` key is a typo (``baton_uri``): refuse it, never ignore it."""
+    known = {f.name for f in fields(Settings)}
+    for key in list(conf.keys()):
+        if not isinstance(key, str) or not key.lower().startswith("baton_"):
+            continue
+        name = key[len("baton_") :].lower()
+        if name not in known:
+            raise ConfigError(
+                "unknown celery-baton setting" + suggest(f"baton_{name}", _setting_keys(known)),
+                subject=key,
+            )
+
+
+def _setting_keys(known: Iterable[str]) -> list[str]:
+    return [f"baton_{name}" for name in known]
+
+
+def check_url(url: str) -> None:
+    """Refuse a store URL that cannot work, naming ``baton_url`` (the password redacted)."""
+    parts = urlsplit(url)
+    shown = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl() if parts.netloc else url
+    if parts.scheme not in URL_SCHEMES:
+        raise ConfigError(
+            f"{shown!r} has {'no' if not parts.scheme else 'an unsupported'} scheme; use one "
+            f"of {', '.join(s + '://' for s in URL_SCHEMES)}",
+            subject="baton_url",
+        )
+    if parts.scheme in ("redis", "rediss", "unix"):
+        db = parse_qs(parts.query).get("db", [""])[0]
+        if parts.scheme != "unix" and parts.path.strip("/"):
+            db = parts.path.strip("/")
+        if db and not (db.isdigit() and int(db) < 1_000_000):
+            raise ConfigError(
+                f"{shown!r}: the database must be a number, got {db!r}", subject="baton_url"
+            )
+
+
 def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
     """Settings from a Celery ``app.conf``; ``url`` (from ``Baton(app, url=...)``) wins."""
+    check_setting_names(conf)
     store_url = url or _get(conf, "url", None) or os.environ.get("BATON_URL") or None
+    if store_url:
+        check_url(str(store_url))
     policy = str(_get(conf, "on_store_error", "hold"))
     if policy not in ON_STORE_ERROR:
         raise ConfigError(

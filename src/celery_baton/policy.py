@@ -6,11 +6,11 @@ class), validates them, and turns one call into the gate's conditions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
-from celery_baton.config import Settings
+from celery_baton.config import Settings, suggest
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
@@ -32,6 +32,29 @@ TASK_OPTIONS = (
     "redelivery_guard",
     "expected_runtime",
 )
+
+
+class TaskOptions(TypedDict, total=False):
+    """The task options in a form an IDE and mypy can check::
+
+    @app.task(**TaskOptions(exclusive="feed_url", exclusive_conflict="wait"))
+    """
+
+    exclusive: KeySpecValue
+    exclusive_conflict: Literal["skip", "wait"]
+    unique: KeySpecValue
+    unique_until: Literal["finished", "started"]
+    unique_ttl: float
+    global_rate_limit: str | float
+    global_rate_limit_key: KeySpecValue
+    global_rate_limit_burst: int
+    global_concurrency: int
+    global_concurrency_key: KeySpecValue
+    lease_ttl: float
+    redelivery_guard: bool
+    expected_runtime: float
+
+
 CONFLICT_POLICIES = ("skip", "wait")
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
@@ -159,6 +182,30 @@ def declares_options(options: Mapping[str, Any]) -> bool:
     return any(options.get(name) is not None for name in TASK_OPTIONS)
 
 
+#: Options that only mean something beside another one.
+NEEDS = {
+    "exclusive_conflict": "exclusive",
+    "unique_until": "unique",
+    "unique_ttl": "unique",
+    "global_rate_limit_burst": "global_rate_limit",
+    "global_rate_limit_key": "global_rate_limit",
+    "global_concurrency_key": "global_concurrency",
+}
+
+
+def check_option_names(name: str, options: Mapping[str, Any], others: Iterable[str]) -> None:
+    """A task option that is not ours but close to one of ours is a typo
+    (``exclusiv="feed_url"``): refuse it with a suggestion. ``others``: names that are
+    somebody else's (Celery's own task attributes and publish options)."""
+    others = set(others)
+    for option in options:
+        if option in TASK_OPTIONS or option in others:
+            continue
+        hint = suggest(option, TASK_OPTIONS)
+        if hint:
+            raise ConfigError(f"unknown task option `{option}`{hint}", subject=name)
+
+
 def compile_policy(
     name: str,
     options: Callable[[str], Any],
@@ -198,6 +245,10 @@ def compile_policy(
             )
         return float(value)
 
+    for option, needed in NEEDS.items():
+        if options(option) is not None and options(needed) is None:
+            raise ConfigError(f"{option} needs {needed}", subject=name)
+
     rate = None
     if options("global_rate_limit") is not None:
         subject = f"{name}.global_rate_limit"
@@ -207,8 +258,6 @@ def compile_policy(
             parse_burst(1 if burst is None else burst, subject=f"{subject}_burst"),
             spec("global_rate_limit_key"),
         )
-    elif options("global_rate_limit_key") is not None:
-        raise ConfigError("global_rate_limit_key needs global_rate_limit", subject=name)
 
     concurrency = None
     limit = options("global_concurrency")
@@ -218,8 +267,6 @@ def compile_policy(
                 f"must be an int >= 1, got {limit!r}", subject=f"{name}.global_concurrency"
             )
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
-    elif options("global_concurrency_key") is not None:
-        raise ConfigError("global_concurrency_key needs global_concurrency", subject=name)
 
     guard = options("redelivery_guard")
     celery_rate = settings.global_rate_limits and options("rate_limit") is not None

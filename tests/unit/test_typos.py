@@ -1,0 +1,103 @@
+"""Typos and misplaced options are errors with a suggestion, never silence (issue 13 §2).
+
+Pure declaration-time checks: no server is needed to refuse them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_baton import Baton, ConfigError
+from celery_baton.config import read_settings
+
+
+@pytest.fixture
+def app() -> Celery:
+    app = Celery("typos", set_as_current=False)
+    Baton(app, url="redis://127.0.0.1:1/0")  # never connected by these tests
+    return app
+
+
+def test_an_unknown_baton_setting_is_refused_with_a_suggestion() -> None:
+    app = Celery("typos", set_as_current=False)
+    app.conf.baton_uri = "redis://127.0.0.1:6379/1"
+    with pytest.raises(ConfigError, match=r"baton_uri: .*did you mean `baton_url`"):
+        read_settings(app.conf)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("127.0.0.1:6379", "no scheme"),
+        ("http://127.0.0.1:6379/0", "unsupported scheme"),
+        ("redis://:secret@127.0.0.1:6379/one", "must be a number"),
+    ],
+)
+def test_a_bad_store_url_is_refused_naming_baton_url(url: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as error:
+        read_settings({}, url)
+    assert str(error.value).startswith("baton_url:")
+    assert "secret" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "suggested"),
+    [
+        ({"exclusiv": "feed_url"}, "exclusive"),
+        ({"global_rate_limt": "5/s"}, "global_rate_limit"),
+        ({"uniqe": "feed_url"}, "unique"),
+        ({"exclusive": "feed_url", "exclusive_conflit": "wait"}, "exclusive_conflict"),
+    ],
+)
+def test_a_misspelt_task_option_is_refused_with_a_suggestion(
+    app: Celery, options: dict[str, Any], suggested: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean `{suggested}`"):
+
+        @app.task(**options)
+        def import_feed(feed_url: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"exclusive_conflict": "wait"},
+        {"unique_until": "started"},
+        {"global_rate_limit_burst": 3},
+        {"global_concurrency_key": "feed_url"},
+    ],
+)
+def test_an_option_without_the_one_it_qualifies_is_refused(
+    app: Celery, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError, match="needs"):
+
+        @app.task(**options)
+        def import_feed(feed_url: str) -> None: ...
+
+
+def test_celerys_own_options_are_not_mistaken_for_typos(app: Celery) -> None:
+    @app.task(
+        queue="feeds",
+        rate_limit="1/s",
+        autoretry_for=(ValueError,),
+        acks_late=True,
+        expires=10,
+        exclusive="feed_url",
+    )
+    def import_feed(feed_url: str) -> None: ...
+
+    @app.task
+    def plain() -> None: ...
+
+    assert import_feed.exclusive == "feed_url"
+
+
+def test_the_typed_options_are_the_options_the_library_reads() -> None:
+    from celery_baton import TaskOptions
+    from celery_baton.policy import TASK_OPTIONS
+
+    assert set(TaskOptions.__annotations__) == set(TASK_OPTIONS)
