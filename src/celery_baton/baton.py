@@ -105,6 +105,7 @@ class Baton:
             raise BatonError(f"celery-baton is already installed on app {app.main!r}")
         self.app = app
         self.parts = parts_for(app, url=url)
+        self.parts.installed = self
         self._policies: dict[str, TaskPolicy | None] = {}
         self._lock = threading.Lock()
         self.admission: Any = None

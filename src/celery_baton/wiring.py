@@ -32,6 +32,9 @@ class AppParts:
         self._app = weakref.ref(app)
         self._conf = app.conf
         self.url_given = url  # Baton(app, url=...): wins over every setting
+        # The Baton installed on the app (None: never installed). Celery builds the
+        # consumer bootstep itself, from the app alone: this is how it finds its parts.
+        self.installed: Any = None
 
     @functools.cached_property
     def settings(self) -> Settings:

@@ -16,6 +16,7 @@ from celery_baton.leases import LeaseBook, Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.admission import Admission
+from celery_baton.wiring import parts_for
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
@@ -74,9 +75,7 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
-        from celery_baton.baton import baton_for
-
-        baton = baton_for(parent.app)
+        baton: Baton | None = parts_for(parent.app).installed
         self.baton = baton
         self.admission: Admission | None = None
         self.listener: NoticeListener | None = None
