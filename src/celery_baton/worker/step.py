@@ -15,8 +15,8 @@ from celery_baton.errors import BatonError
 from celery_baton.leases import LeaseBook, Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.store.connection import STORE_ERRORS
-from celery_baton.worker.admission import Admission
 from celery_baton.wiring import parts_for
+from celery_baton.worker.admission import Admission
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
