@@ -85,6 +85,7 @@ class RunPlan:
     conditions: list[Condition]
     leases: list[HeldLease]
     exclusive_key: str | None = None
+    run_key: str | None = None  # the redelivery guard's lease on this task id
     unique_key: str | None = None
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
@@ -139,7 +140,8 @@ class TaskPolicy:
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
             plan.conditions.append(Condition.not_done(plan.done_key))
-            self._lease(plan, names.lease(self.name, "run", task_id), 1, fence=False)
+            plan.run_key = names.lease(self.name, "run", task_id)
+            self._lease(plan, plan.run_key, 1, fence=False)
         if self.exclusive is not None:
             material = self.exclusive.material(args, kwargs)
             key = names.lease(self.name, "ex", digest(material))

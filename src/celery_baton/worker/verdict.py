@@ -1,0 +1,133 @@
+"""Admission's verdict: what a delivery does once the gate answered. Pure logic.
+
+The gate grants all of a delivery's conditions or names the first one that refused
+(``Decision.denied_by``). What that means for the delivery depends on which condition
+it was and on the task's policy; this module decides it without any worker, store or
+clock of its own, so every case has a unit test (tests/unit/test_verdict.py):
+
+* granted: **Start** (holding the leases; a reserved rate slot starts ``start_after``
+  seconds from now);
+* the task id already finished (redelivery guard's done marker): **Skip**, never run;
+* the exclusive key is held by another run and the policy is ``"skip"``: **Skip**, after
+  a short grace (the holder's release may be in flight: a caller that waited for the
+  first result and publishes again at once must not be skipped);
+* anything else: **Wait** on the refusing key, for as long as the gate said.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from celery_baton.gate import Decision, owner_task_id
+from celery_baton.policy import RunPlan
+
+#: Seconds a duplicate waits for a release in flight before it is skipped.
+SKIP_GRACE = 0.25
+
+
+class Reason(enum.Enum):
+    """Why the gate refused a delivery, in the worker's terms."""
+
+    EXCLUSIVE = "exclusive"  # another run holds the exclusive key
+    CONCURRENCY = "concurrency"  # the cap is reached
+    RATE = "rate"  # no rate slot yet
+    RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
+    ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+
+
+@dataclass(frozen=True)
+class Start:
+    fence: int = 0
+    start_after: float = 0.0  # seconds: a reserved rate slot starts later
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: Reason
+    key: str
+    holder: str  # the task id that holds the key, or that already ran
+    message: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: Reason
+    key: str
+    delay: float
+    # Jitter spreads workers that one release notice wakes together; a rate wait must
+    # not have it: strict GCRA loses every microsecond a waiter comes late.
+    jitter: bool = True
+
+
+Verdict = Start | Skip | Wait
+
+
+def reason(decision: Decision, plan: RunPlan) -> Reason:
+    """The refusing condition of a denied ``decision``, named."""
+    condition = decision.denied_by
+    assert condition is not None, "a granted decision has no reason"
+    if condition.kind == "D":
+        return Reason.ALREADY_RUN
+    if condition.kind == "R":
+        return Reason.RATE
+    if condition.key == plan.exclusive_key:
+        return Reason.EXCLUSIVE
+    if condition.key == plan.run_key:
+        return Reason.RUNNING_COPY
+    return Reason.CONCURRENCY
+
+
+def verdict(
+    decision: Decision,
+    plan: RunPlan,
+    *,
+    task_name: str,
+    task_id: str,
+    conflict: str,
+    denied_since: float | None,
+    now: float,
+) -> Verdict:
+    """What the delivery ``task_id`` of ``task_name`` does with the gate's ``decision``.
+
+    ``conflict``: the task's ``exclusive_conflict``; ``denied_since``: when an exclusive
+    refusal of this delivery was first seen (None: this is the first), for the grace.
+    """
+    if decision.granted:
+        return Start(decision.fence, decision.start_after)
+    why = reason(decision, plan)
+    condition = decision.denied_by
+    assert condition is not None
+    key = condition.key
+    holder = decision.holder_task_id
+    if why is Reason.ALREADY_RUN:
+        return Skip(
+            why,
+            key,
+            decision.holder,
+            f"task id {task_id} already finished; this redelivered copy is not run",
+        )
+    # A lease held by a copy of this very task id (its own retry, or a redelivery while
+    # the first copy still runs) always waits: it is freed in milliseconds, or the first
+    # copy finishes and this one is then refused as already run.
+    own_copy = owner_task_id(decision.holder) == task_id
+    if why is Reason.EXCLUSIVE and conflict == "skip" and not own_copy:
+        grace = SKIP_GRACE if denied_since is None else denied_since + SKIP_GRACE - now
+        if grace > 0:
+            return Wait(why, key, min(grace, max(decision.retry_after, 0.001)))
+        label = plan.labels.get(key, "")
+        return Skip(
+            why,
+            key,
+            holder,
+            f"exclusive key {label or '(task)'} of {task_name} is held by task {holder}; "
+            "this run is skipped",
+        )
+    if why is Reason.RATE:
+        if plan.reserve:
+            # Ask again just inside the reservation window: the slot is then reserved
+            # before it comes, however late this worker wakes.
+            early = decision.retry_after - plan.reserve * 0.9
+            return Wait(why, key, max(early, 0.0001), jitter=False)
+        return Wait(why, key, max(decision.retry_after, 0.0001), jitter=False)
+    return Wait(why, key, max(decision.retry_after, 0.0001))
