@@ -10,6 +10,7 @@ from typing import Any
 
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers, _process_env
 
 APP = "tests.apps.exclusive"
@@ -89,3 +90,23 @@ def test_schedule_lists_nothing_without_beat(workers: Workers) -> None:
     data = as_json(workers, "schedule")
     assert data["entries"] == [] and data["leader"] is None
     assert "no entries" in baton(workers, "schedule").stdout
+
+
+def test_status_shows_the_requests_held_now_not_a_running_total(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    results = [ex_wait.delay("held-now", 1.5) for _ in range(3)]  # one runs, two wait
+    observer.starts_of("held-now")
+
+    def held() -> int:
+        [report] = [w for w in as_json(workers, "status")["workers"]]
+        assert report["hostname"] == worker.hostname
+        return int(report["held"])
+
+    wait_until(lambda: held() == 2, timeout=20, what="two requests held")
+    for result in results:
+        assert result.get(timeout=30)
+    wait_until(lambda: held() == 0, timeout=20, what="none held once all ran")

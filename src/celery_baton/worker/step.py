@@ -172,14 +172,18 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         admission, baton = self.admission, self.baton
         if admission is None or baton is None or admission.book is None:
             return
+        stats = dict(admission.stats)
         report = {
+            **stats,
+            # "held" is the number held now; the running total has its own name (it
+            # used to overwrite this one, and `celery baton status` showed the total).
+            "holds_total": stats.pop("held", 0),
             "hostname": consumer.hostname,
             "held": admission.held_count,
             "held_by_key": admission.held_by_key(),
             "leases": len(admission.book.held()),
             "renewals": admission.book.renewals,
             "losses": admission.book.losses,
-            **admission.stats,
         }
         ttl_ms = max(1000, round(baton.renew_interval * 3000))
         try:
