@@ -6,14 +6,17 @@ Registered through Celery's ``celery.commands`` entry point. Every command takes
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from celery_baton.config import Settings
+from celery_baton.config import Settings, suggest
 from celery_baton.errors import BatonError
 from celery_baton.rates import interval_us, parse_burst, parse_rate
 from celery_baton.store import Store
@@ -30,9 +33,23 @@ class Context:
         self.settings: Settings = self.parts.settings
         self.names = self.parts.names
 
-    @property
+    @functools.cached_property
     def store(self) -> Store:
-        return self.parts.store
+        # An operator's look never starts an embedded server: with no URL set it reads
+        # the one running on this machine, if any.
+        return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
+
+    def live_workers(self) -> set[str]:
+        return {r["hostname"] for r in store_inspect.workers(self.store, self.names.prefix)}
+
+    def holders(self) -> list[store_inspect.LeaseRow]:
+        """Every lease and unique claim; a lease whose worker stopped reporting is stale."""
+        live = self.live_workers()
+        rows = [
+            dataclasses.replace(row, stale=row.worker not in live)
+            for row in store_inspect.leases(self.store, self.names.prefix)
+        ]
+        return rows + store_inspect.unique_claims(self.store, self.names.prefix)
 
     def policies(self) -> dict[str, Any]:
         from celery_baton.policy import compile_policy
@@ -60,12 +77,21 @@ def _reader(task: Any) -> Any:
     return lambda option: getattr(task, option, None)
 
 
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], width: int = 80) -> str:
-    """A plain table; the widest column is cut so the whole fits ``width``."""
+def table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    width: int = 80,
+    keep: Sequence[int] = (),
+) -> str:
+    """A plain table; the widest column is cut so the whole fits ``width``, except the
+    columns in ``keep`` (a key an operator pastes into ``unlock`` is never cut)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    while sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > 8:
-        widest = widths.index(max(widths))
+    cuttable = [i for i in range(len(widths)) if i not in keep]
+    while cuttable and sum(widths) + 2 * (len(widths) - 1) > width:
+        widest = max(cuttable, key=lambda i: widths[i])
+        if widths[widest] <= 8:
+            break
         widths[widest] -= 1
     lines = []
     for n, row in enumerate(cells):
@@ -109,89 +135,138 @@ def _fail(exc: BatonError) -> None:
     raise click.ClickException(str(exc)) from exc
 
 
+watch_option = click.option(
+    "--watch",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Print again every SECONDS until interrupted.",
+)
+
+
+def show(ctx: click.Context, render: Callable[[], tuple[Any, str]], watch: float | None) -> None:
+    """Print ``render()`` once, or every ``watch`` seconds until Ctrl-C."""
+    if not watch:
+        try:
+            data, text = render()
+        except BatonError as exc:
+            _fail(exc)
+            return
+        emit(ctx, data, text)
+        return
+    if watch < 0.1:
+        raise click.BadParameter("must be >= 0.1", param_hint="--watch")
+    try:
+        while True:
+            try:
+                data, text = render()
+            except BatonError as exc:  # the store went away: say so, keep watching
+                data, text = {"error": str(exc)}, f"error: {exc}"
+            if not (ctx.obj["json"] or ctx.params.get("as_json")):
+                click.clear()
+                text = f"{time.strftime('%H:%M:%S')}  every {watch:g}s\n\n{text}"
+            emit(ctx, data, text)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+
+
 @baton.command()
 @json_option
+@watch_option
 @click.pass_context
-def status(ctx: click.Context, as_json: bool = False) -> None:
+def status(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
     """Store URL, server version, round trip, workers and their leases."""
     c = _ctx(ctx)
-    try:
+
+    def render() -> tuple[Any, str]:
         store = c.store
         rtts = [store.ping() for _ in range(5)]
         info = store.client.info("server")
         rows = store_inspect.leases(store, c.names.prefix)
         reports = store_inspect.workers(store, c.names.prefix)
-    except BatonError as exc:
-        _fail(exc)
-        return
-    version = info.get("valkey_version") or info.get("redis_version")
-    per_worker: dict[str, int] = {}
-    for row in rows:
-        per_worker[row.worker] = per_worker.get(row.worker, 0) + 1
-    data: dict[str, Any] = {
-        "store": store.safe_url,
-        "embedded": store.embedded,
-        "server": f"{info.get('server_name', 'redis')} {version}",
-        "rtt_ms": round(statistics.median(rtts) * 1000, 3),
-        "leases": len(rows),
-        "workers": [
-            {
-                "hostname": r["hostname"],
-                "leases": per_worker.get(r["hostname"], 0),
-                "held": r.get("held", 0),
-                "admitted": r.get("admitted", 0),
-            }
-            for r in reports
-        ],
-    }
-    text = [
-        f"store:    {data['store']}{' (embedded: this machine only)' if store.embedded else ''}",
-        f"server:   {data['server']}",
-        f"rtt:      {data['rtt_ms']} ms",
-        f"leases:   {data['leases']}",
-        "",
-        table(
-            [(w["hostname"], w["leases"], w["held"], w["admitted"]) for w in data["workers"]],
-            ["worker", "leases", "held", "admitted"],
-        )
-        if data["workers"]
-        else "no live workers",
-    ]
-    emit(ctx, data, "\n".join(text))
+        version = info.get("valkey_version") or info.get("redis_version")
+        per_worker: dict[str, int] = {}
+        for row in rows:
+            per_worker[row.worker] = per_worker.get(row.worker, 0) + 1
+        live = {r["hostname"] for r in reports}
+        stale = sum(1 for row in rows if row.worker not in live)
+        data: dict[str, Any] = {
+            "store": store.safe_url,
+            "embedded": store.embedded,
+            "server": f"{info.get('server_name', 'redis')} {version}",
+            "rtt_ms": round(statistics.median(rtts) * 1000, 3),
+            "leases": len(rows),
+            "stale_leases": stale,
+            "workers": [
+                {
+                    "hostname": r["hostname"],
+                    "leases": per_worker.get(r["hostname"], 0),
+                    "held": r.get("held", 0),
+                    "admitted": r.get("admitted", 0),
+                }
+                for r in reports
+            ],
+        }
+        embedded = " (embedded: this machine only)" if store.embedded else ""
+        text = [
+            f"store:    {data['store']}{embedded}",
+            f"server:   {data['server']}",
+            f"rtt:      {data['rtt_ms']} ms",
+            f"leases:   {data['leases']}"
+            + (f" ({stale} stale: their workers stopped reporting)" if stale else ""),
+            "",
+            table(
+                [(w["hostname"], w["leases"], w["held"], w["admitted"]) for w in data["workers"]],
+                ["worker", "leases", "held", "admitted"],
+            )
+            if data["workers"]
+            else "no live workers",
+        ]
+        return data, "\n".join(text)
+
+    show(ctx, render, watch)
 
 
 @baton.command()
 @json_option
+@watch_option
 @click.pass_context
-def locks(ctx: click.Context, as_json: bool = False) -> None:
-    """Live leases: key, holder task id, worker, fence, TTL left."""
+def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
+    """Live leases and unique claims: key, kind, holder task id, worker, fence, TTL left.
+
+    Keys are printed whole: paste one into `unlock`. A lease whose worker stopped
+    reporting is marked stale (it ends when its TTL runs out)."""
     c = _ctx(ctx)
-    try:
-        rows = store_inspect.leases(c.store, c.names.prefix)
-    except BatonError as exc:
-        _fail(exc)
-        return
-    emit(
-        ctx,
-        [r.as_dict() for r in rows],
-        table(
-            [(r.key, r.task_id[:8], r.worker, r.fence, f"{r.ttl_left:.1f}s") for r in rows],
-            ["key", "task id", "worker", "fence", "ttl"],
-        )
-        if rows
-        else "no live leases",
-    )
+
+    def render() -> tuple[Any, str]:
+        rows = c.holders()
+        # Each key on a line of its own, whole, to paste into `unlock`; its holder below.
+        lines = []
+        for r in rows:
+            lines.append(r.key)
+            lines.append(f"    {r.kind}  task {r.task_id}  ttl {r.ttl_left:.1f}s")
+            if r.worker:
+                fence = f"  fence {r.fence}" if r.fence else ""
+                stale = "  STALE: stopped reporting" if r.stale else ""
+                lines.append(f"    on {r.worker}{fence}{stale}")
+        text = "\n".join(lines) if rows else "no live leases or unique claims"
+        return [r.as_dict() for r in rows], text
+
+    show(ctx, render, watch)
 
 
 @baton.group(invoke_without_command=True)
 @json_option
+@watch_option
 @click.pass_context
-def limits(ctx: click.Context, as_json: bool = False) -> None:
+def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
     """Configured limits, runtime overrides, held requests and concurrency holders."""
     if ctx.invoked_subcommand is not None:
         return
     c = _ctx(ctx)
-    try:
+
+    def render() -> tuple[Any, str]:
         policies = c.policies()
         rows = store_inspect.leases(c.store, c.names.prefix)
         reports = store_inspect.workers(c.store, c.names.prefix)
@@ -213,36 +288,59 @@ def limits(ctx: click.Context, as_json: bool = False) -> None:
                     "concurrency_holders": holders,
                 }
             )
-    except BatonError as exc:
-        _fail(exc)
-        return
-    tasks = [t for t in data["tasks"] if t["rate"] or t["concurrency"]]
-    text = (
-        table(
-            [
-                (
-                    t["task"],
-                    t["rate"] or "-",
-                    t["concurrency"] or "-",
-                    describe_overrides(t["overrides"]) or "-",
-                    len(t["concurrency_holders"]),
-                )
-                for t in tasks
-            ],
-            ["task", "rate", "conc", "override", "running"],
+        tasks = [t for t in data["tasks"] if t["rate"] or t["concurrency"]]
+        text = (
+            table(
+                [
+                    (
+                        t["task"],
+                        t["rate"] or "-",
+                        t["concurrency"] or "-",
+                        describe_overrides(t["overrides"]) or "-",
+                        len(t["concurrency_holders"]),
+                    )
+                    for t in tasks
+                ],
+                ["task", "rate", "conc", "override", "running"],
+            )
+            if tasks
+            else "no task has a global limit"
         )
-        if tasks
-        else "no task has a global limit"
-    )
-    if reports:
-        text += "\n\n" + table(
-            [
-                (r["hostname"], r.get("held", 0), r.get("admitted", 0), r.get("throttled", 0))
-                for r in reports
-            ],
-            ["worker", "held", "admitted", "throttled"],
+        if reports:
+            text += "\n\n" + table(
+                [
+                    (r["hostname"], r.get("held", 0), r.get("admitted", 0), r.get("throttled", 0))
+                    for r in reports
+                ],
+                ["worker", "held", "admitted", "throttled"],
+            )
+        return data, text
+
+    show(ctx, render, watch)
+
+
+def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> None:
+    """``limits set`` changes a limit the task declares, on a task that exists: anything
+    else is a typo that would silently do nothing (exit status 2)."""
+    if "." not in task:
+        raise click.UsageError(
+            f"{task!r} is not a full task name; use the name with its module "
+            "(as `celery inspect registered` shows it)"
         )
-    emit(ctx, data, text)
+    found = c.app.tasks.get(task)
+    if found is None:
+        hint = suggest(task, [n for n in c.app.tasks if not n.startswith("celery.")])
+        raise click.UsageError(f"no task named {task!r} in this app{hint}")
+    policy = c.policies().get(task, (None, None))[1]
+    if rate and not (policy and (policy.rate or policy.rate_from_celery)):
+        raise click.UsageError(
+            f"{task} declares no global rate (global_rate_limit, or rate_limit with "
+            "baton_global_rate_limits): --rate would change nothing"
+        )
+    if concurrency and not (policy and policy.concurrency):
+        raise click.UsageError(
+            f"{task} declares no global_concurrency: --concurrency would change nothing"
+        )
 
 
 @limits.command("set")
@@ -260,10 +358,13 @@ def limits_set(
     concurrency: int | None,
     as_json: bool = False,
 ) -> None:
-    """Change TASK's limits at runtime, for every worker (kept in the store)."""
+    """Change TASK's limits at runtime, for every worker (kept in the store).
+
+    TASK is the full task name; only a limit the task declares can be changed."""
     c = _ctx(ctx)
     if rate is None and concurrency is None:
         raise click.UsageError("give --rate and/or --concurrency")
+    _limited_task(c, task, rate=rate is not None, concurrency=concurrency is not None)
     try:
         key = c.names.limits(task)
         if rate is not None:
@@ -299,43 +400,44 @@ def limits_clear(ctx: click.Context, task: str, as_json: bool = False) -> None:
 
 @baton.command()
 @json_option
+@watch_option
 @click.pass_context
-def schedule(ctx: click.Context, as_json: bool = False) -> None:
+def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
     """The beat schedule: next and last slot per entry, the leader, recent history."""
     from celery_baton.beat.api import describe_schedule
 
     c = _ctx(ctx)
-    try:
+
+    def render() -> tuple[Any, str]:
         data = describe_schedule(c.store, c.names.prefix)
-    except BatonError as exc:
-        _fail(exc)
-        return
-    leader = data.get("leader") or {}
-    entries = data.get("entries", [])
-    text = f"leader: {leader.get('owner') or 'none'}"
-    if leader.get("lease_age_s") is not None:
-        text += f" (leading for {leader['lease_age_s']:.1f}s, fence {leader.get('fence')})"
-    rows = []
-    for e in entries:
-        policy = e.get("policy") or {}
-        flags = f"{policy.get('misfire', 'skip')}/{policy.get('overlap', 'allow')}"
-        rows.append(
-            (
-                e.get("name"),
-                (e.get("next_slot") or "-")[:19],
-                (e.get("last_slot") or "-")[:19],
-                (e.get("last_id") or "-")[:8],
-                flags + (" paused" if e.get("paused") else ""),
+        leader = data.get("leader") or {}
+        entries = data.get("entries", [])
+        text = f"leader: {leader.get('owner') or 'none'}"
+        if leader.get("lease_age_s") is not None:
+            text += f" (leading for {leader['lease_age_s']:.1f}s, fence {leader.get('fence')})"
+        rows = []
+        for e in entries:
+            policy = e.get("policy") or {}
+            flags = f"{policy.get('misfire', 'skip')}/{policy.get('overlap', 'allow')}"
+            rows.append(
+                (
+                    e.get("name"),
+                    (e.get("next_slot") or "-")[:19],
+                    (e.get("last_slot") or "-")[:19],
+                    (e.get("last_id") or "-")[:8],
+                    flags + (" paused" if e.get("paused") else ""),
+                )
             )
+        text += "\n\n" + (
+            table(rows, ["entry", "next slot (UTC)", "last slot", "task id", "policy"])
+            if rows
+            else "no entries"
         )
-    text += "\n\n" + (
-        table(rows, ["entry", "next slot (UTC)", "last slot", "task id", "policy"])
-        if rows
-        else "no entries"
-    )
-    if data.get("refused"):
-        text += "\n\nrefused: " + ", ".join(f"{k} ({v})" for k, v in data["refused"].items())
-    emit(ctx, data, text)
+        if data.get("refused"):
+            text += "\n\nrefused: " + ", ".join(f"{k} ({v})" for k, v in data["refused"].items())
+        return data, text
+
+    show(ctx, render, watch)
 
 
 @baton.command()
@@ -344,9 +446,13 @@ def schedule(ctx: click.Context, as_json: bool = False) -> None:
 @json_option
 @click.pass_context
 def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> None:
-    """Free lease KEY (as shown by `locks`); refuses a live lease unless --force."""
+    """Free lease or unique claim KEY (as shown by `locks`); refuses a live holder
+    unless --force."""
     c = _ctx(ctx)
     try:
+        if not store_inspect.exists(c.store, key):
+            raise click.ClickException(f"{key}: no such lease or unique claim (see `locks`)")
+        live_workers = c.live_workers()
         removed, live = store_inspect.unlock(
             c.store, key, force=force, channel=c.names.notice_channel
         )
@@ -354,13 +460,30 @@ def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> 
         _fail(exc)
         return
     if live and not force:
-        holders = ", ".join(f"task {o.split('|')[0]} on {o.split('|')[1]}" for o in live)
-        raise click.ClickException(
-            f"{key} is held by a live run ({holders}); it is renewed while that run lives. "
-            "Use --force to free it anyway."
-        )
+        raise click.ClickException(f"{key} {_holders(live, live_workers)}. Use --force to free it.")
     emit(
         ctx,
         {"key": key, "removed": removed, "was_live": live},
         f"{key}: {removed} holder(s) removed",
     )
+
+
+def _holders(owners: list[str], live_workers: set[str]) -> str:
+    """Who holds a key, in words: a unique claim's task, a live run, or a stale lease."""
+    parts = []
+    for owner in owners:
+        task_id, _, rest = owner.partition("|")
+        worker = rest.split("|", 1)[0]
+        if not worker:
+            parts.append(f"is claimed by task {task_id} (queued or running)")
+        elif worker in live_workers:
+            parts.append(
+                f"is held by a live run (task {task_id} on {worker}); it is renewed while "
+                "that run lives"
+            )
+        else:
+            parts.append(
+                f"is held by task {task_id} on {worker}, which stopped reporting: the lease "
+                "is STALE and ends when its TTL runs out"
+            )
+    return "; ".join(parts)

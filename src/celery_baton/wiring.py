@@ -54,14 +54,20 @@ class AppParts:
         return Gate(self.store, notice_channel=self.names.notice_channel)
 
     def connect(
-        self, *, socket_timeout: float | None = None, client_name: str | None = None
+        self,
+        *,
+        socket_timeout: float | None = None,
+        client_name: str | None = None,
+        start_embedded: bool = True,
     ) -> Store:
-        """A connection of its own to the same store (beat wants a shorter timeout)."""
+        """A connection of its own to the same store (beat wants a shorter timeout; an
+        operator's command must not start an embedded server)."""
         settings = self.settings
         return connect(
             settings.url,
             socket_timeout=settings.socket_timeout if socket_timeout is None else socket_timeout,
             client_name=client_name,
+            start_embedded=start_embedded,
         )
 
     @property

@@ -4,8 +4,12 @@ real worker holding real leases."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from tests.support.observer import Observer
@@ -54,7 +58,11 @@ def test_status_locks_and_unlock(workers: Workers, observer: Observer) -> None:
 
     table = baton(workers, "locks")
     assert table.returncode == 0
-    assert all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
+    # The key is printed whole on a line of its own (to paste into `unlock`); what
+    # describes its holder fits 80 columns.
+    assert lock["key"] in table.stdout.splitlines()
+    described = [line for line in table.stdout.splitlines() if line != lock["key"]]
+    assert all(len(line) <= 80 for line in described), table.stdout
 
     refused = baton(workers, "unlock", lock["key"])
     assert refused.returncode != 0
@@ -110,3 +118,107 @@ def test_status_shows_the_requests_held_now_not_a_running_total(
     for result in results:
         assert result.get(timeout=30)
     wait_until(lambda: held() == 0, timeout=20, what="none held once all ran")
+
+
+def test_locks_show_whole_keys_and_unique_claims_that_unlock_frees(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import mx_skip
+
+    workers.start(APP, concurrency=2)
+    running = mx_skip.delay("a-rather-long-key-name-" * 3, "sleep", 6.0, 1)
+    observer.starts_of("a-rather-long-key-name-" * 3)
+    rows = as_json(workers, "locks")
+    assert {r["kind"] for r in rows} == {"exclusive", "unique"}, rows
+    claim = next(r for r in rows if r["kind"] == "unique")
+    assert claim["task_id"] == running.id
+    text = baton(workers, "locks").stdout
+    for row in rows:  # whole keys, ready to paste into `unlock`
+        assert row["key"] in text, text
+
+    refused = baton(workers, "unlock", claim["key"])
+    assert refused.returncode != 0 and running.id in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    freed = as_json(workers, "unlock", claim["key"], "--force")
+    assert freed["removed"] == 1
+    assert [r["kind"] for r in as_json(workers, "locks")] == ["exclusive"]
+
+    missing = baton(workers, "unlock", claim["key"])
+    assert missing.returncode != 0 and "no such lease" in missing.stderr, missing.stderr
+
+
+def test_a_lease_of_a_worker_that_stopped_reporting_is_stale(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import ex_skip
+
+    worker = workers.start(APP, concurrency=1)
+    ex_skip.delay("stale", 30.0)
+    observer.starts_of("stale")
+    worker.kill()  # SIGKILL: its lease lives on until lease_ttl, its reports stop
+    wait_until(
+        lambda: as_json(workers, "status")["workers"] == [], timeout=20, what="reports expire"
+    )
+    [lock] = as_json(workers, "locks")
+    assert lock["stale"] is True
+    assert "STALE" in baton(workers, "locks").stdout
+    refused = baton(workers, "unlock", lock["key"])
+    assert refused.returncode != 0
+    assert "stopped reporting" in refused.stderr and "live run" not in refused.stderr
+    assert as_json(workers, "status")["stale_leases"] == 1
+
+
+def test_a_cleanly_stopped_worker_leaves_status_at_once(workers: Workers) -> None:
+    worker = workers.start(APP, concurrency=1)
+    wait_until(lambda: as_json(workers, "status")["workers"], timeout=20, what="a report")
+    assert worker.stop() == 0
+    assert as_json(workers, "status")["workers"] == []
+
+
+def test_limits_set_refuses_what_would_change_nothing(workers: Workers) -> None:
+    app = "tests.apps.limits"
+    rated = next(t for t in as_json(workers, "limits", app=app)["tasks"] if t["rate"])
+    cases = {
+        "tests.apps.limits.no_such_task": "no task named",
+        rated["task"].rsplit(".", 1)[1]: "not a full task name",
+    }
+    for task, why in cases.items():
+        done = baton(workers, "limits", "set", task, "--rate", "5/s", app=app)
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+    if rated["concurrency"] is None:
+        done = baton(workers, "limits", "set", rated["task"], "--concurrency", "2", app=app)
+        assert done.returncode == 2 and "declares no global_concurrency" in done.stderr
+
+
+def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--watch", "0.3"],
+        env=_process_env(workers.env),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert out.count("store:") >= 2, out + err
+
+
+def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path), TMPDIR=str(tmp_path))
+    env["TEST_BROKER_URL"] = "redis://127.0.0.1:1/0"
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.no_baton", "baton", "status"],
+        env=_process_env(env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "no embedded store runs" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("*.sock")), "status started an embedded server"

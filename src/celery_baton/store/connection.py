@@ -93,12 +93,21 @@ def connect(
     *,
     socket_timeout: float = 2.0,
     client_name: str | None = None,
+    start_embedded: bool = True,
 ) -> Store:
-    """Connect to the store at ``url``; ``None`` or ``embedded://`` starts the embedded one.
+    """Connect to the store at ``url``; ``None`` or ``embedded://`` starts the embedded one
+    (unless ``start_embedded`` is False: an operator's look must not start a server).
 
     >>> store = connect("redis://127.0.0.1:6379/0")  # doctest: +SKIP
     """
     if not url or url.startswith("embedded:"):
+        sock = runtime_dir() / "valkey.sock"
+        if not start_embedded and not _answers(sock):
+            raise StoreUnavailable(
+                "no store URL is set (baton_url / $BATON_URL) and no embedded store runs "
+                "on this machine: nothing to look at",
+                url=EMBEDDED_URL,
+            )
         sock = ensure_embedded_server()
         url = f"unix://{sock}"
         return Store(url, _redis_from_url(url, socket_timeout, client_name), embedded=True)

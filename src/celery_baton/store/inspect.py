@@ -9,10 +9,14 @@ from typing import Any
 from celery_baton.store.connection import STORE_ERRORS, Store
 
 LEASE_KINDS = {"ex": "exclusive", "cc": "concurrency", "run": "redelivery"}
+UNIQUE_KIND = "uq"
 
 
 @dataclass(frozen=True)
 class LeaseRow:
+    """One holder of a key: a lease (exclusive, concurrency, redelivery) or a unique
+    claim (``kind="unique"``: held by a queued or running task id, no worker)."""
+
     key: str
     kind: str
     task: str
@@ -20,6 +24,7 @@ class LeaseRow:
     worker: str
     fence: int
     ttl_left: float
+    stale: bool = False  # its worker stopped reporting: it ends when ttl_left runs out
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +69,25 @@ def leases(store: Store, prefix: str) -> list[LeaseRow]:
         raise store.unavailable(exc) from exc
 
 
+def unique_claims(store: Store, prefix: str) -> list[LeaseRow]:
+    """Every unique claim: the task id that holds it while queued or running."""
+    try:
+        rows = []
+        for key in store.client.scan_iter(match=f"{prefix}:{{*}}:{UNIQUE_KIND}:*", count=1000):
+            holder, ttl_ms = store.client.get(key), store.client.pttl(key)
+            if holder is None:
+                continue
+            task, _ = _parse_key(key)
+            rows.append(LeaseRow(key, "unique", task, holder, "", 0, max(ttl_ms, 0) / 1000))
+        return sorted(rows, key=lambda r: (r.task, r.key))
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def is_unique_claim(key: str) -> bool:
+    return _parse_key(key)[1] == UNIQUE_KIND
+
+
 def workers(store: Store, prefix: str) -> list[dict[str, Any]]:
     """The reports live workers publish every renewal interval."""
     try:
@@ -91,9 +115,26 @@ def set_limit_override(store: Store, key: str, field: str, value: str | None) ->
         raise store.unavailable(exc) from exc
 
 
-def unlock(store: Store, key: str, *, force: bool, channel: str) -> tuple[int, list[str]]:
-    """Free ``key``'s expired holders, and live ones with ``force``: (removed, live owners)."""
+def exists(store: Store, key: str) -> bool:
     try:
+        return bool(store.client.exists(key))
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def unlock(store: Store, key: str, *, force: bool, channel: str) -> tuple[int, list[str]]:
+    """Free ``key``'s expired holders, and live ones with ``force``: (removed, live owners).
+
+    A unique claim has one holder, the task id that claimed it; freeing it lets the
+    next publish of that key be queued."""
+    try:
+        if is_unique_claim(key):
+            holder = store.client.get(key)
+            if holder is None:
+                return 0, []
+            if not force:
+                return 0, [f"{holder}|"]
+            return int(store.client.delete(key)), [f"{holder}|"]
         reply = store.scripts.run("unlock", [key], ["1" if force else "0", channel])
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc

@@ -156,6 +156,11 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def shutdown(self, parent: Any) -> None:
         self.stop(parent)
+        if self.baton is not None:
+            # A clean stop leaves `celery baton status` at once, not when the report's
+            # ttl runs out; what it still holds is released below.
+            with contextlib.suppress(*STORE_ERRORS):
+                self.baton.store.client.delete(self.baton.names.worker(parent.hostname))
         if self.listener is not None:
             self.listener.stop()
         if self.admission is not None and self.admission.releaser is not None:
