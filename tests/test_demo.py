@@ -22,7 +22,7 @@ def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert "all guarantees held" in out
-    for guarantee in ("exclusive", "rate", "concurrency", "beat", "redelivery"):
+    for guarantee in ("exclusive", "unique", "rate", "concurrency", "beat", "redelivery"):
         assert f"{guarantee}:" in out
     assert "beat: ticks fired / duplicates" in out and " / 0 " in out
 

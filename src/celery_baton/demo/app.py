@@ -59,6 +59,13 @@ def import_feed(feed_url: str) -> int:
     return fence()
 
 
+@app.task(name="baton_demo.build_report", unique="report_id")
+def build_report(report_id: int) -> None:
+    start = _server_us()
+    time.sleep(1.0)
+    _record("report", str(report_id), start)
+
+
 @app.task(name="baton_demo.fetch", global_rate_limit="10/s")
 def fetch(n: int) -> None:
     _record("fetch", "api", _server_us())

@@ -157,7 +157,7 @@ class Demo:
     def exclusive(self) -> None:
         from celery_baton.demo.app import import_feed
 
-        say("\n[1/5] exclusive: 5 imports of each of 4 feeds sent at once, 2 workers")
+        say("\n[1/6] exclusive: 5 imports of each of 4 feeds sent at once, 2 workers")
         feeds = [f"https://example.org/feed/{i}" for i in range(4)]
         for _ in range(5):
             for feed in feeds:
@@ -173,10 +173,22 @@ class Demo:
             4 <= len(runs) < 20,
         )
 
+    def unique(self) -> None:
+        from celery_baton.demo.app import build_report
+
+        say("\n[2/6] unique: report 7 published 5 times while the first is queued or running")
+        results = [build_report.delay(7) for _ in range(5)]
+        self.wait_for("the report", lambda: len(self.runs("report")) >= 1, 20)
+        time.sleep(1.5)
+        runs = len(self.runs("report"))
+        ids = {r.id for r in results}
+        self.record("unique: runs of 5 publishes of one report", str(runs), runs == 1)
+        self.record("unique: task ids the 5 publishes returned", str(len(ids)), len(ids) == 1)
+
     def rate(self) -> None:
         from celery_baton.demo.app import fetch
 
-        say("\n[2/5] global rate limit 10/s: 30 fetches over 2 workers (4 pool slots)")
+        say("\n[3/6] global rate limit 10/s: 30 fetches over 2 workers (4 pool slots)")
         for i in range(30):
             fetch.delay(i)
         self.wait_for("fetches", lambda: len(self.runs("fetch")) >= 30, 30)
@@ -188,12 +200,17 @@ class Demo:
             f"{achieved:.1f}/s",
             len(starts) == 30 and 9.0 <= achieved <= 10.5,
         )
-        self.record("rate: most starts in any 1 s window", str(busiest), busiest <= 11)
+        # GCRA with burst 1 lets one start come early: 10 in a second plus the burst.
+        self.record(
+            "rate: most starts in any 1 s window",
+            f"{busiest} (<= 10 + burst 1)",
+            busiest <= 11,
+        )
 
     def concurrency(self) -> None:
         from celery_baton.demo.app import render
 
-        say("\n[3/5] global concurrency 3: 12 renders over 4 pool slots")
+        say("\n[4/6] global concurrency 3: 12 renders over 4 pool slots")
         for i in range(12):
             render.delay(i)
         self.wait_for("renders", lambda: len(self.runs("render")) >= 12, 30)
@@ -206,7 +223,7 @@ class Demo:
         )
 
     def beat(self, started: float) -> None:
-        say("\n[4/5] beat: 2 beat processes fire a 1 s entry; the leader is SIGKILLed")
+        say("\n[5/6] beat: 2 beat processes fire a 1 s entry; the leader is SIGKILLed")
         leader = self.leader_pid()
         killed_at = time.monotonic()
         victim = next((p for p in self.beats if p.pid == leader), None)
@@ -244,7 +261,7 @@ class Demo:
     def redelivery(self) -> None:
         from celery_baton.demo.app import charge
 
-        say("\n[5/5] redelivery guard: one charge, then its message delivered again")
+        say("\n[6/6] redelivery guard: one charge, then its message delivered again")
         task_id = str(uuid.uuid4())
         charge.apply_async((1,), task_id=task_id)
         self.wait_for("the charge", lambda: len(self.runs("charge")) >= 1, 15)
@@ -275,6 +292,7 @@ class Demo:
         started = time.monotonic()
         self.wait_for("a beat leader", lambda: self.leader_pid() is not None, 15)
         self.exclusive()
+        self.unique()
         self.rate()
         self.concurrency()
         self.beat(started)
