@@ -3,6 +3,7 @@ real worker holding real leases."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,6 +220,10 @@ def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
+    started = list(tmp_path.rglob("valkey.pid"))
+    for pidfile in started:  # never leave a daemon behind, even when this test fails
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
     assert done.returncode != 0 and "no embedded store runs" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
-    assert not list(tmp_path.rglob("*.sock")), "status started an embedded server"
+    assert not started, "status started an embedded server"

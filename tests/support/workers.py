@@ -292,6 +292,13 @@ class Machine:
         self.runtime.chmod(0o700)
         self.env = {"TMPDIR": str(self.tmp), "XDG_RUNTIME_DIR": str(self.runtime)}
 
+    def stop_embedded_servers(self) -> None:
+        """Stop embedded stores a process started on this machine (they daemonize and
+        would outlive a failed test)."""
+        for pidfile in [*self.runtime.rglob("valkey.pid"), *self.tmp.rglob("valkey.pid")]:
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+
     def embedded_servers(self) -> list[Path]:
         """Sockets of embedded stores started on this machine (none when a URL is used)."""
         return sorted(self.runtime.glob("celery-baton-*/*.sock")) + sorted(
