@@ -1,0 +1,144 @@
+"""Per-call options: the caller decides a call's key and policy. Celery-free.
+
+One task is often called under different policies (seed 004: the caller picks the lock
+key, whether a duplicate waits or is rejected, and how long it may wait). They travel in
+the message, as a header, under one keyword::
+
+    import_feed.apply_async(
+        (url,), baton={"exclusive": "tenant:42", "conflict": "wait", "wait_timeout": 30}
+    )
+
+Why ``baton={...}``: Celery's idiom for per-call settings is a keyword of
+``apply_async`` (``countdown=``, ``expires=``, ``priority=``), and celery-once's is
+``once={...}``; one namespaced dict keeps ours apart from Celery's own options and from
+the task's arguments (the seed popped its options out of ``kwargs``; we never put them
+there). It works wherever options do: ``apply_async``, ``signature(...).set()``, canvas
+members, ``send_task`` and beat entries' ``options``.
+
+Validated at publish (a typo raises there, before anything is sent) and read again by
+the worker from the header.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from celery_baton.config import suggest
+from celery_baton.errors import ConfigError
+from celery_baton.keys import _canonical_json
+
+#: The message header that carries a call's options (JSON).
+HEADER = "baton_call"
+CONFLICTS = ("skip", "wait")
+UNIQUE_CONFLICTS = ("return", "raise")
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one call overrides of its task's declared options (None: the task's own)."""
+
+    exclusive: str | None = None  # the key's material, canonical (see key_material)
+    conflict: str | None = None  # "skip" | "wait"
+    wait_timeout: float | None = None  # seconds a "wait" duplicate may be held at most
+    lease_ttl: float | None = None
+    unique: str | None = None  # the unique key's material
+    unique_conflict: str | None = None  # "return" | "raise"
+    unique_ttl: float | None = None
+
+    def to_header(self) -> str:
+        return json.dumps(
+            {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        )
+
+    @classmethod
+    def from_header(cls, text: str | None) -> CallOptions | None:
+        """A header written by :meth:`to_header` (trusted: it was validated at publish)."""
+        if not text:
+            return None
+        return cls(**json.loads(text))
+
+
+NAMES = tuple(f.name for f in fields(CallOptions))
+
+
+def key_material(value: object, *, subject: str) -> str:
+    """A per-call key: a string is used as given; a mapping of argument names to values
+    is written exactly as a declared key over those names writes it, so
+    ``baton={"exclusive": {"tenant": 42}}`` and ``exclusive="tenant"`` called with
+    ``tenant=42`` name the same key."""
+    if isinstance(value, str):
+        if not value:
+            raise ConfigError("a per-call key must not be empty", subject=subject)
+        return value
+    if isinstance(value, Mapping) and value and all(isinstance(k, str) for k in value):
+        try:
+            return str(_canonical_json(dict(value)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"cannot be made into a key: {exc}", subject=subject) from exc
+    raise ConfigError(
+        f"a per-call key is a string or a mapping of argument names, got {value!r}",
+        subject=subject,
+    )
+
+
+def parse(task: str, value: object) -> CallOptions:
+    """Validate the ``baton={...}`` of one call of ``task``; raise ConfigError naming it."""
+    subject = f"{task} baton="
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"expected a dict of options, got {value!r}", subject=subject)
+    for name in value:
+        if name not in NAMES:
+            raise ConfigError(
+                f"unknown per-call option {name!r}{suggest(str(name), NAMES)}", subject=subject
+            )
+
+    def choice(name: str, allowed: tuple[str, ...]) -> str | None:
+        option = value.get(name)
+        if option is not None and option not in allowed:
+            raise ConfigError(f"{name} must be one of {allowed}, got {option!r}", subject=subject)
+        return option if option is None else str(option)
+
+    def seconds(name: str) -> float | None:
+        option = value.get(name)
+        if option is None:
+            return None
+        if isinstance(option, bool) or not isinstance(option, int | float) or not option > 0:
+            raise ConfigError(f"{name} must be seconds > 0, got {option!r}", subject=subject)
+        return float(option)
+
+    def key(name: str) -> str | None:
+        option = value.get(name)
+        return None if option is None else key_material(option, subject=f"{subject}{name}")
+
+    return CallOptions(
+        exclusive=key("exclusive"),
+        conflict=choice("conflict", CONFLICTS),
+        wait_timeout=seconds("wait_timeout"),
+        lease_ttl=seconds("lease_ttl"),
+        unique=key("unique"),
+        unique_conflict=choice("unique_conflict", UNIQUE_CONFLICTS),
+        unique_ttl=seconds("unique_ttl"),
+    )
+
+
+def check_against(task: str, options: CallOptions, declared: Any) -> None:
+    """Refuse per-call options that qualify what the task does not have (a ``conflict``
+    for a task that is not exclusive and names no per-call key): they would do nothing.
+    ``declared`` is the task's compiled policy or None."""
+    subject = f"{task} baton="
+    exclusive = options.exclusive is not None or getattr(declared, "exclusive", None)
+    unique = options.unique is not None or getattr(declared, "unique", None)
+    for name, needs, present in (
+        ("conflict", "exclusive", exclusive),
+        ("wait_timeout", "exclusive", exclusive),
+        ("unique_conflict", "unique", unique),
+        ("unique_ttl", "unique", unique),
+    ):
+        if getattr(options, name) is not None and not present:
+            raise ConfigError(
+                f"{name} needs {needs} (declared on the task or given in this call)",
+                subject=subject,
+            )
