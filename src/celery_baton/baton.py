@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +25,8 @@ from celery_baton.policy import (
     declares_options,
 )
 from celery_baton.publish import guard_send_task
-from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.store.scripts import Pending
+from celery_baton.store.connection import Store
+from celery_baton.unique import UniqueClaims
 from celery_baton.wiring import parts_for
 
 logger = logging.getLogger("celery_baton")
@@ -108,14 +107,12 @@ class Baton:
         self.parts.installed = self
         self._policies: dict[str, TaskPolicy | None] = {}
         self._lock = threading.Lock()
-        self.admission: Any = None
         _batons[app] = self
         from celery_baton.worker.step import BatonConsumer
 
         app.steps["consumer"].add(BatonConsumer)
         app.send_task = guard_send_task(self, app.send_task)
         app.task = self._validating_task_decorator(app.task)
-        celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
     # -- lazily built parts -----------------------------------------------------------
 
@@ -207,68 +204,10 @@ class Baton:
 
         return task
 
-    # -- unique keys ------------------------------------------------------------------
-
-    def claim_unique(self, key: str, task_id: str, ttl: float) -> str:
-        """Claim ``key`` for ``task_id``: '' when claimed, else the holder's task id."""
-        return self.claim_result(self.send_claim(key, task_id, ttl), key, task_id, ttl)
-
-    def send_claim(self, key: str, task_id: str, ttl: float) -> Pending:
-        """Write the claim now; ``claim_result`` reads its answer (the round trip overlaps
-        what the caller does meanwhile: building the message)."""
-        try:
-            return self.store.scripts.send("unique_claim", [key], [task_id, round(ttl * 1000)])
-        except STORE_ERRORS as exc:
-            self.release_unique_later(key, task_id, ttl)  # part of it may have been written
-            raise self.store.unavailable(exc) from exc
-
-    def claim_result(self, pending: Pending, key: str, task_id: str, ttl: float) -> str:
-        try:
-            holder = self.store.scripts.result(pending)
-        except STORE_ERRORS as exc:
-            # The claim may still run later (a paused store executes what it buffered):
-            # give it back once the store answers, or it would block the key for ttl.
-            self.release_unique_later(key, task_id, ttl)
-            raise self.store.unavailable(exc) from exc
-        return str(holder or "")
-
-    def release_unique_later(self, key: str, task_id: str, ttl: float) -> None:
-        def retry() -> None:
-            deadline = time.monotonic() + ttl
-            delay = 0.5
-            while time.monotonic() < deadline:
-                time.sleep(delay)
-                try:
-                    self.release_unique(key, task_id)
-                    # Once more, in case the buffered claim ran after our first release.
-                    time.sleep(delay)
-                    self.release_unique(key, task_id)
-                    return
-                except BatonError:
-                    delay = min(delay * 2, 10.0)
-
-        threading.Thread(target=retry, name="baton-unclaim", daemon=True).start()
-
-    def release_unique(self, key: str, task_id: str) -> bool:
-        try:
-            return bool(self.store.scripts.run("unique_release", [key], [task_id]))
-        except STORE_ERRORS as exc:
-            raise self.store.unavailable(exc) from exc
-
-    def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-        """A task revoked (or expired) before it was admitted frees its unique key."""
-        if sender is None or request is None or self.app.tasks.get(sender.name) is not sender:
-            return
-        policy = self.policy_for(sender)
-        if policy is None or policy.unique is None:
-            return
-        try:
-            key = policy.unique_key(self.names, request.args or (), request.kwargs or {})
-            self.release_unique(key, request.id)
-        except BatonError as exc:
-            logger.warning(
-                "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
-            )
+    @property
+    def unique(self) -> UniqueClaims:
+        """Unique claims at publish time (the publish side's door to the store)."""
+        return self.parts.unique
 
     def on_lease_lost(self, owner: str, key: str) -> None:
         logger.error(

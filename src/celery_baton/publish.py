@@ -50,7 +50,7 @@ class _Claim:
     def settle(self) -> str:
         if self.holder is None:
             try:
-                self.holder = self.baton.claim_result(
+                self.holder = self.baton.unique.result(
                     self.pending, self.key, self.task_id, self.ttl
                 )
             except BaseException:
@@ -68,10 +68,10 @@ class _Claim:
         except StoreUnavailable:
             return  # no answer: already being given back in the background
         try:
-            self.baton.release_unique(self.key, self.task_id)
+            self.baton.unique.release(self.key, self.task_id)
         except StoreUnavailable as exc:
             logger.warning("freeing unique key %s later: %s", self.key, exc)
-            self.baton.release_unique_later(self.key, self.task_id, self.ttl)
+            self.baton.unique.release_later(self.key, self.task_id, self.ttl)
 
 
 _claims = threading.local()  # .by_id: claims of publishes in progress on this thread
@@ -96,7 +96,7 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
-        claim = _Claim(baton, key, task_id, ttl, baton.send_claim(key, task_id, ttl))
+        claim = _Claim(baton, key, task_id, ttl, baton.unique.send(key, task_id, ttl))
         if not _guard_sender(baton.app):
             claim.settle()  # no hook before the broker: know the answer before sending
         by_id = _claims.__dict__.setdefault("by_id", {})

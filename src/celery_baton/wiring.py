@@ -23,6 +23,7 @@ from celery_baton.errors import ConfigError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
 from celery_baton.store.connection import Store, connect, redact_url
+from celery_baton.unique import UniqueClaims
 
 
 class AppParts:
@@ -52,6 +53,10 @@ class AppParts:
     @functools.cached_property
     def gate(self) -> Gate:
         return Gate(self.store, notice_channel=self.names.notice_channel)
+
+    @functools.cached_property
+    def unique(self) -> UniqueClaims:
+        return UniqueClaims(self.store)
 
     def connect(
         self,

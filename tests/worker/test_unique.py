@@ -195,7 +195,7 @@ def test_a_publish_that_fails_while_the_message_is_built_frees_the_key(
                 unique.delay("boom")
             # A round trip on the publisher's own connection: the store has run
             # everything the publish wrote before the check below reads the key.
-            baton.release_unique("baton:{sync}:uq:none", "nobody")
+            baton.unique.release("baton:{sync}:uq:none", "nobody")
             assert store.get(key) is None
         assert queued(broker) == 0
         first = unique.delay("fine")

@@ -71,6 +71,12 @@ class Store:
         self.scripts = Scripts(self.client)
 
     @property
+    def cluster(self) -> bool:
+        """A Redis Cluster: a script's keys must share one slot, and there is no single
+        connection to pipeline on (the one place that tells; nothing else duck-types)."""
+        return not hasattr(self.client, "connection_pool")
+
+    @property
     def safe_url(self) -> str:
         return redact_url(self.url)
 

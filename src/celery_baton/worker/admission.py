@@ -2,136 +2,115 @@
 
 ``Admission`` replaces the consumer's ``on_task_request``: every delivered request
 (plain, after its ETA, after Celery's own rate-limit bucket) reaches it before the
-pool. A request of a task with a policy asks the gate once:
+pool. A request of a task with a policy asks the gate once, and the verdict
+(``worker/verdict.py``) says what it does:
 
-* granted: it goes to the pool holding its leases (released by ``worker.request``);
-* denied by an exclusive key with ``exclusive_conflict="skip"``: acked, not run,
-  logged, signalled and recorded as a ``TaskSkipped`` result;
-* denied by a task id that already finished (redelivery guard): acked, not run, logged;
-* otherwise it is HELD here, in memory, occupying no pool slot. Held requests wait in
-  one FIFO per key and are retried when the gate said they may pass (``retry_after``,
-  with jitter so several workers do not stampede) or at once when a lease on that key
-  is released (a pub/sub notice). Holding raises the prefetch count like an ETA task
-  does, so held requests do not starve the worker of other work; past a cap or a time
-  horizon they are handed back to the broker unchanged (``reject(requeue=True)``: same
-  id, headers and retry count; never ``task.retry``).
+* **Start**: it goes to the pool holding its leases (given back by ``worker/request.py``
+  through ``worker/releasing.py`` when it ends, whichever way);
+* **Skip**: acked, not run, logged, signalled, and recorded as a ``TaskSkipped`` result
+  (an exclusive duplicate with ``exclusive_conflict="skip"``, or a task id that already
+  finished under the redelivery guard);
+* **Wait**: held in the consumer (``worker/holding.py``), occupying no pool slot, and
+  asked again when the gate said it may pass or when the key is released. Past the
+  hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
+  same id, headers and retry count; never ``task.retry``).
 
-When the store is down, ``baton_on_store_error="hold"`` holds the request and retries
-with back-off (nothing runs unguarded); ``"run"`` runs it unguarded, logged.
+When the store does not answer, ``baton_on_store_error="hold"`` holds the request and
+retries with back-off (nothing runs unguarded); ``"run"`` runs it unguarded, logged.
+Whatever an unanswered ask may have granted is given back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import random
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
-from celery_baton.gate import Decision, Release, gate_call, parse_decision
-from celery_baton.leases import LeaseBook, Releaser, new_owner
+from celery_baton.gate import Decision
+from celery_baton.gate_channel import GateChannel
+from celery_baton.keys import KeyNames
+from celery_baton.leases import LeaseBook, new_owner
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.rates import parse_rate
-from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.worker.context import FENCE_FIELD
+from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
+from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
-
-if TYPE_CHECKING:
-    from celery_baton.baton import Baton
+from celery_baton.worker.verdict import Reason, Skip, Start, Wait, verdict
 
 logger = logging.getLogger("celery_baton.worker")
 
 STORE_KEY = "<store>"  # the wait queue of requests held because the store is down
-BACKOFF_START = 0.25
 BACKOFF_MAX = 10.0
-SKIP_GRACE = 0.25  # seconds a duplicate waits for a release in flight before it is skipped
-
-
-@dataclass(eq=False)
-class Held:
-    """A request the consumer is deciding about, or holding."""
-
-    request: Any
-    policy: TaskPolicy
-    plan: RunPlan
-    since: float = field(default_factory=time.monotonic)
-    held: bool = False
-    counted: bool = False  # raised the prefetch count (False past baton_hold_max)
-    backoff: float = BACKOFF_START
-    skip_after: float | None = None
-    asking: bool = False  # a gate call for it is in flight
-    asked_at: float = 0.0  # when the last gate call for it was sent
-    generation: int = 0
-    queue_key: str | None = None  # the wait queue it sits in
-
-
-@dataclass
-class Wait:
-    key: str
-    delay: float
-    # Jitter spreads workers that a release notice wakes together; a rate wait must not
-    # have it: strict GCRA loses every microsecond a waiter comes late.
-    jitter: bool = True
 
 
 class Admission:
     """The consumer's ``on_task_request``; see the module docstring."""
 
-    def __init__(self, baton: Baton, consumer: Any, handle: Callable[[Any], Any]) -> None:
-        self.baton = baton
+    def __init__(
+        self,
+        consumer: Any,
+        handle: Callable[[Any], Any],
+        *,
+        policy_for: Callable[[Any], TaskPolicy | None],
+        names: KeyNames,
+        channel: GateChannel,
+        book: LeaseBook,
+        releasing: Releasing,
+        on_store_error: str,
+        hold_max: int,
+        horizon: float,
+    ) -> None:
         self.consumer = consumer
         self.handle = handle
+        self.policy_for = policy_for
+        self.names = names
+        self.channel = channel
+        self.book = book
+        self.releasing = releasing
+        self.on_store_error = on_store_error
+        self.horizon = horizon
         self.hostname: str = consumer.hostname
-        self._queues: dict[str, deque[Held]] = {}
-        self._timers: dict[str, tuple[float, Any]] = {}
-        self._lock = threading.RLock()
-        self._wakeups: deque[str] = deque()
-        self._wake_w: int | None = None
-        self._wake_fds: tuple[int, int] | None = None
-        self._rate_cache: dict[str, float | None] = {}
-        self._released: dict[str, float] = {}  # lease key -> when its release was announced
-        self.book: LeaseBook | None = None
-        self.releaser: Releaser | None = None
-        self.channel: BlockingChannel | PipelinedChannel | None = None
-        self.generation = 0  # bumped when held requests are forgotten (connection lost)
-        self.held_count = 0
-        self.counted = 0  # held requests that raised the prefetch count
-        self._cap_warned = -1e9
-        self._store_down_until = 0.0
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
+        self.holding = Holding(
+            consumer, ask=self._ask, hold_max=hold_max, horizon=horizon, stats=self.stats
+        )
+        self.generation = 0  # bumped when held requests are forgotten (connection lost)
+        self._rate_cache: dict[str, float | None] = {}
+        self._store_down_until = 0.0
 
     # -- entry point ----------------------------------------------------------------
 
     def __call__(self, request: Any) -> Any:
-        policy = self.baton.policy_for(request.task)
+        policy = self.policy_for(request.task)
         if policy is None:
             return self.handle(request)
         try:
-            plan = policy.plan(
-                self.baton.names,
-                task_id=request.id,
-                owner=new_owner(request.id, self.hostname),
-                args=request.args,
-                kwargs=request.kwargs,
-                celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
-            )
+            plan = self._plan(policy, request)
         except KeySpecError as exc:
             return self._refuse(request, exc)
         if not plan.conditions:  # only a unique key to free when it finishes
-            attach(request, self, policy, plan)
+            attach(request, self.releasing, policy, plan)
             return self.handle(request)
-        with self._lock:
-            self._ask(Held(request, policy, plan, generation=self.generation), self._enqueue)
+        with self.holding.lock:
+            self._ask(Delivery(request, policy, plan, self.generation))
         return None
+
+    def _plan(self, policy: TaskPolicy, request: Any) -> RunPlan:
+        """What this delivery asks for, under an owner token of its own."""
+        return policy.plan(
+            self.names,
+            task_id=request.id,
+            owner=new_owner(request.id, self.hostname),
+            args=request.args,
+            kwargs=request.kwargs,
+            celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
+        )
 
     def _celery_rate(self, task: Any) -> float | None:
         # Read at every admission: `celery control rate_limit` changes it on every worker.
@@ -142,235 +121,193 @@ class Admission:
 
     # -- one decision ---------------------------------------------------------------
 
-    def _ask(self, held: Held, then: Callable[[Held, Wait], None]) -> None:
-        """Ask the gate for ``held``; when it must wait, ``then(held, wait)`` queues it.
-
-        The answer may come later (the store channel is pipelined on the event loop):
-        a request is never asked twice at once (``asking``).
-        """
-        request = held.request
-        if held.held and request.revoked():  # revoked or expired while held: Celery acks it
-            self._unhold(held)
+    def _ask(self, delivery: Delivery) -> None:
+        """Ask the gate for ``delivery``. The answer may come later (the channel is
+        pipelined on the event loop): a delivery is never asked twice at once."""
+        request = delivery.request
+        if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
+            self.holding.release(delivery)
             return
         now = time.monotonic()
-        elapsed = now - held.since
-        if held.held and elapsed >= self.baton.hold_horizon:
-            self._hand_back(held, f"held {elapsed:.0f}s, the horizon")
+        elapsed = now - delivery.since
+        if delivery.held and elapsed >= self.horizon:
+            self._hand_back(delivery, f"held {elapsed:.0f}s, the horizon")
             return
-        if not held.held and now < self._store_down_until:
+        if not delivery.held and now < self._store_down_until:
             # The store failed moments ago: do not wait on it again for every new
             # request; queue behind the request that is probing it.
-            self._answered(held, then, StoreUnavailable("the store failed moments ago"))
+            self._answered(delivery, StoreUnavailable("the store failed moments ago"))
             return
-        held.asking = True
-        held.asked_at = time.monotonic()
-        keys, args = gate_call(
-            held.plan.conditions, held.plan.owner, held.policy.lease_ttl, held.plan.reserve
+        delivery.asking = True
+        delivery.asked_at = now
+        self.channel.ask(
+            delivery.plan.conditions,
+            owner=delivery.plan.owner,
+            ttl=delivery.policy.lease_ttl,
+            reserve=delivery.plan.reserve,
+            answer=lambda reply: self._answered(delivery, reply),
         )
-        self._channel().call("gate", keys, args, lambda reply: self._answered(held, then, reply))
 
-    def _channel(self) -> BlockingChannel | PipelinedChannel:
-        if self.channel is None:
-            self.channel = BlockingChannel(self.baton.store)
-        return self.channel
-
-    def _answered(self, held: Held, then: Callable[[Held, Wait], None], reply: Any) -> None:
+    def _answered(self, delivery: Delivery, reply: Decision | BaseException) -> None:
         # Runs on the event loop when the store answered; kombu swallows exceptions
         # there, so none may escape: a request must never be lost.
         try:
-            with self._lock:
-                held.asking = False
-                if held.generation != self.generation:
-                    self._forgotten(held, reply)
+            with self.holding.lock:
+                delivery.asking = False
+                if delivery.generation != self.generation:
+                    # Dropped meanwhile (the broker connection was lost; its message
+                    # goes to another worker): give back whatever the gate may have
+                    # granted, now and, for an unanswered ask, once more later.
+                    if not (isinstance(reply, Decision) and not reply.granted):
+                        self.releasing.give_back(delivery.plan)
+                    if isinstance(reply, BaseException):
+                        self.releasing.give_back_later(delivery.plan)
                     return
-                outcome = self._outcome(held, reply)
-                if isinstance(outcome, Wait):
-                    then(held, outcome)
+                if isinstance(reply, BaseException):
+                    self._store_failed(delivery, reply)
+                    return
+                self._store_down_until = 0.0
+                delivery.backoff = BACKOFF_START
+                while delivery.lost:  # the store answers again: the second give-back
+                    self.releasing.give_back(delivery.lost.pop())
+                self._apply(delivery, reply)
         except Exception:
             logger.exception(
-                "baton: deciding %s[%s] failed; holding it", held.request.name, held.request.id
+                "baton: deciding %s[%s] failed; holding it",
+                delivery.request.name,
+                delivery.request.id,
             )
-            with self._lock:
-                then(held, Wait(STORE_KEY, BACKOFF_MAX))
+            with self.holding.lock:
+                self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
 
-    def _forgotten(self, held: Held, reply: Any) -> None:
-        """The answer for a request dropped meanwhile (the broker connection was lost and
-        its message goes to another worker): give back whatever the gate granted."""
-        if isinstance(reply, BaseException) or reply[0] != 1:
-            return
-        leases = tuple(lease.key for lease in held.plan.leases)
-        if leases:
-            self._send_release(Release(leases, held.plan.owner))
-
-    def _outcome(self, held: Held, reply: Any) -> Wait | None:
-        """What to do with the gate's reply. None: the request left (started, skipped)."""
-        request = held.request
-        if isinstance(reply, BaseException):
-            if not isinstance(reply, StoreUnavailable):
-                raise reply
-            delay = held.backoff
-            now = time.monotonic()
-            if self._store_down_until <= now:
-                self._store_down_until = now + delay
-            if self.baton.settings.on_store_error == "run":
-                logger.warning(
-                    "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
-                    request.name,
-                    request.id,
-                    reply,
-                )
-                self._start(held, Decision(True), guarded=False)
-                return None
-            held.backoff = min(BACKOFF_MAX, held.backoff * 2)
+    def _store_failed(self, delivery: Delivery, error: BaseException) -> None:
+        if not isinstance(error, StoreUnavailable):
+            raise error
+        # The store may have executed the ask before its answer was lost (a paused
+        # store runs what it buffered when it resumes). Whatever it may have granted
+        # that owner is given back now (owner-compared: it frees nothing that was not
+        # granted) and once more when the store answers again; the next ask uses a new
+        # owner, so that second give-back cannot free the run's own grant.
+        self.releasing.give_back(delivery.plan)
+        delivery.lost.append(delivery.plan)
+        delivery.plan = self._plan(delivery.policy, delivery.request)
+        request = delivery.request
+        delay = delivery.backoff
+        now = time.monotonic()
+        if self._store_down_until <= now:
+            self._store_down_until = now + delay
+        if self.on_store_error == "run":
             logger.warning(
-                "store unavailable, holding %s[%s], retry in %.2fs: %s",
+                "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
                 request.name,
                 request.id,
-                delay,
-                reply,
+                error,
             )
-            return Wait(STORE_KEY, delay)
-        held.backoff = BACKOFF_START
-        self._store_down_until = 0.0
-        result = parse_decision(held.plan.conditions, reply)
-        if result.granted:
-            self._start(held, result)
-            return None
-        return self._denied(held, result)
+            self._start(delivery, Start(), guarded=False)
+            return
+        delivery.backoff = min(BACKOFF_MAX, delivery.backoff * 2)
+        logger.warning(
+            "store unavailable, holding %s[%s], retry in %.2fs: %s",
+            request.name,
+            request.id,
+            delay,
+            error,
+        )
+        self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, delay))
 
-    def _denied(self, held: Held, decision: Decision) -> Wait | None:
-        request, plan, policy = held.request, held.plan, held.policy
-        condition = decision.denied_by
-        assert condition is not None
-        own_copy = decision.holder_task_id == request.id
-        if condition.kind == "D":
-            self._skip(
-                held,
-                "already-run",
-                condition.key,
-                decision.holder,
-                f"task id {request.id} already finished; this redelivered copy is not run",
-            )
-            return None
-        if (
-            condition.key == plan.exclusive_key
-            and not own_copy
-            and policy.exclusive_conflict == "skip"
-        ):
-            grace = self._grace_left(held)
-            if grace > 0:
-                return Wait(condition.key, min(grace, max(decision.retry_after, 0.001)))
-            label = plan.labels.get(condition.key, "")
-            self._skip(
-                held,
-                "exclusive",
-                condition.key,
-                decision.holder_task_id,
-                f"exclusive key {label or '(task)'} of {request.name} is held by task "
-                f"{decision.holder_task_id}; this run is skipped",
-            )
-            return None
-        if condition.kind == "R":
-            self.stats["throttled"] += 1
-            metrics.throttled.labels(held.request.name).inc()
-            signals.task_throttled.send(
-                sender=held.request.task,
-                request=held.request,
-                key=condition.key,
-                retry_after=decision.retry_after,
-            )
-        # A lease held by a copy of this very task id (its own retry, or a redelivery
-        # while the first copy still runs) always waits: it is freed in milliseconds,
-        # or the first copy finishes and this one is dropped as already run.
-        if condition.kind == "R" and plan.reserve:
-            # Ask again just inside the reservation window: the slot is then reserved
-            # before it comes, however late this worker wakes.
-            early = decision.retry_after - plan.reserve * 0.9
-            return Wait(condition.key, max(early, 0.0001), jitter=False)
-        return Wait(condition.key, max(decision.retry_after, 0.0001), jitter=condition.kind != "R")
-
-    def _grace_left(self, held: Held) -> float:
-        """How long a duplicate still waits before it is skipped (0: skip it now).
-
-        A run's result is stored by the pool child before the main process releases its
-        lease, so a caller that waited for the result and publishes again at once can
-        find the key still held for a few milliseconds. Skipping that run would be
-        wrong: the first run is over. The release notice wakes it at once; a run that
-        really is still going makes it skip when the grace ends.
-        """
+    def _apply(self, delivery: Delivery, decision: Decision) -> None:
+        request = delivery.request
         now = time.monotonic()
-        if held.skip_after is None:
-            held.skip_after = now + SKIP_GRACE
-        return max(0.0, held.skip_after - now)
+        outcome = verdict(
+            decision,
+            delivery.plan,
+            task_name=request.name,
+            task_id=request.id,
+            conflict=delivery.policy.exclusive_conflict,
+            denied_since=delivery.denied_since,
+            now=now,
+        )
+        if isinstance(outcome, Start):
+            self._start(delivery, outcome)
+        elif isinstance(outcome, Skip):
+            self._skip(delivery, outcome)
+        else:
+            if outcome.reason is Reason.EXCLUSIVE and delivery.denied_since is None:
+                delivery.denied_since = now
+            if outcome.reason is Reason.RATE:
+                self.stats["throttled"] += 1
+                metrics.throttled.labels(request.name).inc()
+                signals.task_throttled.send(
+                    sender=request.task,
+                    request=request,
+                    key=outcome.key,
+                    retry_after=decision.retry_after,
+                )
+            self.holding.hold(delivery, outcome)
 
     # -- outcomes -------------------------------------------------------------------
 
-    def _start(self, held: Held, decision: Decision, *, guarded: bool = True) -> None:
-        request = held.request
+    def _start(self, delivery: Delivery, start: Start, *, guarded: bool = True) -> None:
+        request = delivery.request
         if guarded:
-            attach(request, self, held.policy, held.plan)
-            if self.book is not None:
-                self.book.add(held.plan.owner, held.plan.leases)
-            if decision.fence:
-                request.request_dict[FENCE_FIELD] = decision.fence
+            attach(request, self.releasing, delivery.policy, delivery.plan)
+            self.book.add(delivery.plan.owner, delivery.plan.leases)
+            if start.fence:
+                request.request_dict[FENCE_FIELD] = start.fence
         self.stats["admitted"] += 1
         metrics.admissions.labels(request.name).inc()
-        if decision.start_after > 0:
+        if start.start_after > 0:
             # A reserved rate slot: hold it (no pool slot) until the slot's instant.
-            self._remove(held)
-            if not held.held:
-                self._enqueue_reserved(held)
+            self.holding.hold_reserved(delivery)
             self.consumer.timer.call_after(
-                decision.start_after, self._dispatch, (held,), priority=5
+                start.start_after, self._dispatch, (delivery,), priority=5
             )
             return
-        self._unhold(held)
+        self.holding.release(delivery)
         self.handle(request)
 
-    def _enqueue_reserved(self, held: Held) -> None:
-        """Count a reserved request as held (prefetch, stats) without a wait queue."""
-        held.held = True
-        self.held_count += 1
-        if self.counted < self.baton.settings.hold_max:
-            held.counted = True
-            self.counted += 1
-            self.consumer.qos.increment_eventually()
-
-    def _dispatch(self, held: Held) -> None:
+    def _dispatch(self, delivery: Delivery) -> None:
         try:
-            with self._lock:
-                if held.generation != self.generation:
+            with self.holding.lock:
+                if delivery.generation != self.generation:
                     # Forgotten (the connection was lost; the broker redelivers it): it
                     # will not run here, so give back what it was granted.
-                    self.finish(held.request, held.policy, held.plan, final=False)
+                    self.releasing.give_back(delivery.plan)
                     return
-                self._unhold(held)
-                self.handle(held.request)
+                self.holding.release(delivery)
+                self.handle(delivery.request)
         except Exception:
-            logger.exception("baton: dispatching %s[%s] failed", held.request.name, held.request.id)
+            logger.exception(
+                "baton: dispatching %s[%s] failed", delivery.request.name, delivery.request.id
+            )
 
-    def _skip(self, held: Held, reason: str, key: str, holder: str, message: str) -> None:
-        request = held.request
-        self._unhold(held)
+    def _skip(self, delivery: Delivery, skip: Skip) -> None:
+        request = delivery.request
+        self.holding.release(delivery)
         self.stats["skipped"] += 1
-        metrics.skips.labels(request.name, reason).inc()
-        logger.warning("%s[%s] skipped: %s", request.name, request.id, message)
+        metrics.skips.labels(request.name, skip.reason.value).inc()
+        logger.warning("%s[%s] skipped: %s", request.name, request.id, skip.message)
         signals.task_skipped.send(
-            sender=request.task, request=request, key=key, holder=holder, reason=reason
+            sender=request.task,
+            request=request,
+            key=skip.key,
+            holder=skip.holder,
+            reason=skip.reason.value,
         )
         task = request.task
-        if reason == "exclusive" and not task.ignore_result:
-            # A clear final state for whoever waits on the result; no errbacks: the
-            # work is being done by the holder.
-            task.backend.mark_as_failure(
-                request.id,
-                TaskSkipped(message, key, holder),
-                request=request._context,
-                store_result=True,
-                call_errbacks=False,
-            )
-        if held.plan.unique_key and reason == "exclusive":
-            self._release_unique(held)
+        if skip.reason is Reason.EXCLUSIVE:
+            if not task.ignore_result:
+                # A clear final state for whoever waits on the result; no errbacks:
+                # the work is being done by the holder.
+                task.backend.mark_as_failure(
+                    request.id,
+                    TaskSkipped(skip.message, skip.key, skip.holder),
+                    request=request._context,
+                    store_result=True,
+                    call_errbacks=False,
+                )
+            if delivery.plan.unique_key:
+                self.releasing.free_unique(delivery.plan.unique_key, request.id)
         worker_state.task_ready(request)
         request.acknowledge()
 
@@ -386,9 +323,9 @@ class Admission:
         worker_state.task_ready(request)
         request.acknowledge()
 
-    def _hand_back(self, held: Held, why: str) -> None:
-        request = held.request
-        self._unhold(held)
+    def _hand_back(self, delivery: Delivery, why: str) -> None:
+        request = delivery.request
+        self.holding.release(delivery)
         self.stats["handed_back"] += 1
         metrics.handed_back.labels(request.name).inc()
         logger.warning("%s[%s] handed back to the broker: %s", request.name, request.id, why)
@@ -396,245 +333,8 @@ class Admission:
         worker_state.task_ready(request)
         request.reject(requeue=True)
 
-    def _release_unique(self, held: Held) -> None:
-        with contextlib.suppress(BatonError):
-            self.baton.release_unique(held.plan.unique_key or "", held.request.id)
-
-    # -- holding --------------------------------------------------------------------
-
-    def _enqueue(self, held: Held, wait: Wait) -> None:
-        if not held.held:
-            held.held = True
-            self.held_count += 1
-            self.stats["held"] += 1
-            metrics.holds.labels(held.request.name).inc()
-            metrics.held_now.set(self.held_count)
-            if self.counted < self.baton.settings.hold_max:
-                # Like an ETA task: a held request must not use up the prefetch window,
-                # or the worker would stop receiving the work it could run.
-                held.counted = True
-                self.counted += 1
-                self.consumer.qos.increment_eventually()
-            else:
-                # Past the cap, held requests keep their prefetch slot: the window fills
-                # and the broker stops sending to this worker, so memory stays bounded
-                # (handing them back would make Redis redeliver them at once, a spin).
-                self._warn_cap()
-            signals.task_held.send(
-                sender=held.request.task, request=held.request, key=wait.key, retry_after=wait.delay
-            )
-            logger.info(
-                "%s[%s] held for %s, retry in %.3fs",
-                held.request.name,
-                held.request.id,
-                wait.key,
-                wait.delay,
-            )
-        if held.queue_key != wait.key:
-            self._remove(held)
-            self._queues.setdefault(wait.key, deque()).append(held)
-            held.queue_key = wait.key
-        delay = wait.delay
-        if self._released.get(wait.key, -1.0) >= held.asked_at:
-            delay = 0.0  # released after we asked: the notice came before the denial
-        self._arm(wait.key, delay, jitter=wait.jitter)
-
-    def _unhold(self, held: Held) -> None:
-        self._remove(held)
-        if held.held:
-            held.held = False
-            self.held_count -= 1
-            metrics.held_now.set(self.held_count)
-            metrics.hold_seconds.labels(held.request.name).observe(time.monotonic() - held.since)
-            if held.counted:
-                held.counted = False
-                self.counted -= 1
-                self.consumer.qos.decrement_eventually()
-
-    def _warn_cap(self) -> None:
-        now = time.monotonic()
-        if now - self._cap_warned > 10:
-            self._cap_warned = now
-            logger.warning(
-                "%d requests held, past baton_hold_max=%d: the rest keep their prefetch "
-                "slots, so this worker receives no more messages until some leave",
-                self.held_count,
-                self.baton.settings.hold_max,
-            )
-
-    def _arm(self, key: str, delay: float, *, jitter: bool = True) -> None:
-        delay = min(delay, self.baton.hold_horizon)  # never sleep past the horizon
-        if jitter:  # workers woken together retry at different moments
-            delay = delay * (1 + random.random() * 0.05) + random.random() * 0.005
-        due = time.monotonic() + delay
-        armed = self._timers.get(key)
-        if armed is not None:
-            if armed[0] <= due:
-                return
-            armed[1].cancel()
-        entry = self.consumer.timer.call_after(delay, self._on_timer, (key,), priority=5)
-        self._timers[key] = (due, entry)
-
-    def _on_timer(self, key: str) -> None:
-        # kombu's timer swallows exceptions: catch everything so no request is lost.
-        try:
-            with self._lock:
-                self._timers.pop(key, None)
-                self._drain(key)
-        except Exception:
-            logger.exception("baton: draining %s failed; retrying", key)
-            with self._lock:
-                self._arm(key, 1.0)
-
-    def _drain(self, key: str) -> None:
-        """Ask for the head of ``key``'s queue. Its answer re-arms the timer (it still
-        waits), moves it to another queue, or lets it leave, which drains on."""
-        queue = self._queues.get(key)
-        if not queue:
-            self._drop_queue(key)
-            return
-        head = queue[0]
-        if not head.asking:
-            self._ask(head, self._enqueue)
-
-    def _remove(self, held: Held) -> None:
-        key, held.queue_key = held.queue_key, None
-        if key is None:
-            return
-        queue = self._queues.get(key)
-        if queue is None:
-            return
-        was_head = bool(queue) and queue[0] is held
-        with contextlib.suppress(ValueError):
-            queue.remove(held)
-        if not queue:
-            self._drop_queue(key)
-        elif was_head:
-            # The next one may pass now (a slot, a lease): ask on the next loop turn,
-            # not recursively from inside this answer.
-            self.consumer.timer.call_after(0, self._on_timer, (key,))
-
-    def _drop_queue(self, key: str) -> None:
-        self._queues.pop(key, None)
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer[1].cancel()
-
-    # -- wake-ups from the notice listener thread -----------------------------------
-
-    def install_wakeup(self, consumer: Any) -> None:
-        """Let another thread wake a key's queue on the consumer's own loop.
-
-        Called at every consumer start: after a lost broker connection Celery resets
-        the event loop, which drops every file descriptor registered on it."""
-        self.consumer = consumer
-        hub = getattr(consumer, "hub", None)
-        old, self._wake_fds = self._wake_fds, None
-        if old is not None:
-            if hub is not None:
-                with contextlib.suppress(Exception):  # gone already if the loop was reset
-                    hub.remove_reader(old[0])
-            for fd in old:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._wake_w = None
-        if hub is not None:
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            os.set_blocking(w, False)
-            self._wake_fds = (r, w)
-            self._wake_w = w
-            hub.add_reader(r, self._on_wake_pipe, r)
-
-    def wake(self, key: str) -> None:
-        """Called from another thread when ``key`` was released."""
-        # Remembered even when nobody waits here yet: a denial may be on its way back
-        # to this loop while the release that follows it is already announced.
-        self._released[key] = time.monotonic()
-        if len(self._released) > 4096:
-            horizon = time.monotonic() - 10
-            self._released = {k: t for k, t in list(self._released.items()) if t > horizon}
-        if key not in self._queues:
-            return
-        if self._wake_w is not None:
-            self._wakeups.append(key)
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"!")
-        else:  # timer2 runs its own thread and is thread-safe
-            self.consumer.timer.call_after(0, self._on_timer, (key,))
-
-    def _on_wake_pipe(self, fd: int) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.read(fd, 4096)
-        keys = set()
-        while self._wakeups:
-            keys.add(self._wakeups.popleft())
-        for key in keys:
-            self._on_timer(key)
-
     def forget_held(self) -> int:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
-        with self._lock:
-            count, self.held_count, self.counted = self.held_count, 0, 0
+        with self.holding.lock:
             self.generation += 1
-            for _, entry in self._timers.values():
-                entry.cancel()
-            self._timers.clear()
-            self._queues.clear()
-            return count
-
-    def held_by_key(self, top: int = 20) -> dict[str, int]:
-        with self._lock:
-            sizes = sorted(((len(q), k) for k, q in self._queues.items()), reverse=True)
-        return {key: size for size, key in sizes[:top]}
-
-    # -- release (Finisher) ---------------------------------------------------------
-
-    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None:
-        """Give back a run's leases; when final, mark its id done and free its unique key."""
-        if self.book is not None:
-            self.book.remove(plan.owner)
-        done_key = plan.done_key if final else None
-        unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
-        if not (plan.leases or done_key or unique_key):
-            return
-        release = Release(
-            tuple(lease.key for lease in plan.leases),
-            plan.owner,
-            done_key,
-            policy.redelivery_retention,
-            unique_key,
-            request.id,
-        )
-        self._send_release(release)
-
-    def _send_release(self, release: Release) -> None:
-        if isinstance(self.channel, PipelinedChannel):
-            # Written to the store's socket now; the event loop reads the answer later.
-            keys, args = release.script_call(self.baton.names.notice_channel)
-
-            def answered(reply: Any) -> None:
-                if isinstance(reply, BaseException):
-                    logger.warning("release failed, retrying in the background: %s", reply)
-                    self.retry_release(release)
-
-            self.channel.call("release", keys, args, answered)
-            return
-        if self.releaser is not None:
-            self.releaser.submit(release)  # sent from a thread, batched
-            return
-        try:
-            if time.monotonic() < self._store_down_until:
-                raise StoreUnavailable("the store failed moments ago; not asked again yet")
-            self.baton.gate.release_many([release])
-        except StoreUnavailable as exc:
-            now = time.monotonic()
-            if self._store_down_until <= now:
-                self._store_down_until = now + BACKOFF_START
-            logger.warning("release failed, retrying in the background: %s", exc)
-            self.retry_release(release)
-
-    def retry_release(self, release: Release) -> None:
-        if self.book is not None:
-            gate = self.baton.gate
-            self.book.retry_later(lambda: gate.release_many([release]))
+            return self.holding.forget()

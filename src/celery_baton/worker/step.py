@@ -1,22 +1,31 @@
-"""The consumer bootstep that installs admission, the lease renewer and the notice listener."""
+"""The consumer bootstep: builds the worker's parts and puts admission before the pool.
+
+Installed by ``Baton(app)``; Celery builds it from the app alone, so it finds its Baton
+through ``wiring.parts_for(app)``, the one app -> parts lookup. Following Celery's
+contract: ``include_if`` says whether the app uses celery-baton at all, ``create``
+builds every part once (the gate channel, the lease book, releasing, admission, the
+notice listener), ``start`` runs at every consumer start (also after a lost broker
+connection, when Celery has reset the event loop), ``stop`` and ``shutdown`` hand back
+what is held and release what is owed.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import threading
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
+from celery import signals as celery_signals
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError
-from celery_baton.leases import LeaseBook, Releaser
-from celery_baton.store.channel import BlockingChannel, PipelinedChannel
-from celery_baton.store.connection import STORE_ERRORS
+from celery_baton.gate_channel import GateChannel
+from celery_baton.leases import LeaseBook
+from celery_baton.notices import NoticeListener, WorkerReports
 from celery_baton.wiring import parts_for
 from celery_baton.worker.admission import Admission
+from celery_baton.worker.releasing import Releasing
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
@@ -26,44 +35,9 @@ logger = logging.getLogger("celery_baton.worker")
 VISIBILITY_TRANSPORTS = ("redis", "rediss", "sqs", "sentinel")
 
 
-class NoticeListener(threading.Thread):
-    """Listens for released lease keys and wakes the requests held for them."""
-
-    def __init__(self, baton: Baton, admission: Admission) -> None:
-        super().__init__(name="baton-notices", daemon=True)
-        self.baton = baton
-        self.admission = admission
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        delay = 0.5
-        while not self._stop_event.is_set():
-            pubsub = None
-            try:
-                pubsub = self.baton.store.client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.baton.names.notice_channel)
-                delay = 0.5
-                while not self._stop_event.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message and message.get("type") == "message":
-                        self.admission.wake(str(message["data"]))
-            except STORE_ERRORS as exc:
-                logger.debug("notice listener lost the store (%r); reconnecting", exc)
-                # Held requests still wake on their timers meanwhile.
-                self._stop_event.wait(delay)
-                delay = min(delay * 2, 10.0)
-            except Exception:
-                logger.exception("notice listener crashed; restarting")
-                self._stop_event.wait(1.0)
-            finally:
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except Exception:  # closing a dead connection may fail; nothing to do
-                        logger.debug("closing pubsub failed", exc_info=True)
-
-    def stop(self) -> None:
-        self._stop_event.set()
+def _baton(parent: Any) -> Baton | None:
+    installed: Baton | None = parts_for(parent.app).installed
+    return installed
 
 
 class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -71,23 +45,76 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     label = "baton"
     # After the Tasks step: strategies read on_task_request when they are built,
-    # which we replaced in __init__, long before.
+    # which we replace in create(), long before.
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        baton: Baton | None = parts_for(parent.app).installed
+    def include_if(self, parent: Any) -> bool:
+        return _baton(parent) is not None
+
+    def create(self, parent: Any) -> BatonWorker:
+        baton = _baton(parent)
+        assert baton is not None  # include_if
+        return BatonWorker(baton, parent)
+
+    # Celery calls these with the consumer; the parts need it (its loop is new after a
+    # lost broker connection).
+    def start(self, parent: Any) -> None:
+        self.obj.start(parent)
+
+    def stop(self, parent: Any) -> None:
+        self.obj.stop(parent)
+
+    def shutdown(self, parent: Any) -> None:
+        self.obj.shutdown(parent)
+
+    def terminate(self, parent: Any) -> None:
+        self.obj.shutdown(parent)
+
+
+class BatonWorker:
+    """The worker side of one consumer: its parts, built once, started at every start."""
+
+    def __init__(self, baton: Baton, parent: Any) -> None:
+        baton.validate_all_tasks()  # a bad option stops the worker at start
         self.baton = baton
-        self.admission: Admission | None = None
-        self.listener: NoticeListener | None = None
-        if baton is None:
-            return
-        baton.validate_all_tasks()
-        self.admission = Admission(baton, parent, parent.on_task_request)
+        self.book = LeaseBook(
+            baton.gate,
+            interval=baton.renew_interval,
+            on_lost=baton.on_lease_lost,
+            on_tick=lambda: self._report(parent),
+        )
+        self.channel = GateChannel(
+            baton.gate,
+            # The consumer runs an event loop: gate and release calls are pipelined on
+            # it and never make it wait for the store.
+            hub=getattr(parent, "hub", None),
+            timer=parent.timer,
+            timeout=baton.settings.socket_timeout,
+            on_release_failed=lambda release: self.releasing.retry_later(release),
+        )
+        self.releasing = Releasing(self.channel, self.book)
+        self.admission = Admission(
+            parent,
+            parent.on_task_request,
+            policy_for=baton.policy_for,
+            names=baton.names,
+            channel=self.channel,
+            book=self.book,
+            releasing=self.releasing,
+            on_store_error=baton.settings.on_store_error,
+            hold_max=baton.settings.hold_max,
+            horizon=baton.hold_horizon,
+        )
         parent.on_task_request = self.admission
-        baton.admission = self.admission
+        self.listener = NoticeListener(
+            baton.store, baton.names.notice_channel, self.admission.holding.wake
+        )
+        self.reports = WorkerReports(baton.store, baton.names)
+        self._started = False
+        self._shut = False
         if baton.settings.global_rate_limits:
             self._take_over_rate_limits(parent)
-        super().__init__(parent, **kwargs)
+        celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
     def _take_over_rate_limits(self, consumer: Any) -> None:
         """Celery's per-worker bucket would throttle a second time: switch it off for the
@@ -101,47 +128,26 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         consumer.reset_rate_limits()
 
     def start(self, parent: Any) -> None:
-        admission, baton = self.admission, self.baton
-        if admission is None or baton is None:
-            return
-        if baton.store.embedded:
-            logger.warning(
-                "celery-baton is using its embedded store (%s): coordination holds only "
-                "between processes on this machine. Set app.conf.baton_url (or $BATON_URL) "
-                "to a shared Redis/Valkey to coordinate workers on several machines.",
-                baton.store.safe_url,
-            )
-        self._warn_visibility(parent)
-        metrics.serve(baton.settings.metrics_port)
-        if admission.book is None:
-            admission.book = LeaseBook(
-                baton.gate,
-                interval=baton.renew_interval,
-                on_lost=baton.on_lease_lost,
-                on_tick=lambda: self._report(parent),
-            )
-            admission.book.start()
-            hub = getattr(parent, "hub", None)
-            if hub is not None and hasattr(baton.store.client, "connection_pool"):
-                # The consumer runs an event loop: gate and release calls are pipelined
-                # on it and never make it wait for the store.
-                admission.channel = PipelinedChannel(
-                    baton.store, hub, parent.timer, timeout=baton.settings.socket_timeout
+        baton = self.baton
+        if not self._started:
+            self._started = True
+            if baton.store.embedded:
+                logger.warning(
+                    "celery-baton is using its embedded store (%s): coordination holds "
+                    "only between processes on this machine. Set app.conf.baton_url (or "
+                    "$BATON_URL) to a shared Redis/Valkey to coordinate workers on several "
+                    "machines.",
+                    baton.store.safe_url,
                 )
-            else:
-                admission.channel = BlockingChannel(baton.store)
-                admission.releaser = Releaser(baton.gate, on_failure=admission.retry_release)
-                admission.releaser.start()
+            self._warn_visibility(parent)
+            metrics.serve(baton.settings.metrics_port)
+            self.book.start()
+            self.listener.start()
         else:
             # A restart of the consumer (the broker connection was lost): its event loop
             # was reset, so register on it again.
-            hub = getattr(parent, "hub", None)
-            if isinstance(admission.channel, PipelinedChannel) and hub is not None:
-                admission.channel.rebind(hub, parent.timer)
-        admission.install_wakeup(parent)
-        if self.listener is None:
-            self.listener = NoticeListener(baton, admission)
-            self.listener.start()
+            self.channel.rebind(getattr(parent, "hub", None), parent.timer)
+        self.admission.holding.install_wakeup(parent)
         try:
             self._report(parent)
         except BatonError as exc:
@@ -149,34 +155,45 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def stop(self, parent: Any) -> None:
         # The connection is going away: the broker gives held messages to others again.
-        if self.admission is not None:
-            dropped = self.admission.forget_held()
-            if dropped:
-                logger.info("baton: %d held requests left to the broker", dropped)
+        dropped = self.admission.forget_held()
+        if dropped:
+            logger.info("baton: %d held requests left to the broker", dropped)
 
     def shutdown(self, parent: Any) -> None:
+        if self._shut:
+            return
+        self._shut = True
         self.stop(parent)
-        if self.baton is not None:
-            # A clean stop leaves `celery baton status` at once, not when the report's
-            # ttl runs out; what it still holds is released below.
-            with contextlib.suppress(*STORE_ERRORS):
-                self.baton.store.client.delete(self.baton.names.worker(parent.hostname))
-        if self.listener is not None:
-            self.listener.stop()
-        if self.admission is not None and self.admission.releaser is not None:
-            self.admission.releaser.stop()  # sends what is queued
-        if self.admission is not None and isinstance(self.admission.channel, PipelinedChannel):
-            self.admission.channel.flush()  # answers for releases already written
-        if self.admission is not None and self.admission.book is not None:
-            with contextlib.suppress(BatonError):
-                self.admission.book.renew_now()  # flush pending releases
-            self.admission.book.stop()
+        self.listener.stop()
+        self.channel.close()  # sends what is queued, answers what was sent
+        with contextlib.suppress(BatonError):
+            self.book.renew_now()  # retries releases that failed
+        self.book.stop()
+        # A clean stop leaves `celery baton status` at once, not when its report expires.
+        self.reports.remove(parent.hostname)
+
+    def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        """A task revoked (or expired) before it was admitted frees its unique key; on
+        the consumer's loop, so through the gate channel, never a blocking call."""
+        if sender is None or request is None:
+            return
+        if self.baton.app.tasks.get(sender.name) is not sender:
+            return
+        policy = self.baton.policy_for(sender)
+        if policy is None or policy.unique is None:
+            return
+        try:
+            key = policy.unique_key(self.baton.names, request.args or (), request.kwargs or {})
+        except BatonError as exc:
+            logger.warning(
+                "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
+            )
+            return
+        self.releasing.free_unique(key, request.id)
 
     def _report(self, consumer: Any) -> None:
-        """Publish this worker's view (held requests, counters) for `celery baton limits`."""
-        admission, baton = self.admission, self.baton
-        if admission is None or baton is None or admission.book is None:
-            return
+        """Publish this worker's view (held requests, counters) for `celery baton status`."""
+        admission = self.admission
         stats = dict(admission.stats)
         report = {
             **stats,
@@ -184,19 +201,13 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             # used to overwrite this one, and `celery baton status` showed the total).
             "holds_total": stats.pop("held", 0),
             "hostname": consumer.hostname,
-            "held": admission.held_count,
-            "held_by_key": admission.held_by_key(),
-            "leases": len(admission.book.held()),
-            "renewals": admission.book.renewals,
-            "losses": admission.book.losses,
+            "held": admission.holding.held_count,
+            "held_by_key": admission.holding.held_by_key(),
+            "leases": len(self.book.held()),
+            "renewals": self.book.renewals,
+            "losses": self.book.losses,
         }
-        ttl_ms = max(1000, round(baton.renew_interval * 3000))
-        try:
-            baton.store.client.set(
-                baton.names.worker(consumer.hostname), json.dumps(report), px=ttl_ms
-            )
-        except STORE_ERRORS as exc:
-            raise baton.store.unavailable(exc) from exc
+        self.reports.write(consumer.hostname, report, ttl=max(1.0, self.baton.renew_interval * 3))
 
     def _warn_visibility(self, consumer: Any) -> None:
         """Warn about tasks that can outlive the broker's visibility timeout."""

@@ -34,6 +34,7 @@ class Reason(enum.Enum):
     RATE = "rate"  # no rate slot yet
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+    STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,108 @@
+"""The gate on the worker's hot path: asks and releases answered through callbacks.
+
+The worker's consumer runs an event loop that must never wait for the store. When it
+has one, the gate's calls are pipelined on it (``store.channel.PipelinedChannel``):
+written before the loop polls, answered when the socket is readable. Without one (solo
+and threads pools) asks are answered at once and releases go out from a background
+thread, batched. Which of the two is chosen once, when the worker starts; the worker
+never sees the difference, and never imports ``store/``. Celery-free.
+
+Every call is answered exactly once: a :class:`~celery_baton.gate.Decision` (or the
+number a release freed), or the exception that stopped it (``StoreUnavailable`` when
+the store did not answer: a call may still have been executed by the store then, so
+whatever an ask may have granted must be given back; see ``worker/releasing.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery_baton.gate import Condition, Decision, Gate, Release, gate_call, parse_decision
+from celery_baton.leases import Releaser
+from celery_baton.store.channel import BlockingChannel, PipelinedChannel
+
+logger = logging.getLogger("celery_baton.gate")
+
+AskAnswer = Callable[["Decision | BaseException"], None]
+
+
+class GateChannel:
+    """``ask`` and ``release`` for one worker; pipelined when ``hub`` is given.
+
+    ``on_release_failed(release)`` gets every release the store did not confirm, to be
+    retried later; none is dropped.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        *,
+        hub: Any = None,
+        timer: Any = None,
+        timeout: float = 2.0,
+        on_release_failed: Callable[[Release], None],
+    ) -> None:
+        self.gate = gate
+        self.on_release_failed = on_release_failed
+        self.pipelined = hub is not None and not gate.store.cluster
+        self._channel: PipelinedChannel | BlockingChannel
+        self._releaser: Releaser | None = None
+        if self.pipelined:
+            self._channel = PipelinedChannel(gate.store, hub, timer, timeout=timeout)
+        else:
+            self._channel = BlockingChannel(gate.store)
+            self._releaser = Releaser(gate, on_failure=on_release_failed)
+            self._releaser.start()
+
+    def ask(
+        self,
+        conditions: Sequence[Condition],
+        *,
+        owner: str,
+        ttl: float,
+        reserve: float,
+        answer: AskAnswer,
+    ) -> None:
+        """Ask for every condition at once; ``answer`` gets the Decision or the error."""
+        keys, args = gate_call(conditions, owner, ttl, reserve)
+
+        def answered(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                answer(reply)
+                return
+            try:
+                decision = parse_decision(conditions, reply)
+            except Exception as exc:  # a reply we cannot read: answer with it, never raise
+                answer(exc)
+                return
+            answer(decision)
+
+        self._channel.call("gate", keys, args, answered)
+
+    def release(self, release: Release) -> None:
+        """Give back what ``release`` names; retried through ``on_release_failed``."""
+        if self._releaser is not None:
+            self._releaser.submit(release)  # sent from a thread, batched
+            return
+        keys, args = release.script_call(self.gate.notice_channel)
+
+        def answered(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning("release failed, retrying in the background: %s", reply)
+                self.on_release_failed(release)
+
+        self._channel.call("release", keys, args, answered)
+
+    def rebind(self, hub: Any, timer: Any) -> None:
+        """The consumer restarted (lost broker connection): its event loop was reset."""
+        if isinstance(self._channel, PipelinedChannel) and hub is not None:
+            self._channel.rebind(hub, timer)
+
+    def close(self) -> None:
+        """Send what is queued and answer what was sent (at shutdown)."""
+        if self._releaser is not None:
+            self._releaser.stop()
+        if isinstance(self._channel, PipelinedChannel):
+            self._channel.flush()

@@ -1,0 +1,85 @@
+"""Release notices and worker reports: the store's two side channels. Celery-free.
+
+A release of a key that someone waits for is published on the notice channel (see
+release.lua); :class:`NoticeListener` relays each released key to a callback, so held
+requests wake at once instead of at their timer. Each worker also writes a report of
+its own state (held requests, counters) that ``celery baton status`` and the web view
+read; :class:`WorkerReports` writes and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery_baton.keys import KeyNames
+from celery_baton.store.connection import STORE_ERRORS, Store
+
+logger = logging.getLogger("celery_baton.notices")
+
+
+class NoticeListener(threading.Thread):
+    """Calls ``on_release(key)`` for every released key, reconnecting with back-off."""
+
+    def __init__(self, store: Store, channel: str, on_release: Callable[[str], None]) -> None:
+        super().__init__(name="baton-notices", daemon=True)
+        self.store = store
+        self.channel = channel
+        self.on_release = on_release
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self._stop_event.is_set():
+            pubsub = None
+            try:
+                pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                delay = 0.5
+                while not self._stop_event.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and message.get("type") == "message":
+                        self.on_release(str(message["data"]))
+            except STORE_ERRORS as exc:
+                logger.debug("notice listener lost the store (%r); reconnecting", exc)
+                # Held requests still wake on their timers meanwhile.
+                self._stop_event.wait(delay)
+                delay = min(delay * 2, 10.0)
+            except Exception:
+                logger.exception("notice listener crashed; restarting")
+                self._stop_event.wait(1.0)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # closing a dead connection may fail; nothing to do
+                        logger.debug("closing pubsub failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class WorkerReports:
+    """A worker's report in the store: ``<prefix>:worker:<hostname>``, JSON, with a ttl
+    so that a worker that died leaves the listing by itself."""
+
+    def __init__(self, store: Store, names: KeyNames) -> None:
+        self.store = store
+        self.names = names
+
+    def write(self, hostname: str, report: dict[str, Any], ttl: float) -> None:
+        try:
+            self.store.client.set(
+                self.names.worker(hostname), json.dumps(report), px=max(1, round(ttl * 1000))
+            )
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def remove(self, hostname: str) -> None:
+        """A clean stop leaves the listing at once (best effort: the ttl is the fallback)."""
+        with contextlib.suppress(*STORE_ERRORS):
+            self.store.client.delete(self.names.worker(hostname))

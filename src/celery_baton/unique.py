@@ -1,0 +1,118 @@
+"""Unique claims at publish time, and their give-back. Celery-free.
+
+A publish of a ``unique`` task first claims its key with the task id as owner
+(unique_claim.lua: set if absent, else answer the holder). A publish that then does
+not happen gives its claim back (unique_release.lua: delete if still ours). When the
+store does not answer, the claim may still be executed later (a paused store runs
+what it buffered when it resumes): the give-back is then retried in the background,
+by one thread per process (not one per failure), twice, so a late claim is undone too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from celery_baton.errors import BatonError
+from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.store.scripts import Pending
+
+logger = logging.getLogger("celery_baton.unique")
+
+
+class UniqueClaims:
+    """Claim, read, and give back unique keys on one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._retries = Retries()
+
+    def send(self, key: str, task_id: str, ttl: float) -> Pending:
+        """Write the claim now; :meth:`result` reads its answer (the round trip overlaps
+        what the caller does meanwhile: building the message)."""
+        try:
+            return self.store.scripts.send("unique_claim", [key], [task_id, round(ttl * 1000)])
+        except STORE_ERRORS as exc:
+            self.release_later(key, task_id, ttl)  # part of it may have been written
+            raise self.store.unavailable(exc) from exc
+
+    def result(self, pending: Pending, key: str, task_id: str, ttl: float) -> str:
+        """'' when ``task_id`` holds the key now, else the holder's task id."""
+        try:
+            holder = self.store.scripts.result(pending)
+        except STORE_ERRORS as exc:
+            # The claim may still run later: give it back once the store answers, or
+            # it would block the key for ttl.
+            self.release_later(key, task_id, ttl)
+            raise self.store.unavailable(exc) from exc
+        return str(holder or "")
+
+    def release(self, key: str, task_id: str) -> bool:
+        """Free ``key`` if ``task_id`` holds it; raises StoreUnavailable."""
+        try:
+            return bool(self.store.scripts.run("unique_release", [key], [task_id]))
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def release_later(self, key: str, task_id: str, ttl: float) -> None:
+        """Give ``key`` back in the background until it works (at most ``ttl``: then the
+        claim has expired anyway), and once more after that, for a late claim."""
+        deadline = time.monotonic() + ttl
+        state = {"done": 0}
+
+        def attempt() -> bool:
+            self.release(key, task_id)
+            state["done"] += 1
+            return state["done"] >= 2  # finished after the second success
+
+        self._retries.add(attempt, deadline)
+
+
+class Retries:
+    """One background thread that retries give-backs with back-off until each says it
+    is done or its deadline passes."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, float, float, Callable[[], bool]]] = []
+        self._order = itertools.count()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, attempt: Callable[[], bool], deadline: float) -> None:
+        with self._lock:
+            heapq.heappush(
+                self._heap, (time.monotonic() + 0.5, next(self._order), 0.5, deadline, attempt)
+            )
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="baton-giveback", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._lock.wait(timeout)
+                _, _, delay, deadline, attempt = heapq.heappop(self._heap)
+            try:
+                finished = attempt()
+                delay = 0.5
+            except BatonError:
+                finished = False
+                delay = min(delay * 2, 10.0)
+            except Exception:  # the retrier must outlive any surprise
+                logger.exception("a unique give-back crashed; retrying")
+                finished, delay = False, 10.0
+            if not finished and time.monotonic() < deadline:
+                with self._lock:
+                    heapq.heappush(
+                        self._heap,
+                        (time.monotonic() + delay, next(self._order), delay, deadline, attempt),
+                    )

@@ -1,0 +1,300 @@
+"""Holding: deliveries that wait in the consumer, costing no pool slot.
+
+A delivery the gate refused for now waits here, in memory, in one FIFO per key (the
+key that refused it). Only the head of a queue asks the gate again, when its timer is
+due (the gate said when: ``retry_after``) or at once when a lease on that key is
+released (a pub/sub notice, relayed through a pipe onto the consumer's own loop).
+
+Held deliveries raise the prefetch count like ETA tasks do, so they do not use up the
+window the worker needs to receive work it can run; past ``baton_hold_max`` they keep
+their slot, so the broker stops sending and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_baton import metrics, signals
+from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.worker.verdict import Wait
+
+logger = logging.getLogger("celery_baton.worker")
+
+BACKOFF_START = 0.25
+#: How long a release is remembered: a denial may still be on its way back to the loop
+#: while the release that follows it is already announced.
+REMEMBER_RELEASES = 10.0
+
+
+@dataclass(eq=False)
+class Delivery:
+    """A delivered request the consumer is deciding about, or holding."""
+
+    request: Any
+    policy: TaskPolicy
+    plan: RunPlan
+    generation: int
+    since: float = field(default_factory=time.monotonic)
+    held: bool = False
+    counted: bool = False  # raised the prefetch count (False past baton_hold_max)
+    backoff: float = BACKOFF_START  # the next wait when the store is down
+    denied_since: float | None = None  # when an exclusive refusal was first seen
+    asking: bool = False  # a gate call for it is in flight
+    asked_at: float = 0.0  # when the last gate call for it was sent
+    queue_key: str | None = None  # the wait queue it sits in
+    # Plans whose ask went unanswered: given back again once the store answers.
+    lost: list[RunPlan] = field(default_factory=list)
+
+
+class Holding:
+    """Held deliveries, their timers, the prefetch count and the wake-ups.
+
+    ``ask(delivery)`` is called (on the consumer's loop) when the head of a queue is
+    due; its answer comes back through ``hold``/``release``.
+    """
+
+    def __init__(
+        self,
+        consumer: Any,
+        *,
+        ask: Callable[[Delivery], None],
+        hold_max: int,
+        horizon: float,
+        stats: dict[str, int],
+    ) -> None:
+        self.consumer = consumer
+        self.ask = ask
+        self.stats = stats
+        self.hold_max = hold_max
+        self.horizon = horizon
+        self.lock = threading.RLock()
+        self.held_count = 0
+        self.counted = 0  # held deliveries that raised the prefetch count
+        self._queues: dict[str, deque[Delivery]] = {}
+        self._timers: dict[str, tuple[float, Any]] = {}
+        self._wakeups: deque[str] = deque()
+        self._wake_w: int | None = None
+        self._wake_fds: tuple[int, int] | None = None
+        # lease key -> when its release was announced, oldest first: expired entries
+        # leave from the front, so each notice costs O(1) however many keys are released.
+        self._released: OrderedDict[str, float] = OrderedDict()
+        self._cap_warned = -1e9
+
+    # -- holding and letting go -------------------------------------------------------
+
+    def hold(self, delivery: Delivery, wait: Wait) -> None:
+        """Hold ``delivery`` in ``wait.key``'s queue and ask again after ``wait.delay``."""
+        if not delivery.held:
+            self._count(delivery)
+            self.stats["held"] += 1
+            metrics.holds.labels(delivery.request.name).inc()
+            signals.task_held.send(
+                sender=delivery.request.task,
+                request=delivery.request,
+                key=wait.key,
+                retry_after=wait.delay,
+            )
+            logger.info(
+                "%s[%s] held for %s, retry in %.3fs",
+                delivery.request.name,
+                delivery.request.id,
+                wait.key,
+                wait.delay,
+            )
+        if delivery.queue_key != wait.key:
+            self.remove(delivery)
+            self._queues.setdefault(wait.key, deque()).append(delivery)
+            delivery.queue_key = wait.key
+        delay = wait.delay
+        if self._released.get(wait.key, -1.0) >= delivery.asked_at:
+            delay = 0.0  # released after we asked: the notice came before the denial
+        self.arm(wait.key, delay, jitter=wait.jitter)
+
+    def hold_reserved(self, delivery: Delivery) -> None:
+        """Count a delivery whose rate slot is reserved for later, in no queue."""
+        self.remove(delivery)
+        if not delivery.held:
+            self._count(delivery)
+
+    def _count(self, delivery: Delivery) -> None:
+        delivery.held = True
+        self.held_count += 1
+        metrics.held_now.set(self.held_count)
+        if self.counted < self.hold_max:
+            # Like an ETA task: a held request must not use up the prefetch window, or
+            # the worker would stop receiving the work it could run.
+            delivery.counted = True
+            self.counted += 1
+            self.consumer.qos.increment_eventually()
+        else:
+            # Past the cap held requests keep their prefetch slot: the window fills and
+            # the broker stops sending to this worker, so memory stays bounded (handing
+            # them back would make Redis redeliver them at once, a spin).
+            self._warn_cap()
+
+    def release(self, delivery: Delivery) -> None:
+        """``delivery`` leaves (it starts, is skipped or handed back)."""
+        self.remove(delivery)
+        if delivery.held:
+            delivery.held = False
+            self.held_count -= 1
+            metrics.held_now.set(self.held_count)
+            metrics.hold_seconds.labels(delivery.request.name).observe(
+                time.monotonic() - delivery.since
+            )
+            if delivery.counted:
+                delivery.counted = False
+                self.counted -= 1
+                self.consumer.qos.decrement_eventually()
+
+    def remove(self, delivery: Delivery) -> None:
+        """Take ``delivery`` out of its queue (it stays counted)."""
+        key, delivery.queue_key = delivery.queue_key, None
+        if key is None:
+            return
+        queue = self._queues.get(key)
+        if queue is None:
+            return
+        was_head = bool(queue) and queue[0] is delivery
+        with contextlib.suppress(ValueError):
+            queue.remove(delivery)
+        if not queue:
+            self._drop_queue(key)
+        elif was_head:
+            # The next one may pass now (a slot, a lease): ask on the next loop turn,
+            # not recursively from inside this answer.
+            self.consumer.timer.call_after(0, self._on_timer, (key,))
+
+    def forget(self) -> int:
+        """Drop every held delivery (the connection is gone: the broker redelivers)."""
+        with self.lock:
+            count, self.held_count, self.counted = self.held_count, 0, 0
+            for _, entry in self._timers.values():
+                entry.cancel()
+            self._timers.clear()
+            self._queues.clear()
+            return count
+
+    def held_by_key(self, top: int = 20) -> dict[str, int]:
+        with self.lock:
+            sizes = sorted(((len(q), k) for k, q in self._queues.items()), reverse=True)
+        return {key: size for size, key in sizes[:top]}
+
+    def _warn_cap(self) -> None:
+        now = time.monotonic()
+        if now - self._cap_warned > 10:
+            self._cap_warned = now
+            logger.warning(
+                "%d requests held, past baton_hold_max=%d: the rest keep their prefetch "
+                "slots, so this worker receives no more messages until some leave",
+                self.held_count,
+                self.hold_max,
+            )
+
+    # -- timers -----------------------------------------------------------------------
+
+    def arm(self, key: str, delay: float, *, jitter: bool = True) -> None:
+        delay = min(delay, self.horizon)  # never sleep past the horizon
+        if jitter:  # workers woken together retry at different moments
+            delay = delay * (1 + random.random() * 0.05) + random.random() * 0.005
+        due = time.monotonic() + delay
+        armed = self._timers.get(key)
+        if armed is not None:
+            if armed[0] <= due:
+                return
+            armed[1].cancel()
+        entry = self.consumer.timer.call_after(delay, self._on_timer, (key,), priority=5)
+        self._timers[key] = (due, entry)
+
+    def _on_timer(self, key: str) -> None:
+        # kombu's timer swallows exceptions: catch everything so no request is lost.
+        try:
+            with self.lock:
+                self._timers.pop(key, None)
+                self._drain(key)
+        except Exception:
+            logger.exception("baton: draining %s failed; retrying", key)
+            with self.lock:
+                self.arm(key, 1.0)
+
+    def _drain(self, key: str) -> None:
+        """Ask for the head of ``key``'s queue. Its answer re-arms the timer (it still
+        waits), moves it to another queue, or lets it leave, which drains on."""
+        queue = self._queues.get(key)
+        if not queue:
+            self._drop_queue(key)
+            return
+        head = queue[0]
+        if not head.asking:
+            self.ask(head)
+
+    def _drop_queue(self, key: str) -> None:
+        self._queues.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+
+    # -- wake-ups from the notice listener thread -----------------------------------
+
+    def install_wakeup(self, consumer: Any) -> None:
+        """Let another thread wake a key's queue on the consumer's own loop.
+
+        Called at every consumer start: after a lost broker connection Celery resets
+        the event loop, which drops every file descriptor registered on it."""
+        self.consumer = consumer
+        hub = getattr(consumer, "hub", None)
+        old, self._wake_fds = self._wake_fds, None
+        if old is not None:
+            if hub is not None:
+                with contextlib.suppress(Exception):  # gone already if the loop was reset
+                    hub.remove_reader(old[0])
+            for fd in old:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_w = None
+        if hub is not None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake_fds = (r, w)
+            self._wake_w = w
+            hub.add_reader(r, self._on_wake_pipe, r)
+
+    def wake(self, key: str) -> None:
+        """Called from another thread when ``key`` was released."""
+        now = time.monotonic()
+        released = self._released
+        released[key] = now
+        released.move_to_end(key)
+        horizon = now - REMEMBER_RELEASES
+        while released:
+            oldest = next(iter(released.values()))
+            if oldest > horizon:
+                break
+            released.popitem(last=False)
+        if key not in self._queues:
+            return
+        if self._wake_w is not None:
+            self._wakeups.append(key)
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"!")
+        else:  # timer2 runs its own thread and is thread-safe
+            self.consumer.timer.call_after(0, self._on_timer, (key,))
+
+    def _on_wake_pipe(self, fd: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(fd, 4096)
+        keys = set()
+        while self._wakeups:
+            keys.add(self._wakeups.popleft())
+        for key in keys:
+            self._on_timer(key)
