@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import redis
@@ -98,3 +99,21 @@ def test_a_restarted_store_fails_the_calls_in_flight_then_reconnects(
     assert scripts.call("unique_claim", [key], ["id-2", 60_000]) in ("", None)
     with pytest.raises(StoreUnavailable):
         Gate(connect("redis://127.0.0.1:1/0")).decide([Condition.lease("k")], owner="o|w|1")
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_the_first_call_after_the_store_restarted_goes_through(
+    store_url: str, store_server: StoreServer, kill: bool
+) -> None:
+    """An idle line the server closed (a restart, a failover) is replaced before it is
+    written on: the first publish after the store came back must not fail (seen in CI:
+    a unique publish raised StoreUnavailable, BrokenPipeError, with the store up)."""
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    assert scripts.call("unique_claim", [key], ["id-1", 60_000]) in ("", None)
+    store_server.restart(kill=kill)
+    time.sleep(1.1)  # idle past the check interval, as a line between two publishes
+    assert scripts.result(scripts.send("unique_claim", [key + "x"], ["id-2", 60_000])) in (
+        "",
+        None,
+    )

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from functools import cache
@@ -27,6 +28,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from celery_baton.store.wire import Wire
+
+#: Seconds a line may sit idle before it is checked for a close by the server.
+IDLE_CHECK = 1.0
 
 SCRIPT_NAMES = (
     "gate",
@@ -100,12 +104,13 @@ os.register_at_fork(after_in_child=_Forks.forked)
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("forks", "waiting", "wire")
+    __slots__ = ("forks", "used_at", "waiting", "wire")
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
         self.forks = _Forks.count
         self.waiting: deque[Pending] = deque()
+        self.used_at = time.monotonic()
 
 
 class Scripts:
@@ -193,6 +198,16 @@ class Scripts:
 
     def _line(self) -> _Line:
         line: _Line | None = getattr(self._local, "line", None)
+        if line is not None and not line.waiting:
+            now = time.monotonic()
+            # A line idle for a while may have been closed by the server (a restart, a
+            # failover): check before writing on it, or the first call after the store
+            # came back would fail. Busy lines are not checked (no cost on the hot path).
+            if now - line.used_at > IDLE_CHECK and line.wire.closed_by_peer():
+                self._drop(line, ConnectionError("closed by the store while idle"))
+                line = None
+            else:
+                line.used_at = now
         if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.

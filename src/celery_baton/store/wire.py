@@ -16,6 +16,7 @@ is then unusable and must be closed.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 from collections.abc import Sequence
@@ -55,6 +56,21 @@ class Wire:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def closed_by_peer(self) -> bool:
+        """Whether the server closed this idle connection (it restarted, failed over, or
+        dropped idle clients): an idle socket has nothing to read unless it is EOF or an
+        error. One non-blocking check; nothing is consumed."""
+        if isinstance(self._sock, ssl.SSLSocket):  # no MSG_PEEK on TLS sockets
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable)
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: alive
+        except OSError:
+            return True
+        return True  # EOF (b""), or bytes nobody asked for: either way not usable
 
     def send(self, *commands: Sequence[Any]) -> None:
         """Write one or more commands in one write."""
