@@ -305,10 +305,12 @@ def limits_clear(ctx: click.Context, task: str, as_json: bool = False) -> None:
 def schedule(ctx: click.Context, as_json: bool = False) -> None:
     """The beat schedule: next and last slot per entry, the leader, recent history."""
     from celery_baton.beat.api import describe_schedule
+    from celery_baton.beat.state import schedule_name
 
     c = _ctx(ctx)
     try:
-        data = describe_schedule(c.store, c.names.prefix)
+        # The keys of this app's beat (its app.main), not another project's on the store.
+        data = describe_schedule(c.store, c.names.prefix, app=schedule_name(c.app.main))
     except BatonError as exc:
         _fail(exc)
         return

@@ -36,7 +36,9 @@ def observer() -> Observer:
 def project(main: str, entries: dict[str, float]) -> tuple[Celery, Any]:
     """The app named ``main`` whose beat fires ``beat.record(entry)`` every
     ``entries[entry]`` seconds; returns ``(app, record task)``."""
-    app = Celery(main, broker=os.environ["TEST_BROKER_URL"], backend=os.environ.get("TEST_RESULT_URL"))
+    app = Celery(
+        main, broker=os.environ["TEST_BROKER_URL"], backend=os.environ.get("TEST_RESULT_URL")
+    )
     app.conf.update(
         timezone="UTC",
         beat_scheduler="celery_baton.beat:Scheduler",

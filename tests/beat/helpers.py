@@ -13,7 +13,7 @@ import redis
 from tests.support.observer import Observer
 from tests.support.workers import BeatProcess
 
-LEADER_KEY = "baton:{beat}:leader"
+LEADER_KEY = "baton:{beat:beat_app}:leader"  # tests.apps.beat_app's beat
 
 
 def beat_env(entries: dict[str, Any], **settings: Any) -> dict[str, str]:

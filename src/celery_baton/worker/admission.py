@@ -39,7 +39,7 @@ from celery_baton import metrics, signals
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
 from celery_baton.gate import Decision, Release, gate_call, parse_decision
 from celery_baton.leases import LeaseBook, Releaser, new_owner
-from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, run_once
 from celery_baton.rates import parse_rate
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.worker.context import FENCE_FIELD
@@ -113,6 +113,9 @@ class Admission:
 
     def __call__(self, request: Any) -> Any:
         policy = self.baton.policy_for(request.task)
+        if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
+            # A beat slot may be sent twice (see run_once); it must run once.
+            policy = run_once(policy, request.task.name, self.baton.settings)
         if policy is None:
             return self.handle(request)
         try:
