@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 from tests.beat.helpers import wait_for_leading_log
+from tests.cli.test_commands import as_json
 from tests.support.observer import Observer
 from tests.support.workers import Workers
 
@@ -36,7 +37,7 @@ def test_two_apps_on_one_store_both_fire_and_keep_their_entries(
     alpha_beat = workers.start_beat(ALPHA)
     wait_for_leading_log([alpha_beat])
     beta_beat = workers.start_beat(BETA)
-    time.sleep(12)
+    time.sleep(10)
     # Both beats run: beta must lead its own schedule, not follow alpha's leader.
     beta_while_both = _slots(observer, "beta", "every1")
     # Alpha's beat stops (SIGTERM: it resigns); beta's goes on alone for a while.
@@ -58,5 +59,8 @@ def test_two_apps_on_one_store_both_fire_and_keep_their_entries(
         beta_names = {e["name"] for e in beta.describe()["entries"]}
     assert alpha_names == {"every1", "alpha_only"}
     assert beta_names == {"every1", "beta_only"}
+    # ``celery -A <app> baton schedule`` reads the keys of that app's beat.
+    listed = as_json(workers, "schedule", app=BETA)
+    assert {e["name"] for e in listed["entries"]} == {"every1", "beta_only"}
     for beat in (alpha_beat, beta_beat):
         assert "gone from beat_schedule" not in beat.log_text()

@@ -157,6 +157,42 @@ def test_edit_recomputes_from_now_and_new_entries_start_at_next_slot(
     assert {n for n, _, _ in s.sent} <= {"b"}
 
 
+def test_apps_on_one_store_keep_apart_and_never_remove_each_others_entries(
+    make_app: Callable[..., Celery], clock: Clock, schedulers: Build, store: redis.Redis
+) -> None:
+    """Two apps (two projects) on one store, default key prefix: each leads its own
+    schedule, the same entry name fires in both under different task ids, and an entry
+    another app defined is never removed, even if it sits under this app's keys."""
+    a = schedulers(make_app({"x": entry(60.0), "a_only": entry(60.0)}, main="proj_a"), clock)
+    b = schedulers(make_app({"x": entry(60.0)}, main="proj_b"), clock)
+    tick(a)
+    tick(b)
+    assert a.leading and b.leading
+    clock.advance(61)
+    tick(a)
+    tick(b)
+    fired = Counter(name for name, _, _ in a.sent)
+    assert fired == {"x": 2, "a_only": 1}, a.sent
+    ids = {task_id for name, _, task_id in a.sent if name == "x"}
+    assert len(ids) == 2  # one slot, two apps: two ids (a worker runs each id once)
+    assert store.smembers("baton:{beat:proj_a}:names") == {"x", "a_only"}
+    assert store.smembers("baton:{beat:proj_b}:names") == {"x"}
+    assert store.hget("baton:{beat:proj_a}:entry:x", "app") == "proj_a"
+
+    # Two names that met: an entry under proj_a's keys that another app defined.
+    ghost = "baton:{beat:proj_a}:entry:ghost"
+    store.hset(ghost, mapping={"source": "config", "app": "proj_z", "next": "1", "fp": "f"})
+    store.sadd("baton:{beat:proj_a}:names", "ghost")
+    store.incr("baton:{beat:proj_a}:version")
+    clock.advance(10)
+    time.sleep(a.ttl / 3 + 0.1)  # the next lease renewal reads the version
+    tick(a)
+    assert store.exists(ghost)
+    assert a._beat is not None
+    assert a._beat.remove(owner=a.owner, fence=a._fence, name="ghost", source="config") == -4
+    assert store.exists(ghost)
+
+
 def _iso(value: int) -> str:
     when = datetime.fromtimestamp(value / 1000, UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value % 1000:03d}Z"
