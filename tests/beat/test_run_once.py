@@ -73,7 +73,7 @@ def test_broker_stall_two_beats_no_slot_runs_twice(
     re-sends the claimed slot from the outbox; when the broker comes back both copies
     land. Every slot runs once."""
     env = {"BATON_BEAT_LEASE_TTL": "3"}
-    workers.start(ALPHA, env=env, concurrency=4)
+    worker = workers.start(ALPHA, env=env, concurrency=4)
     beats = [workers.start_beat(ALPHA, env=env, wait=False) for _ in range(2)]
     for beat in beats:
         beat.wait_started()
@@ -98,3 +98,5 @@ def test_broker_stall_two_beats_no_slot_runs_twice(
     twice = {key: n for key, n in counts.items() if n > 1}
     assert not twice, f"slots run more than once: {twice}"
     assert sum(1 for key in counts if key.startswith("alpha:every1|")) >= 10, counts
+    # The worker dropped the copy (else both copies did not land: this proves nothing).
+    assert "already finished" in worker.log_text(), worker.log_tail()
