@@ -405,11 +405,13 @@ def limits_clear(ctx: click.Context, task: str, as_json: bool = False) -> None:
 def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
     """The beat schedule: next and last slot per entry, the leader, recent history."""
     from celery_baton.beat.api import describe_schedule
+    from celery_baton.beat.state import schedule_name
 
     c = _ctx(ctx)
 
     def render() -> tuple[Any, str]:
-        data = describe_schedule(c.store, c.names.prefix)
+        # The keys of this app's beat (its app.main), not another project's on the store.
+        data = describe_schedule(c.store, c.names.prefix, app=schedule_name(c.app.main))
         leader = data.get("leader") or {}
         entries = data.get("entries", [])
         text = f"leader: {leader.get('owner') or 'none'}"

@@ -7,7 +7,7 @@ class), validates them, and turns one call into the gate's conditions.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
 from celery_baton.config import Settings, suggest
@@ -56,6 +56,12 @@ class TaskOptions(TypedDict, total=False):
 
 
 CONFLICT_POLICIES = ("skip", "wait")
+#: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
+BEAT_SLOT_HEADER = "baton_beat_slot"
+#: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
+#: twice only when a leader's publish stalled past its lease, and its copy lands when
+#: the broker comes back: a day covers any such stall, at one small key per slot.
+BEAT_SLOT_RETENTION = 24 * 3600.0
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
 
@@ -178,6 +184,25 @@ class TaskPolicy:
     def _lease(self, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:
         plan.conditions.append(Condition.lease(key, limit=limit, fence=fence))
         plan.leases.append(HeldLease(key, plan.owner, limit, self.lease_ttl))
+
+
+def run_once(policy: TaskPolicy | None, name: str, settings: Settings) -> TaskPolicy:
+    """``policy`` (or no policy at all) with the redelivery guard on: how a worker admits
+    a beat slot. A broker cannot be fenced, so a slot may be *sent* twice (a stalled
+    publish lands after the next leader re-sent it, under the same task id); the guard's
+    run lease and done marker make it *run* once, whatever the task's own options and
+    ``baton_redelivery_guard`` say."""
+    if policy is None:
+        return TaskPolicy(
+            name=name,
+            lease_ttl=settings.lease_ttl,
+            redelivery_guard=True,
+            redelivery_retention=BEAT_SLOT_RETENTION,
+        )
+    retention = max(policy.redelivery_retention, BEAT_SLOT_RETENTION)
+    if policy.redelivery_guard and policy.redelivery_retention == retention:
+        return policy
+    return replace(policy, redelivery_guard=True, redelivery_retention=retention)
 
 
 def declares_options(options: Mapping[str, Any]) -> bool:

@@ -44,8 +44,8 @@ class RecordingScheduler(Scheduler):
 
 @pytest.fixture
 def make_app(store_url: str, broker_url: str, result_url: str) -> Callable[..., Celery]:
-    def make(schedule: dict[str, Any], **conf: Any) -> Celery:
-        app = Celery("beat_inproc", broker=broker_url, backend=result_url, set_as_current=False)
+    def make(schedule: dict[str, Any], main: str = "beat_inproc", **conf: Any) -> Celery:
+        app = Celery(main, broker=broker_url, backend=result_url, set_as_current=False)
         app.conf.update({"baton_url": store_url, "timezone": "UTC", "result_expires": None, **conf})
         app.conf.beat_schedule = schedule
 

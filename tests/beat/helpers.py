@@ -13,7 +13,7 @@ import redis
 from tests.support.observer import Observer
 from tests.support.workers import BeatProcess
 
-LEADER_KEY = "baton:{beat}:leader"
+LEADER_KEY = "baton:{beat:beat_app}:leader"  # tests.apps.beat_app's beat
 
 
 def beat_env(entries: dict[str, Any], **settings: Any) -> dict[str, str]:
@@ -54,3 +54,14 @@ def runs_per_slot(observer: Observer, entry: str) -> Counter[int]:
         if name == entry:
             counts[int(slot)] += 1
     return counts
+
+
+def wait_for_leading_log(beats: Sequence[BeatProcess], timeout: float = 30) -> BeatProcess:
+    """The first beat process whose log says it leads (read from outside the store)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for beat in beats:
+            if "beat: leading the schedule" in beat.log_text():
+                return beat
+        time.sleep(0.1)
+    raise AssertionError(f"no beat logged that it leads after {timeout} s")

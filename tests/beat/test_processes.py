@@ -34,7 +34,7 @@ def assert_each_slot_once(observer: Observer, entry: str, step_ms: int, at_least
 def assert_ids_derived_from_slots(observer: Observer) -> None:
     for start in observer.started():
         entry, _, slot = start["key"].partition("|")
-        assert start["task_id"] == slot_task_id("baton", entry, int(slot))
+        assert start["task_id"] == slot_task_id("baton", entry, int(slot), app="beat_app")
 
 
 def drain(observer: Observer, settle: float = 3.0) -> None:
@@ -83,8 +83,8 @@ def test_three_beats_leader_killed_twice_each_slot_once(
     assert_each_slot_once(observer, "minutely", 60_000, at_least=2)
     assert_ids_derived_from_slots(observer)
     for name in ("every1", "minutely"):
-        assert store.hget(f"baton:{{beat}}:entry:{name}", "missed") is None
-    assert store.hlen("baton:{beat}:outbox") == 0
+        assert store.hget(f"baton:{{beat:beat_app}}:entry:{name}", "missed") is None
+    assert store.hlen("baton:{beat:beat_app}:outbox") == 0
     # Default lease ttl is 6 s; the bound is loose for a loaded 2-core machine.
     assert max(failovers) < 12, failovers
     assert handover < 5, handover
@@ -119,7 +119,7 @@ def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
         log = beat.log_text()
         assert "refusing beat entry 'zero': interval must be > 0 s" in log
         assert "refusing beat entry 'ghost': unknown task 'no.such.task'" in log
-    refused = store.hgetall("baton:{beat}:refused")
+    refused = store.hgetall("baton:{beat:beat_app}:refused")
     assert set(refused) == {"zero", "ghost"}
 
 

@@ -64,7 +64,7 @@ def test_seed_moved_crontab_does_not_fire_at_restart(
         tick(s2)
         clock.advance(60)
     assert len(s2.sent) == 1  # only 10:00 from before
-    listing = describe_schedule(s2._store, "baton")  # type: ignore[arg-type]
+    listing = describe_schedule(s2._store, "baton", app="beat_inproc")  # type: ignore[arg-type]
     (report,) = listing["entries"]
     assert report["next_slot"] == "2026-06-02T10:30:00.000Z"
     assert report["history"][0]["kind"] == "edited"
@@ -98,7 +98,7 @@ def test_restarted_twenty_times_with_unchanged_schedule_no_extra_runs(
     sevens = sorted(slot for name, slot in per_slot if name == "every7")
     assert sevens == list(range(start + 7000, clock.ms + 1, 7000))
     assert {task_id for _, _, task_id in sent} == {
-        slot_task_id("baton", name, slot) for name, slot, _ in sent
+        slot_task_id("baton", name, slot, app="beat_inproc") for name, slot, _ in sent
     }
 
 
@@ -117,7 +117,7 @@ def test_two_leaders_never_fire_one_slot_twice(
     # a's lease vanishes (as if it stalled past its ttl): b takes over; a, still
     # believing it leads until it renews, cannot claim with its old fence.
     with redis.Redis.from_url(store_url) as r:
-        r.delete("baton:{beat}:leader")
+        r.delete("baton:{beat:beat_inproc}:leader")
     tick(b)
     assert b.leading
     clock.advance(1)
@@ -143,18 +143,54 @@ def test_edit_recomputes_from_now_and_new_entries_start_at_next_slot(
     s = schedulers(make_app({"a": entry(100.0), "b": entry(crontab(minute="*/5"))}), clock)
     tick(s)
     assert s.sent == []  # edited: no immediate run of the passed slot
-    listing = {e["name"]: e for e in describe_schedule(s._store)["entries"]}  # type: ignore[arg-type]
+    listing = {e["name"]: e for e in describe_schedule(s._store, app="beat_inproc")["entries"]}  # type: ignore[arg-type]
     now = clock.ms
     assert listing["a"]["next_slot"] == _iso(now + 100_000)
     assert listing["b"]["next_slot"] == _iso((now // 300_000 + 1) * 300_000)
     s.close()
     s = schedulers(make_app({"b": entry(crontab(minute="*/5"))}), clock)  # a removed
     tick(s)
-    names = [e["name"] for e in describe_schedule(s._store)["entries"]]  # type: ignore[arg-type]
+    names = [e["name"] for e in describe_schedule(s._store, app="beat_inproc")["entries"]]  # type: ignore[arg-type]
     assert names == ["b"]
     clock.advance(200)
     tick(s)
     assert {n for n, _, _ in s.sent} <= {"b"}
+
+
+def test_apps_on_one_store_keep_apart_and_never_remove_each_others_entries(
+    make_app: Callable[..., Celery], clock: Clock, schedulers: Build, store: redis.Redis
+) -> None:
+    """Two apps (two projects) on one store, default key prefix: each leads its own
+    schedule, the same entry name fires in both under different task ids, and an entry
+    another app defined is never removed, even if it sits under this app's keys."""
+    a = schedulers(make_app({"x": entry(60.0), "a_only": entry(60.0)}, main="proj_a"), clock)
+    b = schedulers(make_app({"x": entry(60.0)}, main="proj_b"), clock)
+    tick(a)
+    tick(b)
+    assert a.leading and b.leading
+    clock.advance(61)
+    tick(a)
+    tick(b)
+    fired = Counter(name for name, _, _ in a.sent)
+    assert fired == {"x": 2, "a_only": 1}, a.sent
+    ids = {task_id for name, _, task_id in a.sent if name == "x"}
+    assert len(ids) == 2  # one slot, two apps: two ids (a worker runs each id once)
+    assert store.smembers("baton:{beat:proj_a}:names") == {"x", "a_only"}
+    assert store.smembers("baton:{beat:proj_b}:names") == {"x"}
+    assert store.hget("baton:{beat:proj_a}:entry:x", "app") == "proj_a"
+
+    # Two names that met: an entry under proj_a's keys that another app defined.
+    ghost = "baton:{beat:proj_a}:entry:ghost"
+    store.hset(ghost, mapping={"source": "config", "app": "proj_z", "next": "1", "fp": "f"})
+    store.sadd("baton:{beat:proj_a}:names", "ghost")
+    store.incr("baton:{beat:proj_a}:version")
+    clock.advance(10)
+    time.sleep(a.ttl / 3 + 0.1)  # the next lease renewal reads the version
+    tick(a)
+    assert store.exists(ghost)
+    assert a._beat is not None
+    assert a._beat.remove(owner=a.owner, fence=a._fence, name="ghost", source="config") == -4
+    assert store.exists(ghost)
 
 
 def _iso(value: int) -> str:
@@ -177,7 +213,7 @@ def test_misfire_policy_after_downtime(
     assert len(s.sent) == fired
     if fired:
         assert s.sent[-1][1] == ms(datetime(2026, 6, 1, 9, 10, tzinfo=UTC))
-    (m,) = describe_schedule(s._store)["entries"]  # type: ignore[arg-type]
+    (m,) = describe_schedule(s._store, app="beat_inproc")["entries"]  # type: ignore[arg-type]
     assert m["missed"] == 10 - fired
     assert m["next_slot"] == "2026-06-01T09:11:00.000Z"
     missed_lines = [line for line in m["history"] if line["kind"] == "missed"]
@@ -195,7 +231,7 @@ def test_misfire_all_is_bounded(
     s = schedulers(app, clock)
     tick(s)
     assert len(s.sent) == 50
-    (e,) = describe_schedule(s._store)["entries"]  # type: ignore[arg-type]
+    (e,) = describe_schedule(s._store, app="beat_inproc")["entries"]  # type: ignore[arg-type]
     assert e["missed"] == 3600 - 50
 
 
@@ -215,7 +251,7 @@ def test_overlap_skip_while_previous_run_unfinished(
     clock.advance(10)
     tick(s)
     assert len(s.sent) == 2
-    (o,) = describe_schedule(s._store)["entries"]  # type: ignore[arg-type]
+    (o,) = describe_schedule(s._store, app="beat_inproc")["entries"]  # type: ignore[arg-type]
     assert o["suppressed"] == 1
     assert any(line["kind"] == "suppressed" for line in o["history"])
 
@@ -295,7 +331,7 @@ def test_bad_entries_are_refused_and_others_run(
     clock.advance(5)
     tick(s)
     assert [n for n, _, _ in s.sent] == ["good"]
-    refused = describe_schedule(s._store)["refused"]  # type: ignore[arg-type]
+    refused = describe_schedule(s._store, app="beat_inproc")["refused"]  # type: ignore[arg-type]
     assert set(refused) == {"zero", "ghost", "badpolicy", "badzone"}
     assert "unknown task 'no.such.task'" in refused["ghost"]
     assert "> 0" in refused["zero"]
@@ -314,7 +350,7 @@ def test_time_zone_per_entry_and_app(
     clock.set(datetime(2026, 6, 1, 0, 0, tzinfo=UTC))
     s = schedulers(app, clock)
     tick(s)
-    listing = {e["name"]: e for e in describe_schedule(s._store)["entries"]}  # type: ignore[arg-type]
+    listing = {e["name"]: e for e in describe_schedule(s._store, app="beat_inproc")["entries"]}  # type: ignore[arg-type]
     assert listing["berlin"]["next_slot"] == "2026-06-01T07:00:00.000Z"  # 09:00 CEST
     assert listing["app_tz"]["next_slot"] == "2026-06-01T03:30:00.000Z"  # 09:00 IST
 
@@ -329,7 +365,7 @@ def test_history_is_bounded(
         clock.advance(1)
         tick(s)
     with redis.Redis.from_url(store_url) as r:
-        lines = r.lrange("baton:{beat}:history:h", 0, -1)
+        lines = r.lrange("baton:{beat:beat_inproc}:history:h", 0, -1)
     assert len(lines) == 5
     assert json.loads(lines[0])["kind"] == "fired"
 

@@ -1,6 +1,7 @@
 """The runtime API (add / update / remove / pause / resume / trigger) and the listing.
 
-Runtime entries live in the store and persist; every beat's leader merges them with
+Runtime entries live in the store and persist, under the app's own keys (its
+``app.main``, like its beat); every beat's leader merges them with
 ``beat_schedule`` (a ``beat_schedule`` entry of the same name wins). The leader sees a
 change on its next lease renewal (within ``baton_beat_lease_ttl / 3`` seconds).
 
@@ -19,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_baton.beat.entries import compile_entry, definition_json, entry_from_definition
-from celery_baton.beat.state import BeatState
+from celery_baton.beat.state import UNNAMED_APP, BeatState, schedule_name
 from celery_baton.config import Settings
 from celery_baton.errors import BeatEntryError
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -45,7 +46,7 @@ class ScheduleStore:
         self.settings: Settings = parts.settings
         self._owns_store = store is None
         self.store = store or parts.connect()
-        self.state = BeatState(self.store, self.settings.key_prefix)
+        self.state = BeatState(self.store, self.settings.key_prefix, schedule_name(app.main))
 
     def close(self) -> None:
         """Close the store connection (if this object opened it)."""
@@ -132,7 +133,7 @@ class ScheduleStore:
 
     def describe(self) -> dict[str, Any]:
         """The listing of :func:`describe_schedule`."""
-        return describe_schedule(self.store, self.settings.key_prefix)
+        return describe_schedule(self.store, self.settings.key_prefix, app=self.state.keys.app)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -188,15 +189,18 @@ def _iso(ms: str | int | None) -> str | None:
     )
 
 
-def describe_schedule(store: Store, prefix: str = "baton", *, history: int = 10) -> dict[str, Any]:
-    """Everything ``celery baton schedule`` shows, as plain JSON values.
+def describe_schedule(
+    store: Store, prefix: str = "baton", *, app: str = UNNAMED_APP, history: int = 10
+) -> dict[str, Any]:
+    """Everything ``celery baton schedule`` shows about the schedule of the app whose
+    ``schedule_name`` is ``app``, as plain JSON values.
 
-    ``{"server_time", "leader": {owner, fence, since, lease_age_s, ttl_s} | None,
+    ``{"server_time", "app", "leader": {owner, fence, since, lease_age_s, ttl_s} | None,
     "entries": [{name, task, schedule, source, next_slot, last_slot, last_id, paused,
     policy, fired, missed, suppressed, history: [...]}], "outbox": [...], "refused": {}}``.
     Times are ISO 8601 UTC strings.
     """
-    state = BeatState(store, prefix)
+    state = BeatState(store, prefix, app)
     keys = state.keys
     client = store.client
     try:
@@ -246,6 +250,7 @@ def describe_schedule(store: Store, prefix: str = "baton", *, history: int = 10)
         )
     return {
         "server_time": _iso(now_ms),
+        "app": app,
         "leader": leader_info,
         "entries": listed,
         "outbox": [

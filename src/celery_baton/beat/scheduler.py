@@ -11,9 +11,16 @@ prevents, step by step:
    script accepts only the current lease's owner and fence, and only if the stored
    next slot is still 10:00; it then records the slot in the outbox and advances the
    next slot to 10:01, atomically. The other call fails and its beat reloads.
-3. The winner publishes under task id ``uuid5(entry, slot)`` and clears the outbox
+3. The winner publishes under task id ``uuid5(app, entry, slot)`` and clears the outbox
    item. Killed between 2 and 3, the next leader finds the item in the outbox and
    publishes it under the same id.
+4. A broker cannot be fenced: a leader blocked in its publish past its lease still
+   sends when the broker comes back, after the next leader re-sent the slot. So the
+   message carries the slot (header ``baton_beat_slot``) and a worker with celery-baton
+   admits a slot's task id once (``policy.run_once``): sent twice, it runs once.
+
+Each app (``app.main``) has its own leader, entries and outbox (see ``state``): two
+projects on one store never follow or remove each other's schedule.
 
 Time: slots are epoch milliseconds (UTC). "Now" is the store server's clock, read at
 each ``beat_lead`` and advanced with the monotonic clock in between, so all beats
@@ -41,24 +48,30 @@ from celery.utils.log import get_logger
 from celery_baton import metrics
 from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_definition
 from celery_baton.beat.slots import plan_due
-from celery_baton.beat.state import BeatState, Claim
+from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
 from celery_baton.errors import BatonError
+from celery_baton.policy import BEAT_SLOT_HEADER
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.wiring import parts_for
 
 logger = get_logger(__name__)
 
-#: Namespace of the task ids derived from (key prefix, entry, slot).
+#: Namespace of the task ids derived from (key prefix, app, entry, slot).
 SLOT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "celery-baton:beat:slot")
 _READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 _STORE_FAILURES: tuple[type[BaseException], ...] = (*STORE_ERRORS, redis.RedisError)
 
 
-def slot_task_id(prefix: str, entry: str, slot_ms: int, kind: str = "fired") -> str:
-    """The task id of ``entry``'s message for ``slot_ms``: the same in every beat."""
+def slot_task_id(
+    prefix: str, entry: str, slot_ms: int, kind: str = "fired", *, app: str = ""
+) -> str:
+    """The task id of ``entry``'s message for ``slot_ms``: the same in every beat of the
+    app named ``app`` (its ``schedule_name``), different in another app, whose entry of
+    the same name must not be taken for this one's (a worker runs a slot's id once)."""
     tag = "" if kind == "fired" else f"|{kind}"
-    return str(uuid.uuid5(SLOT_NAMESPACE, f"{prefix}|{entry}|{slot_ms}{tag}"))
+    scope = f"{prefix}|{app}" if app else prefix
+    return str(uuid.uuid5(SLOT_NAMESPACE, f"{scope}|{entry}|{slot_ms}{tag}"))
 
 
 @dataclass
@@ -127,7 +140,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 socket_timeout=min(self.settings.socket_timeout, self.ttl / 3),
                 client_name="baton-beat",
             )
-        self._beat = BeatState(self._store, self.settings.key_prefix)
+        self._beat = BeatState(self._store, self.settings.key_prefix, schedule_name(self.app.main))
         metrics.serve(self.settings.metrics_port)
         self._compile_config()
 
@@ -327,21 +340,27 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                     pipe=pipe,
                 )
                 defined.append(name)
+        own = beat.keys.app
         stale = [
-            n for n, f in stored.items() if n not in self._compiled and f.get("source") != "api"
+            n
+            for n, f in stored.items()
+            if n not in self._compiled and f.get("source") != "api" and f.get("app", own) == own
         ]
         for name in stale:
             beat.remove(owner=self.owner, fence=self._fence, name=name, source="config", pipe=pipe)
         results = pipe.execute()
-        for name, result in zip(defined, results, strict=False):
+        for name, result in zip(defined, results[: len(defined)], strict=True):
             if int(result[0]) == 0:
                 self._leading = False
                 return
             stored.setdefault(name, {})
             stored[name]["next"] = str(result[1])
             stored[name]["fp"] = self._compiled[name].fingerprint
-        for name in stale:
-            logger.info("beat: entry %r is gone from beat_schedule; removed it", name)
+        for name, status in zip(stale, results[len(defined) :], strict=True):
+            if int(status) == 1:
+                logger.info("beat: entry %r is gone from beat_schedule; removed it", name)
+            elif int(status) == -4:
+                logger.warning("beat: entry %r belongs to another app; left alone", name)
             stored.pop(name, None)
         if full or self._refused != self._refused_stored:
             beat.set_refused(self._refused)
@@ -464,7 +483,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             )
         outbox: list[tuple[str, str]] = []
         for slot in fire:
-            task_id = slot_task_id(self.settings.key_prefix, name, slot)
+            task_id = self._slot_task_id(name, slot)
             outbox.append((task_id, json.dumps({"entry": name, "slot": slot, "kind": "fired"})))
             history.append(json.dumps({"at": now, "kind": "fired", "slot": slot, "id": task_id}))
         return Claim(
@@ -484,7 +503,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
 
     def _plan_trigger(self, name: str, slots: StoredSlots, now: int) -> Claim:
         slot = int(slots.trigger)
-        task_id = slot_task_id(self.settings.key_prefix, name, slot, kind="trigger")
+        task_id = self._slot_task_id(name, slot, kind="trigger")
         payload = json.dumps({"entry": name, "slot": slot, "kind": "trigger"})
         line = json.dumps({"at": now, "kind": "triggered", "slot": slot, "id": task_id})
         return Claim(
@@ -501,6 +520,10 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             missed=0,
             suppressed=0,
         )
+
+    def _slot_task_id(self, name: str, slot: int, kind: str = "fired") -> str:
+        assert self._beat is not None
+        return slot_task_id(self.settings.key_prefix, name, slot, kind, app=self._beat.keys.app)
 
     def _running(self, task_id: str) -> bool:
         """Whether the entry's previous run is still queued or running (result backend)."""
@@ -566,7 +589,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         }
         options = compiled.send_options
         headers = dict(options.pop("headers", None) or {})
-        headers.update(celery_beat_task=True, baton_beat_entry=entry.name, baton_beat_slot=slot_ms)
+        # The slot header makes workers admit this slot's id once (policy.run_once).
+        headers.update(celery_beat_task=True, baton_beat_entry=entry.name)
+        headers[BEAT_SLOT_HEADER] = slot_ms
         options.update(task_id=task_id, headers=headers, producer=self.producer)
         task = self.app.tasks.get(entry.task)
         if task is not None:

@@ -1,18 +1,23 @@
 """The beat's state in the store: key names and one method per script.
 
-Keys (all share the ``{beat}`` hash tag, so Redis Cluster keeps them on one node and
-every script can touch several of them)::
+Every Celery app has its own schedule: two projects pointed at one store (every project
+on a developer's machine shares the embedded one) must neither follow each other's
+leader nor remove each other's entries. So the app's name (``app.main``) is part of
+every key. Keys (all of one app share the ``{beat:<app>}`` hash tag, so Redis Cluster
+keeps them on one node and every script can touch several of them)::
 
-    <prefix>:{beat}:leader          hash  owner, fence, since (ms); expires with the lease
-    <prefix>:{beat}:fence           int   fencing counter, grows with every leadership
-    <prefix>:{beat}:version         int   bumped by every schedule change
-    <prefix>:{beat}:names           set   entry names
-    <prefix>:{beat}:entry:<name>    hash  next, fp, last_slot, last_id, paused, trigger,
-                                          source, task, schedule, policy, def, counters
-    <prefix>:{beat}:history:<name>  list  JSON lines, newest first, bounded
-    <prefix>:{beat}:outbox          hash  task id -> JSON {entry, slot, kind}: claimed,
-                                          not yet known to be published
-    <prefix>:{beat}:refused         hash  entry name -> why this beat refused it
+    <prefix>:{beat:<app>}:leader          hash  owner, fence, since (ms); expires with
+                                                the lease
+    <prefix>:{beat:<app>}:fence           int   fencing counter, grows with every leadership
+    <prefix>:{beat:<app>}:version         int   bumped by every schedule change
+    <prefix>:{beat:<app>}:names           set   entry names
+    <prefix>:{beat:<app>}:entry:<name>    hash  next, fp, last_slot, last_id, paused,
+                                                trigger, source, app, task, schedule,
+                                                policy, def, counters
+    <prefix>:{beat:<app>}:history:<name>  list  JSON lines, newest first, bounded
+    <prefix>:{beat:<app>}:outbox          hash  task id -> JSON {entry, slot, kind}:
+                                                claimed, not yet known to be published
+    <prefix>:{beat:<app>}:refused         hash  entry name -> why this beat refused it
 
 Celery-free.
 """
@@ -24,16 +29,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_baton.keys import digest
 from celery_baton.store.connection import Store
+
+#: The schedule name of an app created without a name (``Celery()``).
+UNNAMED_APP = "default"
+
+
+def schedule_name(main: str | None) -> str:
+    """The name an app's beat keys carry: ``app.main``, made safe for a hash tag."""
+    name = main or UNNAMED_APP
+    # A brace would end the hash tag early; such a name is replaced by its digest.
+    return digest(name) if "{" in name or "}" in name else name
 
 
 @dataclass(frozen=True)
 class BeatKeys:
     prefix: str = "baton"
+    app: str = UNNAMED_APP
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}:{{beat}}"
+        return f"{self.prefix}:{{beat:{self.app}}}"
 
     @property
     def leader(self) -> str:
@@ -97,9 +114,9 @@ class Claim:
 class BeatState:
     """Script calls on the beat's keys. Raises the client's errors; callers decide."""
 
-    def __init__(self, store: Store, prefix: str = "baton") -> None:
+    def __init__(self, store: Store, prefix: str = "baton", app: str = UNNAMED_APP) -> None:
         self.store = store
-        self.keys = BeatKeys(prefix)
+        self.keys = BeatKeys(prefix, app)
 
     @property
     def client(self) -> Any:
@@ -141,13 +158,15 @@ class BeatState:
         for field, value in fields.items():
             args += [field, value]
         keys = [k.entry(name), k.names, k.leader, k.version, k.history(name)]
+        # Every entry records the app that defined it: see beat_remove.
+        args += ["app", k.app]
         return self.store.scripts.run("beat_define", keys, args, client=pipe)
 
     def remove(self, *, owner: str, fence: int, name: str, source: str, pipe: Any = None) -> Any:
         k = self.keys
         keys = [k.entry(name), k.names, k.leader, k.version, k.history(name), k.outbox]
         return self.store.scripts.run(
-            "beat_remove", keys, [owner, fence, name, source], client=pipe
+            "beat_remove", keys, [owner, fence, name, source, k.app], client=pipe
         )
 
     def claim(self, owner: str, fence: int, claim: Claim, history_max: int, pipe: Any) -> Any:

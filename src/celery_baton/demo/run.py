@@ -252,7 +252,10 @@ class Demo:
         )
 
     def leader_pid(self) -> int | None:
-        owner = self.store.hget("baton:{beat}:leader", "owner")
+        from celery_baton.beat.state import BeatKeys, schedule_name
+        from celery_baton.demo.app import app
+
+        owner = self.store.hget(BeatKeys(app=schedule_name(app.main)).leader, "owner")
         try:
             return int(str(owner).split(":")[1])
         except (IndexError, ValueError):

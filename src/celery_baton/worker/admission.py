@@ -30,12 +30,13 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
+from celery_baton.config import Settings
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook, new_owner
-from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, run_once
 from celery_baton.rates import parse_rate
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
@@ -62,8 +63,7 @@ class Admission:
         channel: GateChannel,
         book: LeaseBook,
         releasing: Releasing,
-        on_store_error: str,
-        hold_max: int,
+        settings: Settings,
         horizon: float,
     ) -> None:
         self.consumer = consumer
@@ -73,12 +73,17 @@ class Admission:
         self.channel = channel
         self.book = book
         self.releasing = releasing
-        self.on_store_error = on_store_error
+        self.settings = settings
+        self.on_store_error = settings.on_store_error
         self.horizon = horizon
         self.hostname: str = consumer.hostname
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
         self.holding = Holding(
-            consumer, ask=self._ask, hold_max=hold_max, horizon=horizon, stats=self.stats
+            consumer,
+            ask=self._ask,
+            hold_max=settings.hold_max,
+            horizon=horizon,
+            stats=self.stats,
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         self._rate_cache: dict[str, float | None] = {}
@@ -88,6 +93,9 @@ class Admission:
 
     def __call__(self, request: Any) -> Any:
         policy = self.policy_for(request.task)
+        if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
+            # A beat slot may be sent twice (see run_once); it must run once.
+            policy = run_once(policy, request.task.name, self.settings)
         if policy is None:
             return self.handle(request)
         try:

@@ -101,8 +101,7 @@ class BatonWorker:
             channel=self.channel,
             book=self.book,
             releasing=self.releasing,
-            on_store_error=baton.settings.on_store_error,
-            hold_max=baton.settings.hold_max,
+            settings=baton.settings,
             horizon=baton.hold_horizon,
         )
         parent.on_task_request = self.admission

@@ -6,8 +6,11 @@
 -- ARGV[2]  fence            ARGV[3]  entry name
 -- ARGV[4]  'config': remove only an entry that does not come from the API (the
 --          leader dropping entries gone from beat_schedule); 'api': only one that does
+-- ARGV[5]  the calling app's schedule name: an entry another app defined is never
+--          removed (each app's keys are its own; this holds even if two names met)
 --
--- Returns 1 removed; 0 not the leader; -2 no such entry; -3 wrong source.
+-- Returns 1 removed; 0 not the leader; -2 no such entry; -3 wrong source;
+-- -4 defined by another app.
 if ARGV[1] ~= '' and (redis.call('HGET', KEYS[3], 'owner') ~= ARGV[1]
     or redis.call('HGET', KEYS[3], 'fence') ~= ARGV[2]) then
   return 0
@@ -18,6 +21,8 @@ if not source then
   return -2
 end
 if (ARGV[4] == 'api') ~= (source == 'api') then return -3 end
+local app = redis.call('HGET', KEYS[1], 'app')
+if app and app ~= ARGV[5] then return -4 end
 redis.call('DEL', KEYS[1], KEYS[5])
 redis.call('SREM', KEYS[2], ARGV[3])
 local outbox = redis.call('HGETALL', KEYS[6])
