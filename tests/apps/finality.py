@@ -74,10 +74,15 @@ def lost_every_run(self: Task, key: str, die: bool = True) -> str:
 def exits_once(self: Task, key: str) -> str:
     """Guarded; calls ``sys.exit()`` on its first delivery only. Celery requeues the
     message (a lost worker under ``reject_on_worker_lost``): the copy must run."""
-    with observer().track(key, task_id=self.request.id):
-        if _marks().set(f"finality:exited:{self.request.id}", "1", nx=True):
-            sys.exit(1)
+    if _marks().set(exited_mark(self.request.id), "1", nx=True):
+        sys.exit(1)  # (before the observer hears of it: only the copy's run is recorded)
+    observer().run(key, task_id=self.request.id)
     return "ran"
+
+
+def exited_mark(task_id: str) -> str:
+    """The observer-db key :func:`exits_once` sets before it exits."""
+    return f"finality:exited:{task_id}"
 
 
 @app.task(bind=True, unique="key", acks_late=True, reject_on_worker_lost=True)

@@ -123,6 +123,7 @@ class Admission:
                 args=request.args,
                 kwargs=request.kwargs,
                 celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
+                expires=request.expires is not None,
             )
         except KeySpecError as exc:
             return self._refuse(request, exc)
