@@ -21,7 +21,9 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 class Condition:
     """One thing a run needs; build with the class methods."""
 
-    kind: str  # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "O" override
+    # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "E" unique claim to
+    # keep for the run, "O" override
+    kind: str
     key: str
     a: str = ""
     b: str = ""
@@ -47,6 +49,13 @@ class Condition:
     @classmethod
     def free_unique(cls, key: str, task_id: str) -> Condition:
         return cls("U", key, task_id)
+
+    @classmethod
+    def keep_unique(cls, key: str, task_id: str, ttl: float) -> Condition:
+        """Never denies; on grant, ``task_id``'s claim of ``key`` (if it still holds it)
+        lives ``ttl`` seconds from now: the run is protected whatever ttl the publish
+        gave the claim (a message's ``expires`` bounds its wait in the queue only)."""
+        return cls("E", key, task_id, str(max(1, round(ttl * 1000))))
 
 
 @dataclass(frozen=True)

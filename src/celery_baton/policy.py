@@ -140,8 +140,13 @@ class TaskPolicy:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
+        expires: bool = False,
     ) -> RunPlan:
-        """The gate conditions of one delivery; raises KeySpecError for bad arguments."""
+        """The gate conditions of one delivery; raises KeySpecError for bad arguments.
+
+        ``expires``: the message carries an expiry, so its unique claim may have been
+        given a ttl as short as that (see ``publish``): the run must extend it.
+        """
         plan = RunPlan(owner, [], [])
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
@@ -179,6 +184,13 @@ class TaskPolicy:
             plan.unique_key = self.unique_key(names, args, kwargs)
             if self.unique_until == "started":
                 plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
+            elif plan.conditions or expires:
+                # Held until the run finishes, whatever ttl the publish gave the claim.
+                # Free in a call made anyway; a task with no other condition makes the
+                # call only when its claim may be shorter than unique_ttl.
+                plan.conditions.append(
+                    Condition.keep_unique(plan.unique_key, task_id, self.unique_ttl)
+                )
         return plan
 
     def _lease(self, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:

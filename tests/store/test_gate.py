@@ -107,6 +107,30 @@ def test_free_unique_frees_only_its_own_claim(gate: Gate, r: redis.Redis) -> Non
     assert not r.exists(UQ)
 
 
+def test_keep_unique_extends_only_its_own_claim_and_only_on_grant(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """A claim whose ttl the publish cut to a message's ``expires`` lives ``unique_ttl``
+    from the run's start; another task id's claim, and a claim on a denied start, keep
+    their ttl."""
+    owner = new_owner("task-1", "w")
+    r.set(UQ, "task-1", px=2000)
+    assert gate.decide([Condition.keep_unique(UQ, "task-1", 3600)], owner=owner).granted
+    assert 3_500_000 < r.pttl(UQ) <= 3_600_000
+
+    r.set(UQ, "task-2", px=2000)  # the claim lapsed and a later publish took it
+    assert gate.decide([Condition.keep_unique(UQ, "task-1", 3600)], owner=owner).granted
+    assert r.get(UQ) == "task-2" and r.pttl(UQ) <= 2000
+
+    assert gate.decide([Condition.lease(EX)], owner=new_owner("other", "w")).granted
+    r.set(UQ, "task-1", px=2000)
+    decision = gate.decide(
+        [Condition.lease(EX), Condition.keep_unique(UQ, "task-1", 3600)], owner=owner
+    )
+    assert not decision.granted
+    assert r.pttl(UQ) <= 2000
+
+
 def test_a_denied_start_keeps_the_unique_claim(gate: Gate, r: redis.Redis) -> None:
     assert gate.decide([Condition.lease(EX)], owner=new_owner("other", "w")).granted
     r.set(UQ, "task-1")

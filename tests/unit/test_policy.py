@@ -96,6 +96,23 @@ def test_unique_until_finished_needs_no_gate_and_started_frees_at_the_gate() -> 
     assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
 
 
+def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_anyway() -> None:
+    """The claim's ttl may be a message's ``expires``: the run extends it to unique_ttl,
+    in the gate call the task makes anyway, or in one made for it when expires is set."""
+    only = compile_(unique="feed_url", unique_ttl=60)
+    plan = only.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires=True)
+    assert plan.conditions == [Condition.keep_unique(plan.unique_key, "id-1", 60)]
+    assert Condition.keep_unique("k", "id-1", 60).b == "60000"
+
+    gated = compile_(unique="feed_url", global_concurrency=2)
+    plan = gated.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    assert plan.conditions[-1] == Condition.keep_unique(plan.unique_key, "id-1", 3600)
+
+    started = compile_(unique="feed_url", unique_until="started")
+    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires=True)
+    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+
+
 def test_plan_with_bad_arguments_raises_key_spec_error() -> None:
     policy = compile_(exclusive="feed_url")
     with pytest.raises(KeySpecError):

@@ -118,6 +118,7 @@ class Admission:
             args=request.args,
             kwargs=request.kwargs,
             celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
+            expires=request.expires is not None,
         )
 
     def _celery_rate(self, task: Any) -> float | None:

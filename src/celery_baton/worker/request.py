@@ -1,57 +1,42 @@
 """Release on every completion path, in the worker's main process.
 
 An admitted request's class is swapped for a subclass of its own class (Celery builds
-one per task in its strategy) that first gives back what the gate granted, then lets
-Celery do what it always does. Every terminal path of a request passes through one of
-these methods in the main process: success, failure (including retry, Reject, time
-limits and ``WorkerLostError`` when a pool child is killed), hard timeout, revoke
-(also with ``terminate=True``) and cancel. Release is idempotent, since some paths
-run two of them (a hard time limit, then the failure).
+one per task in its strategy) that lets Celery do what it always does, then gives back
+what the gate granted. Every terminal path of a request passes through one of these
+methods in the main process: success, failure (including retry, Reject, time limits
+and ``WorkerLostError`` when a pool child is killed), hard timeout, revoke (also with
+``terminate=True``) and cancel. The run is given back once, by the first of them to
+end (some paths run two: a hard time limit, then the failure; a failed result handed
+to ``on_success``, which calls ``on_failure``).
+
+Whether the delivery is over for good (``final``: mark its task id done, free its
+unique key) is read from what Celery did with the message on that path, never guessed
+from the exception. The request records Celery's decisions as they are made:
+
+* ``reject(requeue=True)`` of a message not yet acknowledged: it comes back;
+* ``on_retry`` (``task.retry()`` or ``autoretry_for``) and a successful
+  ``_retry_worker_lost`` (``retry_on_worker_lost``): the same task id was published
+  again;
+
+and when the path ends, a delivery is final when its message was acknowledged (acked,
+or rejected without requeue; with ``acks_late=False`` that happened when the pool
+accepted it) and neither of the above happened. A message nobody acknowledged is still
+the broker's and comes back (a cancel after a lost connection): not final.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from billiard.einfo import ExceptionWithTraceback
-from billiard.exceptions import WorkerLostError
-from celery.exceptions import Reject, Retry, TimeLimitExceeded
-
 if TYPE_CHECKING:
     from celery_baton.policy import RunPlan, TaskPolicy
 
 RUN_ATTR = "_baton_run"
+COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
 
 
 class Finisher(Protocol):
     def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None: ...
-
-
-def _exception(exc_info: Any) -> BaseException:
-    exc = exc_info.exception
-    if isinstance(exc, ExceptionWithTraceback):
-        exc = exc.exc
-    return exc  # type: ignore[no-any-return]
-
-
-def is_final(task: Any, exc: BaseException) -> bool:
-    """Whether a failure ends the task id for good (False: the message comes back).
-
-    Mirrors Celery's own ``Request.on_failure``: a retry re-publishes the same task id;
-    ``Reject(requeue=True)``, a lost worker with ``reject_on_worker_lost`` and a time
-    limit with ``acks_late`` but not ``acks_on_timeout`` requeue the message.
-    """
-    if isinstance(exc, Retry):
-        return False
-    if isinstance(exc, Reject):
-        return not exc.requeue
-    if isinstance(exc, WorkerLostError):
-        if getattr(task, "retry_on_worker_lost", False):
-            return False
-        return not (task.acks_late and task.reject_on_worker_lost)
-    if isinstance(exc, TimeLimitExceeded):
-        return not (task.acks_late and not task.acks_on_timeout)
-    return True
 
 
 class BatonRequestMixin:
@@ -59,37 +44,78 @@ class BatonRequestMixin:
 
     __slots__ = ()
 
-    def _baton_finish(self, *, final: bool) -> None:
+    # -- what Celery decided about the message ----------------------------------------
+
+    def _baton_comes_back(self, why: str) -> None:
+        self.__dict__[COMES_BACK_ATTR] = why
+
+    def _baton_is_final(self) -> bool:
+        """Whether Celery is done with this task id (False: it will be delivered again)."""
+        if COMES_BACK_ATTR in self.__dict__:
+            return False
+        return bool(self.acknowledged)  # type: ignore[attr-defined]
+
+    def reject(self, requeue: bool = False) -> Any:
+        # Celery ignores a reject after the message was acknowledged (acks_late=False
+        # acks when the pool accepts it): only a reject that reaches the broker requeues.
+        if requeue and not self.acknowledged:  # type: ignore[attr-defined]
+            self._baton_comes_back("requeued")
+        return super().reject(requeue)  # type: ignore[misc]
+
+    def on_retry(self, exc_info: Any) -> Any:
+        # task.retry() published this task id again before it raised Retry.
+        self._baton_comes_back("retried")
+        return super().on_retry(exc_info)  # type: ignore[misc]
+
+    def _retry_worker_lost(self, exc: Any, exc_info: Any) -> Any:
+        # retry_on_worker_lost (Celery >= 5.6): False when the retry could not be sent,
+        # and Celery goes on to fail or requeue the message as without the option.
+        retried = super()._retry_worker_lost(exc, exc_info)  # type: ignore[misc]
+        if retried:
+            self._baton_comes_back("retried")
+        return retried
+
+    # -- where a path ends: give the run back -----------------------------------------
+
+    def _baton_finish(self) -> None:
         run = self.__dict__.pop(RUN_ATTR, None)
         if run is not None:
             finisher, policy, plan = run
-            finisher.finish(self, policy, plan, final=final)
+            finisher.finish(self, policy, plan, final=self._baton_is_final())
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        if not failed__retval__runtime[0]:  # failures go on to on_failure
-            self._baton_finish(final=True)
-        return super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
+        try:
+            return super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
+        finally:
+            self._baton_finish()
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
-        self._baton_finish(final=is_final(self.task, _exception(exc_info)))  # type: ignore[attr-defined]
-        return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        try:
+            return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        finally:
+            self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
-        if not soft:
-            task = self.task  # type: ignore[attr-defined]
-            self._baton_finish(final=not (task.acks_late and not task.acks_on_timeout))
-        return super().on_timeout(soft, timeout)  # type: ignore[misc]
+        if soft:  # a warning inside the task: the run goes on
+            return super().on_timeout(soft, timeout)  # type: ignore[misc]
+        try:
+            return super().on_timeout(soft, timeout)  # type: ignore[misc]
+        finally:
+            self._baton_finish()
 
     def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
-        self._baton_finish(final=True)
-        return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+        try:
+            return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._baton_finish()
 
     def _announce_cancelled(self, *args: Any, **kwargs: Any) -> Any:
-        # Cancelled because the broker connection was lost: the message comes back.
-        self._baton_finish(final=False)
-        return super()._announce_cancelled(*args, **kwargs)  # type: ignore[misc]
+        try:
+            return super()._announce_cancelled(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._baton_finish()
 
 
 _classes: dict[type, type] = {}
@@ -105,3 +131,4 @@ def attach(request: Any, finisher: Finisher, policy: TaskPolicy, plan: RunPlan) 
             _classes[cls] = sub
         request.__class__ = sub
     request.__dict__[RUN_ATTR] = (finisher, policy, plan)
+    request.__dict__.pop(COMES_BACK_ATTR, None)

@@ -10,6 +10,8 @@
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
+--   kind "E"  unique claim to keep for the run: if its value is a (the task id), it
+--             expires b milliseconds from now (never denies)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 -- returns   {1, fence, start_in_us, at_us} granted (fence 0 when no lease asked for one);
@@ -37,6 +39,7 @@ local reserve_us = tonumber(ARGV[3])
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
 --    latest deadline of the others, "_e" (key expires no earlier), key existed}
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
+--   {'E', key, task id, ttl in ms}
 local writes = {}
 local override = nil
 local start_at = now_us  -- a reserved rate slot may start later than now
@@ -115,6 +118,8 @@ for i = 1, #KEYS do
     end
   elseif kind == 'U' then
     writes[#writes + 1] = {'U', key, a}
+  elseif kind == 'E' then
+    writes[#writes + 1] = {'E', key, a, b}
   end
 end
 
@@ -183,6 +188,9 @@ for _, w in ipairs(writes) do
     end
   elseif w[1] == 'U' then
     if call('GET', key) == w[3] then call('DEL', key) end
+  elseif w[1] == 'E' then
+    -- Only this task id's claim: a claim that lapsed may belong to a later publish now.
+    if call('GET', key) == w[3] then call('PEXPIRE', key, w[4]) end
   end
 end
 return {1, fence, start_at - now_us, start_at}
