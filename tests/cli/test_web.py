@@ -296,8 +296,10 @@ def test_limits_show_their_use_now(workers: Workers, observer: Observer, web_ser
         return {t["task"]: t for t in web.state()["limits"]}
 
     wait_until(
-        lambda: limits()["tests.apps.limits.crawl"]["held"] == 2
-        and limits()["tests.apps.limits.capped"]["held"] == 1,
+        lambda: (
+            limits()["tests.apps.limits.crawl"]["held"] == 2
+            and limits()["tests.apps.limits.capped"]["held"] == 1
+        ),
         timeout=20,
         what="held requests reported",
     )
