@@ -152,7 +152,8 @@ def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     from tests.apps.exclusive import app, mx_skip
 
     worker = workers.start(APP, concurrency=2)
-    running = mx_skip.delay("web-view", "sleep", 12.0, 1)  # a lease and a unique claim
+    # A lease and a unique claim that outlive the test even on a loaded machine.
+    running = mx_skip.delay("web-view", "sleep", 40.0, 1)
     observer.starts_of("web-view")
     with ScheduleStore(app) as schedules:
         schedules.add("web-nightly", "tests.apps.exclusive.ex_skip", 3600, args=["nightly", 0])
@@ -227,6 +228,7 @@ def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     assert "run triggered" in row("tr[data-entry='web-nightly']")[0].text
     assert web.state()["schedule"]["entries"][0]["trigger_pending"] is True
     browser.save_screenshot(str(shot.with_name("baton-web-after.png")))
+    worker.kill()  # its run would go on for long after the test
 
 
 def test_actions_need_the_token_and_a_server_without_one_is_read_only(
@@ -234,8 +236,8 @@ def test_actions_need_the_token_and_a_server_without_one_is_read_only(
 ) -> None:
     from tests.apps.exclusive import ex_skip
 
-    workers.start(APP, concurrency=1)
-    ex_skip.delay("web-token", 8.0)
+    worker = workers.start(APP, concurrency=1)
+    ex_skip.delay("web-token", 40.0)
     observer.starts_of("web-token")
     web = web_server()
     [lease] = web.state()["leases"]
@@ -256,6 +258,7 @@ def test_actions_need_the_token_and_a_server_without_one_is_read_only(
     assert "<form class='inline'" not in read_only.get("/")  # no controls to click
     assert read_only.post("/api/action", form, token=TOKEN)[0] == 403
     assert read_only.post("/login", {"token": TOKEN})[0] == 403
+    worker.kill()  # its run would go on for long after the test
 
 
 def test_a_lease_whose_worker_stopped_reporting_is_marked_stale(
@@ -283,9 +286,9 @@ def test_limits_show_their_use_now(workers: Workers, observer: Observer, web_ser
     from tests.apps.limits import capped, crawl
 
     app = "tests.apps.limits"
-    workers.start(app, concurrency=3)
+    worker = workers.start(app, concurrency=3)
     for _ in range(3):
-        capped.delay(6.0)  # two run (global_concurrency=2), one is held
+        capped.delay(40.0)  # two run (global_concurrency=2), one is held
     for _ in range(3):
         crawl.delay()  # one starts (1/m), two are held
     observer.starts_of("capped", n=2)
@@ -314,3 +317,4 @@ def test_limits_show_their_use_now(workers: Workers, observer: Observer, web_ser
     assert "2 / 2" in page and "next start in" in page
     metrics = web.get("/metrics")
     assert 'baton_store_concurrency_in_use{task="tests.apps.limits.capped"} 2' in metrics
+    worker.kill()  # its runs would go on for long after the test
