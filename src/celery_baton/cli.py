@@ -524,12 +524,17 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
         mode = "actions need the token" if token else "read-only (no --token)"
         click.echo(f"celery-baton web view on {server.url} ({mode}); Ctrl-C stops it")
 
-    serve(
-        c,
-        ScheduleStore(c.app, store=c.store),
-        host=host,
-        port=port,
-        token=token,
-        refresh=refresh,
-        ready=ready,
-    )
+    try:
+        serve(
+            c,
+            ScheduleStore(c.app, store=c.store),
+            host=host,
+            port=port,
+            token=token,
+            refresh=refresh,
+            ready=ready,
+        )
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
