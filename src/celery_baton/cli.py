@@ -1,4 +1,4 @@
-"""``celery -A proj baton status | locks | limits | schedule | unlock KEY``.
+"""``celery -A proj baton status | locks | limits | schedule | unlock KEY | web``.
 
 Registered through Celery's ``celery.commands`` entry point. Every command takes
 ``--json``; tables fit an 80-column terminal.
@@ -521,7 +521,7 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
         _fail(exc)
 
     def ready(server: Any) -> None:
-        mode = "actions need the token" if token else "read-only (no --token)"
+        mode = "actions need the token" if token else "read-only: no --token"
         click.echo(f"celery-baton web view on {server.url} ({mode}); Ctrl-C stops it")
 
     try:
