@@ -1,4 +1,4 @@
-"""``celery -A proj baton status | locks | limits | schedule | unlock KEY``.
+"""``celery -A proj baton status | locks | limits | schedule | unlock KEY | web``.
 
 Registered through Celery's ``celery.commands`` entry point. Every command takes
 ``--json``; tables fit an 80-column terminal.
@@ -489,3 +489,54 @@ def _holders(owners: list[str], live_workers: set[str]) -> str:
                 "is STALE and ends when its TTL runs out"
             )
     return "; ".join(parts)
+
+
+@baton.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8765, show_default=True, help="0: any free port.")
+@click.option(
+    "--token",
+    envvar="BATON_WEB_TOKEN",
+    default=None,
+    help="Enables the actions (unlock, pause, resume, trigger) for whoever gives it "
+    "[env: BATON_WEB_TOKEN]. Without it the page is read-only.",
+)
+@click.option("--refresh", type=float, default=5.0, show_default=True, help="Seconds.")
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: float) -> None:
+    """Serve the web view: workers, leases, unique claims, limits, schedule; the CLI's
+    actions behind --token; /api/state (JSON) and /metrics (Prometheus, every worker)."""
+    from celery_baton.beat.api import ScheduleStore
+    from celery_baton.web import TOKEN_CHARS, serve
+
+    c = _ctx(ctx)
+    if token is not None and not TOKEN_CHARS.fullmatch(token):
+        raise click.BadParameter(
+            "letters, digits and . _ ~ + / = - only (it travels in a cookie)",
+            param_hint="--token",
+        )
+    if refresh < 0.5:
+        raise click.BadParameter("must be >= 0.5", param_hint="--refresh")
+    try:
+        c.store.ping()  # fail now with one line, not on the first page load
+    except BatonError as exc:
+        _fail(exc)
+
+    def ready(server: Any) -> None:
+        mode = "actions need the token" if token else "read-only: no --token"
+        click.echo(f"celery-baton web view on {server.url} ({mode}); Ctrl-C stops it")
+
+    try:
+        serve(
+            c,
+            ScheduleStore(c.app, store=c.store),
+            host=host,
+            port=port,
+            token=token,
+            refresh=refresh,
+            ready=ready,
+        )
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc

@@ -1,6 +1,9 @@
 """Prometheus metrics (extra ``prometheus``); every call is a no-op until they are served.
 
-Set ``baton_metrics_port`` to serve them from each worker (and beat) process.
+Set ``baton_metrics_port`` to serve them from each worker (and beat) process: a port,
+or a range ``"9100-9119"`` when several processes run on one host (each takes the first
+free port of it and logs which). The store-wide view of every worker, from one place,
+is ``/metrics`` of ``celery -A proj baton web`` (see :mod:`celery_baton.web`).
 """
 
 from __future__ import annotations
@@ -8,6 +11,8 @@ from __future__ import annotations
 import importlib
 import logging
 from typing import Any
+
+from celery_baton.errors import ConfigError
 
 logger = logging.getLogger("celery_baton.metrics")
 
@@ -97,24 +102,63 @@ beat_leader_changes = _counter(
 )
 
 
-_served = False
+_served: int | None = None  # the port this process serves on
 
 
-def serve(port: int | None) -> None:
-    """Serve ``/metrics`` on ``port`` when it is set and the package is installed."""
+def parse_ports(value: int | str) -> range:
+    """``9100`` or ``"9100-9119"`` -> the ports to try, in order.
+
+    A range lets several worker (and beat) processes on one host share one setting:
+    each takes the first free port of it."""
+    text = str(value).strip()
+    low, sep, high = text.partition("-")
+    try:
+        first = int(low)
+        last = int(high) if sep else first
+    except ValueError:
+        raise ConfigError(
+            f"expected a port or a range like 9100-9119, got {value!r}",
+            subject="baton_metrics_port",
+        ) from None
+    if not 0 < first <= last <= 65535:
+        raise ConfigError(
+            f"ports must be 1-65535, low to high; got {value!r}", subject="baton_metrics_port"
+        )
+    return range(first, last + 1)
+
+
+def serve(port: int | str | None) -> int | None:
+    """Serve ``/metrics`` on ``port`` (or the first free port of a range ``"a-b"``) when
+    it is set and prometheus-client is installed; returns the port, or None."""
     global _served
-    if not port or _served:
-        return
+    if not port or _served is not None:
+        return _served
+    ports = parse_ports(port)
     if _prom is None:
         logger.warning(
             "baton_metrics_port is set but prometheus-client is not installed: "
             "pip install 'celery-baton[prometheus]'"
         )
-        return
+        return None
     for metric in _all:
         metric.enable()
-    try:
-        _prom.start_http_server(int(port))
-        _served = True
-    except OSError as exc:
-        logger.warning("cannot serve metrics on port %s: %s", port, exc)
+    # Binding is the test: a port another process listens on fails at once, so two
+    # processes started together still end up on two ports.
+    errors = []
+    for candidate in ports:
+        try:
+            _prom.start_http_server(candidate)
+        except OSError as exc:
+            errors.append(f"{candidate}: {exc.strerror or exc}")
+            continue
+        _served = candidate
+        logger.info("baton: serving Prometheus metrics on port %d (/metrics)", candidate)
+        return candidate
+    logger.warning(
+        "cannot serve metrics on baton_metrics_port %s (%s); give a range like "
+        "9100-9119 so that each process on this host finds a port of its own, or scrape "
+        "the store-wide view of `celery baton web` (/metrics)",
+        port,
+        "; ".join(errors[:3]) + (" ..." if len(errors) > 3 else ""),
+    )
+    return None

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import time
 import urllib.request
+from pathlib import Path
+
+import pytest
 
 from tests.support.servers import free_port
 from tests.support.workers import Workers
@@ -49,3 +54,84 @@ def test_worker_serves_counters(workers: Workers) -> None:
     assert value(values, "baton_admissions_total", task=wait) == 2
     assert value(values, "baton_holds_total", task=wait) >= 1
     assert value(values, "baton_held_requests") == 0
+
+
+def free_range(size: int) -> tuple[int, int]:
+    """``size`` consecutive ports nothing listens on right now."""
+    for _ in range(50):
+        base = free_port()
+        if base + size > 65535:
+            continue
+        try:
+            for port in range(base, base + size):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base, base + size - 1
+    raise AssertionError("no free port range")
+
+
+def test_two_workers_on_one_host_share_a_port_range_and_the_web_view_scrapes_both(
+    workers: Workers, tmp_path: Path
+) -> None:
+    """Two workers given one range each take a free port of it (one port for both used to
+    fail with `Address already in use`); the web view's /metrics covers both from the
+    store."""
+    from tests.apps.exclusive import ex_skip
+    from tests.cli.test_web import Web
+
+    low, high = free_range(5)
+    env = {"BATON_TEST_METRICS_PORT": f"{low}-{high}"}
+    first = workers.start(APP, concurrency=1, env=env)
+    second = workers.start(APP, concurrency=1, env=env)
+    assert ex_skip.delay("range", 0).get(timeout=20)
+
+    served = {}
+    for port in range(low, high + 1):
+        try:
+            served[port] = scrape(port)
+        except OSError:
+            continue
+    assert len(served) == 2, (sorted(served), first.log_tail(), second.log_tail())
+    for values in served.values():
+        assert "baton_held_requests" in values
+    admitted = sum(
+        v
+        for values in served.values()
+        for k, v in values.items()
+        if k.startswith("baton_admissions_total")
+    )
+    assert admitted == 1
+    logged = [
+        int(m.group(1))
+        for w in (first, second)
+        for m in [re.search(r"serving Prometheus metrics on port (\d+)", w.log_text())]
+        if m
+    ]
+    assert sorted(logged) == sorted(served), logged
+
+    web = Web(workers, APP, None, tmp_path / "web.log")
+    try:
+        text = web.get("/metrics")
+    finally:
+        web.stop()
+    for worker in (first, second):
+        assert f'baton_worker_up{{worker="{worker.hostname}"}} 1' in text, text
+    total = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("baton_worker_admitted_total{")
+    ]
+    assert sorted(total) == [0, 1], text
+
+
+def test_metrics_port_is_a_port_or_a_range() -> None:
+    from celery_baton.errors import ConfigError
+    from celery_baton.metrics import parse_ports
+
+    assert parse_ports(9100) == range(9100, 9101)
+    assert parse_ports("9100-9119") == range(9100, 9120)
+    for bad in ("9100-", "http", "9119-9100", "0-5", "70000"):
+        with pytest.raises(ConfigError, match="baton_metrics_port"):
+            parse_ports(bad)

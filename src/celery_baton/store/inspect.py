@@ -139,3 +139,33 @@ def unlock(store: Store, key: str, *, force: bool, channel: str) -> tuple[int, l
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
     return int(reply[0]), [str(x) for x in reply[1:]]
+
+
+def rate_ahead_us(store: Store, prefix: str, task: str) -> list[int]:
+    """How far each of ``task``'s rate keys runs ahead of now (microseconds, >= 0).
+
+    A GCRA key stores its theoretical arrival time; ``ahead / interval`` is the part of
+    the burst in use, and 0 means the rate is idle (the web view shows both)."""
+    try:
+        seconds, micros = store.client.time()
+        now_us = int(seconds) * 1_000_000 + int(micros)
+        keys = list(store.client.scan_iter(match=f"{prefix}:{{{task}}}:rate:*", count=1000))
+        values = store.client.mget(keys) if keys else []
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    return [max(0, int(v) - now_us) for v in values if v]
+
+
+def worker_report_ttls(store: Store, prefix: str) -> dict[str, float]:
+    """Seconds left before each worker's report expires, by hostname (its age, read
+    backwards: a live worker rewrites it every renewal interval)."""
+    try:
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:worker:*", count=1000))
+        pipe = store.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(key)
+        ttls = pipe.execute() if keys else []
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    marker = f"{prefix}:worker:"
+    return {k[len(marker) :]: max(int(t), 0) / 1000 for k, t in zip(keys, ttls, strict=True)}
