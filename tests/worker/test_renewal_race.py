@@ -74,8 +74,10 @@ def test_a_renewal_that_lands_after_the_release_does_not_hold_the_key(
             # store with its copy of the held leases, and waits 2 s in the handshake.
             paused = time.monotonic()
             wait_until(
-                lambda: time.monotonic() - paused > 2.5
-                and bool(_store_ports(worker, store_server.port) - ports),
+                lambda: (
+                    time.monotonic() - paused > 2.5
+                    and bool(_store_ports(worker, store_server.port) - ports)
+                ),
                 15,
                 "the renewer reconnecting to the paused store",
             )

@@ -310,7 +310,7 @@ class Admission:
         if guarded:
             attach(request, self, held.policy, held.plan)
             if self.book is not None:
-                self.book.add(held.plan.owner, held.plan.leases)
+                self.book.add(held.plan.owner, held.plan.leases, epoch=decision.epoch)
             if decision.fence:
                 request.request_dict[FENCE_FIELD] = decision.fence
         self.stats["admitted"] += 1

@@ -12,7 +12,11 @@
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
--- returns   {1, fence, start_in_us, at_us} granted (fence 0 when no lease asked for one);
+--   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
+--             created from TIME when missing, and returned; the holder renews under it
+--             (renew.lua: a lease gone under an unchanged epoch is never written back)
+-- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
+--                                         for one; epoch '' without an "E" condition);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
 --           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
@@ -39,6 +43,7 @@ local reserve_us = tonumber(ARGV[3])
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
 local writes = {}
 local override = nil
+local epoch = ''
 local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
@@ -115,6 +120,14 @@ for i = 1, #KEYS do
     end
   elseif kind == 'U' then
     writes[#writes + 1] = {'U', key, a}
+  elseif kind == 'E' then
+    -- Last: every condition passed. One GET per grant; the SET happens once per family
+    -- (and again only after the store lost its data).
+    epoch = call('GET', key)
+    if not epoch then
+      epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      call('SET', key, epoch)
+    end
   end
 end
 
@@ -185,4 +198,4 @@ for _, w in ipairs(writes) do
     if call('GET', key) == w[3] then call('DEL', key) end
   end
 end
-return {1, fence, start_at - now_us, start_at}
+return {1, fence, start_at - now_us, start_at, epoch}
