@@ -95,3 +95,4 @@ def test_a_renewal_that_lands_after_the_release_does_not_hold_the_key(
     assert [run.task_id for run in observer.runs_of("k", 2)] == [first.id, second.id]
     assert "re-asserted" not in worker.log_text()
     assert "lost its lease" not in worker.log_text()  # the finished run lost nothing
+    assert "lease lost" not in worker.log_text()
