@@ -17,6 +17,7 @@ freeing B's lock; C takes it and now B and C run together. Here:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -175,9 +176,15 @@ class LeaseBook:
                     continue
                 with self._lock:
                     # A run that finished while the call was on its way released its
-                    # lease: "lost" is then its own release, nothing to report.
+                    # lease: "lost" is then its own release, nothing to report. If the
+                    # store had forgotten it, the renewal wrote it back for a run that
+                    # is over: give it back (owner-compared, so never anyone else's).
                     current = self._held.get(lease.owner)
                     if current is None:
+                        if renewal.status == REASSERTED:
+                            self._pending_releases.append(
+                                functools.partial(self.gate.release, [lease.key], owner=lease.owner)
+                            )
                         continue
                     if renewal.status == REASSERTED:
                         # Renew under the store's new epoch from now on.

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
 from celery_baton import BatonError, LeaseNotOwned, StoreUnavailable
-from celery_baton.gate import Gate, HeldLease
+from celery_baton.gate import Gate, HeldLease, Renewal
 from celery_baton.keys import KeyNames
 from celery_baton.leases import Lease, LeaseBook, new_owner
 from celery_baton.store import inspect as store_inspect
@@ -248,6 +248,31 @@ def test_leases_the_store_forgot_are_written_back_by_their_holders() -> None:
     finally:
         store.client.close()
         server.close()
+
+
+def test_a_lease_written_back_for_a_run_that_finished_meanwhile_is_given_back(
+    gate: Gate, store: Store, r: redis.Redis
+) -> None:
+    """The store forgot, and the run finished while the renewal of its copy was on its
+    way: the renewal re-asserts the lease, and the book gives it back at once."""
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    book = LeaseBook(gate, interval=10)
+    book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30)], epoch=lease.epoch)
+    r.flushall()  # the store forgets
+
+    class FinishingGate(Gate):
+        """The run finishes (leaves the book) between the copy and the renewal call."""
+
+        def renew(self, leases: Sequence[HeldLease]) -> list[Renewal]:
+            book.remove(lease.owner)
+            return super().renew(leases)
+
+    book.gate = FinishingGate(store)
+    book.renew_now()
+    assert book.losses == 0
+    assert owners(r) == {}
+    assert Lease(gate, KEY).acquire()
 
 
 def test_release_publishes_a_notice_only_when_it_frees_a_key_someone_waits_for(
