@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from celery_baton.keys import epoch_key
 from celery_baton.store.connection import STORE_ERRORS, Store
 
 
@@ -21,8 +22,9 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 class Condition:
     """One thing a run needs; build with the class methods."""
 
-    # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "E" unique claim to
-    # keep for the run, "O" override
+    # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
+    # keep for the run, "O" override, "E" the store epoch (added by gate_call when a
+    # lease is asked for)
     kind: str
     key: str
     a: str = ""
@@ -55,7 +57,7 @@ class Condition:
         """Never denies; on grant, ``task_id``'s claim of ``key`` (if it still holds it)
         lives ``ttl`` seconds from now: the run is protected whatever ttl the publish
         gave the claim (a message's ``expires`` bounds its wait in the queue only)."""
-        return cls("E", key, task_id, str(max(1, round(ttl * 1000))))
+        return cls("K", key, task_id, str(max(1, round(ttl * 1000))))
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Decision:
     denied_by: Condition | None = None
     retry_after: float = 0.0
     holder: str = ""
+    # Granted with a lease: the store epoch of the leases' family, for their renewals.
+    epoch: str = ""
 
     @property
     def holder_task_id(self) -> str:
@@ -106,12 +110,31 @@ class Release:
 
 @dataclass(frozen=True)
 class HeldLease:
-    """A lease as its holder knows it, for batched renewal."""
+    """A lease as its holder knows it, for batched renewal.
+
+    ``epoch`` is the store epoch it was granted under (``Decision.epoch``): a renewal
+    writes a missing lease back only when the store forgot it (the epoch changed), never
+    when it was released, unlocked or expired (see renew.lua). ``""``: unknown, written
+    back whenever the key has room.
+    """
 
     key: str
     owner: str
     limit: int
     ttl: float
+    epoch: str = ""
+
+
+class Renewal(NamedTuple):
+    """One lease's renewal: ``status`` 1 renewed, 2 re-asserted (the store had forgotten
+    it; ``epoch`` is the store's new epoch, to renew under from now on), 0 lost (released,
+    unlocked, expired, or taken by another owner)."""
+
+    status: int
+    epoch: str = ""
+
+
+RENEWED, REASSERTED, LOST = 1, 2, 0
 
 
 class Gate:
@@ -174,45 +197,60 @@ class Gate:
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 
-    def renew(self, leases: Sequence[HeldLease]) -> list[int]:
-        """Renew many leases in one round trip: 1 renewed, 2 re-asserted, 0 lost."""
+    def renew(self, leases: Sequence[HeldLease]) -> list[Renewal]:
+        """Renew many leases in one round trip; one :class:`Renewal` per lease."""
         if not leases:
             return []
         try:
             if not self._cluster:
-                return [int(status) for status in self._renew_batch(leases)]
+                return _renewals(self._renew_batch(leases))
             # Cluster: a script's keys must share a slot, so one call per hash tag,
             # all in one pipeline.
             by_tag: dict[str, list[int]] = defaultdict(list)
             for i, lease in enumerate(leases):
                 by_tag[lease.key[lease.key.find("{") : lease.key.find("}") + 1]].append(i)
-            results = [0] * len(leases)
+            results = [Renewal(LOST)] * len(leases)
             pipe = self.store.client.pipeline(transaction=False)
             for indexes in by_tag.values():
                 self._renew_batch([leases[i] for i in indexes], pipe)
             for indexes, reply in zip(by_tag.values(), pipe.execute(), strict=True):
-                for i, status in zip(indexes, reply, strict=True):
-                    results[i] = int(status)
+                for i, renewal in zip(indexes, _renewals(reply), strict=True):
+                    results[i] = renewal
             return results
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 
     def _renew_batch(self, leases: Sequence[HeldLease], pipe: Any = None) -> Any:
+        keys: list[str] = []
         args: list[Any] = []
         for lease in leases:
-            args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)))
-        reply = self.store.scripts.run("renew", [x.key for x in leases], args, client=pipe)
-        return reply
+            keys += (lease.key, epoch_key(lease.key))
+            args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)), lease.epoch)
+        return self.store.scripts.run("renew", keys, args, client=pipe)
+
+
+def _renewals(reply: Sequence[Any]) -> list[Renewal]:
+    """renew.lua's reply: a status and an epoch per lease."""
+    return [Renewal(int(reply[i]), str(reply[i + 1] or "")) for i in range(0, len(reply), 2)]
 
 
 def gate_call(
     conditions: Sequence[Condition], owner: str, ttl: float, reserve: float = 0.0
 ) -> tuple[list[str], list[Any]]:
-    """The gate script's KEYS and ARGV for ``conditions``."""
+    """The gate script's KEYS and ARGV for ``conditions`` (and, when a lease is asked for,
+    the epoch of its family, read last)."""
     args: list[Any] = [owner, max(1, round(ttl * 1000)), round(reserve * 1_000_000)]
+    keys = []
+    lease_key = None
     for c in conditions:
         args += (c.kind, c.a, c.b)
-    return [c.key for c in conditions], args
+        keys.append(c.key)
+        if lease_key is None and c.kind == "L":
+            lease_key = c.key
+    if lease_key is not None:
+        args += ("E", "", "")
+        keys.append(epoch_key(lease_key))
+    return keys, args
 
 
 def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
@@ -223,6 +261,7 @@ def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
             fence=int(reply[1]),
             start_after=int(reply[2]) / 1_000_000,
             at_us=int(reply[3]) if len(reply) > 3 else 0,
+            epoch=str(reply[4] or "") if len(reply) > 4 else "",
         )
     retry_us = int(reply[2])
     return Decision(

@@ -221,6 +221,24 @@ def digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
+def epoch_key(key: str) -> str:
+    """The store epoch key of the family that lease ``key`` belongs to.
+
+    The gate creates it with a family's first lease and returns its value with every
+    grant; it is never deleted, so only a store that lost its data is without it (or has
+    another one). Renewals compare it to tell a lease the store forgot (write it back)
+    from one that was released, unlocked or expired (never write it back). It shares
+    ``key``'s ``{hash tag}``, so one script call may use both on Redis Cluster:
+    ``"baton:{t}:ex:k"`` -> ``"baton:{t}:epoch"`` (:meth:`KeyNames.epoch`). A key
+    without a tag gets an epoch of its own, on its own slot: ``"k"`` -> ``"{k}:epoch"``.
+    """
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    if end > start + 1:
+        return f"{key[: end + 1]}:epoch"
+    return f"{{{key}}}:epoch"
+
+
 @dataclass(frozen=True)
 class KeyNames:
     """Builds store key names. Every key of one task shares the ``{task name}`` hash tag,
@@ -246,6 +264,10 @@ class KeyNames:
 
     def limits(self, task: str) -> str:
         return f"{self.family(task)}:limits"
+
+    def epoch(self, task: str) -> str:
+        """The family's store epoch (see :func:`epoch_key`, which finds it from a lease key)."""
+        return f"{self.family(task)}:epoch"
 
     @property
     def notice_channel(self) -> str:

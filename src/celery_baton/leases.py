@@ -8,11 +8,16 @@ freeing B's lock; C takes it and now B and C run together. Here:
 2. each acquisition gets a fencing token that grows per key, so A's late writes can be
    refused downstream (``UPDATE ... WHERE fence < :fence``);
 3. live owners renew every ttl/3 in one batched call, so a long run keeps its lease,
-   and a killed owner's lease ends when its ttl runs out.
+   and a killed owner's lease ends when its ttl runs out;
+4. a renewal never brings back a lease that was released, unlocked or expired, even
+   when it reaches the store after the release (another connection, a re-sent call):
+   it writes a missing lease back only if the store lost its data, which the family's
+   epoch tells (see renew.lua). Otherwise a finished run would hold its key for a ttl.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -24,7 +29,7 @@ from types import TracebackType
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError, LeaseNotOwned
-from celery_baton.gate import Condition, Gate, HeldLease, Release
+from celery_baton.gate import LOST, REASSERTED, Condition, Gate, HeldLease, Release
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ class Lease:
         self.owner = owner or new_owner("-", "lease")
         self.fence = 0
         self.holder = ""
+        self.epoch = ""  # the store epoch it was granted (or re-asserted) under
 
     def acquire(self) -> bool:
         """Take the lease now if it is free; ``self.fence`` is its token. One round trip."""
@@ -81,10 +87,17 @@ class Lease:
         )
         self.fence = decision.fence if decision.granted else 0
         self.holder = decision.holder
+        self.epoch = decision.epoch
         return decision.granted
 
     def renew(self) -> bool:
-        return self.gate.renew([HeldLease(self.key, self.owner, self.limit, self.ttl)])[0] > 0
+        """Extend the lease by its ttl; False when it is lost (released, unlocked, expired
+        or taken). One round trip."""
+        held = HeldLease(self.key, self.owner, self.limit, self.ttl, self.epoch)
+        renewal = self.gate.renew([held])[0]
+        if renewal.status == REASSERTED:
+            self.epoch = renewal.epoch
+        return renewal.status != LOST
 
     def release(self) -> bool:
         """Free the lease if this owner holds it; never anyone else's. One round trip."""
@@ -129,8 +142,11 @@ class LeaseBook:
         self.renewals = 0
         self.losses = 0
 
-    def add(self, owner: str, leases: list[HeldLease]) -> None:
+    def add(self, owner: str, leases: list[HeldLease], *, epoch: str = "") -> None:
+        """Hold ``owner``'s ``leases`` from now on; ``epoch``: the grant's (Decision.epoch)."""
         if leases:
+            if epoch:
+                leases = [HeldLease(x.key, x.owner, x.limit, x.ttl, epoch) for x in leases]
             with self._lock:
                 self._held[owner] = leases
 
@@ -152,17 +168,43 @@ class LeaseBook:
     def renew_now(self) -> None:
         held = self.held()
         if held:
-            statuses = self.gate.renew(held)
+            renewals = self.gate.renew(held)
             self.renewals += len(held)
             metrics.lease_renewals.inc(len(held))
-            for lease, status in zip(held, statuses, strict=True):
-                if status == 0:
+            for lease, renewal in zip(held, renewals, strict=True):
+                if renewal.status != LOST and renewal.status != REASSERTED:
+                    continue
+                with self._lock:
+                    # A run that finished while the call was on its way released its
+                    # lease: "lost" is then its own release, nothing to report. If the
+                    # store had forgotten it, the renewal wrote it back for a run that
+                    # is over: give it back (owner-compared, so never anyone else's).
+                    current = self._held.get(lease.owner)
+                    if current is None:
+                        if renewal.status == REASSERTED:
+                            self._pending_releases.append(
+                                functools.partial(self.gate.release, [lease.key], owner=lease.owner)
+                            )
+                        continue
+                    if renewal.status == REASSERTED:
+                        # Renew under the store's new epoch from now on.
+                        self._held[lease.owner] = [
+                            HeldLease(x.key, x.owner, x.limit, x.ttl, renewal.epoch)
+                            if x.key == lease.key
+                            else x
+                            for x in current
+                        ]
+                if renewal.status == LOST:
                     self.losses += 1
                     metrics.lease_losses.inc()
-                    logger.error("lease lost: %s held by %s was taken over", lease.key, lease.owner)
+                    logger.error(
+                        "lease lost: %s held by %s expired, was unlocked or taken over",
+                        lease.key,
+                        lease.owner,
+                    )
                     if self.on_lost:
                         self.on_lost(lease.owner, lease.key)
-                elif status == 2:
+                else:
                     logger.warning("lease re-asserted after the store lost it: %s", lease.key)
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from celery_baton.gate import Condition, Gate, HeldLease, owner_task_id
+from celery_baton.keys import KeyNames
 from celery_baton.leases import new_owner
 from celery_baton.store.connection import connect
 
@@ -196,7 +197,7 @@ def test_a_busy_key_always_outlives_its_leases_and_a_used_once_key_vanishes(
         elif held and op < 0.5:
             owner = rng.choice(list(held))
             lease = HeldLease(key, owner, 3, held[owner] / 1000)
-            assert gate.renew([lease]) == [1]
+            assert [x.status for x in gate.renew([lease])] == [1]
         else:
             owner, ttl = f"t{step}|w|1", rng.choice([1_000, 5_000, 20_000])
             if gate.decide([Condition.lease(key, limit=3)], owner=owner, ttl=ttl / 1000).granted:
@@ -247,3 +248,20 @@ def test_a_runtime_override_replaces_the_next_conditions_limit(gate: Gate, r: re
     r.delete(RATE)
     assert gate.decide(conditions, owner="-").granted
     assert gate.decide(conditions, owner="-").retry_after < 0.01
+
+
+def test_a_grant_with_a_lease_returns_the_store_epoch_of_its_family(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """The epoch is created by the family's first grant, then only read; a denied call
+    writes none, and a call without a lease does not read it."""
+    epoch_key = KeyNames().epoch("t")
+    assert gate.decide([Condition.rate(RATE, 1_000_000)], owner="a|w|1").epoch == ""
+    assert not r.exists(epoch_key)
+    first = gate.decide([Condition.lease(EX)], owner="b|w|1")
+    assert first.granted and first.epoch == r.get(epoch_key) and first.epoch.isdigit()
+    denied = gate.decide([Condition.lease(EX)], owner="c|w|1")
+    assert not denied.granted and denied.epoch == ""
+    again = gate.decide([Condition.rate(RATE + "2", 1), Condition.lease(EX2)], owner="d|w|1")
+    assert again.granted and again.epoch == first.epoch
+    assert r.get(epoch_key) == first.epoch

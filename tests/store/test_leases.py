@@ -1,21 +1,26 @@
 """Leases against a real server: owner-compared release, fences, renewal, expiry.
 
-Issue 2, item 4: release never frees a lease owned by someone else. These tests drive
-the scripts directly (no Celery), so each race is made to happen deterministically.
+Issue 2, item 4: release never frees a lease owned by someone else. Issue 11, item 2: a
+renewal never brings back a lease that was released, unlocked or expired, and still
+writes back a live one that the store forgot. These tests drive the scripts directly
+(no Celery), so each race is made to happen deterministically.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
 from celery_baton import BatonError, LeaseNotOwned, StoreUnavailable
-from celery_baton.gate import Gate, HeldLease
+from celery_baton.gate import Gate, HeldLease, Renewal
+from celery_baton.keys import KeyNames
 from celery_baton.leases import Lease, LeaseBook, new_owner
+from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import Store, connect
 from tests.support.servers import StoreServer
 
@@ -60,7 +65,7 @@ def test_expired_owner_cannot_release_the_new_owners_lease(gate: Gate, r: redis.
 
     assert a.release() is False
     assert a.renew() is False  # renewing a lost lease reports it lost
-    assert gate.renew([HeldLease(KEY, a.owner, 1, 30)]) == [0]
+    assert [x.status for x in gate.renew([HeldLease(KEY, a.owner, 1, 30)])] == [0]
 
     assert list(owners(r)) == [b.owner]
     c = Lease(gate, KEY, ttl=30)
@@ -107,18 +112,22 @@ def test_a_limit_above_one_admits_that_many(gate: Gate) -> None:
 def test_renew_batch_reports_renewed_lost_and_reasserted(gate: Gate, r: redis.Redis) -> None:
     alive = Lease(gate, "baton:{t}:ex:alive", ttl=30)
     lost = Lease(gate, "baton:{t}:ex:lost", ttl=0.2)
-    vanished = Lease(gate, "baton:{t}:ex:vanished", ttl=30)
+    vanished = Lease(gate, "baton:{v}:ex:vanished", ttl=30)
     taken = Lease(gate, "baton:{t}:ex:taken", ttl=0.2)
     for lease in (alive, lost, vanished, taken):
         assert lease.acquire()
     time.sleep(0.3)
     assert Lease(gate, lost.key, ttl=30).acquire()  # someone took the expired key
-    r.delete(vanished.key)  # the store forgot it (restart without persistence)
+    # The store forgot family {v} (its data and its epoch: a restart without persistence).
+    r.delete(vanished.key, KeyNames().epoch("v"))
     r.hdel(taken.key, f"o:{taken.owner}")
     assert Lease(gate, taken.key, ttl=30).acquire()  # gone, and someone else holds it
 
-    batch = [HeldLease(x.key, x.owner, 1, 30) for x in (alive, lost, vanished, taken)]
-    assert gate.renew(batch) == [1, 0, 2, 0]
+    batch = [HeldLease(x.key, x.owner, 1, 30, x.epoch) for x in (alive, lost, vanished, taken)]
+    renewals = gate.renew(batch)
+    assert [x.status for x in renewals] == [1, 0, 2, 0]
+    assert renewals[2].epoch not in ("", vanished.epoch)  # the store's new epoch
+    assert r.get(KeyNames().epoch("v")) == renewals[2].epoch
     assert gate.renew([]) == []
 
     # Renewed and re-asserted leases now run 30 s; the fence of a renewed one is kept.
@@ -128,6 +137,142 @@ def test_renew_batch_reports_renewed_lost_and_reasserted(gate: Gate, r: redis.Re
     assert int(deadline) - (seconds * 1000 + micros // 1000) > 20_000
     assert f"o:{vanished.owner}" in r.hgetall(vanished.key)
     assert f"o:{lost.owner}" not in r.hgetall(lost.key)
+
+
+def test_a_renewal_after_the_release_does_not_bring_the_lease_back(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """The renewer copied the held leases, the run finished and released, and the renewal
+    of the copy reached the store after the release: the lease stays released."""
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    assert lease.release()
+    assert lease.renew() is False  # lost: released on purpose, not forgotten by the store
+    assert owners(r) == {}
+    assert Lease(gate, KEY).acquire()  # the next run gets the key at once
+
+
+def test_a_renewal_queued_behind_the_release_on_another_connection_is_lost(
+    store_server: StoreServer, store: Store, r: redis.Redis
+) -> None:
+    """The race itself: the release and the renewal wait in two connections of a stalled
+    store; the release was sent first, so it runs first, and the renewal runs after it.
+
+    Each call is made by a thread of its own, as in a worker (the event loop releases, the
+    renewer renews); each thread keeps its own connection, opened before the stall.
+    """
+    gate = Gate(store)
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    with ThreadPoolExecutor(1) as releaser, ThreadPoolExecutor(1) as renewer:
+        # Both connected, both scripts loaded (a NOSCRIPT reply would re-send it later).
+        assert releaser.submit(gate.release, [KEY], owner="nobody").result() == 0
+        assert renewer.submit(store.scripts.call, "renew", [], []).result() == []
+        store_server.pause()
+        try:
+            released = releaser.submit(gate.release, [KEY], owner=lease.owner)
+            time.sleep(0.3)  # the release is in the store's socket first
+            renewed = renewer.submit(lease.renew)
+            time.sleep(0.3)
+        finally:
+            store_server.resume()
+        assert released.result(timeout=10) == 1
+        assert renewed.result(timeout=10) is False
+    assert owners(r) == {}
+    assert Lease(gate, KEY).acquire()
+
+
+def test_an_unlocked_or_expired_lease_is_not_written_back(
+    gate: Gate, store: Store, r: redis.Redis
+) -> None:
+    unlocked = Lease(gate, KEY, ttl=30)
+    assert unlocked.acquire()
+    assert store_inspect.unlock(store, KEY, force=True, channel="baton:released")[0] == 1
+    assert unlocked.renew() is False
+    assert owners(r) == {}
+
+    # (A lease that expired but is still there is extended: no run was granted its key
+    # since, as a grant removes the expired leases it finds.)
+    expired = Lease(gate, "baton:{t}:ex:e", ttl=0.2)
+    assert expired.acquire()
+    time.sleep(0.35)  # nobody renewed it: it expired, and its key with it
+    assert not r.exists(expired.key)
+    assert expired.renew() is False
+    assert not r.exists(expired.key)
+    assert Lease(gate, expired.key).acquire()
+
+
+def test_leases_the_store_forgot_are_written_back_by_their_holders() -> None:
+    """A store restarted empty: each live holder's renewal re-asserts its lease (two
+    leases of one family, one of another) and takes the store's new epoch, under which a
+    renewal after its release is lost again."""
+    server = StoreServer(name="forgetful", persistent=False)
+    server.start()
+    store = connect(server.url(), socket_timeout=5)
+    gate = Gate(store)
+    try:
+        a = Lease(gate, "baton:{t}:ex:a", ttl=30)
+        b = Lease(gate, "baton:{t}:ex:b", ttl=30)
+        c = Lease(gate, "baton:{u}:cc:c", ttl=30, limit=2)
+        assert a.acquire() and b.acquire() and c.acquire()
+        first_epoch = a.epoch
+        assert first_epoch and b.epoch == first_epoch
+
+        server.restart()  # empty: no persistence
+        with server.client() as plain:
+            assert plain.dbsize() == 0
+        book = LeaseBook(gate, interval=10)
+        for lease in (a, b, c):
+            book.add(
+                lease.owner, [HeldLease(lease.key, lease.owner, lease.limit, 30)], epoch=lease.epoch
+            )
+        for _ in range(3):  # the first call may find its connection closed by the restart
+            try:
+                book.renew_now()
+                break
+            except StoreUnavailable:
+                continue
+        assert book.renewals == 3 and book.losses == 0
+        with server.client() as plain:
+            for lease in (a, b, c):
+                assert list(owners(plain, lease.key)) == [lease.owner]
+        assert not Lease(gate, a.key).acquire()  # a live run holds it again
+
+        # The holders renew under the store's new epoch now: after a release, a late
+        # renewal is lost again instead of bringing the lease back.
+        (held_a,) = book.remove(a.owner)
+        assert held_a.epoch not in ("", first_epoch)
+        assert a.release()
+        assert [x.status for x in gate.renew([held_a])] == [0]
+        assert Lease(gate, a.key).acquire()
+    finally:
+        store.client.close()
+        server.close()
+
+
+def test_a_lease_written_back_for_a_run_that_finished_meanwhile_is_given_back(
+    gate: Gate, store: Store, r: redis.Redis
+) -> None:
+    """The store forgot, and the run finished while the renewal of its copy was on its
+    way: the renewal re-asserts the lease, and the book gives it back at once."""
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    book = LeaseBook(gate, interval=10)
+    book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30)], epoch=lease.epoch)
+    r.flushall()  # the store forgets
+
+    class FinishingGate(Gate):
+        """The run finishes (leaves the book) between the copy and the renewal call."""
+
+        def renew(self, leases: Sequence[HeldLease]) -> list[Renewal]:
+            book.remove(lease.owner)
+            return super().renew(leases)
+
+    book.gate = FinishingGate(store)
+    book.renew_now()
+    assert book.losses == 0
+    assert owners(r) == {}
+    assert Lease(gate, KEY).acquire()
 
 
 def test_release_publishes_a_notice_only_when_it_frees_a_key_someone_waits_for(

@@ -260,7 +260,7 @@ class Admission:
         request = delivery.request
         if guarded:
             attach(request, self.releasing, delivery.policy, delivery.plan)
-            self.book.add(delivery.plan.owner, delivery.plan.leases)
+            self.book.add(delivery.plan.owner, delivery.plan.leases, epoch=start.epoch)
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence
         self.stats["admitted"] += 1

@@ -41,6 +41,7 @@ class Reason(enum.Enum):
 class Start:
     fence: int = 0
     start_after: float = 0.0  # seconds: a reserved rate slot starts later
+    epoch: str = ""  # the store epoch the leases were granted under (for renewals)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def verdict(
     refusal of this delivery was first seen (None: this is the first), for the grace.
     """
     if decision.granted:
-        return Start(decision.fence, decision.start_after)
+        return Start(decision.fence, decision.start_after, decision.epoch)
     why = reason(decision, plan)
     condition = decision.denied_by
     assert condition is not None

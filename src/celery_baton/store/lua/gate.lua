@@ -10,11 +10,15 @@
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
---   kind "E"  unique claim to keep for the run: if its value is a (the task id), it
+--   kind "K"  unique claim to keep for the run: if its value is a (the task id), it
 --             expires b milliseconds from now (never denies)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
--- returns   {1, fence, start_in_us, at_us} granted (fence 0 when no lease asked for one);
+--   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
+--             created from TIME when missing, and returned; the holder renews under it
+--             (renew.lua: a lease gone under an unchanged epoch is never written back)
+-- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
+--                                         for one; epoch '' without an "E" condition);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
 --           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
@@ -39,9 +43,10 @@ local reserve_us = tonumber(ARGV[3])
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
 --    latest deadline of the others, "_e" (key expires no earlier), key existed}
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
---   {'E', key, task id, ttl in ms}
+--   {'K', key, task id, ttl in ms}
 local writes = {}
 local override = nil
+local epoch = ''
 local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
@@ -118,8 +123,16 @@ for i = 1, #KEYS do
     end
   elseif kind == 'U' then
     writes[#writes + 1] = {'U', key, a}
+  elseif kind == 'K' then
+    writes[#writes + 1] = {'K', key, a, b}
   elseif kind == 'E' then
-    writes[#writes + 1] = {'E', key, a, b}
+    -- Last: every condition passed. One GET per grant; the SET happens once per family
+    -- (and again only after the store lost its data).
+    epoch = call('GET', key)
+    if not epoch then
+      epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      call('SET', key, epoch)
+    end
   end
 end
 
@@ -188,9 +201,9 @@ for _, w in ipairs(writes) do
     end
   elseif w[1] == 'U' then
     if call('GET', key) == w[3] then call('DEL', key) end
-  elseif w[1] == 'E' then
+  elseif w[1] == 'K' then
     -- Only this task id's claim: a claim that lapsed may belong to a later publish now.
     if call('GET', key) == w[3] then call('PEXPIRE', key, w[4]) end
   end
 end
-return {1, fence, start_at - now_us, start_at}
+return {1, fence, start_at - now_us, start_at, epoch}

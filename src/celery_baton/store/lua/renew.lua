@@ -1,43 +1,64 @@
 -- renew: extend a batch of leases in one call (a worker renews all of its leases at once).
--- A lease whose field vanished (the store lost it, e.g. restarted without persistence)
--- is re-asserted when the key still has room, so a live run keeps its key; not when an
--- operator removed it on purpose (an "x:<owner>" field, written by unlock).
 --
--- KEYS[i]              lease key i
--- ARGV[3(i-1)+1..+3]   owner, limit, ttl in milliseconds for lease i
--- returns              a list, per lease: 1 renewed, 2 re-asserted, 0 lost (another holds it)
+-- A lease whose field is gone was either removed on purpose -- released by its owner,
+-- freed by an operator (`celery baton unlock`), or expired -- or forgotten by the store
+-- (restarted empty, failover to a replica that was behind). Only the second may be
+-- written back: a renewal can reach the store after its owner's release (sent on
+-- another connection, or re-sent by a client after a timeout), and writing that lease
+-- back would hold the key for a run that is over. The family's epoch key tells them
+-- apart: the gate creates it once and returns it with every grant, and only a store that
+-- forgot its data loses it. A holder whose epoch is still the store's lost its lease;
+-- a holder whose epoch is gone or replaced re-asserts its lease (when the key has room)
+-- and is told the new epoch, which it renews under from then on.
+--
+-- KEYS[2i-1]           lease key i
+-- KEYS[2i]             the epoch key of lease i's family (same {hash tag})
+-- ARGV[4(i-1)+1..+4]   owner, limit, ttl in milliseconds, epoch it was granted under
+-- returns              a list of two values per lease: status (1 renewed, 2 re-asserted,
+--                      0 lost: gone on purpose or taken), and when re-asserted the store's
+--                      epoch (else '')
 
-local t = redis.call('TIME')
+local call = redis.call
+local t = call('TIME')
 local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 local result = {}
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local field = 'o:' .. ARGV[3 * i - 2]
-  local limit = tonumber(ARGV[3 * i - 1])
-  local ttl_ms = tonumber(ARGV[3 * i])
-  local current = redis.call('HGET', key, field)
-  local status = 0
+for i = 1, #KEYS / 2 do
+  local key, epoch_key = KEYS[2 * i - 1], KEYS[2 * i]
+  local base = 4 * (i - 1)
+  local owner_field = 'o:' .. ARGV[base + 1]
+  local limit = tonumber(ARGV[base + 2])
+  local ttl_ms = tonumber(ARGV[base + 3])
+  local current = call('HGET', key, owner_field)
+  local status, epoch = 0, ''
   local fence = '0'
   if current then
     fence = string.match(current, ' (%d+)$') or '0'
     status = 1
-  elseif redis.call('HEXISTS', key, 'x:' .. ARGV[3 * i - 2]) == 1 then
-    status = 0  -- an operator freed it (`celery baton unlock --force`): lost, for good
   else
-    local live = 0
-    local flat = redis.call('HGETALL', key)
-    for j = 1, #flat, 2 do
-      if string.sub(flat[j], 1, 2) == 'o:' and
-         tonumber(string.match(flat[j + 1], '^(%d+)')) > now_ms then
-        live = live + 1
+    -- Read only here: a renewal of a lease that is there (nearly all) costs no more.
+    local known = call('GET', epoch_key)
+    if known ~= ARGV[base + 4] then
+      -- The store forgot (or this holder never knew an epoch): re-assert if there is room.
+      if not known then
+        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        call('SET', epoch_key, known)
       end
+      local live = 0
+      local flat = call('HGETALL', key)
+      for j = 1, #flat, 2 do
+        if string.sub(flat[j], 1, 2) == 'o:' and
+           tonumber(string.match(flat[j + 1], '^(%d+)')) > now_ms then
+          live = live + 1
+        end
+      end
+      if live < limit then status, epoch = 2, known end
     end
-    if live < limit then status = 2 end
   end
   if status > 0 then
-    redis.call('HSET', key, field, string.format('%.0f', now_ms + ttl_ms) .. ' ' .. fence)
-    if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+    call('HSET', key, owner_field, string.format('%.0f', now_ms + ttl_ms) .. ' ' .. fence)
+    if call('PTTL', key) < ttl_ms then call('PEXPIRE', key, ttl_ms) end
   end
-  result[i] = status
+  result[2 * i - 1] = status
+  result[2 * i] = epoch
 end
 return result

@@ -1,5 +1,7 @@
 -- unlock: the operator frees a lease key by hand (`celery baton unlock KEY`).
--- A live holder is never removed unless forced: it may still be running.
+-- A live holder is never removed unless forced: it may still be running. A forced
+-- holder's next renewal finds its lease gone under an unchanged store epoch and reports
+-- it lost (renew.lua): it is not written back.
 --
 -- KEYS[1]  lease key
 -- ARGV[1]  "1" to remove live holders too
@@ -24,10 +26,6 @@ for j = 1, #flat, 2 do
 end
 if #remove > 0 then
   redis.call('HDEL', KEYS[1], unpack(remove))
-  if ARGV[1] == '1' then
-    -- Tell the holders' renewals that this was on purpose: they must not re-assert it.
-    for _, owner in ipairs(live) do redis.call('HSET', KEYS[1], 'x:' .. owner, '1') end
-  end
   redis.call('PUBLISH', ARGV[2], KEYS[1])
 end
 local result = {#remove}
