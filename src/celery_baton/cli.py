@@ -208,11 +208,13 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
                 for r in reports
             ],
         }
+        data["grace"] = _grace(c)
         embedded = " (embedded: this machine only)" if store.embedded else ""
         text = [
             f"store:    {data['store']}{embedded}",
             f"server:   {data['server']}",
             f"rtt:      {data['rtt_ms']} ms",
+            *([f"grace:    {data['grace']}"] if data["grace"] else []),
             f"leases:   {data['leases']}"
             + (f" ({stale} stale: their workers stopped reporting)" if stale else ""),
             "",
@@ -226,6 +228,22 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
         return data, "\n".join(text)
 
     show(ctx, render, watch)
+
+
+def _grace(c: Context) -> str:
+    """The store's grace after it lost its data, in words ('' when none is in force)."""
+    if c.store.cluster:
+        return ""
+    age = store_inspect.store_epoch_age(c.store, c.names.prefix)
+    if age is None:
+        return "no store epoch: the next lease waits one lease_ttl (store new or emptied)"
+    longest = max([p.lease_ttl for _, p in c.policies().values() if p.gates_runs] or [0.0])
+    if age < longest:
+        return (
+            f"the store lost its data {age:.1f}s ago: no new lease until each task's "
+            f"lease_ttl has passed since (up to {longest - age:.1f}s more)"
+        )
+    return ""
 
 
 @baton.command()

@@ -23,8 +23,8 @@ class Condition:
     """One thing a run needs; build with the class methods."""
 
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
-    # keep for the run, "O" override, "E" the store epoch (added by gate_call when a
-    # lease is asked for)
+    # keep for the run, "O" override; added by gate_call when a lease is asked for: "G"
+    # the store's grace after it lost its data, "E" the family's store epoch
     kind: str
     key: str
     a: str = ""
@@ -145,10 +145,28 @@ class Gate:
     Decision(granted=True, fence=1732240000000000, ...)
     """
 
-    def __init__(self, store: Store, *, notice_channel: str = "baton:released") -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        notice_channel: str = "baton:released",
+        grace_key: str | None = None,
+    ) -> None:
         self.store = store
         self.notice_channel = notice_channel
-        self._cluster = not hasattr(store.client, "connection_pool")
+        self._cluster = store.cluster
+        # The store-wide epoch (see gate.lua, kind "G"): on one server only, since a
+        # script's keys must share a Cluster slot.
+        self.grace_key = None if store.cluster else grace_key
+
+    def call(
+        self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
+    ) -> tuple[list[str], list[Any]]:
+        """The gate script's KEYS and ARGV for ``conditions`` on this store."""
+        return gate_call(conditions, owner, ttl, reserve, grace_key=self.grace_key)
+
+    def decision(self, conditions: Sequence[Condition], reply: Any) -> Decision:
+        return parse_decision(conditions, reply, grace_key=self.grace_key)
 
     def decide(
         self,
@@ -163,12 +181,12 @@ class Gate:
         ``reserve`` (seconds): a rate slot free within it is taken now, and the decision
         says when the run may start (``start_after``).
         """
-        keys, args = gate_call(conditions, owner, ttl, reserve)
+        keys, args = self.call(conditions, owner, ttl, reserve)
         try:
             reply = self.store.scripts.call("gate", keys, args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
-        return parse_decision(conditions, reply)
+        return self.decision(conditions, reply)
 
     def release(
         self,
@@ -235,7 +253,12 @@ def _renewals(reply: Sequence[Any]) -> list[Renewal]:
 
 
 def gate_call(
-    conditions: Sequence[Condition], owner: str, ttl: float, reserve: float = 0.0
+    conditions: Sequence[Condition],
+    owner: str,
+    ttl: float,
+    reserve: float = 0.0,
+    *,
+    grace_key: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The gate script's KEYS and ARGV for ``conditions`` (and, when a lease is asked for,
     the epoch of its family, read last)."""
@@ -248,12 +271,17 @@ def gate_call(
         if lease_key is None and c.kind == "L":
             lease_key = c.key
     if lease_key is not None:
+        if grace_key is not None:  # no new lease while the store's grace lasts
+            args += ("G", "", "")
+            keys.append(grace_key)
         args += ("E", "", "")
         keys.append(epoch_key(lease_key))
     return keys, args
 
 
-def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
+def parse_decision(
+    conditions: Sequence[Condition], reply: Any, *, grace_key: str | None = None
+) -> Decision:
     """The gate script's reply as a Decision."""
     if reply[0] == 1:
         return Decision(
@@ -264,9 +292,13 @@ def parse_decision(conditions: Sequence[Condition], reply: Any) -> Decision:
             epoch=str(reply[4] or "") if len(reply) > 4 else "",
         )
     retry_us = int(reply[2])
+    index = int(reply[1])
     return Decision(
         False,
-        denied_by=conditions[int(reply[1]) - 1],
+        # Past the caller's conditions: the grace condition gate_call added.
+        denied_by=conditions[index - 1]
+        if index <= len(conditions)
+        else Condition("G", grace_key or ""),
         retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
         holder=str(reply[3] or ""),
     )

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_baton.gate import Condition, Decision, Gate, Release, gate_call, parse_decision
+from celery_baton.gate import Condition, Decision, Gate, Release
 from celery_baton.leases import Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 
@@ -66,14 +66,14 @@ class GateChannel:
         answer: AskAnswer,
     ) -> None:
         """Ask for every condition at once; ``answer`` gets the Decision or the error."""
-        keys, args = gate_call(conditions, owner, ttl, reserve)
+        keys, args = self.gate.call(conditions, owner, ttl, reserve)
 
         def answered(reply: Any) -> None:
             if isinstance(reply, BaseException):
                 answer(reply)
                 return
             try:
-                decision = parse_decision(conditions, reply)
+                decision = self.gate.decision(conditions, reply)
             except Exception as exc:  # a reply we cannot read: answer with it, never raise
                 answer(exc)
                 return

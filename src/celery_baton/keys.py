@@ -270,6 +270,12 @@ class KeyNames:
         return f"{self.family(task)}:epoch"
 
     @property
+    def store_epoch(self) -> str:
+        """The store-wide epoch: when the store was last found new or without its data
+        (ms); no new lease is granted for one lease ttl after that (gate.lua, "G")."""
+        return f"{self.prefix}:epoch"
+
+    @property
     def notice_channel(self) -> str:
         return f"{self.prefix}:released"
 

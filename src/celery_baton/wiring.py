@@ -52,7 +52,11 @@ class AppParts:
 
     @functools.cached_property
     def gate(self) -> Gate:
-        return Gate(self.store, notice_channel=self.names.notice_channel)
+        return Gate(
+            self.store,
+            notice_channel=self.names.notice_channel,
+            grace_key=self.names.store_epoch,
+        )
 
     @functools.cached_property
     def unique(self) -> UniqueClaims:

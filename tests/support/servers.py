@@ -27,6 +27,9 @@ from redis.retry import Retry
 
 from tests.support import processes
 
+#: celery-baton's store-wide epoch with the default prefix (KeyNames().store_epoch).
+STORE_EPOCH = "baton:epoch"
+
 #: Set to a server binary to test against it instead of the default choice.
 BINARY_ENV = "BATON_TEST_STORE_BINARY"
 
@@ -174,7 +177,21 @@ class StoreServer:
         self.start()
 
     def flushall(self) -> None:
-        """FLUSHALL: every database of this server."""
+        """FLUSHALL: every database of this server, then mark it known-new (as an operator
+        who sets up a new store would): celery-baton's store-wide epoch is written, so the
+        first lease is not held back by the grace a store that *lost* its data gets."""
+        with self.client() as r:
+            r.flushall()
+            pipe = r.pipeline(transaction=False)
+            for db in range(16):
+                pipe.execute_command("SELECT", db)
+                pipe.set(STORE_EPOCH, 0)
+            pipe.execute_command("SELECT", 0)
+            pipe.execute()
+
+    def forget(self) -> None:
+        """FLUSHALL without the known-new mark: the store as it is after a restart without
+        persistence, or a failover to a replica that was behind."""
         with self.client() as r:
             r.flushall()
 

@@ -169,3 +169,15 @@ def worker_report_ttls(store: Store, prefix: str) -> dict[str, float]:
         raise store.unavailable(exc) from exc
     marker = f"{prefix}:worker:"
     return {k[len(marker) :]: max(int(t), 0) / 1000 for k, t in zip(keys, ttls, strict=True)}
+
+
+def store_epoch_age(store: Store, prefix: str) -> float | None:
+    """Seconds since the store was last found new or without its data (None: it has no
+    epoch yet, so the next lease starts a grace; see gate.lua, kind "G")."""
+    try:
+        value = store.client.get(f"{prefix}:epoch")
+        if value is None:
+            return None
+        return max(0.0, (server_now_ms(store) - int(value)) / 1000)
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc

@@ -88,6 +88,7 @@ class Admission:
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         self._rate_cache: dict[str, float | None] = {}
         self._store_down_until = 0.0
+        self._grace_logged = -1e9
 
     # -- entry point ----------------------------------------------------------------
 
@@ -243,6 +244,13 @@ class Admission:
         else:
             if outcome.reason is Reason.EXCLUSIVE and delivery.denied_since is None:
                 delivery.denied_since = now
+            if outcome.reason is Reason.GRACE and now - self._grace_logged > 10:
+                self._grace_logged = now
+                logger.warning(
+                    "baton: the store is new or lost its data (no store epoch): no new "
+                    "lease for %.1fs, while running tasks write theirs back (grace)",
+                    outcome.delay,
+                )
             if outcome.reason is Reason.RATE:
                 self.stats["throttled"] += 1
                 metrics.throttled.labels(request.name).inc()

@@ -34,6 +34,7 @@ class Reason(enum.Enum):
     RATE = "rate"  # no rate slot yet
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+    GRACE = "grace"  # the store lost its data: holders re-assert before new grants
     STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
 
 
@@ -73,6 +74,8 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
         return Reason.ALREADY_RUN
     if condition.kind == "R":
         return Reason.RATE
+    if condition.kind == "G":
+        return Reason.GRACE
     if condition.key == plan.exclusive_key:
         return Reason.EXCLUSIVE
     if condition.key == plan.run_key:

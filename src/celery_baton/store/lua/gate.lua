@@ -14,6 +14,13 @@
 --             expires b milliseconds from now (never denies)
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
+--   kind "G"  the store-wide epoch (one server, not Cluster; only when a lease is asked
+--             for): the moment (ms) the store was found without it, i.e. new or having
+--             lost its data (restarted empty, failed over to a replica that was behind).
+--             Live holders write their leases back at their next renewal (renew.lua);
+--             until each had the chance (one lease ttl, ARGV[2], since that moment) no
+--             new lease is granted: denied with retry_after = the rest of the grace. The
+--             one write a denial may make: creating this key.
 --   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
 --             created from TIME when missing, and returned; the holder renews under it
 --             (renew.lua: a lease gone under an unchanged epoch is never written back)
@@ -125,6 +132,16 @@ for i = 1, #KEYS do
     writes[#writes + 1] = {'U', key, a}
   elseif kind == 'K' then
     writes[#writes + 1] = {'K', key, a, b}
+  elseif kind == 'G' then
+    local found = call('GET', key)
+    local since = found and tonumber(found)
+    if not since then
+      since = now_ms
+      call('SET', key, format('%d', since))
+    end
+    if since + ttl_ms > now_ms then
+      return {0, i, (since + ttl_ms - now_ms) * 1000, ''}
+    end
   elseif kind == 'E' then
     -- Last: every condition passed. One GET per grant; the SET happens once per family
     -- (and again only after the store lost its data).
