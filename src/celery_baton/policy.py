@@ -86,6 +86,14 @@ class TaskPolicy:
     redelivery_retention: float = 86400.0
 
     @property
+    def celery_rate_only(self) -> bool:
+        """Whether Celery's runtime ``rate_limit`` is all this task may be gated by: with
+        none set, its deliveries skip the gate entirely."""
+        return self.rate_from_celery and not (
+            self.exclusive or self.concurrency or self.redelivery_guard or self.unique
+        )
+
+    @property
     def gates_runs(self) -> bool:
         """Whether the worker must pass this task's deliveries through the gate."""
         return bool(
@@ -222,8 +230,7 @@ def compile_policy(
         raise ConfigError("global_concurrency_key needs global_concurrency", subject=name)
 
     guard = options("redelivery_guard")
-    celery_rate = settings.global_rate_limits and options("rate_limit") is not None
-    if celery_rate:
+    if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
     policy = TaskPolicy(
         name=name,
@@ -234,7 +241,9 @@ def compile_policy(
         unique_until=choice("unique_until", UNIQUE_UNTIL),
         unique_ttl=seconds("unique_ttl", settings.unique_ttl),
         rate=rate,
-        rate_from_celery=bool(celery_rate) and rate is None,
+        # Every task, not only those declared with a rate_limit: `celery control
+        # rate_limit` can give any task one at runtime, and Celery's own bucket is off.
+        rate_from_celery=settings.global_rate_limits and rate is None,
         concurrency=concurrency,
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from celery.utils.time import rate as celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
@@ -40,7 +41,6 @@ from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, Task
 from celery_baton.gate import Decision, Release, gate_call, parse_decision
 from celery_baton.leases import LeaseBook, Releaser, new_owner
 from celery_baton.policy import RunPlan, TaskPolicy
-from celery_baton.rates import parse_rate
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.request import attach
@@ -72,6 +72,7 @@ class Held:
     asked_at: float = 0.0  # when the last gate call for it was sent
     generation: int = 0
     queue_key: str | None = None  # the wait queue it sits in
+    celery_rate: float | None = None  # Celery's rate_limit its plan was made with
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Admission:
         self._wakeups: deque[str] = deque()
         self._wake_w: int | None = None
         self._wake_fds: tuple[int, int] | None = None
-        self._rate_cache: dict[str, float | None] = {}
+        self._rate_cache: dict[Any, float | None] = {}
         self._released: dict[str, float] = {}  # lease key -> when its release was announced
         self.book: LeaseBook | None = None
         self.releaser: Releaser | None = None
@@ -115,30 +116,53 @@ class Admission:
         policy = self.baton.policy_for(request.task)
         if policy is None:
             return self.handle(request)
+        celery_rate = None
+        if policy.rate_from_celery:
+            celery_rate = self._celery_rate(request.task)
+            if celery_rate is None and policy.celery_rate_only:
+                return self.handle(request)  # no rate_limit now: nothing to ask
         try:
-            plan = policy.plan(
-                self.baton.names,
-                task_id=request.id,
-                owner=new_owner(request.id, self.hostname),
-                args=request.args,
-                kwargs=request.kwargs,
-                celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
-            )
+            plan = self._plan(request, policy, celery_rate)
         except KeySpecError as exc:
             return self._refuse(request, exc)
         if not plan.conditions:  # only a unique key to free when it finishes
             attach(request, self, policy, plan)
             return self.handle(request)
         with self._lock:
-            self._ask(Held(request, policy, plan, generation=self.generation), self._enqueue)
+            held = Held(request, policy, plan, generation=self.generation, celery_rate=celery_rate)
+            self._ask(held, self._enqueue)
         return None
 
+    def _plan(self, request: Any, policy: TaskPolicy, celery_rate: float | None) -> RunPlan:
+        return policy.plan(
+            self.baton.names,
+            task_id=request.id,
+            owner=new_owner(request.id, self.hostname),
+            args=request.args,
+            kwargs=request.kwargs,
+            celery_rate=celery_rate,
+        )
+
     def _celery_rate(self, task: Any) -> float | None:
-        # Read at every admission: `celery control rate_limit` changes it on every worker.
+        """Celery's ``rate_limit`` of ``task`` in starts per second (None: no limit).
+
+        Read at every admission: `celery control rate_limit` changes it on every worker,
+        for any task, also one that had none when the worker started. Parsed the way
+        Celery parses it, so that a value Celery accepted is never refused here."""
         value = task.rate_limit
-        if value not in self._rate_cache:
-            self._rate_cache[value] = parse_rate(value, subject=task.name) if value else None
-        return self._rate_cache[value]
+        try:
+            return self._rate_cache[value]
+        except KeyError:
+            pass
+        per_second: float | None = None
+        try:
+            per_second = float(celery_rate(value)) or None
+        except (ValueError, KeyError, TypeError):
+            logger.error("rate_limit %r of %s is not a rate; not limiting it", value, task.name)
+        if per_second is not None and not 0 < per_second < float("inf"):
+            per_second = None
+        self._rate_cache[value] = per_second
+        return per_second
 
     # -- one decision ---------------------------------------------------------------
 
@@ -162,6 +186,15 @@ class Admission:
             # request; queue behind the request that is probing it.
             self._answered(held, then, StoreUnavailable("the store failed moments ago"))
             return
+        if held.policy.rate_from_celery and self._celery_rate(request.task) != held.celery_rate:
+            # `celery control rate_limit` changed it while this request was held: ask
+            # with the rate that holds now (lifted: it may not need the gate at all).
+            held.celery_rate = self._celery_rate(request.task)
+            with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+                held.plan = self._plan(request, held.policy, held.celery_rate)
+            if not held.plan.conditions:
+                self._start(held, Decision(True))
+                return
         held.asking = True
         held.asked_at = time.monotonic()
         keys, args = gate_call(

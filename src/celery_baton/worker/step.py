@@ -87,16 +87,22 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         parent.on_task_request = self.admission
         baton.admission = self.admission
         if baton.settings.global_rate_limits:
-            self._take_over_rate_limits(parent)
+            self._take_over_rate_limits(parent, baton)
         super().__init__(parent, **kwargs)
 
-    def _take_over_rate_limits(self, consumer: Any) -> None:
+    def _take_over_rate_limits(self, consumer: Any, baton: Baton) -> None:
         """Celery's per-worker bucket would throttle a second time: switch it off for the
-        tasks whose ``rate_limit`` the gate now enforces across all workers."""
+        tasks whose ``rate_limit`` the gate enforces across all workers. That is every
+        task without a declared ``global_rate_limit``, whether it has a ``rate_limit``
+        now or gets one later from `celery control rate_limit` (which rebuilds the
+        buckets through this method). A task that declares ``global_rate_limit`` keeps
+        Celery's bucket for its ``rate_limit``: per worker, as without celery-baton,
+        rather than by nobody."""
         original = consumer.bucket_for_task
 
         def bucket_for_task(task: Any) -> Any:
-            return None if getattr(task, "rate_limit", None) else original(task)
+            policy = baton.policy_for(task)
+            return None if policy is not None and policy.rate_from_celery else original(task)
 
         consumer.bucket_for_task = bucket_for_task
         consumer.reset_rate_limits()
