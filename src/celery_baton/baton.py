@@ -195,7 +195,10 @@ class Baton:
             raise self.store.unavailable(exc) from exc
 
     def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-        """A task revoked (or expired) before it was admitted frees its unique key."""
+        """A task revoked (or expired) before it was admitted frees its unique key.
+
+        Runs on the worker's consumer loop: the release is handed to admission, which
+        sends it without waiting for the store and retries it until the store answers."""
         if sender is None or request is None or self.app.tasks.get(sender.name) is not sender:
             return
         policy = self.policy_for(sender)
@@ -203,11 +206,15 @@ class Baton:
             return
         try:
             key = policy.unique_key(self.names, request.args or (), request.kwargs or {})
-            self.release_unique(key, request.id)
         except BatonError as exc:
             logger.warning(
                 "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
             )
+            return
+        if self.admission is not None:
+            self.admission.release_unique(key, request.id)
+        else:  # not in a worker's consumer: nothing to block, but do not wait here either
+            self.release_unique_later(key, request.id, policy.unique_ttl)
 
     def on_lease_lost(self, owner: str, key: str) -> None:
         logger.error(

@@ -6,6 +6,7 @@ class), validates them, and turns one call into the gate's conditions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,12 @@ class RunPlan:
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
+
+    def with_owner(self, owner: str) -> RunPlan:
+        """The same plan for another owner: a new attempt of the same delivery, whose
+        earlier owner's grants (if any) are being given back."""
+        leases = [dataclasses.replace(lease, owner=owner) for lease in self.leases]
+        return dataclasses.replace(self, owner=owner, leases=leases)
 
 
 @dataclass(frozen=True)

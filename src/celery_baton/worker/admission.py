@@ -23,6 +23,7 @@ with back-off (nothing runs unguarded); ``"run"`` runs it unguarded, logged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -42,6 +43,7 @@ from celery_baton.gate import Decision, Release, gate_call, parse_decision
 from celery_baton.leases import LeaseBook, Releaser, new_owner
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
+from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.request import attach
 
@@ -54,6 +56,7 @@ STORE_KEY = "<store>"  # the wait queue of requests held because the store is do
 BACKOFF_START = 0.25
 BACKOFF_MAX = 10.0
 SKIP_GRACE = 0.25  # seconds a duplicate waits for a release in flight before it is skipped
+PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
 
 
 @dataclass(eq=False)
@@ -100,6 +103,9 @@ class Admission:
         self._wake_fds: tuple[int, int] | None = None
         self._rate_cache: dict[Any, float | None] = {}
         self._released: dict[str, float] = {}  # lease key -> when its release was announced
+        self._unsent: list[Release] = []  # releases waiting for the store to answer
+        self._probe_armed = False
+        self._loop_thread = threading.get_ident()  # consumers are built on their loop
         self.book: LeaseBook | None = None
         self.releaser: Releaser | None = None
         self.channel: BlockingChannel | PipelinedChannel | None = None
@@ -212,7 +218,12 @@ class Admission:
         # there, so none may escape: a request must never be lost.
         try:
             with self._lock:
-                held.asking = False
+                sent, held.asking = held.asking, False
+                if isinstance(reply, StoreUnavailable):
+                    if sent:
+                        self._give_back_lost(held)
+                elif not isinstance(reply, BaseException):
+                    self._store_answered()
                 if held.generation != self.generation:
                     self._forgotten(held, reply)
                     return
@@ -228,12 +239,40 @@ class Admission:
 
     def _forgotten(self, held: Held, reply: Any) -> None:
         """The answer for a request dropped meanwhile (the broker connection was lost and
-        its message goes to another worker): give back whatever the gate granted."""
+        its message goes to another worker): give back whatever the gate granted (a lost
+        answer was given back in ``_answered`` already)."""
         if isinstance(reply, BaseException) or reply[0] != 1:
             return
         leases = tuple(lease.key for lease in held.plan.leases)
         if leases:
             self._send_release(Release(leases, held.plan.owner))
+
+    def _give_back_lost(self, held: Held) -> None:
+        """The gate call for ``held`` got no answer (the channel broke or timed out), but
+        the store may still execute it and grant its leases to this owner, who will
+        never run with them. Release them once the store answers again (owner-compared:
+        harmless if nothing was granted), and ask again, if at all, as a new owner, so
+        that this release can never free what a later answer grants."""
+        plan = held.plan
+        if not plan.leases:
+            return
+        release = Release(tuple(lease.key for lease in plan.leases), plan.owner)
+        held.plan = plan.with_owner(new_owner(held.request.id, self.hostname))
+        if isinstance(self.channel, PipelinedChannel):
+            self._send_when_answered(release)
+        elif self.book is not None:
+            store, gate = self.baton.store, self.baton.gate
+
+            def give_back() -> None:
+                # A reply to PING shows the store runs again and has read what it was
+                # sent before; the release then arrives after the lost call.
+                try:
+                    store.client.ping()
+                except STORE_ERRORS as exc:
+                    raise store.unavailable(exc) from exc
+                gate.release_many([release])
+
+            self.book.retry_later(give_back)
 
     def _outcome(self, held: Held, reply: Any) -> Wait | None:
         """What to do with the gate's reply. None: the request left (started, skipped)."""
@@ -430,8 +469,12 @@ class Admission:
         request.reject(requeue=True)
 
     def _release_unique(self, held: Held) -> None:
-        with contextlib.suppress(BatonError):
-            self.baton.release_unique(held.plan.unique_key or "", held.request.id)
+        self.release_unique(held.plan.unique_key or "", held.request.id)
+
+    def release_unique(self, key: str, task_id: str) -> None:
+        """Free ``task_id``'s claim on unique ``key`` without waiting for the store
+        (on the consumer's loop): sent like a release, retried in the background."""
+        self._send_release(Release((), "", unique_key=key, unique_owner=task_id))
 
     # -- holding --------------------------------------------------------------------
 
@@ -559,8 +602,13 @@ class Admission:
         """Let another thread wake a key's queue on the consumer's own loop.
 
         Called at every consumer start: after a lost broker connection Celery resets
-        the event loop, which drops every file descriptor registered on it."""
+        the event loop, which drops every file descriptor registered on it (and the
+        timers: the probe for unsent releases is armed again)."""
         self.consumer = consumer
+        self._loop_thread = threading.get_ident()
+        self._probe_armed = False
+        if self._unsent:
+            self._arm_probe()
         hub = getattr(consumer, "hub", None)
         old, self._wake_fds = self._wake_fds, None
         if old is not None:
@@ -650,6 +698,8 @@ class Admission:
                 if isinstance(reply, BaseException):
                     logger.warning("release failed, retrying in the background: %s", reply)
                     self.retry_release(release)
+                else:
+                    self._store_answered()
 
             self.channel.call("release", keys, args, answered)
             return
@@ -668,6 +718,56 @@ class Admission:
             self.retry_release(release)
 
     def retry_release(self, release: Release) -> None:
-        if self.book is not None:
+        """A release the store did not answer: send it again once it does."""
+        if isinstance(self.channel, PipelinedChannel) and self._on_loop():
+            self._send_when_answered(release)
+        elif self.book is not None:
             gate = self.baton.gate
             self.book.retry_later(lambda: gate.release_many([release]))
+
+    def _on_loop(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def _send_when_answered(self, release: Release) -> None:
+        """Keep ``release`` until the store answers something (a gate call, a release,
+        or the PING sent every second meanwhile), then send it on the channel: never a
+        wait on the loop, and never ahead of a call the store had buffered."""
+        self._unsent.append(release)
+        self._arm_probe()
+
+    def _arm_probe(self) -> None:
+        if not self._probe_armed:
+            self._probe_armed = True
+            self.consumer.timer.call_after(PROBE_INTERVAL, self._probe, priority=5)
+
+    def _probe(self) -> None:
+        # kombu's timer swallows exceptions: catch everything so no release is lost.
+        try:
+            self._probe_armed = False
+            if self._unsent and isinstance(self.channel, PipelinedChannel):
+                self.channel.ping(self._probed)
+        except Exception:
+            logger.exception("baton: probing the store failed; trying again")
+            self._arm_probe()
+
+    def _probed(self, reply: Any) -> None:
+        if isinstance(reply, BaseException):
+            self._arm_probe()
+        else:
+            self._store_answered()
+
+    def _store_answered(self) -> None:
+        """The store answered: send the releases that waited for it."""
+        if self._unsent:
+            unsent, self._unsent = self._unsent, []
+            for release in unsent:
+                self._send_release(release)  # failing again: back into _unsent
+
+    def hand_over_unsent(self) -> None:
+        """At shutdown: releases still waiting for the store go to the lease book, which
+        sends them (blocking, from its own thread or the shutdown) before it stops."""
+        unsent, self._unsent = self._unsent, []
+        if self.book is not None:
+            gate = self.baton.gate
+            for release in unsent:
+                self.book.retry_later(functools.partial(gate.release_many, [release]))

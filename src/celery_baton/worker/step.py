@@ -169,6 +169,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
             self.admission.releaser.stop()  # sends what is queued
         if self.admission is not None and isinstance(self.admission.channel, PipelinedChannel):
             self.admission.channel.flush()  # answers for releases already written
+        if self.admission is not None:
+            self.admission.hand_over_unsent()  # sent by the lease book, just below
         if self.admission is not None and self.admission.book is not None:
             with contextlib.suppress(BatonError):
                 self.admission.book.renew_now()  # flush pending releases
