@@ -29,7 +29,7 @@ import os
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,6 +57,43 @@ BACKOFF_START = 0.25
 BACKOFF_MAX = 10.0
 SKIP_GRACE = 0.25  # seconds a duplicate waits for a release in flight before it is skipped
 PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
+
+
+class ReleaseLog:
+    """When each lease key's release was last announced, remembered for ``memory`` s.
+
+    A denial can be on its way back to the loop while the release that follows it is
+    already announced; the log lets the denied request retry at once instead of
+    sleeping through a notice it missed. Written by the notice listener thread, read on
+    the loop (single dict operations, atomic under the GIL). Keys are kept in the order
+    they were noted, a key noted again moving to the end, so the oldest are always at
+    the front: expiry pops from there, O(1) amortised per notice however many keys are
+    released. ``most`` bounds memory when notices come faster than ``memory`` expires.
+    """
+
+    def __init__(self, memory: float = 10.0, most: int = 65536) -> None:
+        self.memory = memory
+        self.most = most
+        self._at: OrderedDict[str, float] = OrderedDict()
+
+    def note(self, key: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        at = self._at
+        at[key] = now
+        at.move_to_end(key)
+        horizon = now - self.memory
+        while at:
+            oldest = next(iter(at.values()))
+            if oldest > horizon and len(at) <= self.most:
+                break
+            at.popitem(last=False)
+
+    def at(self, key: str) -> float:
+        """When ``key``'s release was last announced (monotonic; -1.0: not lately)."""
+        return self._at.get(key, -1.0)
+
+    def __len__(self) -> int:
+        return len(self._at)
 
 
 @dataclass(eq=False)
@@ -102,7 +139,7 @@ class Admission:
         self._wake_w: int | None = None
         self._wake_fds: tuple[int, int] | None = None
         self._rate_cache: dict[Any, float | None] = {}
-        self._released: dict[str, float] = {}  # lease key -> when its release was announced
+        self._released = ReleaseLog()
         self._unsent: list[Release] = []  # releases waiting for the store to answer
         self._probe_armed = False
         self._loop_thread = threading.get_ident()  # consumers are built on their loop
@@ -511,7 +548,7 @@ class Admission:
             self._queues.setdefault(wait.key, deque()).append(held)
             held.queue_key = wait.key
         delay = wait.delay
-        if self._released.get(wait.key, -1.0) >= held.asked_at:
+        if self._released.at(wait.key) >= held.asked_at:
             delay = 0.0  # released after we asked: the notice came before the denial
         self._arm(wait.key, delay, jitter=wait.jitter)
 
@@ -631,10 +668,7 @@ class Admission:
         """Called from another thread when ``key`` was released."""
         # Remembered even when nobody waits here yet: a denial may be on its way back
         # to this loop while the release that follows it is already announced.
-        self._released[key] = time.monotonic()
-        if len(self._released) > 4096:
-            horizon = time.monotonic() - 10
-            self._released = {k: t for k, t in list(self._released.items()) if t > horizon}
+        self._released.note(key)
         if key not in self._queues:
             return
         if self._wake_w is not None:
