@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from celery.utils.time import rate as celery_rate
+from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
@@ -199,7 +199,7 @@ class Admission:
             pass
         per_second: float | None = None
         try:
-            per_second = float(celery_rate(value)) or None
+            per_second = float(parse_celery_rate(value)) or None
         except (ValueError, KeyError, TypeError):
             logger.error("rate_limit %r of %s is not a rate; not limiting it", value, task.name)
         if per_second is not None and not 0 < per_second < float("inf"):
