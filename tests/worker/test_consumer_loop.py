@@ -106,3 +106,31 @@ def test_a_lost_gate_reply_does_not_keep_the_key(
     loop.exclusive_skip.delay("lost")
     observer.runs_of("lost", 2, timeout=10)
     assert worker.is_running
+
+
+def test_a_lost_gate_reply_of_a_request_revoked_while_held_does_not_keep_the_key(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """The same with ``baton_on_store_error="hold"``: the request whose gate reply was
+    lost is held, then revoked; it never runs, and nothing it may have been granted by
+    the buffered call outlives it."""
+    from tests.apps import loop
+
+    worker = workers.start(APP, concurrency=2)
+    loop.exclusive_skip.delay("warm")
+    observer.runs_of("warm", 1)
+
+    store_server.pause()
+    try:
+        held = loop.exclusive_skip.delay("revoked")
+        wait_until(lambda: f"[{held.id}], retry in" in worker.log_text(), 20, "the request is held")
+        replies = loop.app.control.revoke(held.id, reply=True, timeout=10)
+        assert len(replies) == 1, replies
+    finally:
+        store_server.resume()
+    time.sleep(1.0)  # the store has executed what it buffered
+
+    loop.exclusive_skip.delay("revoked")
+    runs = observer.runs_of("revoked", 1, timeout=15)
+    assert [r.task_id for r in runs] != [held.id]
+    assert worker.is_running
