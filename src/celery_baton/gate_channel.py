@@ -32,7 +32,9 @@ class GateChannel:
     """``ask`` and ``release`` for one worker; pipelined when ``hub`` is given.
 
     ``on_release_failed(release)`` gets every release the store did not confirm, to be
-    retried later; none is dropped.
+    retried later; none is dropped. ``on_answered()`` is called whenever the store
+    answered a call: it is executing commands again (what was sent before, on any
+    connection, has been read by then).
     """
 
     def __init__(
@@ -43,9 +45,11 @@ class GateChannel:
         timer: Any = None,
         timeout: float = 2.0,
         on_release_failed: Callable[[Release], None],
+        on_answered: Callable[[], None] = lambda: None,
     ) -> None:
         self.gate = gate
         self.on_release_failed = on_release_failed
+        self.on_answered = on_answered
         self.pipelined = hub is not None and not gate.store.cluster
         self._channel: PipelinedChannel | BlockingChannel
         self._releaser: Releaser | None = None
@@ -77,6 +81,7 @@ class GateChannel:
             except Exception as exc:  # a reply we cannot read: answer with it, never raise
                 answer(exc)
                 return
+            self.on_answered()
             answer(decision)
 
         self._channel.call("gate", keys, args, answered)
@@ -92,8 +97,15 @@ class GateChannel:
             if isinstance(reply, BaseException):
                 logger.warning("release failed, retrying in the background: %s", reply)
                 self.on_release_failed(release)
+            else:
+                self.on_answered()
 
         self._channel.call("release", keys, args, answered)
+
+    def ping(self, answer: Callable[[Any], None]) -> None:
+        """PING the store (pipelined only): a reply proves it executes commands again."""
+        if isinstance(self._channel, PipelinedChannel):
+            self._channel.ping(answer)
 
     def rebind(self, hub: Any, timer: Any) -> None:
         """The consumer restarted (lost broker connection): its event loop was reset."""

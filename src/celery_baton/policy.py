@@ -6,6 +6,7 @@ class), validates them, and turns one call into the gate's conditions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
@@ -97,6 +98,12 @@ class RunPlan:
     labels: dict[str, str] = field(default_factory=dict)
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
 
+    def with_owner(self, owner: str) -> RunPlan:
+        """The same plan for another owner: a new attempt of the same delivery, whose
+        earlier owner's grants (if any) are being given back."""
+        leases = [dataclasses.replace(lease, owner=owner) for lease in self.leases]
+        return dataclasses.replace(self, owner=owner, leases=leases)
+
 
 @dataclass(frozen=True)
 class TaskPolicy:
@@ -114,6 +121,14 @@ class TaskPolicy:
     concurrency: ConcurrencyPolicy | None = None
     redelivery_guard: bool = False
     redelivery_retention: float = 86400.0
+
+    @property
+    def celery_rate_only(self) -> bool:
+        """Whether Celery's runtime ``rate_limit`` is all this task may be gated by: with
+        none set, its deliveries skip the gate entirely."""
+        return self.rate_from_celery and not (
+            self.exclusive or self.concurrency or self.redelivery_guard or self.unique
+        )
 
     @property
     def gates_runs(self) -> bool:
@@ -308,8 +323,7 @@ def compile_policy(
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
     guard = options("redelivery_guard")
-    celery_rate = settings.global_rate_limits and options("rate_limit") is not None
-    if celery_rate:
+    if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
     policy = TaskPolicy(
         name=name,
@@ -320,7 +334,9 @@ def compile_policy(
         unique_until=choice("unique_until", UNIQUE_UNTIL),
         unique_ttl=seconds("unique_ttl", settings.unique_ttl),
         rate=rate,
-        rate_from_celery=bool(celery_rate) and rate is None,
+        # Every task, not only those declared with a rate_limit: `celery control
+        # rate_limit` can give any task one at runtime, and Celery's own bucket is off.
+        rate_from_celery=settings.global_rate_limits and rate is None,
         concurrency=concurrency,
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,

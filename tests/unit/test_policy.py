@@ -40,6 +40,23 @@ def test_no_options_no_policy() -> None:
     assert declares_options({"unique": "x"})
 
 
+def test_global_rate_limits_give_every_task_a_runtime_rate() -> None:
+    """`celery control rate_limit` may give any task a rate at runtime: with
+    ``baton_global_rate_limits`` every task's policy reads it, and a task with nothing
+    else plans no condition while it has none (it never reaches the gate)."""
+    settings = Settings(global_rate_limits=True)
+    bare = compile_(settings=settings)
+    assert bare.rate_from_celery and bare.celery_rate_only
+    plan = bare.plan(NAMES, task_id="t", owner="o", args=(), kwargs={})
+    assert plan.conditions == [] and plan.unique_key is None
+    limited = bare.plan(NAMES, task_id="t", owner="o", args=(), kwargs={}, celery_rate=0.1)
+    assert [c.kind for c in limited.conditions] == ["O", "R"]
+    guarded = compile_(settings=settings, exclusive="feed_url")
+    assert guarded.rate_from_celery and not guarded.celery_rate_only
+    declared = compile_(settings=settings, global_rate_limit="2/s")
+    assert not declared.rate_from_celery  # the declared global rate wins
+
+
 def test_defaults() -> None:
     policy = compile_(exclusive="feed_url")
     assert policy.exclusive_conflict == "skip"

@@ -13,12 +13,20 @@ at the next loop turn.
 
 Every call gets exactly one answer: the reply, or an exception (``StoreUnavailable``
 when the connection broke or a reply took longer than the socket timeout).
+
+Nothing here waits for the store on the loop. Connecting (TCP, TLS, AUTH, client name,
+loading the scripts) is a conversation with the store, so it runs on a thread of its
+own while the calls made meanwhile wait in order; a pipe tells the loop when it is
+done. After the connection broke, calls are answered ``StoreUnavailable`` at once for
+a back-off that doubles (up to ``BACKOFF_MAX``) while the store stays away, instead of
+each of them finding out the slow way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -34,6 +42,8 @@ from celery_baton.store.wire import Wire
 logger = logging.getLogger("celery_baton.store")
 
 Answer = Callable[[Any], None]  # called with the reply, or with an exception
+BACKOFF_START = 0.25  # seconds without connecting after the connection broke
+BACKOFF_MAX = 10.0
 
 
 def _ignore(reply: Any) -> None:
@@ -74,6 +84,13 @@ class PipelinedChannel:
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._connecting: threading.Thread | None = None
+        self._connected: Wire | BaseException | None = None  # the connector's result
+        self._down_until = 0.0  # no connecting before this (monotonic): it just broke
+        self._backoff = BACKOFF_START
+        self._notify_r, self._notify_w = os.pipe()  # the connector wakes the loop
+        os.set_blocking(self._notify_r, False)
+        os.set_blocking(self._notify_w, False)
         self._attach(hub, timer)
 
     def _attach(self, hub: Any, timer: Any) -> None:
@@ -82,6 +99,7 @@ class PipelinedChannel:
         self._ticker = timer.call_repeatedly(max(0.05, self.timeout / 4), self._check_overdue)
         self._loop_thread = threading.get_ident()
         hub.on_tick.add(self._write)
+        hub.add_reader(self._notify_r, self._on_connected)
 
     def rebind(self, hub: Any, timer: Any) -> None:
         """After the consumer restarted (a lost broker connection): Celery reset the
@@ -89,15 +107,22 @@ class PipelinedChannel:
         cancelled its overdue check. Start over on a new connection; calls still
         waiting for a reply are answered with StoreUnavailable (releases are retried
         in the background, and the held requests were given back already)."""
-        self._broken(ConnectionError("the worker's event loop was reset"))
+        self._broken(ConnectionError("the worker's event loop was reset"), backoff=False)
         with contextlib.suppress(Exception):  # the timer may have dropped it already
             self._ticker.cancel()
+        with contextlib.suppress(Exception):  # gone already if the loop was reset
+            self.hub.remove_reader(self._notify_r)
         self._attach(hub, timer)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
         self._send(
             *evalsha_command(name, keys, args), answer=answer, name=name, keys=keys, args=args
         )
+
+    def ping(self, answer: Answer) -> None:
+        """PING, answered like a call: a reply proves the store is executing commands
+        again (what was sent before it, on any connection, has been read by then)."""
+        self._send("PING", answer=answer)
 
     def _send(
         self,
@@ -107,12 +132,14 @@ class PipelinedChannel:
         keys: Sequence[str] = (),
         args: Sequence[Any] = (),
     ) -> None:
-        try:
-            self._connection()
-        except BaseException as exc:  # on the event loop: answer, never raise
-            self._broken(exc)
-            answer(self.store.unavailable(exc))
-            return
+        if self._wire is None:
+            wait = self._down_until - time.monotonic()
+            if wait > 0:
+                # On the event loop: answer, never raise, and never wait.
+                down = ConnectionError(f"the store failed; not asked again for {wait:.2f}s")
+                answer(self.store.unavailable(down))
+                return
+            self._connect()
         self._out.append(command)
         self._pending.append((answer, name, keys, args, time.monotonic()))
         if threading.get_ident() != self._loop_thread:
@@ -134,24 +161,60 @@ class PipelinedChannel:
         except BaseException as exc:
             self._broken(exc)
 
-    def _connection(self) -> Wire:
-        if self._wire is None:
-            wire = Wire(self.store.client.connection_pool.get_connection())
-            try:
-                # Load the scripts once per connection: NOSCRIPT then only follows a
-                # SCRIPT FLUSH, handled below.
-                wire.send(*[("SCRIPT", "LOAD", script_source(n)) for n in ("gate", "release")])
-                for _ in range(2):
-                    reply = wire.read()
-                    if isinstance(reply, Exception):
-                        raise reply
-            except BaseException:
-                wire.close()
-                raise
-            self._wire = wire
-            self._fd = wire.fileno()
-            self.hub.add_reader(self._fd, self._on_readable)
-        return self._wire
+    def _connect(self) -> None:
+        """Connect on a thread (the calls queue meanwhile); ``_on_connected`` takes over."""
+        if self._connecting is not None:
+            return
+        self._connecting = threading.Thread(
+            target=self._connect_in_background, name="baton-channel-connect", daemon=True
+        )
+        self._connecting.start()
+
+    def _connect_in_background(self) -> None:
+        try:
+            self._connected = self._open()
+        except BaseException as exc:  # handed to the loop, which answers the calls
+            self._connected = exc
+        with contextlib.suppress(OSError):  # full or closed: the loop is told already
+            os.write(self._notify_w, b"!")
+
+    def _open(self) -> Wire:
+        pool = self.store.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            wire = Wire(conn)
+            # Load the scripts once per connection: NOSCRIPT then only follows a
+            # SCRIPT FLUSH, handled below.
+            wire.send(*[("SCRIPT", "LOAD", script_source(n)) for n in ("gate", "release")])
+            for _ in range(2):
+                reply = wire.read()
+                if isinstance(reply, Exception):
+                    raise reply
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        return wire
+
+    def _on_connected(self, *args: Any) -> None:
+        """On the loop: the connector finished. Use its connection, or answer the calls
+        that waited for it with its error."""
+        with contextlib.suppress(OSError):
+            os.read(self._notify_r, 64)
+        thread, self._connecting = self._connecting, None
+        result, self._connected = self._connected, None
+        if thread is None or result is None:
+            return
+        if isinstance(result, BaseException):
+            self._broken(result)
+            return
+        if self._wire is not None:  # cannot happen (one connector at a time); be safe
+            self._close_wire(result)
+            return
+        self._wire = result
+        self._fd = result.fileno()
+        self.hub.add_reader(self._fd, self._on_readable)
+        self._write()  # the calls that waited for it (none is written yet)
 
     def _on_readable(self, *args: Any) -> None:
         wire = self._wire
@@ -164,7 +227,12 @@ class PipelinedChannel:
             self._broken(exc)
 
     def flush(self) -> None:
-        """Write what is buffered and wait for every pending answer (at shutdown)."""
+        """Write what is buffered and wait for every pending answer (at shutdown); what
+        cannot be answered is answered StoreUnavailable (releases go to their retry)."""
+        connecting = self._connecting
+        if connecting is not None:
+            connecting.join(timeout=3 * self.timeout + 1)
+            self._on_connected()
         self._write()
         wire = self._wire
         try:
@@ -173,6 +241,8 @@ class PipelinedChannel:
                 self._answer_next(wire.read())
         except STORE_ERRORS as exc:
             self._broken(exc)
+        if self._pending:
+            self._broken(ConnectionError("not connected at shutdown"))
 
     def _answer_next(self, reply: Any) -> None:
         """Answer the oldest pending call with ``reply``."""
@@ -181,6 +251,7 @@ class PipelinedChannel:
         if isinstance(reply, STORE_REPLY_ERRORS):
             raise reply  # LOADING, READONLY...: every pending call gets StoreUnavailable
         answer, name, keys, args, _ = self._pending.popleft()
+        self._backoff = BACKOFF_START  # it answers: the next break starts over
         if isinstance(reply, NoScriptError):
             # Someone flushed the scripts. Replies to calls sent after this one are
             # still on their way, so load the script as one more pipelined command
@@ -194,23 +265,32 @@ class PipelinedChannel:
         if self._pending and time.monotonic() - self._pending[0][4] > self.timeout:
             self._broken(TimeoutError(f"no reply from the store in {self.timeout:g}s"))
 
-    def _broken(self, exc: BaseException) -> None:
-        """Drop the connection and answer every pending call with StoreUnavailable."""
+    def _broken(self, exc: BaseException, *, backoff: bool = True) -> None:
+        """Drop the connection and answer every pending call with StoreUnavailable;
+        with ``backoff``, new calls are answered at once for a while (the store failed)."""
         if self._wire is not None:
             if self._fd is not None:
                 with contextlib.suppress(Exception):  # gone already if the loop was reset
                     self.hub.remove_reader(self._fd)
-            try:
-                self._wire.close()
-            except Exception:  # already broken; nothing more to do
-                logger.debug("disconnect failed", exc_info=True)
+            self._close_wire(self._wire)
             self._wire = None
             self._fd = None
+        if backoff:
+            self._down_until = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_MAX, self._backoff * 2)
         self._out = []
         pending, self._pending = self._pending, deque()
         error = self.store.unavailable(exc)
         for answer, *_ in pending:
             answer(error)
+
+    def _close_wire(self, wire: Wire) -> None:
+        try:
+            wire.close()
+        except Exception:  # already broken; nothing more to do
+            logger.debug("disconnect failed", exc_info=True)
+        with contextlib.suppress(Exception):  # back to the pool: it counts its connections
+            self.store.client.connection_pool.release(wire.conn)
 
     def close(self) -> None:
         self.hub.on_tick.discard(self._write)
@@ -218,4 +298,9 @@ class PipelinedChannel:
             self._ticker.cancel()
         except Exception:  # the timer may be gone with the consumer
             logger.debug("cancel failed", exc_info=True)
-        self._broken(ConnectionError("channel closed"))
+        self._broken(ConnectionError("channel closed"), backoff=False)
+        with contextlib.suppress(Exception):
+            self.hub.remove_reader(self._notify_r)
+        for fd in (self._notify_r, self._notify_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

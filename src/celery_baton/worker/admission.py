@@ -22,11 +22,13 @@ Whatever an unanswered ask may have granted is given back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
@@ -37,7 +39,6 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook, new_owner
 from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, run_once
-from celery_baton.rates import parse_rate
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
@@ -99,18 +100,23 @@ class Admission:
             policy = run_once(policy, request.task.name, self.settings)
         if policy is None:
             return self.handle(request)
+        celery_rate = None
+        if policy.rate_from_celery:
+            celery_rate = self._celery_rate(request.task)
+            if celery_rate is None and policy.celery_rate_only:
+                return self.handle(request)  # no rate_limit now: nothing to ask
         try:
-            plan = self._plan(policy, request)
+            plan = self._plan(policy, request, celery_rate)
         except KeySpecError as exc:
             return self._refuse(request, exc)
         if not plan.conditions:  # only a unique key to free when it finishes
             attach(request, self.releasing, policy, plan)
             return self.handle(request)
         with self.holding.lock:
-            self._ask(Delivery(request, policy, plan, self.generation))
+            self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))
         return None
 
-    def _plan(self, policy: TaskPolicy, request: Any) -> RunPlan:
+    def _plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
         """What this delivery asks for, under an owner token of its own."""
         return policy.plan(
             self.names,
@@ -118,16 +124,30 @@ class Admission:
             owner=new_owner(request.id, self.hostname),
             args=request.args,
             kwargs=request.kwargs,
-            celery_rate=self._celery_rate(request.task) if policy.rate_from_celery else None,
+            celery_rate=celery_rate,
             expires=request.expires is not None,
         )
 
     def _celery_rate(self, task: Any) -> float | None:
-        # Read at every admission: `celery control rate_limit` changes it on every worker.
+        """Celery's ``rate_limit`` of ``task`` in starts per second (None: no limit).
+
+        Read at every admission: `celery control rate_limit` changes it on every worker,
+        for any task, also one that had none when the worker started. Parsed the way
+        Celery parses it, so that a value Celery accepted is never refused here."""
         value = task.rate_limit
-        if value not in self._rate_cache:
-            self._rate_cache[value] = parse_rate(value, subject=task.name) if value else None
-        return self._rate_cache[value]
+        try:
+            return self._rate_cache[value]
+        except KeyError:
+            pass
+        per_second: float | None = None
+        try:
+            per_second = float(parse_celery_rate(value)) or None
+        except (ValueError, KeyError, TypeError):
+            logger.error("rate_limit %r of %s is not a rate; not limiting it", value, task.name)
+        if per_second is not None and not 0 < per_second < float("inf"):
+            per_second = None
+        self._rate_cache[value] = per_second
+        return per_second
 
     # -- one decision ---------------------------------------------------------------
 
@@ -148,6 +168,17 @@ class Admission:
             # request; queue behind the request that is probing it.
             self._answered(delivery, StoreUnavailable("the store failed moments ago"))
             return
+        if delivery.policy.rate_from_celery:
+            rate = self._celery_rate(request.task)
+            if rate != delivery.celery_rate:
+                # `celery control rate_limit` changed it while this request was held: ask
+                # with the rate that holds now (lifted: it may not need the gate at all).
+                delivery.celery_rate = rate
+                with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+                    delivery.plan = self._plan(delivery.policy, request, rate)
+                if not delivery.plan.conditions:
+                    self._start(delivery, Start())
+                    return
         delivery.asking = True
         delivery.asked_at = now
         self.channel.ask(
@@ -163,23 +194,26 @@ class Admission:
         # there, so none may escape: a request must never be lost.
         try:
             with self.holding.lock:
-                delivery.asking = False
+                sent, delivery.asking = delivery.asking, False
+                if sent and isinstance(reply, StoreUnavailable):
+                    # The store may still execute the lost ask: what it grants that
+                    # owner is released once the store answers again; a new attempt
+                    # asks as a new owner, so that release cannot free its grant.
+                    self.releasing.give_back_lost(delivery.plan)
+                    delivery.plan = delivery.plan.with_owner(
+                        new_owner(delivery.request.id, self.hostname)
+                    )
                 if delivery.generation != self.generation:
                     # Dropped meanwhile (the broker connection was lost; its message
-                    # goes to another worker): give back whatever the gate may have
-                    # granted, now and, for an unanswered ask, once more later.
-                    if not (isinstance(reply, Decision) and not reply.granted):
+                    # goes to another worker): give back whatever the gate granted.
+                    if isinstance(reply, Decision) and reply.granted:
                         self.releasing.give_back(delivery.plan)
-                    if isinstance(reply, BaseException):
-                        self.releasing.give_back_later(delivery.plan)
                     return
                 if isinstance(reply, BaseException):
                     self._store_failed(delivery, reply)
                     return
                 self._store_down_until = 0.0
                 delivery.backoff = BACKOFF_START
-                while delivery.lost:  # the store answers again: the second give-back
-                    self.releasing.give_back(delivery.lost.pop())
                 self._apply(delivery, reply)
         except Exception:
             logger.exception(
@@ -193,14 +227,6 @@ class Admission:
     def _store_failed(self, delivery: Delivery, error: BaseException) -> None:
         if not isinstance(error, StoreUnavailable):
             raise error
-        # The store may have executed the ask before its answer was lost (a paused
-        # store runs what it buffered when it resumes). Whatever it may have granted
-        # that owner is given back now (owner-compared: it frees nothing that was not
-        # granted) and once more when the store answers again; the next ask uses a new
-        # owner, so that second give-back cannot free the run's own grant.
-        self.releasing.give_back(delivery.plan)
-        delivery.lost.append(delivery.plan)
-        delivery.plan = self._plan(delivery.policy, delivery.request)
         request = delivery.request
         delay = delivery.backoff
         now = time.monotonic()

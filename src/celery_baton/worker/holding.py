@@ -35,6 +35,43 @@ BACKOFF_START = 0.25
 REMEMBER_RELEASES = 10.0
 
 
+class ReleaseLog:
+    """When each lease key's release was last announced, remembered for ``memory`` s.
+
+    A denial can be on its way back to the loop while the release that follows it is
+    already announced; the log lets the denied request retry at once instead of
+    sleeping through a notice it missed. Written by the notice listener thread, read on
+    the loop (single dict operations, atomic under the GIL). Keys are kept in the order
+    they were noted, a key noted again moving to the end, so the oldest are always at
+    the front: expiry pops from there, O(1) amortised per notice however many keys are
+    released. ``most`` bounds memory when notices come faster than ``memory`` expires.
+    """
+
+    def __init__(self, memory: float = REMEMBER_RELEASES, most: int = 65536) -> None:
+        self.memory = memory
+        self.most = most
+        self._at: OrderedDict[str, float] = OrderedDict()
+
+    def note(self, key: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        at = self._at
+        at[key] = now
+        at.move_to_end(key)
+        horizon = now - self.memory
+        while at:
+            oldest = next(iter(at.values()))
+            if oldest > horizon and len(at) <= self.most:
+                break
+            at.popitem(last=False)
+
+    def at(self, key: str) -> float:
+        """When ``key``'s release was last announced (monotonic; -1.0: not lately)."""
+        return self._at.get(key, -1.0)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
 @dataclass(eq=False)
 class Delivery:
     """A delivered request the consumer is deciding about, or holding."""
@@ -51,8 +88,7 @@ class Delivery:
     asking: bool = False  # a gate call for it is in flight
     asked_at: float = 0.0  # when the last gate call for it was sent
     queue_key: str | None = None  # the wait queue it sits in
-    # Plans whose ask went unanswered: given back again once the store answers.
-    lost: list[RunPlan] = field(default_factory=list)
+    celery_rate: float | None = None  # Celery's rate_limit its plan was made with
 
 
 class Holding:
@@ -84,9 +120,7 @@ class Holding:
         self._wakeups: deque[str] = deque()
         self._wake_w: int | None = None
         self._wake_fds: tuple[int, int] | None = None
-        # lease key -> when its release was announced, oldest first: expired entries
-        # leave from the front, so each notice costs O(1) however many keys are released.
-        self._released: OrderedDict[str, float] = OrderedDict()
+        self._released = ReleaseLog()
         self._cap_warned = -1e9
 
     # -- holding and letting go -------------------------------------------------------
@@ -115,7 +149,7 @@ class Holding:
             self._queues.setdefault(wait.key, deque()).append(delivery)
             delivery.queue_key = wait.key
         delay = wait.delay
-        if self._released.get(wait.key, -1.0) >= delivery.asked_at:
+        if self._released.at(wait.key) >= delivery.asked_at:
             delay = 0.0  # released after we asked: the notice came before the denial
         self.arm(wait.key, delay, jitter=wait.jitter)
 
@@ -271,16 +305,9 @@ class Holding:
 
     def wake(self, key: str) -> None:
         """Called from another thread when ``key`` was released."""
-        now = time.monotonic()
-        released = self._released
-        released[key] = now
-        released.move_to_end(key)
-        horizon = now - REMEMBER_RELEASES
-        while released:
-            oldest = next(iter(released.values()))
-            if oldest > horizon:
-                break
-            released.popitem(last=False)
+        # Remembered even when nobody waits here yet: a denial may be on its way back
+        # to this loop while the release that follows it is already announced.
+        self._released.note(key)
         if key not in self._queues:
             return
         if self._wake_w is not None:

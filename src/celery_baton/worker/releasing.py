@@ -4,17 +4,22 @@ A run gives back its leases when it ends, whichever way (``worker/request.py`` c
 :meth:`Releasing.finish` from Celery's own completion paths); when its end is final it
 also marks its task id done (redelivery guard) and frees its unique key. A delivery
 that will not run here gives back what the gate *may* have granted it: an ask whose
-answer was lost (the store may have executed it), or a delivery forgotten when the
+answer was lost (the store may still execute it), or a delivery forgotten when the
 broker connection dropped. Every release compares the owner, so giving back what was
 never granted frees nothing of anyone else's.
 
-None of this waits on the consumer's loop: releases go through the gate channel
-(pipelined, or a background thread), and a release the store did not confirm is
-retried by the lease book until it is.
+None of this waits on the consumer's loop. A release the store did not answer is kept
+until the store answers something (an ask, a release, or the PING sent every second
+meanwhile) and then sent again: never ahead of a call the store had buffered, which is
+what makes the give-back of a lost ask safe. Without an event loop (solo and threads
+pools), and at shutdown, the lease book's thread retries them instead.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
 from typing import Any
 
 from celery_baton.gate import Release
@@ -22,13 +27,30 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import RunPlan, TaskPolicy
 
+logger = logging.getLogger("celery_baton.worker")
+
+PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
+
 
 class Releasing:
-    """The Finisher of every admitted run, and the give-back of every lost grant."""
+    """The Finisher of every admitted run, and the give-back of every lost grant.
 
-    def __init__(self, channel: GateChannel, book: LeaseBook) -> None:
-        self.channel = channel
+    Built before the gate channel it sends through (the channel reports back to it):
+    :meth:`attach` completes it.
+    """
+
+    def __init__(self, book: LeaseBook, timer: Any) -> None:
         self.book = book
+        self.timer = timer
+        self.channel: GateChannel
+        self._unsent: list[Release] = []  # waiting for the store to answer again
+        self._probe_armed = False
+        self._loop_thread = threading.get_ident()  # consumers are built on their loop
+
+    def attach(self, channel: GateChannel) -> None:
+        self.channel = channel
+
+    # -- what is given back -------------------------------------------------------------
 
     def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None:
         """Give back a run's leases; when final, mark its id done and free its unique key."""
@@ -49,22 +71,88 @@ class Releasing:
         )
 
     def give_back(self, plan: RunPlan) -> None:
-        """Free whatever the gate may have granted ``plan``'s owner (nothing runs)."""
+        """Free what the gate granted ``plan``'s owner, who will not run with it."""
         self.book.remove(plan.owner)
         if plan.leases:
             self.channel.release(Release(tuple(lease.key for lease in plan.leases), plan.owner))
 
-    def give_back_later(self, plan: RunPlan) -> None:
-        """Give back once more at the lease book's next tick: an unanswered ask may still
-        be executed by a store that resumes after the first give-back."""
+    def give_back_lost(self, plan: RunPlan) -> None:
+        """``plan``'s ask got no answer, but the store may still execute it and grant its
+        leases to this owner, who will never run with them: release them once the store
+        answers again, so that the release arrives after the lost call (harmless if
+        nothing was granted). The caller asks again, if at all, as a new owner."""
         if plan.leases:
-            self.retry_later(Release(tuple(lease.key for lease in plan.leases), plan.owner))
+            self._when_answered(Release(tuple(lease.key for lease in plan.leases), plan.owner))
 
     def free_unique(self, key: str, task_id: str) -> None:
-        """Free a unique claim if ``task_id`` still holds it (a skipped or revoked run)."""
+        """Free a unique claim if ``task_id`` still holds it (a skipped or revoked run),
+        sent like a release: the consumer's loop never waits for it."""
         self.channel.release(Release((), "", unique_key=key, unique_owner=task_id))
 
+    # -- when the store does not answer ---------------------------------------------------
+
     def retry_later(self, release: Release) -> None:
-        """A release the store did not confirm: the lease book retries it."""
+        """A release the store did not confirm: send it again once the store answers."""
+        self._when_answered(release)
+
+    def _when_answered(self, release: Release) -> None:
+        if self.channel.pipelined and threading.get_ident() == self._loop_thread:
+            self._unsent.append(release)
+            self._arm_probe()
+            return
         gate = self.channel.gate
-        self.book.retry_later(lambda: gate.release_many([release]))
+
+        def send() -> None:
+            # A reply to PING shows the store runs again and has read what it was sent
+            # before; the release then arrives after a lost call.
+            try:
+                gate.store.client.ping()
+            except Exception as exc:
+                raise gate.store.unavailable(exc) from exc
+            gate.release_many([release])
+
+        self.book.retry_later(send)
+
+    def store_answered(self) -> None:
+        """The store answered: send the releases that waited for it."""
+        if self._unsent:
+            unsent, self._unsent = self._unsent, []
+            for release in unsent:
+                self.channel.release(release)  # failing again: back into _unsent
+
+    def _arm_probe(self) -> None:
+        if not self._probe_armed:
+            self._probe_armed = True
+            self.timer.call_after(PROBE_INTERVAL, self._probe, priority=5)
+
+    def _probe(self) -> None:
+        # kombu's timer swallows exceptions: catch everything so no release is lost.
+        try:
+            self._probe_armed = False
+            if self._unsent:
+                self.channel.ping(self._probed)
+        except Exception:
+            logger.exception("baton: probing the store failed; trying again")
+            self._arm_probe()
+
+    def _probed(self, reply: Any) -> None:
+        if isinstance(reply, BaseException):
+            self._arm_probe()
+        else:
+            self.store_answered()
+
+    def restart(self, timer: Any) -> None:
+        """The consumer restarted (a lost broker connection): its timers were reset."""
+        self.timer = timer
+        self._loop_thread = threading.get_ident()
+        self._probe_armed = False
+        if self._unsent:
+            self._arm_probe()
+
+    def hand_over_unsent(self) -> None:
+        """At shutdown: releases still waiting for the store go to the lease book, which
+        sends them (blocking, from the shutdown) before it stops."""
+        unsent, self._unsent = self._unsent, []
+        gate = self.channel.gate
+        for release in unsent:
+            self.book.retry_later(functools.partial(gate.release_many, [release]))

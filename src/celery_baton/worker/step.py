@@ -83,6 +83,7 @@ class BatonWorker:
             on_lost=baton.on_lease_lost,
             on_tick=lambda: self._report(parent),
         )
+        self.releasing = Releasing(self.book, parent.timer)
         self.channel = GateChannel(
             baton.gate,
             # The consumer runs an event loop: gate and release calls are pipelined on
@@ -90,9 +91,10 @@ class BatonWorker:
             hub=getattr(parent, "hub", None),
             timer=parent.timer,
             timeout=baton.settings.socket_timeout,
-            on_release_failed=lambda release: self.releasing.retry_later(release),
+            on_release_failed=self.releasing.retry_later,
+            on_answered=self.releasing.store_answered,
         )
-        self.releasing = Releasing(self.channel, self.book)
+        self.releasing.attach(self.channel)
         self.admission = Admission(
             parent,
             parent.on_task_request,
@@ -112,16 +114,22 @@ class BatonWorker:
         self._started = False
         self._shut = False
         if baton.settings.global_rate_limits:
-            self._take_over_rate_limits(parent)
+            self._take_over_rate_limits(parent, baton)
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
-    def _take_over_rate_limits(self, consumer: Any) -> None:
+    def _take_over_rate_limits(self, consumer: Any, baton: Baton) -> None:
         """Celery's per-worker bucket would throttle a second time: switch it off for the
-        tasks whose ``rate_limit`` the gate now enforces across all workers."""
+        tasks whose ``rate_limit`` the gate enforces across all workers. That is every
+        task without a declared ``global_rate_limit``, whether it has a ``rate_limit``
+        now or gets one later from `celery control rate_limit` (which rebuilds the
+        buckets through this method). A task that declares ``global_rate_limit`` keeps
+        Celery's bucket for its ``rate_limit``: per worker, as without celery-baton,
+        rather than by nobody."""
         original = consumer.bucket_for_task
 
         def bucket_for_task(task: Any) -> Any:
-            return None if getattr(task, "rate_limit", None) else original(task)
+            policy = baton.policy_for(task)
+            return None if policy is not None and policy.rate_from_celery else original(task)
 
         consumer.bucket_for_task = bucket_for_task
         consumer.reset_rate_limits()
@@ -146,6 +154,7 @@ class BatonWorker:
             # A restart of the consumer (the broker connection was lost): its event loop
             # was reset, so register on it again.
             self.channel.rebind(getattr(parent, "hub", None), parent.timer)
+            self.releasing.restart(parent.timer)
         self.admission.holding.install_wakeup(parent)
         try:
             self._report(parent)
@@ -165,6 +174,7 @@ class BatonWorker:
         self.stop(parent)
         self.listener.stop()
         self.channel.close()  # sends what is queued, answers what was sent
+        self.releasing.hand_over_unsent()  # sent by the lease book, just below
         with contextlib.suppress(BatonError):
             self.book.renew_now()  # retries releases that failed
         self.book.stop()
