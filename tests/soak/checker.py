@@ -126,6 +126,19 @@ class History:
     limits: Limits = field(default_factory=Limits)
 
 
+def load_history(data: dict[str, Any]) -> History:
+    """A History from its JSON form (``history.json`` of a soak's log directory)."""
+    return History(
+        runs=[Run(**r) for r in data["runs"]],
+        published=[Published(**p) for p in data["published"]],
+        skips=[Skip(**s) for s in data["skips"]],
+        faults=[Fault(**{**f, "pids": tuple(f["pids"])}) for f in data["faults"]],
+        results=dict(data["results"]),
+        lost_leases=set(data["lost_leases"]),
+        limits=Limits(**data["limits"]),
+    )
+
+
 @dataclass
 class Report:
     """Violations and known windows per check, and what was seen."""
@@ -529,6 +542,15 @@ __all__ = [
     "Run",
     "Skip",
     "check",
+    "load_history",
     "lost_lease_task_ids",
     "merge_runs",
 ]
+
+
+if __name__ == "__main__":  # python -m tests.soak.checker <log dir>/history.json
+    import json
+    import sys
+    from pathlib import Path
+
+    print(check(load_history(json.loads(Path(sys.argv[1]).read_text()))).summary(shown=50))
