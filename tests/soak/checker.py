@@ -222,7 +222,12 @@ class _Span:
 
 
 def _spans(runs: Iterable[Run], faults: Sequence[Fault]) -> tuple[list[_Span], list[Run]]:
-    """Runs with an end, and the runs that neither finished nor were killed."""
+    """Runs with an end, and the runs that neither finished nor were killed.
+
+    A killed run's end is when its kill ended: an upper bound, so an overlap is never
+    missed (another run of its key cannot start that soon: the key is released only
+    ``worker_lost_wait`` after a child died, or ``lease_ttl`` after its worker did).
+    """
     kills = sorted((f for f in faults if f.kind in KILLS), key=lambda f: f.start)
     spans: list[_Span] = []
     unexplained: list[Run] = []
@@ -230,11 +235,13 @@ def _spans(runs: Iterable[Run], faults: Sequence[Fault]) -> tuple[list[_Span], l
         if run.end is not None:
             spans.append(_Span(run, run.end, killed=False))
             continue
-        killer = next((f for f in kills if run.pid in f.pids and f.start >= run.start), None)
+        # The process was surely dead when the fault ended (orphaned pool processes of a
+        # killed worker run on until they are killed in turn, after its main process).
+        killer = next((f for f in kills if run.pid in f.pids and f.end >= run.start), None)
         if killer is None:
             unexplained.append(run)
         else:
-            spans.append(_Span(run, killer.start, killed=True))
+            spans.append(_Span(run, killer.end, killed=True))
     return spans, unexplained
 
 
@@ -424,11 +431,12 @@ def check_rate(history: History, runs: list[Run], report: Report) -> None:
     report.counts["rated admissions"] = len(admitted)
 
 
-def _ran_around(spans: Sequence[_Span], at: int, slack: int, killed_slack: int) -> bool:
-    """Whether one of these runs of a task id could still hold its key at ``at``."""
+def _ran_around(spans: Sequence[_Span], since: int, at: int, slack: int, killed_slack: int) -> bool:
+    """Whether one of these runs of a task id held (or was about to hold) its key at some
+    instant of ``[since, at]``: queued or admitted (it starts later), or running."""
     for span in spans:
         after = killed_slack if span.killed else slack
-        if span.run.start - slack <= at <= span.end + after or span.run.start > at:
+        if (span.run.start - slack <= at and span.end + after >= since) or span.run.start > at:
             return True
     return False
 
@@ -446,6 +454,10 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
     for skip in history.skips:
         skips[skip.task_id].append(skip)
     published = {p.task_id: p for p in history.published if p.outcome == "sent"}
+    sent_at: dict[str, int] = {}
+    for pub in history.published:
+        if pub.outcome == "sent":
+            sent_at.setdefault(pub.task_id, pub.at)
     outcomes: dict[str, int] = defaultdict(int)
     for pub in history.published:
         outcomes[pub.outcome] += 1
@@ -459,11 +471,16 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
                     f"{result or 'missing'} (expected a TaskDeduplicated failure)"
                 )
             holder = by_id.get(pub.into, [])
-            if pub.into not in published:
-                report.violations["accounting"].append(
-                    f"{pub.task} {pub.task_id} deduplicated into {pub.into}, never published"
+            if pub.into not in published and not holder:
+                tried = next((p for p in history.published if p.task_id == pub.into), None)
+                how = (
+                    f"whose publish failed ({tried.detail.strip()})" if tried else "never published"
                 )
-            elif holder and not _ran_around(holder, pub.at, slack, killed_slack):
+                report.violations["accounting"].append(
+                    f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, {how}, "
+                    "which never ran"
+                )
+            elif holder and not _ran_around(holder, pub.at, pub.at, slack, killed_slack):
                 report.violations["accounting"].append(
                     f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, which "
                     f"was no longer queued or running: " + "; ".join(_describe(s) for s in holder)
@@ -500,8 +517,11 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
                     f"{skip.task} {skip.task_id} skipped (held by {skip.holder}) but its result "
                     f"is {result or 'missing'} (expected a TaskSkipped failure)"
                 )
+        # A duplicate that arrived while its holder ran may be skipped later (it waits out
+        # a grace, or the store was down meanwhile): judge from its publish on.
+        since = min(sent_at.get(skip.task_id, skip.at), skip.at)
         holder = by_id.get(skip.holder, [])
-        if not holder or not _ran_around(holder, skip.at, slack, killed_slack):
+        if not holder or not _ran_around(holder, since, skip.at, slack, killed_slack):
             report.violations["accounting"].append(
                 f"{skip.task} {skip.task_id} skipped at {skip.at} as held by {skip.holder}, "
                 "which was not running then: "

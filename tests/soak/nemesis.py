@@ -85,6 +85,9 @@ class SoakConfig:
     publish_gap: tuple[float, float] = (0.2, 0.45)
     lease_ttl: float = 6.0
     log_dir: Path | None = None
+    #: Also export the store's URL as ``$BATON_URL``: a part that ignores
+    #: ``Baton(app, url=...)`` then still finds the store (to look past issue 11, item 1).
+    url_in_env: bool = False
     #: Fault kind -> weight. Every kind listed in :meth:`Nemesis.faults`.
     weights: dict[str, float] = field(
         default_factory=lambda: {
@@ -201,6 +204,8 @@ class Nemesis:
             TEST_OBSERVER_URL=self.observed.url(2),
             SOAK_LEASE_TTL=str(self.config.lease_ttl),
         )
+        if self.config.url_in_env:
+            env["BATON_URL"] = self.store.url(0)
         repo = str(processes.REPO_ROOT)
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = f"{path}{os.pathsep}{repo}" if path else repo
@@ -629,6 +634,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs, seeds seed, seed+1, ...")
     parser.add_argument("--drain", type=float, default=90.0, help="seconds to drain")
     parser.add_argument("--logs", type=Path, default=None, help="log directory (default: temp)")
+    parser.add_argument(
+        "--url-in-env",
+        action="store_true",
+        help="also export the store URL as $BATON_URL (parts that ignore Baton(url=) find it)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     failed = 0
@@ -638,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_seconds=args.minutes * 60,
             drain_seconds=args.drain,
             log_dir=args.logs / f"seed-{seed + run}" if args.logs else None,
+            url_in_env=args.url_in_env,
         )
         report = soak(config)
         print(report.summary(), flush=True)

@@ -109,6 +109,9 @@ def test_a_killed_run_ends_when_it_was_killed() -> None:
     runs = [run("ex_wait:a", "1", 0, None, fence=1, pid=77), run("ex_wait:a", "2", 3, 4, fence=2)]
     report = judge(runs, faults=[Fault("kill_child", 2 * S, 2 * S, pids=(77,))])
     assert report.ok, report.summary()
+    # A kill that began before the run started but ended after it still explains it.
+    report = judge(runs[:1], faults=[Fault("kill_worker", 0, int(0.5 * S), pids=(77,))])
+    assert report.ok and not report.known["unfinished"], report.summary()
     # The same kill one second later: the next run started while the killed one still ran.
     report = judge(runs, faults=[Fault("kill_child", int(3.5 * S), int(3.5 * S), pids=(77,))])
     assert report.failed_checks() == ["exclusive"]
@@ -192,11 +195,22 @@ def test_a_skip_held_by_a_finished_run_fails() -> None:
     # The holder ended 8 s before the skip: its lease was resurrected (issue 11, item 2).
     report = judge(
         [run("ex_skip:a", "1", 0, 2, fence=1)],
-        published=[sent("1"), sent("2")],
+        published=[sent("1"), sent("2", at=9)],
         skips=[Skip("2", "exclusive", int(10 * S), holder="1")],
         results={"2": "FAILURE:TaskSkipped"},
     )
     assert "which was not running then" in report.violations["accounting"][0]
+
+
+def test_a_duplicate_published_while_its_holder_ran_may_be_skipped_later() -> None:
+    # Published at 1 s while "1" ran; the store was down, the skip came at 5 s.
+    report = judge(
+        [run("ex_skip:a", "1", 0, 2, fence=1)],
+        published=[sent("1"), sent("2", at=1)],
+        skips=[Skip("2", "exclusive", int(5 * S), holder="1")],
+        results={"2": "FAILURE:TaskSkipped"},
+    )
+    assert report.ok, report.summary()
 
 
 def test_deduplication_into_a_queued_or_running_task_passes_into_a_finished_one_fails() -> None:
