@@ -470,7 +470,7 @@ class Nemesis:
                 self._send(kind, (n, round(rng.uniform(0.5, 2.0), 2)))
             elif kind == "uq":
                 # Half of them with expires= shorter than some runs (issue 11, item 4).
-                options = {"expires": 3} if rng.random() < 0.5 else {}
+                options = {"expires": 2} if rng.random() < 0.5 else {}
                 self._send(kind, (rng.choice("abc"), round(rng.uniform(0.5, 3.0), 2)), **options)
             elif kind == "guarded":
                 sleep = round(rng.uniform(0.2, 1.0), 2)
