@@ -1,0 +1,170 @@
+"""The nemesis soak's Celery app: every kind of coordination, each run recorded from outside.
+
+Run by workers and beats as ``celery -A tests.apps.soak worker|beat`` (see
+:mod:`tests.soak.nemesis`). Reads from the environment:
+
+* ``SOAK_STORE_URL`` -- the store under test, given as ``Baton(app, url=...)`` only (not
+  as ``$BATON_URL``): the way a user deploys it, so that every part (worker, beat) must
+  resolve the store from there;
+* ``TEST_BROKER_URL`` -- the broker (a server the nemesis pauses and restarts);
+* ``TEST_RESULT_URL`` and ``TEST_OBSERVER_URL`` -- results and the observer, on a server
+  the nemesis never touches;
+* ``SOAK_LEASE_TTL`` -- the ``lease_ttl`` of every task (default 6 s: a killed worker's
+  keys come back within seconds).
+
+Every task is ``acks_late`` with ``reject_on_worker_lost`` (except the beat tick), so a
+killed pool child or worker loses no message: the broker gives it back (at once for a
+lost child, after ``visibility_timeout`` for a killed worker) and it runs again. Each run
+reports itself to the :class:`~tests.support.observer.Observer` (server clock) under a key
+that names its kind; exclusive runs carry ``fence()``. Every skip is recorded from the
+``task_skipped`` signal in the worker's main process with the server's clock, so the
+checker can account for each published id that did not run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+from celery_baton import Baton, fence
+from celery_baton.signals import task_skipped
+from tests.support.observer import Observer
+
+LEASE_TTL = float(os.environ.get("SOAK_LEASE_TTL", "6"))
+#: The broker gives back an unacknowledged message after this long (a killed worker's).
+VISIBILITY = 15.0
+CAP = 2
+RATE = 4.0  # per second
+BURST = 2
+#: Where the worker's main process records skips (observer server, observer db).
+SKIPPED = "soak:skipped"
+
+app = Celery(
+    "soak",
+    broker=os.environ["TEST_BROKER_URL"],
+    backend=os.environ.get("TEST_RESULT_URL"),
+)
+app.conf.update(
+    baton_socket_timeout=1.0,
+    # Held deliveries go back to the broker well before it would redeliver them itself.
+    baton_hold_horizon=VISIBILITY / 3,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_lost_wait=1.0,
+    result_expires=None,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        "socket_timeout": 5,
+        "socket_connect_timeout": 5,
+    },
+    beat_schedule={
+        "every1": {"task": "tests.apps.soak.tick", "schedule": 1.0, "args": ("every1",)},
+    },
+    beat_scheduler="celery_baton.beat:Scheduler",
+    beat_max_loop_interval=1,
+)
+baton = Baton(app, url=os.environ["SOAK_STORE_URL"])
+
+_SKIP_SCRIPT = """
+local t = redis.call('TIME')
+local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+redis.call('RPUSH', KEYS[1], '{"at":' .. now .. ',' .. string.sub(ARGV[1], 2))
+return now
+"""
+
+
+@functools.cache
+def observer() -> Observer:
+    """This process's Observer (created after the pool forked, so never shared)."""
+    return Observer(os.environ["TEST_OBSERVER_URL"])
+
+
+@functools.cache
+def _skip_recorder() -> Any:
+    client = redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], socket_timeout=10)
+    return client.register_script(_SKIP_SCRIPT)
+
+
+@task_skipped.connect
+def _record_skip(
+    sender: Any = None,
+    request: Any = None,
+    key: str = "",
+    holder: str = "",
+    reason: str = "",
+    **_: Any,
+) -> None:
+    """Record a skip outside the library: ``{at, task_id, task, reason, key, holder}``."""
+    entry = {
+        "task_id": getattr(request, "id", ""),
+        "task": getattr(sender, "name", ""),
+        "reason": reason,
+        "key": key,
+        "holder": holder,
+        "pid": os.getpid(),
+    }
+    _skip_recorder()(keys=[SKIPPED], args=[json.dumps(entry)])
+
+
+_LATE = {"acks_late": True, "reject_on_worker_lost": True, "lease_ttl": LEASE_TTL}
+
+
+@app.task(bind=True, exclusive="key", **_LATE)
+def ex_skip(self: Task, key: str, sleep: float) -> None:
+    """Exclusive on ``key``; a duplicate is skipped (TaskSkipped result)."""
+    observer().run(f"ex_skip:{key}", fence(), sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, exclusive="key", exclusive_conflict="wait", **_LATE)
+def ex_wait(self: Task, key: str, sleep: float) -> None:
+    """Exclusive on ``key``; a duplicate waits in the consumer."""
+    observer().run(f"ex_wait:{key}", fence(), sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, global_concurrency=CAP, **_LATE)
+def capped(self: Task, n: int, sleep: float) -> None:
+    """At most ``CAP`` running anywhere."""
+    observer().run("capped", sleep=sleep, task_id=self.request.id)
+
+
+# ``exclusive="n"`` with a distinct ``n`` per publish is a lease that is always free, whose
+# fence is the store's TIME (microseconds) in the gate call that admitted the run: the
+# checker judges the rate on admission instants, free of the pool's start delay.
+@app.task(
+    bind=True,
+    global_rate_limit=f"{RATE:g}/s",
+    global_rate_limit_burst=BURST,
+    exclusive="n",
+    **_LATE,
+)
+def rated(self: Task, n: int) -> None:
+    """``RATE`` starts per second across all workers, burst ``BURST``."""
+    observer().run("rated", fence(), task_id=self.request.id)
+
+
+@app.task(bind=True, unique="key", **_LATE)
+def uq(self: Task, key: str, sleep: float) -> None:
+    """Unique until finished: a publish while one is queued or running is deduplicated."""
+    observer().run(f"uq:{key}", sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, redelivery_guard=True, **_LATE)
+def guarded(self: Task, sleep: float) -> None:
+    """Redelivery guard: one task id never runs twice (the nemesis re-publishes ids)."""
+    observer().run(f"guarded:{self.request.id}", sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True)
+def tick(self: Task, entry: str) -> None:
+    """A beat entry's run, keyed ``beat:<entry>|<slot ms>`` (slot from the message)."""
+    slot = getattr(self.request, "baton_beat_slot", None)
+    observer().run(f"beat:{entry}|{slot}", task_id=self.request.id)

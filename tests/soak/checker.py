@@ -1,0 +1,576 @@
+"""The nemesis soak's checker: pure functions over a recorded :class:`History`.
+
+Nothing here talks to a server or trusts the library: the history was written by the
+observer (runs, on its server's clock), by the publisher (what it sent and what it was
+told), by the workers' ``task_skipped`` signal (skips), by the nemesis (faults, on the
+same clock) and read back from the result backend and the workers' logs. Each check
+returns the violations it found; some overlaps are *known windows* (documented in
+docs/failure.md) and are counted apart, never silently dropped.
+
+The checks (each a function named ``check_*``):
+
+* ``exclusive``  -- no two runs of one exclusive key overlap, and fences grow in start
+  order. Known window: the earlier run's lease was lost (its worker logged the loss, or
+  the store was unreachable for long enough that the lease ran out while it ran).
+* ``concurrency`` -- never more than the cap running at one instant (same known window).
+* ``unique`` -- no two task ids of one unique key run at once.
+* ``guard`` -- a redelivery-guarded task id never runs twice (at most one finished run,
+  no two runs at once).
+* ``beat`` -- a beat slot runs once (at most one finished run, no two at once).
+* ``rate`` -- admissions (the runs' fences, the store's TIME in microseconds) never
+  exceed ``burst + rate * window`` in any window.
+* ``accounting`` -- every published id ran, or is accounted for: a skip recorded by the
+  worker with the reason (a skipped exclusive duplicate also has its ``TaskSkipped``
+  result), a deduplicated publish (``TaskDeduplicated`` result, against a holder that
+  was really queued or running), or an expiry (``REVOKED``). A skip must name a holder
+  that was really running.
+
+Times are integers: microseconds by the observer server's clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SECOND = 1_000_000
+
+#: Fault kinds during which the store answers nothing (its leases may run out meanwhile).
+STORE_OUTAGES = ("pause_store", "restart_store")
+#: Fault kinds that SIGKILL processes (their runs end at the fault's start).
+KILLS = ("kill_child", "kill_worker", "kill_beat")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the observer saw it. ``end`` is None when it never finished."""
+
+    key: str
+    task_id: str
+    start: int
+    end: int | None = None
+    fence: int | None = None
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault ``[start, end]``; ``pids`` are the processes a kill ended."""
+
+    kind: str
+    start: int
+    end: int
+    pids: tuple[int, ...] = ()
+    detail: str = ""
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Published:
+    """One publish: ``outcome`` is ``sent``, ``deduplicated`` (into ``into``) or ``failed``."""
+
+    task_id: str
+    task: str
+    at: int
+    outcome: str = "sent"
+    into: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A delivery the worker did not run, as its ``task_skipped`` signal reported it."""
+
+    task_id: str
+    reason: str
+    at: int
+    holder: str = ""
+    key: str = ""
+    task: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the soak app declares (tests.apps.soak)."""
+
+    lease_ttl: float = 6.0
+    cap: int = 2
+    rate: float = 4.0
+    burst: int = 2
+    #: How late after its holder ended a skip or a deduplication may still be legitimate
+    #: (the release travels from the pool child through the main process to the store).
+    slack: float = 2.0
+    #: Beat entries with a fixed period (seconds): their slots are at least that far apart.
+    beat_periods: dict[str, float] = field(default_factory=lambda: {"every1": 1.0})
+
+
+@dataclass
+class History:
+    """Everything recorded in one soak run."""
+
+    runs: list[Run]
+    published: list[Published] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    #: task id -> ``"STATE"`` or ``"STATE:ExceptionType"`` from the result backend.
+    results: dict[str, str] = field(default_factory=dict)
+    #: task ids whose worker logged that their lease was lost.
+    lost_leases: set[str] = field(default_factory=set)
+    limits: Limits = field(default_factory=Limits)
+
+
+def load_history(data: dict[str, Any]) -> History:
+    """A History from its JSON form (``history.json`` of a soak's log directory)."""
+    return History(
+        runs=[Run(**r) for r in data["runs"]],
+        published=[Published(**p) for p in data["published"]],
+        skips=[Skip(**s) for s in data["skips"]],
+        faults=[Fault(**{**f, "pids": tuple(f["pids"])}) for f in data["faults"]],
+        results=dict(data["results"]),
+        lost_leases=set(data["lost_leases"]),
+        limits=Limits(**data["limits"]),
+    )
+
+
+@dataclass
+class Report:
+    """Violations and known windows per check, and what was seen."""
+
+    seed: int | None = None
+    violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    known: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+    def failed_checks(self) -> list[str]:
+        return sorted(name for name, found in self.violations.items() if found)
+
+    def summary(self, shown: int = 8) -> str:
+        lines = [f"nemesis soak seed={self.seed}: " + ("OK" if self.ok else "FAILED")]
+        lines.append("  seen: " + ", ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
+        for title, groups in (("VIOLATION", self.violations), ("known window", self.known)):
+            for name, found in sorted(groups.items()):
+                if not found:
+                    continue
+                lines.append(f"  {title} {name}: {len(found)}")
+                lines += [f"    {line}" for line in found[:shown]]
+                if len(found) > shown:
+                    lines.append(f"    ... {len(found) - shown} more")
+        if self.seed is not None and not self.ok:
+            lines.append(f"  replay: python -m tests.soak.nemesis --seed {self.seed}")
+        return "\n".join(lines)
+
+
+# -- building runs ------------------------------------------------------------------------
+
+
+def merge_runs(started: Iterable[dict[str, Any]], finished: Iterable[dict[str, Any]]) -> list[Run]:
+    """One :class:`Run` per start entry of the observer, with its end if it finished."""
+    ends: dict[tuple[str, str, int, int], list[int]] = defaultdict(list)
+    for entry in finished:
+        ends[_identity(entry)].append(int(entry["end"]))
+    runs = []
+    for entry in started:
+        found = ends.get(_identity(entry))
+        end = found.pop(0) if found else None
+        fence = entry.get("fence")
+        runs.append(
+            Run(
+                key=str(entry["key"]),
+                task_id=str(entry.get("task_id") or ""),
+                start=int(entry["start"]),
+                end=end,
+                fence=int(fence) if fence is not None else None,
+                pid=int(entry.get("pid") or 0),
+            )
+        )
+    return runs
+
+
+def _identity(entry: dict[str, Any]) -> tuple[str, str, int, int]:
+    return (str(entry["key"]), str(entry.get("task_id") or ""), int(entry["start"]), entry["pid"])
+
+
+_LOST = re.compile(r"lost its lease \S+ \(owner ([^|\s)]+)|lease lost: \S+ held by ([^|\s]+)\|")
+
+
+def lost_lease_task_ids(log_text: str) -> set[str]:
+    """Task ids whose lease a worker's log says was lost (celery_baton's ERROR lines)."""
+    return {a or b for a, b in _LOST.findall(log_text)}
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A run with a known end: its own, or the instant the fault that killed it began."""
+
+    run: Run
+    end: int
+    killed: bool
+
+
+def _spans(runs: Iterable[Run], faults: Sequence[Fault]) -> tuple[list[_Span], list[Run]]:
+    """Runs with an end, and the runs that neither finished nor were killed.
+
+    A killed run's end is when its kill ended: an upper bound, so an overlap is never
+    missed (another run of its key cannot start that soon: the key is released only
+    ``worker_lost_wait`` after a child died, or ``lease_ttl`` after its worker did).
+    """
+    kills = sorted((f for f in faults if f.kind in KILLS), key=lambda f: f.start)
+    spans: list[_Span] = []
+    unexplained: list[Run] = []
+    for run in runs:
+        if run.end is not None:
+            spans.append(_Span(run, run.end, killed=False))
+            continue
+        # The process was surely dead when the fault ended (orphaned pool processes of a
+        # killed worker run on until they are killed in turn, after its main process).
+        killer = next((f for f in kills if run.pid in f.pids and f.end >= run.start), None)
+        if killer is None:
+            unexplained.append(run)
+        else:
+            spans.append(_Span(run, killer.end, killed=True))
+    return spans, unexplained
+
+
+def _describe(span: _Span) -> str:
+    run = span.run
+    how = "killed" if span.killed else "end"
+    return f"{run.task_id or '?'} [{run.start}, {how} {span.end}) fence={run.fence} pid={run.pid}"
+
+
+def _lease_may_be_lost(history: History, holder: _Span, until: int) -> str:
+    """Why ``holder``'s lease may have run out before ``until`` ('' if it cannot have).
+
+    A live worker renews every ``lease_ttl / 3``; its lease runs out only when the store
+    was unreachable for most of ``lease_ttl`` (we ask for half of it) while the run went
+    on, or when the worker said so in its log.
+    """
+    if holder.run.task_id in history.lost_leases:
+        return "its worker logged the lease as lost"
+    threshold = int(history.limits.lease_ttl * SECOND / 2)
+    for fault in history.faults:
+        if fault.kind not in STORE_OUTAGES or fault.length < threshold:
+            continue
+        if fault.end > holder.run.start and fault.start < until:
+            return f"{fault.kind} of {fault.length / SECOND:.1f} s while it ran"
+    return ""
+
+
+def _by_key(spans: Iterable[_Span], prefixes: Sequence[str]) -> dict[str, list[_Span]]:
+    groups: dict[str, list[_Span]] = defaultdict(list)
+    for span in spans:
+        if span.run.key.startswith(tuple(prefixes)):
+            groups[span.run.key].append(span)
+    for group in groups.values():
+        group.sort(key=lambda s: (s.run.start, s.end))
+    return groups
+
+
+def _overlaps(group: list[_Span]) -> list[tuple[_Span, _Span]]:
+    """Pairs (earlier, later) of runs in one key that overlap (half-open intervals)."""
+    pairs = []
+    latest: _Span | None = None
+    for span in group:
+        if latest is not None and span.run.start < latest.end:
+            pairs.append((latest, span))
+        if latest is None or span.end > latest.end:
+            latest = span
+    return pairs
+
+
+# -- the checks --------------------------------------------------------------------------
+
+
+def check_exclusive(history: History, spans: list[_Span], report: Report) -> None:
+    for key, group in sorted(_by_key(spans, ("ex_skip:", "ex_wait:")).items()):
+        for earlier, later in _overlaps(group):
+            what = f"key {key!r}: {_describe(earlier)} overlaps {_describe(later)}"
+            if earlier.run.task_id == later.run.task_id:
+                report.violations["exclusive"].append(f"{what} (one task id twice at once)")
+                continue
+            newer_fence = (
+                earlier.run.fence is not None
+                and later.run.fence is not None
+                and later.run.fence > earlier.run.fence
+            )
+            why = _lease_may_be_lost(history, earlier, later.run.start) if newer_fence else ""
+            if why:
+                report.known["exclusive-lease-lost"].append(f"{what}: {why}")
+            else:
+                report.violations["exclusive"].append(what)
+        fenced = [s for s in group if s.run.fence is not None]
+        for before, after in itertools.pairwise(fenced):
+            assert before.run.fence is not None and after.run.fence is not None
+            if after.run.fence <= before.run.fence:
+                report.violations["exclusive"].append(
+                    f"key {key!r}: fence not increasing: {_describe(after)} started after "
+                    f"{_describe(before)}"
+                )
+
+
+def check_concurrency(history: History, spans: list[_Span], report: Report) -> None:
+    capped = sorted((s for s in spans if s.run.key == "capped"), key=lambda s: s.run.start)
+    events = sorted(
+        [(s.run.start, 1, i) for i, s in enumerate(capped)]
+        + [(s.end, -1, i) for i, s in enumerate(capped)]
+    )  # at equal times an end (-1) sorts before a start: half-open intervals
+    active: set[int] = set()
+    most = 0
+    for at, delta, i in events:
+        if delta < 0:
+            active.discard(i)
+            continue
+        active.add(i)
+        most = max(most, len(active))
+        if len(active) <= history.limits.cap:
+            continue
+        members = [capped[j] for j in sorted(active)]
+        what = f"{len(active)} running at {at} (cap {history.limits.cap}): " + "; ".join(
+            _describe(s) for s in members
+        )
+        why = next(
+            (
+                w
+                for s in members
+                if s is not capped[i] and (w := _lease_may_be_lost(history, s, at))
+            ),
+            "",
+        )
+        if why:
+            report.known["concurrency-lease-lost"].append(f"{what}: {why}")
+        else:
+            report.violations["concurrency"].append(what)
+    report.counts["capped max running"] = most
+
+
+def check_unique(history: History, spans: list[_Span], report: Report) -> None:
+    for key, group in sorted(_by_key(spans, ("uq:",)).items()):
+        for earlier, later in _overlaps(group):
+            if earlier.run.task_id != later.run.task_id:
+                report.violations["unique"].append(
+                    f"key {key!r}: {_describe(earlier)} runs beside {_describe(later)}"
+                )
+
+
+def _once(spans: list[_Span], prefix: str, name: str, report: Report) -> None:
+    for key, group in sorted(_by_key(spans, (prefix,)).items()):
+        for earlier, later in _overlaps(group):
+            report.violations[name].append(
+                f"{key!r}: {_describe(earlier)} and {_describe(later)} at once"
+            )
+        finished = [s for s in group if not s.killed]
+        if len(finished) > 1:
+            report.violations[name].append(
+                f"{key!r} ran {len(finished)} times: " + "; ".join(_describe(s) for s in finished)
+            )
+
+
+def check_guard(history: History, spans: list[_Span], report: Report) -> None:
+    _once(spans, "guarded:", "guard", report)
+
+
+def check_beat(history: History, spans: list[_Span], report: Report) -> None:
+    for span in spans:
+        if span.run.key.startswith("beat:") and span.run.key.endswith("|None"):
+            report.violations["beat"].append(f"a tick without its slot header: {_describe(span)}")
+    _once(spans, "beat:", "beat", report)
+    report.counts["beat slots"] = len(_by_key(spans, ("beat:",)))
+    # Two leaders (say, beats that do not share one store) fire every tick twice, each
+    # under a slot of its own: one entry's slots closer than its period give that away.
+    for entry, period in history.limits.beat_periods.items():
+        slots = sorted(
+            {
+                int(slot)
+                for span in spans
+                for name, _, slot in [span.run.key.removeprefix("beat:").partition("|")]
+                if span.run.key.startswith("beat:") and name == entry and slot.isdigit()
+            }
+        )
+        close = [(a, b) for a, b in itertools.pairwise(slots) if b - a < period * 1000]
+        if close:
+            shown = ", ".join(f"{a}/{b}" for a, b in close[:5])
+            report.violations["beat"].append(
+                f"{entry} (every {period:g} s): {len(close)} pair(s) of slots closer than its "
+                f"period, i.e. ticks fired more than once: {shown}"
+            )
+
+
+def check_rate(history: History, runs: list[Run], report: Report) -> None:
+    """GCRA with rate r and burst b admits n runs in a window of length L only if
+    ``n <= b + L * r``: checked for every pair of admissions (first, last)."""
+    admitted = sorted(r.fence for r in runs if r.key == "rated" and r.fence is not None)
+    rate, burst = history.limits.rate, history.limits.burst
+    tolerance = 1_000  # 1 ms: the store's TIME and the fence's rounding
+    worst: tuple[float, int, int, int] | None = None
+    for j in range(len(admitted)):
+        for i in range(j):
+            window = admitted[j] - admitted[i]
+            n = j - i + 1
+            allowed = burst + (window + tolerance) * rate / SECOND
+            if n > allowed and (worst is None or n - allowed > worst[0]):
+                worst = (n - allowed, n, admitted[i], admitted[j])
+    if worst is not None:
+        excess, n, first, last = worst
+        report.violations["rate"].append(
+            f"{n} admissions in [{first}, {last}] ({(last - first) / SECOND:.3f} s): more than "
+            f"burst {burst} + {rate:g}/s (worst excess {excess:.2f})"
+        )
+    report.counts["rated admissions"] = len(admitted)
+
+
+def _ran_around(spans: Sequence[_Span], since: int, at: int, slack: int, killed_slack: int) -> bool:
+    """Whether one of these runs of a task id held (or was about to hold) its key at some
+    instant of ``[since, at]``: queued or admitted (it starts later), or running."""
+    for span in spans:
+        after = killed_slack if span.killed else slack
+        if (span.run.start - slack <= at and span.end + after >= since) or span.run.start > at:
+            return True
+    return False
+
+
+def check_accounting(history: History, spans: list[_Span], report: Report) -> None:
+    limits = history.limits
+    slack = int(limits.slack * SECOND)
+    # A killed worker's leases and claims live on until lease_ttl.
+    killed_slack = int((limits.lease_ttl + limits.slack) * SECOND)
+    by_id: dict[str, list[_Span]] = defaultdict(list)
+    for span in spans:
+        by_id[span.run.task_id].append(span)
+    ran = {r.task_id for r in history.runs}
+    skips: dict[str, list[Skip]] = defaultdict(list)
+    for skip in history.skips:
+        skips[skip.task_id].append(skip)
+    published = {p.task_id: p for p in history.published if p.outcome == "sent"}
+    sent_at: dict[str, int] = {}
+    for pub in history.published:
+        if pub.outcome == "sent":
+            sent_at.setdefault(pub.task_id, pub.at)
+    outcomes: dict[str, int] = defaultdict(int)
+    for pub in history.published:
+        outcomes[pub.outcome] += 1
+        if pub.outcome == "failed":
+            continue
+        if pub.outcome == "deduplicated":
+            result = history.results.get(pub.task_id, "")
+            if result != "FAILURE:TaskDeduplicated":
+                report.violations["accounting"].append(
+                    f"{pub.task} {pub.task_id} deduplicated into {pub.into} but its result is "
+                    f"{result or 'missing'} (expected a TaskDeduplicated failure)"
+                )
+            holder = by_id.get(pub.into, [])
+            if pub.into not in published and not holder:
+                tried = next((p for p in history.published if p.task_id == pub.into), None)
+                how = (
+                    f"whose publish failed ({tried.detail.strip()})" if tried else "never published"
+                )
+                report.violations["accounting"].append(
+                    f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, {how}, "
+                    "which never ran"
+                )
+            elif holder and not _ran_around(holder, pub.at, pub.at, slack, killed_slack):
+                report.violations["accounting"].append(
+                    f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, which "
+                    f"was no longer queued or running: " + "; ".join(_describe(s) for s in holder)
+                )
+            continue
+        if pub.task_id in ran:
+            continue
+        found = skips.get(pub.task_id)
+        if found:
+            continue  # each skip is judged below
+        if history.results.get(pub.task_id, "").startswith("REVOKED"):
+            report.known["expired"].append(f"{pub.task} {pub.task_id}: expired before it ran")
+            continue
+        report.violations["accounting"].append(
+            f"{pub.task} {pub.task_id} published at {pub.at} never ran and is not accounted for "
+            f"(result: {history.results.get(pub.task_id) or 'none'})"
+        )
+    for skip in history.skips:
+        if skip.reason == "already-run":
+            if skip.task_id not in ran:
+                report.violations["accounting"].append(
+                    f"{skip.task_id} skipped as already run, but it never ran"
+                )
+            continue
+        if skip.reason != "exclusive":
+            report.violations["accounting"].append(
+                f"{skip.task} {skip.task_id} skipped for {skip.reason!r}"
+            )
+            continue
+        if skip.task_id not in ran:
+            result = history.results.get(skip.task_id, "")
+            if result != "FAILURE:TaskSkipped":
+                report.violations["accounting"].append(
+                    f"{skip.task} {skip.task_id} skipped (held by {skip.holder}) but its result "
+                    f"is {result or 'missing'} (expected a TaskSkipped failure)"
+                )
+        # A duplicate that arrived while its holder ran may be skipped later (it waits out
+        # a grace, or the store was down meanwhile): judge from its publish on.
+        since = min(sent_at.get(skip.task_id, skip.at), skip.at)
+        holder = by_id.get(skip.holder, [])
+        if not holder or not _ran_around(holder, since, skip.at, slack, killed_slack):
+            report.violations["accounting"].append(
+                f"{skip.task} {skip.task_id} skipped at {skip.at} as held by {skip.holder}, "
+                "which was not running then: "
+                + ("; ".join(_describe(s) for s in holder) or "it never ran")
+            )
+    for name, n in outcomes.items():
+        report.counts[f"published {name}"] = n
+    report.counts["skips"] = len(history.skips)
+
+
+def check(history: History, seed: int | None = None) -> Report:
+    """Run every check over ``history``."""
+    report = Report(seed=seed)
+    spans, unexplained = _spans(history.runs, history.faults)
+    for run in unexplained:
+        report.known["unfinished"].append(
+            f"{run.key} {run.task_id} started at {run.start} (pid {run.pid}), never ended and "
+            "no recorded kill explains it"
+        )
+    report.counts["runs"] = len(history.runs)
+    report.counts["faults"] = len(history.faults)
+    check_exclusive(history, spans, report)
+    check_concurrency(history, spans, report)
+    check_unique(history, spans, report)
+    check_guard(history, spans, report)
+    check_beat(history, spans, report)
+    check_rate(history, history.runs, report)
+    check_accounting(history, spans, report)
+    return report
+
+
+__all__ = [
+    "Fault",
+    "History",
+    "Limits",
+    "Published",
+    "Report",
+    "Run",
+    "Skip",
+    "check",
+    "load_history",
+    "lost_lease_task_ids",
+    "merge_runs",
+]
+
+
+if __name__ == "__main__":  # python -m tests.soak.checker <log dir>/history.json
+    import json
+    import sys
+    from pathlib import Path
+
+    print(check(load_history(json.loads(Path(sys.argv[1]).read_text()))).summary(shown=50))

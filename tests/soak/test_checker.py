@@ -1,0 +1,253 @@
+"""The soak's checker on hand-made histories: each check fails on its violation and passes
+on a history that keeps the promise (times in seconds here, microseconds in the history)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.soak.checker import (
+    Fault,
+    History,
+    Published,
+    Report,
+    Run,
+    Skip,
+    check,
+    lost_lease_task_ids,
+    merge_runs,
+)
+
+S = 1_000_000
+
+
+def run(key: str, task_id: str, start: float, end: float | None, fence: int | None = None,
+        pid: int = 1) -> Run:  # fmt: skip
+    return Run(key, task_id, int(start * S), None if end is None else int(end * S), fence, pid)
+
+
+def sent(task_id: str, at: float = 0.0, task: str = "t") -> Published:
+    return Published(task_id, task, int(at * S))
+
+
+def judge(runs: list[Run], **kw: Any) -> Report:
+    """Check a history in which every run's task id was published (and so accounted)."""
+    published = kw.pop("published", None)
+    if published is None:
+        published = [sent(t) for t in dict.fromkeys(r.task_id for r in runs)]
+    return check(History(runs=runs, published=published, **kw), seed=42)
+
+
+def test_a_clean_history_passes() -> None:
+    report = judge(
+        [
+            run("ex_skip:a", "1", 0, 1, fence=10),
+            run("ex_skip:a", "2", 1, 2, fence=11),  # starts as the first ends: half-open
+            run("ex_wait:a", "3", 0.5, 1.5, fence=5),
+            run("capped", "4", 0, 3),
+            run("capped", "5", 0, 1),
+            run("capped", "6", 1, 2),
+            run("rated", "7", 0, 0, fence=0),
+            run("rated", "8", 0, 0, fence=1),  # burst 2: two at once
+            run("rated", "9", 0, 0, fence=250_000),  # 4/s: one more after 0.25 s
+            run("uq:a", "10", 0, 1),
+            run("uq:a", "11", 1, 2),
+            run("guarded:12", "12", 0, 1),
+            run("beat:every1|1000", "b1", 1, 1.1),
+            run("beat:every1|2000", "b2", 2, 2.1),
+        ]
+    )
+    assert report.ok, report.summary()
+    assert report.counts["capped max running"] == 2
+    assert "seed=42: OK" in report.summary()
+
+
+def test_exclusive_overlap_fails_and_names_both_runs() -> None:
+    report = judge([run("ex_skip:a", "1", 0, 2, fence=1), run("ex_skip:a", "2", 1, 3, fence=2)])
+    assert report.failed_checks() == ["exclusive"]
+    assert "overlaps" in report.violations["exclusive"][0]
+    assert "replay: python -m tests.soak.nemesis --seed 42" in report.summary()
+
+
+def test_overlap_after_a_store_outage_longer_than_half_the_lease_is_a_known_window() -> None:
+    runs = [run("ex_wait:a", "1", 0, 12, fence=1), run("ex_wait:a", "2", 9, 10, fence=2)]
+    long_pause = Fault("pause_store", 1 * S, 9 * S)  # 8 s > lease_ttl 6 s / 2
+    report = judge(runs, faults=[long_pause])
+    assert report.ok, report.summary()
+    assert len(report.known["exclusive-lease-lost"]) == 1
+    assert "known window exclusive-lease-lost: 1" in report.summary()
+
+
+def test_overlap_after_a_short_outage_is_a_violation() -> None:
+    runs = [run("ex_wait:a", "1", 0, 12, fence=1), run("ex_wait:a", "2", 9, 10, fence=2)]
+    report = judge(runs, faults=[Fault("pause_store", 1 * S, 2 * S)])
+    assert report.failed_checks() == ["exclusive"]
+
+
+def test_overlap_of_a_run_whose_worker_logged_the_loss_is_a_known_window() -> None:
+    runs = [run("ex_wait:a", "1", 0, 12, fence=1), run("ex_wait:a", "2", 9, 10, fence=2)]
+    report = judge(runs, lost_leases={"1"})
+    assert report.ok and report.known["exclusive-lease-lost"], report.summary()
+
+
+def test_a_lower_fence_on_the_later_run_is_never_a_known_window() -> None:
+    runs = [run("ex_wait:a", "1", 0, 12, fence=2), run("ex_wait:a", "2", 9, 10, fence=1)]
+    report = judge(runs, lost_leases={"1"})
+    assert report.failed_checks() == ["exclusive"]
+
+
+def test_one_task_id_twice_at_once_is_a_violation() -> None:
+    report = judge([run("ex_wait:a", "1", 0, 2, fence=1), run("ex_wait:a", "1", 1, 3, fence=2)])
+    assert "one task id twice at once" in report.violations["exclusive"][0]
+
+
+def test_fences_must_grow_in_start_order() -> None:
+    report = judge([run("ex_skip:a", "1", 0, 1, fence=5), run("ex_skip:a", "2", 2, 3, fence=5)])
+    assert "fence not increasing" in report.violations["exclusive"][0]
+
+
+def test_a_killed_run_ends_when_it_was_killed() -> None:
+    runs = [run("ex_wait:a", "1", 0, None, fence=1, pid=77), run("ex_wait:a", "2", 3, 4, fence=2)]
+    report = judge(runs, faults=[Fault("kill_child", 2 * S, 2 * S, pids=(77,))])
+    assert report.ok, report.summary()
+    # A kill that began before the run started but ended after it still explains it.
+    report = judge(runs[:1], faults=[Fault("kill_worker", 0, int(0.5 * S), pids=(77,))])
+    assert report.ok and not report.known["unfinished"], report.summary()
+    # The same kill one second later: the next run started while the killed one still ran.
+    report = judge(runs, faults=[Fault("kill_child", int(3.5 * S), int(3.5 * S), pids=(77,))])
+    assert report.failed_checks() == ["exclusive"]
+
+
+def test_a_run_that_never_ended_without_a_kill_is_reported() -> None:
+    report = judge([run("capped", "1", 0, None)])
+    assert report.known["unfinished"], report.summary()
+
+
+def test_concurrency_above_the_cap_fails() -> None:
+    runs = [run("capped", str(i), i * 0.1, 2) for i in range(3)]
+    report = judge(runs)
+    assert report.failed_checks() == ["concurrency"]
+    assert report.counts["capped max running"] == 3
+
+
+def test_rate_above_rate_plus_burst_fails() -> None:
+    # 4/s with burst 2: three admissions within 0.2 s is one too many.
+    fences = [0, 100_000, 200_000]
+    report = judge([run("rated", str(i), 0, 0, fence=f) for i, f in enumerate(fences)])
+    assert report.failed_checks() == ["rate"]
+    spaced = [0, 0, 250_000, 500_000, 750_000, 1_000_000]
+    assert judge([run("rated", str(i), 0, 0, fence=f) for i, f in enumerate(spaced)]).ok
+
+
+def test_unique_runs_of_two_ids_at_once_fail() -> None:
+    report = judge([run("uq:a", "1", 0, 3), run("uq:a", "2", 2, 4)])
+    assert report.failed_checks() == ["unique"]
+
+
+def test_a_guarded_id_that_finished_twice_fails() -> None:
+    report = judge([run("guarded:1", "1", 0, 1), run("guarded:1", "1", 2, 3)])
+    assert report.failed_checks() == ["guard"]
+
+
+def test_a_guarded_id_rerun_after_its_first_run_was_killed_passes() -> None:
+    runs = [run("guarded:1", "1", 0, None, pid=9), run("guarded:1", "1", 2, 3)]
+    report = judge(runs, faults=[Fault("kill_worker", 1 * S, 1 * S, pids=(9,))])
+    assert report.ok, report.summary()
+
+
+def test_a_beat_slot_run_twice_fails() -> None:
+    report = judge([run("beat:every1|1000", "b", 1, 2), run("beat:every1|1000", "b", 3, 4)])
+    assert report.failed_checks() == ["beat"]
+
+
+def test_beat_ticks_closer_than_the_period_fail() -> None:
+    # Two leaders, each firing every second on a grid of its own.
+    slots = [1000, 1064, 2000, 2064]
+    report = judge([run(f"beat:every1|{s}", f"b{s}", s / 1000, s / 1000 + 0.1) for s in slots])
+    assert "closer than its period" in report.violations["beat"][0]
+
+
+def test_a_published_task_that_never_ran_is_lost() -> None:
+    report = judge([], published=[sent("1")])
+    assert report.failed_checks() == ["accounting"]
+    assert "never ran and is not accounted for" in report.violations["accounting"][0]
+
+
+def test_a_skip_with_its_result_and_a_running_holder_accounts_for_a_task() -> None:
+    report = judge(
+        [run("ex_skip:a", "1", 0, 2, fence=1)],
+        published=[sent("1"), sent("2")],
+        skips=[Skip("2", "exclusive", int(1 * S), holder="1")],
+        results={"2": "FAILURE:TaskSkipped"},
+    )
+    assert report.ok, report.summary()
+
+
+def test_a_skip_without_a_taskskipped_result_fails() -> None:
+    report = judge(
+        [run("ex_skip:a", "1", 0, 2, fence=1)],
+        published=[sent("1"), sent("2")],
+        skips=[Skip("2", "exclusive", int(1 * S), holder="1")],
+    )
+    assert "expected a TaskSkipped failure" in report.violations["accounting"][0]
+
+
+def test_a_skip_held_by_a_finished_run_fails() -> None:
+    # The holder ended 8 s before the skip: its lease was resurrected (issue 11, item 2).
+    report = judge(
+        [run("ex_skip:a", "1", 0, 2, fence=1)],
+        published=[sent("1"), sent("2", at=9)],
+        skips=[Skip("2", "exclusive", int(10 * S), holder="1")],
+        results={"2": "FAILURE:TaskSkipped"},
+    )
+    assert "which was not running then" in report.violations["accounting"][0]
+
+
+def test_a_duplicate_published_while_its_holder_ran_may_be_skipped_later() -> None:
+    # Published at 1 s while "1" ran; the store was down, the skip came at 5 s.
+    report = judge(
+        [run("ex_skip:a", "1", 0, 2, fence=1)],
+        published=[sent("1"), sent("2", at=1)],
+        skips=[Skip("2", "exclusive", int(5 * S), holder="1")],
+        results={"2": "FAILURE:TaskSkipped"},
+    )
+    assert report.ok, report.summary()
+
+
+def test_deduplication_into_a_queued_or_running_task_passes_into_a_finished_one_fails() -> None:
+    holder = [run("uq:a", "1", 1, 3)]
+    dedup = Published("2", "uq", int(2 * S), "deduplicated", into="1")
+    results = {"2": "FAILURE:TaskDeduplicated"}
+    assert judge(holder, published=[sent("1"), dedup], results=results).ok
+    late = Published("2", "uq", int(20 * S), "deduplicated", into="1")
+    report = judge(holder, published=[sent("1"), late], results=results)
+    assert "no longer queued or running" in report.violations["accounting"][0]
+
+
+def test_an_expired_task_is_accounted_for() -> None:
+    report = judge([], published=[sent("1")], results={"1": "REVOKED"})
+    assert report.ok and report.known["expired"], report.summary()
+
+
+def test_a_failed_publish_need_not_run() -> None:
+    assert judge([], published=[Published("1", "uq", 0, "failed")]).ok
+
+
+def test_lost_lease_lines_name_the_task_id() -> None:
+    log = (
+        "[..: ERROR/MainProcess] a running task lost its lease baton:{t}:ex:k "
+        "(owner 5f0c|soak1@vm|3): another run may have started\n"
+        "[..: ERROR/MainProcess] lease lost: baton:{t}:cc:k held by 77aa|soak2@vm|9 was taken\n"
+    )
+    assert lost_lease_task_ids(log) == {"5f0c", "77aa"}
+
+
+def test_merge_runs_pairs_each_start_with_its_end() -> None:
+    started = [
+        {"start": 1, "key": "k", "fence": 3, "task_id": "a", "pid": 5},
+        {"start": 2, "key": "k", "fence": None, "task_id": "b", "pid": 6},
+    ]
+    finished = [{"end": 4, "start": 1, "key": "k", "fence": 3, "task_id": "a", "pid": 5}]
+    assert merge_runs(started, finished) == [
+        Run("k", "a", 1, 4, 3, 5),
+        Run("k", "b", 2, None, None, 6),
+    ]

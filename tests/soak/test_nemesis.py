@@ -1,0 +1,32 @@
+"""The short nemesis soak: about two minutes of faults against real workers and beats.
+
+``SOAK_SEED`` replays a seed (default: a new one each run, printed and named in the
+failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s).
+The long form is ``python -m tests.soak.nemesis --minutes 30`` (docs/soak.md).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.soak.nemesis import SoakConfig, soak
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(420)
+def test_nemesis_soak() -> None:
+    seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
+    seconds = float(os.environ.get("SOAK_SECONDS", "100"))
+    print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
+    # Logs outside pytest's rotating temporary directories: a failure's post-mortem needs them.
+    logs = Path(tempfile.mkdtemp(prefix=f"baton-soak-{seed}-"))
+    report = soak(SoakConfig(seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs))
+    print(report.summary())
+    assert report.ok, f"seed={seed}, logs in {logs}\n{report.summary()}"
+    shutil.rmtree(logs, ignore_errors=True)
