@@ -51,7 +51,8 @@ SCRIPT_NAMES = (
 
 @cache
 def script_source(name: str) -> str:
-    return resources.files("celery_baton.store").joinpath("lua", f"{name}.lua").read_text()
+    # One part per joinpath: Python 3.10 takes no more (the package supports 3.10).
+    return (resources.files("celery_baton.store") / "lua" / f"{name}.lua").read_text()
 
 
 @cache
