@@ -10,6 +10,7 @@
 
 from celery_baton.baton import Baton
 from celery_baton.errors import (
+    AlreadyQueued,
     BatonError,
     ConfigError,
     KeySpecError,
@@ -24,6 +25,7 @@ from celery_baton.policy import TaskOptions
 from celery_baton.worker.context import fence
 
 __all__ = [
+    "AlreadyQueued",
     "Baton",
     "BatonError",
     "ConfigError",

@@ -67,6 +67,16 @@ class TaskDeduplicated(BatonError):
         return str(self.args[0])
 
 
+class AlreadyQueued(BatonError):
+    """A publish of a ``unique`` task whose key is held by a task queued or running
+    (raised with ``unique_conflict="raise"``; the default returns that task's result)."""
+
+    def __init__(self, message: str, *, existing_id: str, key: str) -> None:
+        super().__init__(message)
+        self.existing_id = existing_id
+        self.key = key
+
+
 class BeatEntryError(BatonError, ValueError):
     """A beat schedule entry that cannot be scheduled: bad schedule, unknown task, 0 s."""
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
+from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
@@ -21,7 +22,9 @@ from celery_baton.rates import interval_us, parse_burst, parse_rate
 TASK_OPTIONS = (
     "exclusive",
     "exclusive_conflict",
+    "exclusive_wait_timeout",
     "unique",
+    "unique_conflict",
     "unique_until",
     "unique_ttl",
     "global_rate_limit",
@@ -43,7 +46,9 @@ class TaskOptions(TypedDict, total=False):
 
     exclusive: KeySpecValue
     exclusive_conflict: Literal["skip", "wait"]
+    exclusive_wait_timeout: float
     unique: KeySpecValue
+    unique_conflict: Literal["return", "raise"]
     unique_until: Literal["finished", "started"]
     unique_ttl: float
     global_rate_limit: str | float
@@ -65,6 +70,7 @@ BEAT_SLOT_HEADER = "baton_beat_slot"
 BEAT_SLOT_RETENTION = 24 * 3600.0
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
+UNIQUE_CONFLICTS = ("return", "raise")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,26 @@ class TaskPolicy:
     concurrency: ConcurrencyPolicy | None = None
     redelivery_guard: bool = False
     redelivery_retention: float = 86400.0
+    exclusive_wait_timeout: float | None = None  # a "wait" duplicate skips after this
+    unique_conflict: str = "return"  # a duplicate publish: "return" the first, or "raise"
+    # Keys given by the call itself (call_options.py): their material, used as given.
+    call_exclusive: str | None = None
+    call_unique: str | None = None
+
+    def for_call(self, call: CallOptions) -> TaskPolicy:
+        """This policy as one call's per-call options override it (that call only)."""
+        return replace(
+            self,
+            exclusive=self.exclusive or (_PER_CALL if call.exclusive is not None else None),
+            call_exclusive=call.exclusive,
+            exclusive_conflict=call.conflict or self.exclusive_conflict,
+            exclusive_wait_timeout=call.wait_timeout or self.exclusive_wait_timeout,
+            lease_ttl=call.lease_ttl or self.lease_ttl,
+            unique=self.unique or (_PER_CALL if call.unique is not None else None),
+            call_unique=call.unique,
+            unique_conflict=call.unique_conflict or self.unique_conflict,
+            unique_ttl=call.unique_ttl or self.unique_ttl,
+        )
 
     @property
     def celery_rate_only(self) -> bool:
@@ -144,6 +170,8 @@ class TaskPolicy:
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
+        if self.call_unique is not None:
+            return names.unique(self.name, digest(self.call_unique))
         return names.unique(self.name, self.unique.key(args, kwargs))
 
     def plan(
@@ -169,7 +197,11 @@ class TaskPolicy:
             plan.run_key = names.lease(self.name, "run", task_id)
             self._lease(plan, plan.run_key, 1, fence=False)
         if self.exclusive is not None:
-            material = self.exclusive.material(args, kwargs)
+            material = (
+                self.call_exclusive
+                if self.call_exclusive is not None
+                else self.exclusive.material(args, kwargs)
+            )
             key = names.lease(self.name, "ex", digest(material))
             plan.exclusive_key = key
             plan.labels[key] = material
@@ -213,6 +245,25 @@ class TaskPolicy:
         plan.leases.append(HeldLease(key, plan.owner, limit, self.lease_ttl))
 
 
+#: The key spec of an option that only a call gives (its material comes with the call).
+_PER_CALL = KeySpec("per-call", None, (), whole_task=True)
+
+
+def policy_for_call(
+    policy: TaskPolicy | None, name: str, call: CallOptions, settings: Settings
+) -> TaskPolicy:
+    """The policy one call runs under: the task's (or none) with the call's options."""
+    if policy is None:
+        policy = TaskPolicy(
+            name=name,
+            lease_ttl=settings.lease_ttl,
+            unique_ttl=settings.unique_ttl,
+            redelivery_guard=settings.redelivery_guard,
+            redelivery_retention=settings.redelivery_retention,
+        )
+    return policy.for_call(call)
+
+
 def run_once(policy: TaskPolicy | None, name: str, settings: Settings) -> TaskPolicy:
     """``policy`` (or no policy at all) with the redelivery guard on: how a worker admits
     a beat slot. A broker cannot be fenced, so a slot may be *sent* twice (a stalled
@@ -239,6 +290,8 @@ def declares_options(options: Mapping[str, Any]) -> bool:
 #: Options that only mean something beside another one.
 NEEDS = {
     "exclusive_conflict": "exclusive",
+    "exclusive_wait_timeout": "exclusive",
+    "unique_conflict": "unique",
     "unique_until": "unique",
     "unique_ttl": "unique",
     "global_rate_limit_burst": "global_rate_limit",
@@ -330,7 +383,13 @@ def compile_policy(
         lease_ttl=seconds("lease_ttl", settings.lease_ttl),
         exclusive=spec("exclusive"),
         exclusive_conflict=choice("exclusive_conflict", CONFLICT_POLICIES),
+        exclusive_wait_timeout=(
+            seconds("exclusive_wait_timeout", 1.0)
+            if options("exclusive_wait_timeout") is not None
+            else None
+        ),
         unique=spec("unique"),
+        unique_conflict=choice("unique_conflict", UNIQUE_CONFLICTS),
         unique_until=choice("unique_until", UNIQUE_UNTIL),
         unique_ttl=seconds("unique_ttl", settings.unique_ttl),
         rate=rate,

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.utils.uuid import uuid
 
-from celery_baton import signals
-from celery_baton.errors import StoreUnavailable, TaskDeduplicated
+from celery_baton import call_options, signals
+from celery_baton.call_options import HEADER
+from celery_baton.errors import AlreadyQueued, StoreUnavailable, TaskDeduplicated
+from celery_baton.policy import policy_for_call
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
@@ -74,6 +76,9 @@ class _Claim:
             self.baton.unique.release_later(self.key, self.task_id, self.ttl)
 
 
+#: The keyword of apply_async/send_task/signature options that carries per-call options.
+CALL_OPTION = "baton"
+
 _claims = threading.local()  # .by_id: claims of publishes in progress on this thread
 
 
@@ -86,6 +91,14 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         policy = baton.policy_for_name(name)
+        per_call = options.pop(CALL_OPTION, None)
+        if per_call is not None:
+            # Validated here, before anything is sent; carried in a header, never in
+            # the task's kwargs; overriding the task's options for this call only.
+            call = call_options.parse(name, per_call)
+            call_options.check_against(name, call, policy)
+            policy = policy_for_call(policy, name, call, baton.settings)
+            options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
@@ -106,7 +119,9 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
                 raise _Duplicate(claim.holder)
             return send_task(name, args, kwargs, **options)
         except _Duplicate as dup:
-            return _deduplicated(baton, name, task_id, dup.holder, key, preassigned, options)
+            return _deduplicated(
+                baton, name, task_id, dup.holder, key, preassigned, options, policy.unique_conflict
+            )
         except BaseException:
             claim.give_back()  # the message was not sent: nothing may keep its key
             raise
@@ -156,6 +171,7 @@ def _deduplicated(
     key: str,
     preassigned: str | None,
     options: dict[str, Any],
+    conflict: str = "return",
 ) -> Any:
     logger.info(
         "%s not queued: an earlier one with the same unique key is queued or running as %s",
@@ -167,6 +183,12 @@ def _deduplicated(
     )
     if preassigned:
         _settle_preassigned(baton, name, task_id, holder, options)
+    if conflict == "raise":  # celery-once's default: the caller is told, not handed a result
+        raise AlreadyQueued(
+            f"{name} not queued: task {holder} with the same unique key is queued or running",
+            existing_id=holder,
+            key=key,
+        )
     result_cls = options.get("result_cls") or baton.app.AsyncResult
     return result_cls(holder)
 

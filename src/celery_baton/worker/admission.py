@@ -32,13 +32,15 @@ from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
+from celery_baton.call_options import HEADER as CALL_HEADER
+from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook, new_owner
-from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, run_once
+from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
@@ -95,6 +97,9 @@ class Admission:
 
     def __call__(self, request: Any) -> Any:
         policy = self.policy_for(request.task)
+        call = CallOptions.from_header(request.request_dict.get(CALL_HEADER))
+        if call is not None:  # the caller's per-call options, for this delivery only
+            policy = policy_for_call(policy, request.task.name, call, self.settings)
         if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
             # A beat slot may be sent twice (see run_once); it must run once.
             policy = run_once(policy, request.task.name, self.settings)
@@ -262,6 +267,7 @@ class Admission:
             conflict=delivery.policy.exclusive_conflict,
             denied_since=delivery.denied_since,
             now=now,
+            wait_timeout=delivery.policy.exclusive_wait_timeout,
         )
         if isinstance(outcome, Start):
             self._start(delivery, outcome)

@@ -92,11 +92,13 @@ def verdict(
     conflict: str,
     denied_since: float | None,
     now: float,
+    wait_timeout: float | None = None,
 ) -> Verdict:
     """What the delivery ``task_id`` of ``task_name`` does with the gate's ``decision``.
 
     ``conflict``: the task's ``exclusive_conflict``; ``denied_since``: when an exclusive
-    refusal of this delivery was first seen (None: this is the first), for the grace.
+    refusal of this delivery was first seen (None: this is the first), for the grace and
+    for ``wait_timeout`` (how long a ``"wait"`` duplicate may wait before it is skipped).
     """
     if decision.granted:
         return Start(decision.fence, decision.start_after, decision.epoch)
@@ -128,6 +130,20 @@ def verdict(
             f"exclusive key {label or '(task)'} of {task_name} is held by task {holder}; "
             "this run is skipped",
         )
+    if why is Reason.EXCLUSIVE and conflict == "wait" and wait_timeout and not own_copy:
+        waited = 0.0 if denied_since is None else now - denied_since
+        if waited >= wait_timeout:
+            label = plan.labels.get(key, "")
+            return Skip(
+                why,
+                key,
+                holder,
+                f"exclusive key {label or '(task)'} of {task_name} was held by task "
+                f"{holder} for the whole wait_timeout ({wait_timeout:g}s); this run is "
+                "skipped",
+            )
+        left = wait_timeout - waited
+        return Wait(why, key, min(max(decision.retry_after, 0.0001), left))
     if why is Reason.RATE:
         if plan.reserve:
             # Ask again just inside the reservation window: the slot is then reserved
