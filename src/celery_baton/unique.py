@@ -10,6 +10,7 @@ by one thread per process (not one per failure), twice, so a late claim is undon
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -34,6 +35,10 @@ class UniqueClaims:
     def send(self, key: str, task_id: str, ttl: float) -> Pending:
         """Write the claim now; :meth:`result` reads its answer (the round trip overlaps
         what the caller does meanwhile: building the message)."""
+        # A give-back of this key still pending (an earlier publish whose claim went
+        # unanswered) goes first: else this publish could be deduplicated into a claim
+        # whose message was never sent (seen in the nemesis soak).
+        self._retries.run_now(key)
         try:
             return self.store.scripts.send("unique_claim", [key], [task_id, round(ttl * 1000)])
         except STORE_ERRORS as exc:
@@ -69,7 +74,7 @@ class UniqueClaims:
             state["done"] += 1
             return state["done"] >= 2  # finished after the second success
 
-        self._retries.add(attempt, deadline)
+        self._retries.add(attempt, deadline, key=key)
 
 
 class Retries:
@@ -81,9 +86,21 @@ class Retries:
         self._order = itertools.count()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._by_key: dict[str, list[Callable[[], bool]]] = {}
 
-    def add(self, attempt: Callable[[], bool], deadline: float) -> None:
+    def run_now(self, key: str) -> None:
+        """Try ``key``'s pending give-backs at once, on the caller's thread (their
+        scheduled retries stay: a give-back is idempotent)."""
         with self._lock:
+            attempts = list(self._by_key.get(key, ()))
+        for attempt in attempts:
+            with contextlib.suppress(BatonError):
+                attempt()
+
+    def add(self, attempt: Callable[[], bool], deadline: float, *, key: str = "") -> None:
+        with self._lock:
+            if key:
+                self._by_key.setdefault(key, []).append(attempt)
             heapq.heappush(
                 self._heap, (time.monotonic() + 0.5, next(self._order), 0.5, deadline, attempt)
             )
@@ -106,7 +123,7 @@ class Retries:
                 delay = 0.5
             except BatonError:
                 finished = False
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, 2.0)  # the store is back soon: ask often
             except Exception:  # the retrier must outlive any surprise
                 logger.exception("a unique give-back crashed; retrying")
                 finished, delay = False, 10.0
@@ -116,3 +133,13 @@ class Retries:
                         self._heap,
                         (time.monotonic() + delay, next(self._order), delay, deadline, attempt),
                     )
+            else:
+                self._forget(attempt)
+
+    def _forget(self, attempt: Callable[[], bool]) -> None:
+        with self._lock:
+            for key, attempts in list(self._by_key.items()):
+                if attempt in attempts:
+                    attempts.remove(attempt)
+                    if not attempts:
+                        del self._by_key[key]
