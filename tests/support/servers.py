@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -67,9 +68,13 @@ class StoreServer:
     The data directory is removed by :meth:`close`, not by :meth:`stop`.
     """
 
-    def __init__(self, *, persistent: bool = True, name: str = "store") -> None:
+    def __init__(
+        self, *, persistent: bool = True, name: str = "store", extra_args: Sequence[str] = ()
+    ) -> None:
         self.name = name
         self.persistent = persistent
+        #: More ``--option value`` arguments for every start (cluster mode, replicaof...).
+        self.extra_args = list(extra_args)
         self.port: int = free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"baton-{name}-"))
         self.log_path = self.data_dir / f"{name}.log"
@@ -198,7 +203,7 @@ class StoreServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
-        return args
+        return args + self.extra_args
 
     def _wait_for_ping(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT

@@ -245,4 +245,10 @@ class Scripts:
         """Run script ``name``; ``client`` may be a pipeline of the same connection."""
         if client is None:
             return self.call(name, keys, args)
+        if self._pool is None:
+            # A Redis Cluster pipeline: redis-py refuses EVALSHA there (and could not
+            # load a script missing on the node: a promoted replica has an empty script
+            # cache), so send the script itself. Only the beat pipelines script calls,
+            # a few per second at most: the bytes do not matter.
+            return client.execute_command("EVAL", script_source(name), len(keys), *keys, *args)
         return self._script(name)(keys=keys, args=args, client=client)
