@@ -71,6 +71,7 @@ class PipelinedChannel:
         self.timeout = timeout
         self._wire: Wire | None = None
         self._fd: int | None = None
+        self._generation = 0  # of the store's master when the wire connected (Sentinel)
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
@@ -126,6 +127,8 @@ class PipelinedChannel:
         sides than a write per call or per loop turn."""
         if not self._out or self._wire is None:
             return
+        if self._master_changed():
+            return  # every queued call was answered with StoreUnavailable
         if len(self._pending) > len(self._out):
             return  # calls written earlier are unanswered (the queued ones are the last)
         out, self._out = self._out, []
@@ -134,8 +137,20 @@ class PipelinedChannel:
         except BaseException as exc:
             self._broken(exc)
 
+    def _master_changed(self) -> bool:
+        """Sentinel named a new master since this wire connected: it may still reach the
+        old one, which accepts writes the new master never sees. Drop it."""
+        watch = self.store.master_watch
+        if watch is None or self._wire is None or watch.generation() == self._generation:
+            return False
+        self._broken(ConnectionError("the store's master changed"))
+        return True
+
     def _connection(self) -> Wire:
+        self._master_changed()
         if self._wire is None:
+            watch = self.store.master_watch
+            self._generation = watch.generation() if watch is not None else 0
             wire = Wire(self.store.client.connection_pool.get_connection())
             try:
                 # Load the scripts once per connection: NOSCRIPT then only follows a

@@ -12,7 +12,7 @@ import hashlib
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -100,19 +100,23 @@ os.register_at_fork(after_in_child=_Forks.forked)
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("forks", "waiting", "wire")
+    __slots__ = ("forks", "generation", "waiting", "wire")
 
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, generation: int) -> None:
         self.wire = wire
         self.forks = _Forks.count
+        self.generation = generation  # of the store's master when it connected
         self.waiting: deque[Pending] = deque()
 
 
 class Scripts:
     """The registered scripts of one client: ``scripts.run("gate", keys, args)``."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, generation: Callable[[], int] | None = None) -> None:
+        """``generation``: grows when the store's master changed (Sentinel); a line
+        connected before the change is dropped, since it may still reach the old master."""
         self._client = client
+        self._generation = generation
         self._registered: dict[str, Any] = {}
         self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
         self._local = threading.local()
@@ -193,10 +197,14 @@ class Scripts:
 
     def _line(self) -> _Line:
         line: _Line | None = getattr(self._local, "line", None)
+        generation = self._generation() if self._generation is not None else 0
+        if line is not None and line.generation != generation and line.forks == _Forks.count:
+            self._drop(line, ConnectionError("the store's master changed"))
+            line = None
         if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
-            line = self._local.line = _Line(Wire(self._pool.get_connection()))
+            line = self._local.line = _Line(Wire(self._pool.get_connection()), generation)
         return line
 
     def _drop(self, line: _Line, exc: BaseException) -> None:
