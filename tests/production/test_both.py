@@ -59,6 +59,7 @@ def test_global_rate_limit(prod_workers: Workers, observer: Observer) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_two_beats_leader_killed_each_slot_once(
     prod_workers: Workers, observer: Observer, prod_store: ProdStore
 ) -> None:

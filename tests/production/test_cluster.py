@@ -155,6 +155,7 @@ def report_overlap() -> Iterator[list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_master_killed_workers_recover_nothing_lost(
     prod_workers: Workers,
     observer: Observer,
@@ -191,6 +192,7 @@ def test_master_killed_workers_recover_nothing_lost(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_beat_master_killed_beats_recover(
     prod_workers: Workers, observer: Observer, cluster: ClusterTopology, prod_store: ProdStore
 ) -> None:
