@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -70,9 +71,13 @@ class StoreServer:
     The data directory is removed by :meth:`close`, not by :meth:`stop`.
     """
 
-    def __init__(self, *, persistent: bool = True, name: str = "store") -> None:
+    def __init__(
+        self, *, persistent: bool = True, name: str = "store", extra_args: Sequence[str] = ()
+    ) -> None:
         self.name = name
         self.persistent = persistent
+        #: More ``--option value`` arguments for every start (cluster mode, replicaof...).
+        self.extra_args = list(extra_args)
         self.port: int = free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"baton-{name}-"))
         self.log_path = self.data_dir / f"{name}.log"
@@ -182,6 +187,8 @@ class StoreServer:
         first lease is not held back by the grace a store that *lost* its data gets."""
         with self.client() as r:
             r.flushall()
+            if "cluster-enabled" in self.extra_args:
+                return  # Cluster has no store-wide epoch (and no SELECT)
             pipe = r.pipeline(transaction=False)
             for db in range(16):
                 pipe.execute_command("SELECT", db)
@@ -215,7 +222,7 @@ class StoreServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
-        return args
+        return args + self.extra_args
 
     def _wait_for_ping(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT

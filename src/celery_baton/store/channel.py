@@ -81,6 +81,7 @@ class PipelinedChannel:
         self.timeout = timeout
         self._wire: Wire | None = None
         self._fd: int | None = None
+        self._generation = 0  # of the store's master when the wire connected (Sentinel)
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
@@ -132,6 +133,7 @@ class PipelinedChannel:
         keys: Sequence[str] = (),
         args: Sequence[Any] = (),
     ) -> None:
+        self._master_changed()
         if self._wire is None:
             wait = self._down_until - time.monotonic()
             if wait > 0:
@@ -153,6 +155,8 @@ class PipelinedChannel:
         sides than a write per call or per loop turn."""
         if not self._out or self._wire is None:
             return
+        if self._master_changed():
+            return  # every queued call was answered with StoreUnavailable
         if len(self._pending) > len(self._out):
             return  # calls written earlier are unanswered (the queued ones are the last)
         out, self._out = self._out, []
@@ -161,10 +165,21 @@ class PipelinedChannel:
         except BaseException as exc:
             self._broken(exc)
 
+    def _master_changed(self) -> bool:
+        """Sentinel named a new master since this wire connected: it may still reach the
+        old one, which accepts writes the new master never sees. Drop it."""
+        watch = self.store.master_watch
+        if watch is None or self._wire is None or watch.generation() == self._generation:
+            return False
+        self._broken(ConnectionError("the store's master changed"))
+        return True
+
     def _connect(self) -> None:
         """Connect on a thread (the calls queue meanwhile); ``_on_connected`` takes over."""
         if self._connecting is not None:
             return
+        watch = self.store.master_watch
+        self._generation = watch.generation() if watch is not None else 0
         self._connecting = threading.Thread(
             target=self._connect_in_background, name="baton-channel-connect", daemon=True
         )

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,11 @@ from celery_baton.errors import ConfigError, StoreUnavailable
 from celery_baton.store.scripts import Scripts
 
 EMBEDDED_URL = "embedded://"
+
+logger = logging.getLogger("celery_baton.store")
+
+#: How often a Sentinel store asks the sentinels which node is the master (seconds).
+MASTER_CHECK_INTERVAL = 0.5
 
 #: What a client error looks like when the store is down or slow.
 STORE_ERRORS: tuple[type[BaseException], ...] = (
@@ -65,10 +72,13 @@ class Store:
     url: str
     client: Any  # redis.Redis | redis.cluster.RedisCluster
     embedded: bool = False
+    #: Sentinel only: counts master changes (see :class:`MasterWatch`).
+    master_watch: MasterWatch | None = None
     scripts: Scripts = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scripts = Scripts(self.client)
+        generation = self.master_watch.generation if self.master_watch else None
+        self.scripts = Scripts(self.client, generation=generation)
 
     @property
     def cluster(self) -> bool:
@@ -121,7 +131,8 @@ def connect(
     if scheme in ("redis", "rediss", "unix"):
         return Store(url, _redis_from_url(url, socket_timeout, client_name))
     if scheme in ("sentinel", "sentinels"):
-        return Store(url, _sentinel_client(url, socket_timeout, client_name))
+        master = _sentinel_client(url, socket_timeout, client_name)
+        return Store(url, master, master_watch=MasterWatch(master.connection_pool))
     if scheme in ("redis+cluster", "rediss+cluster"):
         plain = url.replace("+cluster", "", 1)
         client = redis.cluster.RedisCluster.from_url(
@@ -178,6 +189,53 @@ def _sentinel_client(url: str, socket_timeout: float, client_name: str | None) -
         client_name=client_name,
     )
     return master
+
+
+class MasterWatch:
+    """Notices that the sentinels named a new master while our connections to the old one
+    still work.
+
+    After ``SENTINEL FAILOVER`` the old master stays a writable master until a sentinel
+    reconfigures it, about 10 s later (sentinels poll ``INFO`` every 10 s). redis-py asks
+    the sentinels only when it opens a connection, so a client whose connections stay up
+    keeps writing to the old master for those 10 s: leases, rate state and beat claims
+    that the new master never sees, and that vanish when the old one resyncs (seen: a
+    beat fired 11 slots a second time). A thread per process asks the sentinels every
+    ``interval`` seconds; on a change redis-py drops its idle connections, and
+    :meth:`generation` grows, which tells ``Scripts`` and ``PipelinedChannel`` to drop
+    theirs. The window shrinks from ~10 s to about ``interval``.
+    """
+
+    def __init__(self, pool: Any, interval: float = MASTER_CHECK_INTERVAL) -> None:
+        self._pool = pool
+        self.interval = interval
+        self._generation = 0
+        self._pid = 0  # the process whose thread runs (a forked child starts its own)
+
+    def generation(self) -> int:
+        """How many master changes this process has seen; starts the watch on first use."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            threading.Thread(target=self._run, name="baton-master-watch", daemon=True).start()
+        return self._generation
+
+    def _run(self) -> None:
+        pid = self._pid
+        last: Any = None
+        while pid == self._pid:
+            try:
+                # Also drops redis-py's idle connections when the address changed.
+                address = self._pool.get_master_address()
+            except Exception:  # sentinels unreachable: keep what we have, ask again
+                address = None
+            if address is not None:
+                if last is not None and address != last:
+                    self._generation += 1
+                    logger.warning(
+                        "store master changed from %s:%s to %s:%s; reconnecting", *last, *address
+                    )
+                last = address
+            time.sleep(self.interval)
 
 
 # -- the embedded server ------------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -105,11 +105,12 @@ os.register_at_fork(after_in_child=_Forks.forked)
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("forks", "used_at", "waiting", "wire")
+    __slots__ = ("forks", "generation", "used_at", "waiting", "wire")
 
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, generation: int) -> None:
         self.wire = wire
         self.forks = _Forks.count
+        self.generation = generation  # of the store's master when it connected
         self.waiting: deque[Pending] = deque()
         self.used_at = time.monotonic()
 
@@ -117,8 +118,11 @@ class _Line:
 class Scripts:
     """The registered scripts of one client: ``scripts.run("gate", keys, args)``."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, generation: Callable[[], int] | None = None) -> None:
+        """``generation``: grows when the store's master changed (Sentinel); a line
+        connected before the change is dropped, since it may still reach the old master."""
         self._client = client
+        self._generation = generation
         self._registered: dict[str, Any] = {}
         self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
         self._local = threading.local()
@@ -199,7 +203,11 @@ class Scripts:
 
     def _line(self) -> _Line:
         line: _Line | None = getattr(self._local, "line", None)
-        if line is not None and not line.waiting:
+        generation = self._generation() if self._generation is not None else 0
+        if line is not None and line.generation != generation and line.forks == _Forks.count:
+            self._drop(line, ConnectionError("the store's master changed"))
+            line = None
+        if line is not None and not line.waiting and line.forks == _Forks.count:
             now = time.monotonic()
             # A line idle for a while may have been closed by the server (a restart, a
             # failover): check before writing on it, or the first call after the store
@@ -212,7 +220,7 @@ class Scripts:
         if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
-            line = self._local.line = _Line(Wire(self._pool.get_connection()))
+            line = self._local.line = _Line(Wire(self._pool.get_connection()), generation)
         return line
 
     def _drop(self, line: _Line, exc: BaseException) -> None:
@@ -261,4 +269,10 @@ class Scripts:
         """Run script ``name``; ``client`` may be a pipeline of the same connection."""
         if client is None:
             return self.call(name, keys, args)
+        if self._pool is None:
+            # A Redis Cluster pipeline: redis-py refuses EVALSHA there (and could not
+            # load a script missing on the node: a promoted replica has an empty script
+            # cache), so send the script itself. Only the beat pipelines script calls,
+            # a few per second at most: the bytes do not matter.
+            return client.execute_command("EVAL", script_source(name), len(keys), *keys, *args)
         return self._script(name)(keys=keys, args=args, client=client)
