@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from celery_baton.worker.holding import Holding, ReleaseLog
+from celery_baton.worker.holding import Holding
+from celery_baton.worker.release_log import ReleaseLog
 
 
 def test_many_notices_cost_the_same_each() -> None:

@@ -111,3 +111,24 @@ def test_bad_per_call_input_raises_at_publish_and_nothing_is_sent(
         job.apply_async(("bad",), baton=options)
     with app.connection_for_write() as conn:
         assert conn.default_channel.client.llen("celery") == 0  # nothing was sent
+
+
+def test_per_call_options_ride_every_publish_path(workers: Workers, observer: Observer) -> None:
+    """send_task by name, a signature's .set(), a group member: the same per-call key."""
+    from celery import group
+
+    from tests.apps.per_call import app, job
+
+    workers.start(APP, concurrency=4)
+    holder = app.send_task(
+        "tests.apps.per_call.job", ("by-name", 4.0), baton={"exclusive": "paths"}
+    )
+    wait_until(lambda: observer.started(), 20, "the holder started")
+    signature = job.s("signature").set(baton={"exclusive": "paths"})
+    members = group(job.s(f"member-{n}").set(baton={"exclusive": "paths"}) for n in range(2))
+    results = [signature.apply_async(), *members.apply_async().results]
+    for result in results:
+        with pytest.raises(TaskSkipped):
+            result.get(timeout=30)
+    assert holder.get(timeout=30)
+    assert [r.key for r in observer.runs()] == ["by-name"]

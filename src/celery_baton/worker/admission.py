@@ -28,19 +28,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery.utils.time import rate as parse_celery_rate
-from celery.worker import state as worker_state
-
 from celery_baton import metrics, signals
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable, TaskSkipped
+from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook, new_owner
 from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
+from celery_baton.worker import outcomes
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
@@ -89,7 +87,7 @@ class Admission:
             stats=self.stats,
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
-        self._rate_cache: dict[str, float | None] = {}
+        self._celery_rates = outcomes.CeleryRates()
         self._store_down_until = 0.0
         self._grace_logged = -1e9
 
@@ -134,25 +132,9 @@ class Admission:
         )
 
     def _celery_rate(self, task: Any) -> float | None:
-        """Celery's ``rate_limit`` of ``task`` in starts per second (None: no limit).
-
-        Read at every admission: `celery control rate_limit` changes it on every worker,
-        for any task, also one that had none when the worker started. Parsed the way
-        Celery parses it, so that a value Celery accepted is never refused here."""
-        value = task.rate_limit
-        try:
-            return self._rate_cache[value]
-        except KeyError:
-            pass
-        per_second: float | None = None
-        try:
-            per_second = float(parse_celery_rate(value)) or None
-        except (ValueError, KeyError, TypeError):
-            logger.error("rate_limit %r of %s is not a rate; not limiting it", value, task.name)
-        if per_second is not None and not 0 < per_second < float("inf"):
-            per_second = None
-        self._rate_cache[value] = per_second
-        return per_second
+        # Read at every admission: `celery control rate_limit` changes it on every
+        # worker, for any task, also one that had none when the worker started.
+        return self._celery_rates.of(task)
 
     # -- one decision ---------------------------------------------------------------
 
@@ -331,56 +313,19 @@ class Admission:
             )
 
     def _skip(self, delivery: Delivery, skip: Skip) -> None:
-        request = delivery.request
         self.holding.release(delivery)
         self.stats["skipped"] += 1
-        metrics.skips.labels(request.name, skip.reason.value).inc()
-        logger.warning("%s[%s] skipped: %s", request.name, request.id, skip.message)
-        signals.task_skipped.send(
-            sender=request.task,
-            request=request,
-            key=skip.key,
-            holder=skip.holder,
-            reason=skip.reason.value,
-        )
-        task = request.task
-        if skip.reason is Reason.EXCLUSIVE:
-            if not task.ignore_result:
-                # A clear final state for whoever waits on the result; no errbacks:
-                # the work is being done by the holder.
-                task.backend.mark_as_failure(
-                    request.id,
-                    TaskSkipped(skip.message, skip.key, skip.holder),
-                    request=request._context,
-                    store_result=True,
-                    call_errbacks=False,
-                )
-            if delivery.plan.unique_key:
-                self.releasing.free_unique(delivery.plan.unique_key, request.id)
-        worker_state.task_ready(request)
-        request.acknowledge()
+        outcomes.skip(delivery.request, skip)
+        if skip.reason is Reason.EXCLUSIVE and delivery.plan.unique_key:
+            self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
     def _refuse(self, request: Any, exc: BatonError) -> None:
-        """A request whose key cannot be built: fail it loudly; never run it unguarded."""
-        logger.error("%s[%s] refused: %s", request.name, request.id, exc)
-        signals.task_skipped.send(
-            sender=request.task, request=request, key="", holder="", reason="invalid-key"
-        )
-        request.task.backend.mark_as_failure(
-            request.id, exc, request=request._context, store_result=True
-        )
-        worker_state.task_ready(request)
-        request.acknowledge()
+        outcomes.refuse(request, exc)
 
     def _hand_back(self, delivery: Delivery, why: str) -> None:
-        request = delivery.request
         self.holding.release(delivery)
         self.stats["handed_back"] += 1
-        metrics.handed_back.labels(request.name).inc()
-        logger.warning("%s[%s] handed back to the broker: %s", request.name, request.id, why)
-        signals.task_handed_back.send(sender=request.task, request=request, reason=why)
-        worker_state.task_ready(request)
-        request.reject(requeue=True)
+        outcomes.hand_back(delivery.request, why)
 
     def forget_held(self) -> int:
         """Drop every held request (the connection is gone; the broker redelivers them)."""

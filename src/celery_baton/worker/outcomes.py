@@ -1,0 +1,89 @@
+"""What happens to a delivery that leaves admission without running, and Celery's own
+rate limits as admission reads them. Celery's side of each outcome, in one place:
+the state a waiting caller sees, the signal, the log line, the ack or the reject.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.utils.time import rate as parse_celery_rate
+from celery.worker import state as worker_state
+
+from celery_baton import metrics, signals
+from celery_baton.errors import BatonError, TaskSkipped
+from celery_baton.worker.verdict import Reason, Skip
+
+logger = logging.getLogger("celery_baton.worker")
+
+
+def skip(request: Any, skip: Skip) -> None:
+    """Acked, not run: logged, signalled, and a clear final state for an exclusive
+    duplicate (no errbacks: the work is being done by the holder)."""
+    metrics.skips.labels(request.name, skip.reason.value).inc()
+    logger.warning("%s[%s] skipped: %s", request.name, request.id, skip.message)
+    signals.task_skipped.send(
+        sender=request.task,
+        request=request,
+        key=skip.key,
+        holder=skip.holder,
+        reason=skip.reason.value,
+    )
+    task = request.task
+    if skip.reason is Reason.EXCLUSIVE and not task.ignore_result:
+        task.backend.mark_as_failure(
+            request.id,
+            TaskSkipped(skip.message, skip.key, skip.holder),
+            request=request._context,
+            store_result=True,
+            call_errbacks=False,
+        )
+    worker_state.task_ready(request)
+    request.acknowledge()
+
+
+def refuse(request: Any, exc: BatonError) -> None:
+    """A request whose key cannot be built: fail it loudly; never run it unguarded."""
+    logger.error("%s[%s] refused: %s", request.name, request.id, exc)
+    signals.task_skipped.send(
+        sender=request.task, request=request, key="", holder="", reason="invalid-key"
+    )
+    request.task.backend.mark_as_failure(
+        request.id, exc, request=request._context, store_result=True
+    )
+    worker_state.task_ready(request)
+    request.acknowledge()
+
+
+def hand_back(request: Any, why: str) -> None:
+    """Back to the broker unchanged (same id, headers and retry count; never task.retry)."""
+    metrics.handed_back.labels(request.name).inc()
+    logger.warning("%s[%s] handed back to the broker: %s", request.name, request.id, why)
+    signals.task_handed_back.send(sender=request.task, request=request, reason=why)
+    worker_state.task_ready(request)
+    request.reject(requeue=True)
+
+
+class CeleryRates:
+    """Celery's ``rate_limit`` of a task in starts per second (None: no limit), parsed
+    the way Celery parses it, so a value Celery accepted is never refused here."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Any, float | None] = {}
+
+    def of(self, task: Any) -> float | None:
+        value = task.rate_limit
+        try:
+            return self._cache[value]
+        except KeyError:
+            pass
+        per_second: float | None = None
+        try:
+            per_second = float(parse_celery_rate(value)) or None
+        except (ValueError, KeyError, TypeError):
+            logger.error("rate_limit %r of %s is not a rate; not limiting it", value, task.name)
+        if per_second is not None and not 0 < per_second < float("inf"):
+            per_second = None
+        self._cache[value] = per_second
+        return per_second
