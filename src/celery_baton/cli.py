@@ -246,6 +246,21 @@ def _grace(c: Context) -> str:
     return ""
 
 
+@baton.command("end-grace")
+@json_option
+@click.pass_context
+def end_grace(ctx: click.Context, as_json: bool = False) -> None:
+    """Grant leases at once on a store that is new or was emptied with no worker
+    running: ends the grace (one lease_ttl) a store found without its data gets. Never
+    while workers that ran before the loss may still hold runs."""
+    c = _ctx(ctx)
+    try:
+        store_inspect.end_grace(c.store, c.names.prefix)
+    except BatonError as exc:
+        _fail(exc)
+    emit(ctx, {"grace": ""}, "grace ended: new leases are granted at once")
+
+
 @baton.command()
 @json_option
 @watch_option

@@ -90,3 +90,24 @@ def test_a_known_new_store_grants_at_once(
     assert ex_long.delay("fresh", 0).get(timeout=30) is not None
     assert time.monotonic() - began < 30
     assert "lost its data" not in "".join(w.log_text() for w in workers.started)
+
+
+def test_an_operator_ends_the_grace_of_a_store_emptied_with_no_worker_running(
+    workers: Workers, observer: Observer, forgetful: StoreServer
+) -> None:
+    from tests.apps.exclusive import ex_wait
+
+    forgetful.forget()  # FLUSHALL, as in development: the next lease would wait 30 s
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "baton", "end-grace"],
+        env=_process_env({**workers.env, "BATON_URL": forgetful.url(0)}),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    workers.start(APP, concurrency=2, env={"BATON_URL": forgetful.url(0)})
+    began = time.monotonic()
+    assert ex_wait.delay("after-end-grace", 0).get(timeout=60) is not None
+    assert time.monotonic() - began < 25  # ex_wait's lease_ttl is 30 s: no grace waited

@@ -280,6 +280,9 @@ class Demo:
         self.start_store()
         self.observer.delete("demo:runs")
         self.store.flushdb()
+        # The demo knows its store is new: no grace before the first lease (a store that
+        # is found without its data waits one lease_ttl; see docs/failure.md).
+        self.store.set("baton:epoch", 0)
         for n in range(1, WORKERS + 1):
             self.spawn("worker", n)
         for n in range(1, BEATS + 1):

@@ -181,3 +181,12 @@ def store_epoch_age(store: Store, prefix: str) -> float | None:
         return max(0.0, (server_now_ms(store) - int(value)) / 1000)
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
+
+
+def end_grace(store: Store, prefix: str) -> None:
+    """Declare that no lease from before a loss can be live (the store is new, or every
+    worker was stopped): the store-wide epoch is set to the start of time."""
+    try:
+        store.client.set(f"{prefix}:epoch", 0)
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
