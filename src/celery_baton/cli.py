@@ -6,6 +6,7 @@ Registered through Celery's ``celery.commands`` entry point. Every command takes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -431,12 +432,17 @@ def limits_clear(ctx: click.Context, task: str, as_json: bool = False) -> None:
     emit(ctx, {"task": task, "cleared": True}, f"{task}: runtime overrides cleared")
 
 
-@baton.command()
+@baton.group(invoke_without_command=True)
 @json_option
 @watch_option
 @click.pass_context
 def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
-    """The beat schedule: next and last slot per entry, the leader, recent history."""
+    """The beat schedule: next and last slot per entry, the leader, recent history.
+
+    Subcommands act on one entry (the change survives leader changes: it is kept in the
+    store and read by whichever beat leads)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from celery_baton.beat.api import describe_schedule
     from celery_baton.beat.state import schedule_name
 
@@ -573,3 +579,90 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
         raise click.ClickException(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from exc
+
+
+def _schedule_action(ctx: click.Context, name: str, action: str, done: str) -> None:
+    from celery_baton.beat.api import ScheduleStore
+
+    c = _ctx(ctx)
+    try:
+        with ScheduleStore(c.app, store=c.store) as api:
+            getattr(api, action)(name)
+    except BatonError as exc:
+        _fail(exc)
+    emit(ctx, {"entry": name, action: True}, f"{name}: {done}")
+
+
+@schedule.command("pause")
+@click.argument("name")
+@json_option
+@click.pass_context
+def schedule_pause(ctx: click.Context, name: str, as_json: bool = False) -> None:
+    """Stop firing entry NAME until `resume`."""
+    _schedule_action(ctx, name, "pause", "paused")
+
+
+@schedule.command("resume")
+@click.argument("name")
+@json_option
+@click.pass_context
+def schedule_resume(ctx: click.Context, name: str, as_json: bool = False) -> None:
+    """Fire entry NAME again, from its first slot after now (paused slots are not run)."""
+    _schedule_action(ctx, name, "resume", "resumed")
+
+
+@schedule.command("trigger")
+@click.argument("name")
+@json_option
+@click.pass_context
+def schedule_trigger(ctx: click.Context, name: str, as_json: bool = False) -> None:
+    """Fire one extra run of entry NAME now, exactly once, with its own task id."""
+    _schedule_action(ctx, name, "trigger", "one extra run requested")
+
+
+@schedule.command("history")
+@click.argument("name")
+@json_option
+@click.pass_context
+def schedule_history(ctx: click.Context, name: str, as_json: bool = False) -> None:
+    """The last runs of entry NAME: slot, task id, when it was sent, and the outcome
+    when a result backend has it."""
+    from celery_baton.beat.api import describe_schedule
+    from celery_baton.beat.state import schedule_name
+
+    c = _ctx(ctx)
+    try:
+        data = describe_schedule(c.store, c.names.prefix, app=schedule_name(c.app.main))
+    except BatonError as exc:
+        _fail(exc)
+        return
+    entry = next((e for e in data.get("entries", []) if e.get("name") == name), None)
+    if entry is None:
+        raise click.ClickException(f"no schedule entry named {name!r} (see `schedule`)")
+    lines = []
+    for line in entry.get("history") or []:
+        task_id = line.get("id") or line.get("task_id") or ""
+        state = ""
+        if task_id and c.app.conf.result_backend:
+            with contextlib.suppress(Exception):  # a backend that is down: no outcome
+                state = c.app.AsyncResult(task_id).state
+        lines.append({**line, "state": state})
+    text = (
+        table(
+            [
+                (
+                    x.get("slot") or "-",
+                    x.get("kind") or "-",
+                    x.get("id") or "-",
+                    x.get("at") or "-",
+                    x["state"] or "-",
+                )
+                for x in lines
+            ],
+            ["slot (UTC)", "kind", "task id", "sent at", "outcome"],
+            keep=(2,),
+        )
+        if lines
+        else f"{name}: no runs yet"
+    )
+    emit(ctx, lines, text)

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import celery.beat
@@ -85,6 +86,15 @@ class StoredSlots:
     last_id: str
 
 
+def slot_time(slot_ms: Any) -> str:
+    """A slot (epoch milliseconds) as a UTC time for logs: 2026-06-01T09:00:00.000Z."""
+    try:
+        moment = datetime.fromtimestamp(int(slot_ms) / 1000, tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError):
+        return str(slot_ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
     """Celery beat scheduler keeping its state in the store; see the module docstring.
 
@@ -116,6 +126,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         self._due: list[tuple[int, str]] = []
         self._triggers: list[str] = []
         self._leading = False
+        self._standing_by_for: str | None = None
         self._fence = 0
         self._version = -1
         self._dirty = True
@@ -254,6 +265,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         else:
             if self._leading:
                 logger.warning("beat: lost the leader lease to %s", reply.holder)
+            elif reply.holder != self._standing_by_for:
+                logger.info("beat: standing by; %s leads", reply.holder or "nobody yet")
+            self._standing_by_for = reply.holder
             self._leading = False
 
     def _store_failed(self, exc: BaseException) -> None:
@@ -557,7 +571,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 logger.warning("beat: dropping outbox item %s of unknown entry %r", task_id, name)
                 dropped.append(task_id)
                 continue
-            logger.info("beat: re-sending %r slot %s as %s", name, item.get("slot"), task_id)
+            logger.info(
+                "beat: re-sending %r slot %s as %s", name, slot_time(item.get("slot")), task_id
+            )
             if self._publish_slot(name, int(item["slot"]), task_id):
                 published.append(task_id)
         self._beat.sent(published + dropped)
@@ -582,7 +598,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         """Send the message like Celery's beat does (``apply_async``/``send_task``), with
         the slot's task id and headers naming the entry and the slot."""
         entry = compiled.entry
-        logger.info("Scheduler: Sending due task %s (%s) slot %s", entry.name, entry.task, slot_ms)
+        logger.info(
+            "Scheduler: Sending due task %s (%s) slot %s",
+            entry.name,
+            entry.task,
+            slot_time(slot_ms),
+        )
         args = [a() if isinstance(a, BeatLazyFunc) else a for a in entry.args or ()]
         kwargs = {
             k: v() if isinstance(v, BeatLazyFunc) else v for k, v in (entry.kwargs or {}).items()
