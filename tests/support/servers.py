@@ -187,7 +187,7 @@ class StoreServer:
         first lease is not held back by the grace a store that *lost* its data gets."""
         with self.client() as r:
             r.flushall()
-            if "cluster-enabled" in self.extra_args:
+            if "--cluster-enabled" in self.extra_args:
                 return  # Cluster has no store-wide epoch (and no SELECT)
             pipe = r.pipeline(transaction=False)
             for db in range(16):
