@@ -26,7 +26,14 @@ def test_nemesis_soak() -> None:
     print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
     # Logs outside pytest's rotating temporary directories: a failure's post-mortem needs them.
     logs = Path(tempfile.mkdtemp(prefix=f"baton-soak-{seed}-"))
-    report = soak(SoakConfig(seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs))
+    # The soak points this process's app at its own servers through os.environ; tests
+    # after it must see the session's URLs again (their app modules read them on import).
+    saved = dict(os.environ)
+    try:
+        report = soak(SoakConfig(seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     print(report.summary())
     assert report.ok, f"seed={seed}, logs in {logs}\n{report.summary()}"
     shutil.rmtree(logs, ignore_errors=True)

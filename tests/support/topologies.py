@@ -294,10 +294,19 @@ class SentinelTopology:
         for sentinel in self.sentinels:
             with _client(sentinel.port) as r:
                 state = r.execute_command("SENTINEL", "MASTER", SERVICE)
-                fields = dict(zip(state[::2], state[1::2], strict=True))
-                if fields.get("num-other-sentinels") != "2" or fields.get("num-slaves") == "0":
+                # redis-py 8 parses the reply into a dict; 7 returns the flat list.
+                fields = (
+                    dict(state)
+                    if isinstance(state, dict)
+                    else dict(zip(state[::2], state[1::2], strict=True))
+                )
+                if str(fields.get("num-other-sentinels")) != "2":
                     return False
-                if "s_down" in fields.get("flags", "") or "failover" in fields.get("flags", ""):
+                if str(fields.get("num-slaves")) == "0":
+                    return False
+                flags = fields.get("flags", "")
+                flags = ",".join(sorted(flags)) if isinstance(flags, set) else str(flags)
+                if "s_down" in flags or "failover" in flags:
                     return False
         return True
 
