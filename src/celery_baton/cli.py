@@ -666,3 +666,56 @@ def schedule_history(ctx: click.Context, name: str, as_json: bool = False) -> No
         else f"{name}: no runs yet"
     )
     emit(ctx, lines, text)
+
+
+@schedule.command("import")
+@click.option(
+    "--from-redbeat",
+    "from_redbeat",
+    is_flag=True,
+    required=True,
+    help="Read celery-redbeat's entries.",
+)
+@click.option(
+    "--redbeat-url",
+    help="Where redbeat kept them (default: redbeat_redis_url, else the broker URL).",
+)
+@click.option("--prefix", help="redbeat's key prefix (default: redbeat_key_prefix or redbeat:).")
+@click.option("--replace", is_flag=True, help="Replace entries that already exist.")
+@json_option
+@click.pass_context
+def schedule_import(
+    ctx: click.Context,
+    from_redbeat: bool,
+    redbeat_url: str | None,
+    prefix: str | None,
+    replace: bool,
+    as_json: bool = False,
+) -> None:
+    """Import celery-redbeat's entries into the schedule (validated like any entry)."""
+    import redis
+
+    from celery_baton.beat.api import ScheduleStore
+    from celery_baton.beat.redbeat_import import import_redbeat
+
+    c = _ctx(ctx)
+    conf = c.app.conf
+    url = redbeat_url or conf.get("redbeat_redis_url") or conf.broker_url
+    key_prefix = prefix or conf.get("redbeat_key_prefix") or "redbeat:"
+    try:
+        with (
+            redis.Redis.from_url(url, decode_responses=True) as client,
+            ScheduleStore(c.app, store=c.store) as schedules,
+        ):
+            report = import_redbeat(client, schedules, prefix=key_prefix, replace=replace)
+    except (BatonError, redis.RedisError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    lines = [f"imported: {', '.join(report.imported) or 'nothing'}"]
+    if report.paused:
+        lines.append(f"paused (disabled in redbeat): {', '.join(report.paused)}")
+    lines += [f"skipped {name}: {why}" for name, why in report.skipped.items()]
+    emit(
+        ctx,
+        {"imported": report.imported, "paused": report.paused, "skipped": report.skipped},
+        "\n".join(lines),
+    )
