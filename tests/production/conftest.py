@@ -136,10 +136,12 @@ def use_store() -> Iterator[Callable[[ModuleType, str], None]]:
 
 
 def _forget(baton: Any) -> None:
-    """Drop the Baton's lazily built store, settings and gate, so they follow the conf."""
-    for name in ("settings", "store", "gate", "names"):
-        if name in baton.__dict__:
-            store = baton.__dict__.pop(name)
+    """Drop the app's lazily built store, settings and gate (kept by its parts, see
+    celery_baton.wiring), so they follow the conf."""
+    parts = baton.parts
+    for name in ("settings", "store", "gate", "names", "unique"):
+        if name in parts.__dict__:
+            store = parts.__dict__.pop(name)
             if name == "store":
                 with contextlib.suppress(Exception):
                     store.client.close()

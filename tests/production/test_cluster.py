@@ -212,3 +212,44 @@ def test_beat_master_killed_beats_recover(
         beat.stop()
     drain(observer, settle=2)
     assert_each_slot_once(observer, "every1", 1000, at_least=18)
+
+
+def test_the_cli_reads_leases_and_unique_claims_on_the_cluster(
+    prod_workers: Workers,
+    prod_store: ProdStore,
+    observer: Observer,
+    use_store: Callable[[ModuleType, str], None],
+) -> None:
+    """`celery baton status | locks | unlock` against a Cluster URL: the keys of every
+    master are read (SCAN per node), a lease's key can be pasted into unlock."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.apps import exclusive
+    from tests.support.processes import REPO_ROOT
+    from tests.support.workers import _process_env
+
+    use_store(exclusive, prod_store.url)
+    worker = prod_workers.start("tests.apps.exclusive", concurrency=2)
+    exclusive.mx_skip.delay("cli-cluster", "sleep", 30.0, 1)
+    observer.starts_of("cli-cluster")
+
+    def baton(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.apps.exclusive", "baton", *args],
+            env=_process_env(prod_workers.env),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    status = json.loads(baton("status", "--json").stdout)
+    assert status["store"].startswith("redis+cluster://") and status["leases"] == 1
+    rows = json.loads(baton("locks", "--json").stdout)
+    assert {r["kind"] for r in rows} == {"exclusive", "unique"}
+    lease = next(r for r in rows if r["kind"] == "exclusive")
+    done = baton("unlock", lease["key"], "--force", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["removed"] == 1, done.stderr
+    worker.kill()
