@@ -132,3 +132,23 @@ def test_per_call_options_ride_every_publish_path(workers: Workers, observer: Ob
             result.get(timeout=30)
     assert holder.get(timeout=30)
     assert [r.key for r in observer.runs()] == ["by-name"]
+
+
+def test_under_a_saturated_key_a_higher_priority_is_admitted_first(
+    workers: Workers, observer: Observer
+) -> None:
+    """Requests waiting for one key: a message of a higher priority (on Redis, kombu's
+    0 is the highest) that arrives after them is admitted before them (issue 15 §5)."""
+    from tests.apps.per_call import job
+
+    workers.start(APP, concurrency=4)
+    wait = {"exclusive": "prio", "conflict": "wait"}
+    holder = job.apply_async(("holder", 3.0), baton=wait)
+    wait_until(lambda: observer.started(), 20, "the holder started")
+    low = [job.apply_async((f"low-{n}",), baton=wait, priority=9) for n in range(3)]
+    time.sleep(1.0)  # the low ones are held in the consumer by now
+    high = job.apply_async(("high",), baton=wait, priority=0)
+    for result in [holder, high, *low]:
+        assert result.get(timeout=60)
+    order = [r["key"] for r in sorted(observer.started(), key=lambda s: s["start"])]
+    assert order[:2] == ["holder", "high"], order

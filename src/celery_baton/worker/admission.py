@@ -23,6 +23,7 @@ Whatever an unanswered ask may have granted is given back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -66,6 +67,7 @@ class Admission:
         releasing: Releasing,
         settings: Settings,
         horizon: float,
+        lower_priority_first: bool = False,
     ) -> None:
         self.consumer = consumer
         self.handle = handle
@@ -85,6 +87,7 @@ class Admission:
             hold_max=settings.hold_max,
             horizon=horizon,
             stats=self.stats,
+            rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         self._celery_rates = outcomes.CeleryRates()

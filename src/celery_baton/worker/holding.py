@@ -70,10 +70,13 @@ class Holding:
         hold_max: int,
         horizon: float,
         stats: dict[str, int],
+        rank: Callable[[Any], float | None] = lambda request: None,
     ) -> None:
         self.consumer = consumer
         self.ask = ask
         self.stats = stats
+        # A request's urgency (higher first; None: no priority), see _enqueue.
+        self.rank = rank
         self.hold_max = hold_max
         self.horizon = horizon
         self.lock = threading.RLock()
@@ -110,12 +113,28 @@ class Holding:
             )
         if delivery.queue_key != wait.key:
             self.remove(delivery)
-            self._queues.setdefault(wait.key, deque()).append(delivery)
+            self._enqueue(self._queues.setdefault(wait.key, deque()), delivery)
             delivery.queue_key = wait.key
         delay = wait.delay
         if self._released.at(wait.key) >= delivery.asked_at:
             delay = 0.0  # released after we asked: the notice came before the denial
         self.arm(wait.key, delay, jitter=wait.jitter)
+
+    def _enqueue(self, queue: deque[Delivery], delivery: Delivery) -> None:
+        """FIFO within a priority; a delivery of a higher message priority goes before
+        those of a lower one (not before a head that is asking right now), so under a
+        saturated limit the urgent work is admitted first, whatever the broker's own
+        support for priorities."""
+        rank = self.rank(delivery.request)
+        if rank is None or not queue:
+            queue.append(delivery)
+            return
+        for index in range(1 if queue[0].asking else 0, len(queue)):
+            other = self.rank(queue[index].request)
+            if other is None or rank > other:
+                queue.insert(index, delivery)
+                return
+        queue.append(delivery)
 
     def hold_reserved(self, delivery: Delivery) -> None:
         """Count a delivery whose rate slot is reserved for later, in no queue."""

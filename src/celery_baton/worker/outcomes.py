@@ -87,3 +87,18 @@ class CeleryRates:
             per_second = None
         self._cache[value] = per_second
         return per_second
+
+
+def urgency(request: Any, *, lower_first: bool) -> float | None:
+    """How urgent a request is by its message's own ``priority`` (higher: sooner), read
+    the way its broker reads it: AMQP brokers run higher priorities first, kombu's Redis
+    transport lower ones (``lower_first``). None when the message has no priority."""
+    info = getattr(request, "delivery_info", None) or {}
+    priority = info.get("priority")
+    if priority is None:
+        return None
+    try:
+        value = float(priority)
+    except (TypeError, ValueError):
+        return None
+    return -value if lower_first else value

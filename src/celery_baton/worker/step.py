@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_baton.worker")
 
 VISIBILITY_TRANSPORTS = ("redis", "rediss", "sqs", "sentinel")
+REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
+
+
+def _lower_priority_first(app: Any) -> bool:
+    """kombu's Redis transport runs priority 0 first; AMQP brokers the highest."""
+    transport = app.connection_for_read().transport_cls
+    return isinstance(transport, str) and transport.split("+")[0] in REDIS_TRANSPORTS
 
 
 def _baton(parent: Any) -> Baton | None:
@@ -105,6 +112,7 @@ class BatonWorker:
             releasing=self.releasing,
             settings=baton.settings,
             horizon=baton.hold_horizon,
+            lower_priority_first=_lower_priority_first(parent.app),
         )
         parent.on_task_request = self.admission
         self.listener = NoticeListener(
