@@ -310,6 +310,8 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
             rate = None
             if policy.rate:
                 rate = f"{policy.rate.per_second:g}/s burst {policy.rate.burst}"
+                for more in policy.more_rates:  # decided in the same call
+                    rate += f" + {more.per_second:g}/s"
             elif policy.rate_from_celery and task.rate_limit:
                 rate = f"{task.rate_limit} (Celery rate_limit, global)"
             holders = [r.as_dict() for r in rows if r.task == name and r.kind == "concurrency"]

@@ -51,7 +51,7 @@ class TaskOptions(TypedDict, total=False):
     unique_conflict: Literal["return", "raise"]
     unique_until: Literal["finished", "started"]
     unique_ttl: float
-    global_rate_limit: str | float
+    global_rate_limit: str | float | list[str | float]
     global_rate_limit_key: KeySpecValue
     global_rate_limit_burst: int
     global_concurrency: int
@@ -123,6 +123,8 @@ class TaskPolicy:
     unique_until: str = "finished"
     unique_ttl: float = 3600.0
     rate: RatePolicy | None = None
+    # More limits decided in the same call: global_rate_limit=["10/s", "500/h"].
+    more_rates: tuple[RatePolicy, ...] = ()
     rate_from_celery: bool = False
     concurrency: ConcurrencyPolicy | None = None
     redelivery_guard: bool = False
@@ -227,6 +229,17 @@ class TaskPolicy:
                     names.rate(self.name, digest(material)), rate.interval_us, rate.burst
                 )
             )
+            for more in self.more_rates:
+                # Every limit in the same atomic call: all pass or none is spent. Each
+                # has a key of its own (its interval in the name), in the task's family.
+                plan.reserve = min(plan.reserve, 1.0 / more.per_second)
+                plan.conditions.append(
+                    Condition.rate(
+                        names.rate(self.name, f"{digest(material)}:{more.interval_us}"),
+                        more.interval_us,
+                        more.burst,
+                    )
+                )
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
             if self.unique_until == "started":
@@ -357,14 +370,25 @@ def compile_policy(
             raise ConfigError(f"{option} needs {needed}", subject=name)
 
     rate = None
+    more_rates: tuple[RatePolicy, ...] = ()
     if options("global_rate_limit") is not None:
         subject = f"{name}.global_rate_limit"
-        burst = options("global_rate_limit_burst")
-        rate = RatePolicy(
-            parse_rate(options("global_rate_limit"), subject=subject),
-            parse_burst(1 if burst is None else burst, subject=f"{subject}_burst"),
-            spec("global_rate_limit_key"),
+        burst = parse_burst(
+            1 if options("global_rate_limit_burst") is None else options("global_rate_limit_burst"),
+            subject=f"{subject}_burst",
         )
+        key = spec("global_rate_limit_key")
+        limits = options("global_rate_limit")
+        if isinstance(limits, list | tuple):
+            if not limits:
+                raise ConfigError("an empty list of rates", subject=subject)
+            rates = [parse_rate(x, subject=f"{subject}[{i}]") for i, x in enumerate(limits)]
+            if len(set(rates)) != len(rates):
+                raise ConfigError(f"the same rate twice in {limits!r}", subject=subject)
+        else:
+            rates = [parse_rate(limits, subject=subject)]
+        rate = RatePolicy(rates[0], burst, key)
+        more_rates = tuple(RatePolicy(r, burst, key) for r in rates[1:])
 
     concurrency = None
     limit = options("global_concurrency")
@@ -393,6 +417,7 @@ def compile_policy(
         unique_until=choice("unique_until", UNIQUE_UNTIL),
         unique_ttl=seconds("unique_ttl", settings.unique_ttl),
         rate=rate,
+        more_rates=more_rates,
         # Every task, not only those declared with a rate_limit: `celery control
         # rate_limit` can give any task one at runtime, and Celery's own bucket is off.
         rate_from_celery=settings.global_rate_limits and rate is None,

@@ -87,6 +87,12 @@ def bursty(self: Task, n: int) -> None:
     observer().run("bursty", fence(), task_id=self.request.id)
 
 
+@app.task(bind=True, global_rate_limit=["20/s", "30/m"], exclusive="n")
+def two_limits(self: Task, n: int) -> None:
+    """Two limits in one call: 20/s and 30/m (one start per 2 s binds)."""
+    observer().run("two_limits", fence(), task_id=self.request.id)
+
+
 @app.task(bind=True, global_concurrency=2)
 def capped(self: Task, sleep: float) -> None:
     """At most 2 running anywhere."""

@@ -192,3 +192,22 @@ def test_plain_decorator_forms(app: Celery) -> None:
 
     assert plain.name.endswith("plain") and whole.name == "policy.whole"
     assert whole.exclusive is True
+
+
+def test_several_rates_are_conditions_of_one_call() -> None:
+    from celery_baton.config import Settings
+    from celery_baton.keys import KeyNames
+    from celery_baton.policy import compile_policy
+
+    def fetch(host: str) -> None: ...
+
+    options = {"global_rate_limit": ["10/s", "500/h"], "global_rate_limit_key": "host"}
+    policy = compile_policy("t.fetch", options.get, fetch, Settings())
+    assert policy is not None and len(policy.more_rates) == 1
+    plan = policy.plan(KeyNames(), task_id="i", owner="i|w|1", args=("h",), kwargs={})
+    rates = [c for c in plan.conditions if c.kind == "R"]
+    assert len(rates) == 2 and len({c.key for c in rates}) == 2
+    assert len({c.key.split(":")[1] for c in rates}) == 1  # one family: one Cluster slot
+    for bad in ([], ["10/s", "10/s"], ["10/s", "ten"]):
+        with pytest.raises(ConfigError):
+            compile_policy("t.fetch", {"global_rate_limit": bad}.get, fetch, Settings())

@@ -338,3 +338,17 @@ def test_throttled_backlog_does_not_block_other_tasks(workers: Workers, observer
     assert worker.is_running
     # The backlog was held by the consumer, not run or dropped.
     assert "held for" in worker.log_text()
+
+
+def test_two_limits_on_one_task_are_decided_together(workers: Workers, observer: Observer) -> None:
+    """``global_rate_limit=["20/s", "30/m"]`` (issue 15 §3): both limits in the same atomic
+    call, so the slower one binds across workers: starts 2 s apart, not 50 ms."""
+    from tests.apps import limits
+
+    start_workers(workers, 2)
+    publish(limits.two_limits, 3, numbered=True)
+    runs = observer.wait_for(3, timeout=60)
+    admitted = sorted(admissions(runs))
+    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(admitted)]
+    assert all(gap >= 1.9 for gap in gaps), gaps  # 30/m: one per 2 s (GCRA, burst 1)
+    assert all(gap < 20 for gap in gaps), gaps  # and not stuck
