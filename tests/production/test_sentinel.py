@@ -11,9 +11,8 @@ each case runs 3 times (``-s`` shows the figures for docs/operations.md).
 
 from __future__ import annotations
 
-import os
-
 import itertools
+import os
 import time
 
 import pytest
@@ -73,13 +72,13 @@ def test_calls_reach_the_new_master_soon_after_a_planned_failover(
         store.client.close()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 # One run of each in the suite; BATON_TEST_FAILOVER_RUNS=3 for the figures in the docs
 # (median and worst over several runs).
 RUNS = int(os.environ.get("BATON_TEST_FAILOVER_RUNS", "1"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("run", range(1, RUNS + 1))
 @pytest.mark.parametrize("how", ["failover", "sigkill"])
 def test_master_change_workers_and_beats_follow(
