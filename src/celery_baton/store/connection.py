@@ -129,9 +129,9 @@ def connect(
         return Store(url, _redis_from_url(url, socket_timeout, client_name), embedded=True)
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
-        client = _redis_from_url(url, socket_timeout, client_name)
-        _check_database(client, url)
-        return Store(url, client)
+        plain_client = _redis_from_url(url, socket_timeout, client_name)
+        _check_database(plain_client, url)
+        return Store(url, plain_client)
     if scheme in ("sentinel", "sentinels"):
         master = _sentinel_client(url, socket_timeout, client_name)
         _check_database(master, url)
