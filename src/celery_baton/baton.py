@@ -25,6 +25,7 @@ from celery_baton.policy import (
     declares_options,
 )
 from celery_baton.publish import guard_send_task
+from celery_baton.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.store.connection import Store
 from celery_baton.unique import UniqueClaims
 from celery_baton.wiring import parts_for
@@ -189,7 +190,9 @@ class Baton:
             def validate(fun: Callable[..., Any]) -> None:
                 name = _name_of(fun, options)
                 check_option_names(name, options, CELERY_NAMES)
-                compile_policy(name, options.get, fun, Settings(), bound=bool(options.get("bind")))
+                # Named limits are checked now when the app's conf already has them.
+                known = Settings(limits=self.app.conf.get("baton_limits"))
+                compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
 
             if len(args) == 1 and callable(args[0]):
                 validate(args[0])
@@ -203,6 +206,20 @@ class Baton:
             return decorator
 
         return task
+
+    def limit(self, name: str, *, cost: float = 1, timeout: float | None = None) -> NamedLimit:
+        """A named limit of ``baton_limits``, for code outside a task's admission::
+
+            with baton.limit("openai", cost=tokens, timeout=30): ...
+            baton.limit("openai").try_acquire(cost=tokens)
+            baton.limit("openai").penalize(retry_after)
+
+        ConfigError for a name ``baton_limits`` does not have (with a suggestion).
+        """
+        table = parse_limits(self.settings.limits)
+        (limit,) = resolve(table, [name], subject=f"baton.limit({name!r})")
+        limit.check_cost(cost, subject=f"baton.limit({name!r})")
+        return NamedLimit(self.gate, self.names, limit, cost=cost, timeout=timeout)
 
     @property
     def unique(self) -> UniqueClaims:
