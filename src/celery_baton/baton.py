@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 import weakref
@@ -58,6 +59,16 @@ def _checked_later(decorate: Callable[..., Any], options: dict[str, Any]) -> Cal
         return decorate(fun)
 
     return decorator
+
+
+def _task_option(task: Any, option: str) -> Any:
+    """A task option as declared. A function given as an option (``cost=lambda ...``,
+    a callable key spec) is a class attribute of the task, so reading it from the task
+    binds it: the task would come first, before the call's own arguments."""
+    value = getattr(task, option, None)
+    if inspect.ismethod(value) and value.__self__ is task:
+        return value.__func__
+    return value
 
 
 def baton_for(app: Any) -> Baton | None:
@@ -162,7 +173,7 @@ class Baton:
         with self._lock:
             if name not in self._policies:
                 self._policies[name] = compile_policy(
-                    name, lambda option: getattr(task, option, None), task.run, self.settings
+                    name, functools.partial(_task_option, task), task.run, self.settings
                 )
             return self._policies[name]
 

@@ -60,9 +60,8 @@ def test_acquire_blocks_then_times_out(gate: Gate) -> None:
     two = NamedLimit(gate, NAMES, SharedLimit("two", 2, 2), cost=2, timeout=0.2)
     with two as decision:
         assert decision.granted
-    with pytest.raises(LimitTimeout, match="no room for cost 2 within 0.2s") as caught:
-        with two:
-            pass
+    with pytest.raises(LimitTimeout, match=r"no room for cost 2 within 0\.2s") as caught, two:
+        pass
     assert caught.value.limit == "two" and caught.value.retry_after > 0.2
     began = time.monotonic()
     assert two.acquire(1, timeout=5).granted  # half a second for one unit at 2/s
