@@ -24,6 +24,7 @@ LIMITS = {
     "tokens": {"rate": "200/s", "burst": 200},  # weighed by each call's tokens
     "pen": "1000/s",  # for penalize
     "gb": {"rate": "1/m", "burst": 3},  # 3 runs, then one a minute: give-back on Cluster
+    "slow": {"rate": "5/s", "burst": 2},  # Cluster: tasks' own keys on another slot
 }
 
 app = Celery("shared_limits", broker=os.environ["TEST_BROKER_URL"])
@@ -81,3 +82,13 @@ def keyed_by_callable(self: Task, doc: str, sleep: float) -> None:
     """A callable key spec, read from the task as Celery stores it (a class attribute)."""
     with observer().track(doc, task_id=self.request.id):
         time.sleep(sleep)
+
+
+@app.task(bind=True, limits=["slow"], exclusive="n")
+def slow_a(self: Task, n: int) -> None:
+    observer().run("slow_a:1", task_id=self.request.id)
+
+
+@app.task(bind=True, limits=["slow"], exclusive="n")
+def slow_b(self: Task, n: int) -> None:
+    observer().run("slow_b:1", task_id=self.request.id)
