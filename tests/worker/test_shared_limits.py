@@ -154,3 +154,9 @@ def test_a_callable_option_gets_the_call_arguments_not_the_task(
     for _ in range(2):
         shared_limits.keyed_by_callable.delay("d1", 0.5)
     assert_no_overlap(observer.runs_of("d1", 2, timeout=20))
+
+
+def test_an_unknown_limit_stops_the_worker_at_start(workers: Workers) -> None:
+    worker = workers.start("tests.apps.shared_limits_typo", wait=False, concurrency=1)
+    wait_until(lambda: not worker.is_running, timeout=30, what="the worker to refuse")
+    assert "unknown limit 'opneai' (did you mean `openai`?)" in worker.log_text()
