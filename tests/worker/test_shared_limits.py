@@ -160,3 +160,17 @@ def test_an_unknown_limit_stops_the_worker_at_start(workers: Workers) -> None:
     worker = workers.start("tests.apps.shared_limits_typo", wait=False, concurrency=1)
     wait_until(lambda: not worker.is_running, timeout=30, what="the worker to refuse")
     assert "unknown limit 'opneai' (did you mean `openai`?)" in worker.log_text()
+
+
+def test_limits_command_shows_named_limits_and_their_penalty(workers: Workers) -> None:
+    from tests.apps import shared_limits
+    from tests.cli.test_commands import as_json, baton
+
+    shared_limits.baton.limit("pen").penalize(30)
+    named = {n["limit"]: n for n in as_json(workers, "limits", app=APP)["named_limits"]}
+    assert named["api"] == {
+        "limit": "api", "rate": "10/s", "burst": 10, "penalty_left": 0.0, "tasks": 2,
+    }  # fmt: skip
+    assert 20 < named["pen"]["penalty_left"] <= 30
+    text = baton(workers, "limits", app=APP).stdout
+    assert "[api]" in text and "named limit" in text
