@@ -65,10 +65,12 @@ def test_weighted_checker_on_hand_made_starts() -> None:
 
 def test_two_tasks_share_one_budget(workers: Workers, observer: Observer) -> None:
     """api_a and api_b both use "api" (10/s, a bucket of 10) on two workers: together,
-    never more than the one budget; each alone would have passed twice as fast."""
+    never more than the one budget; each alone would have passed twice as fast. One
+    worker asks on its event loop (prefork: pipelined), the other at once (solo)."""
     from tests.apps import shared_limits
 
-    start(workers)
+    start(workers, 1)
+    start(workers, 1, pool="prefork", concurrency=2)
     for _ in range(15):
         publish(shared_limits.api_a)
         publish(shared_limits.api_b)
