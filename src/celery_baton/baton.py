@@ -202,7 +202,8 @@ class Baton:
                 name = _name_of(fun, options)
                 check_option_names(name, options, CELERY_NAMES)
                 # Named limits are checked now when the app's conf already has them.
-                known = Settings(limits=self.app.conf.get("baton_limits"))
+                conf = self.app.conf
+                known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
                 compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
 
             if len(args) == 1 and callable(args[0]):

@@ -103,6 +103,11 @@ def test_a_task_with_its_own_keys_and_named_limits_spans_two_slots() -> None:
         "baton:{t.ask",
     ]
     assert [c.kind for c in groups[-1]] == ["L"]
+    rated = compile_(limits=["db"], global_rate_limit="5/s")
+    plan = rated.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
+    shared, own = slot_groups(plan.conditions)
+    assert [c.kind for c in shared] == ["P", "W"]
+    assert [c.kind for c in own] == ["O", "R"]  # an override stays with its condition
     only_shared = compile_(limits=["openai"])
     plan = only_shared.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     assert not spans_slots(plan.conditions)
