@@ -214,7 +214,7 @@ class Gate:
         run passes without every slot's grant: never over-admitted."""
         groups = slot_groups(conditions)
         taken: list[tuple[list[Condition], Decision]] = []
-        start_after = 0.0
+        start_at = 0  # the latest instant a step reserved (us, server clock)
         decision = Decision(True)
         for group in groups:
             try:
@@ -227,8 +227,12 @@ class Gate:
                 self._give_back(taken)
                 return decision
             taken.append((group, decision))
-            start_after = max(start_after, decision.start_after)
-        return dataclasses.replace(decision, start_after=start_after)
+            start_at = max(start_at, decision.at_us)
+        # The run starts when every step's slot has come: seconds from the last step's now.
+        now_us = decision.at_us - round(decision.start_after * 1_000_000)
+        return dataclasses.replace(
+            decision, start_after=max(0, start_at - now_us) / 1_000_000, at_us=start_at
+        )
 
     def _decide_one(
         self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
