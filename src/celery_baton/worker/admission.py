@@ -33,7 +33,7 @@ from celery_baton import metrics, signals
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
@@ -113,7 +113,7 @@ class Admission:
                 return self.handle(request)  # no rate_limit now: nothing to ask
         try:
             plan = self._plan(policy, request, celery_rate)
-        except KeySpecError as exc:
+        except (KeySpecError, CostError) as exc:
             return self._refuse(request, exc)
         if not plan.conditions:  # only a unique key to free when it finishes
             attach(request, self.releasing, policy, plan)
@@ -164,7 +164,7 @@ class Admission:
                 # `celery control rate_limit` changed it while this request was held: ask
                 # with the rate that holds now (lifted: it may not need the gate at all).
                 delivery.celery_rate = rate
-                with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+                with contextlib.suppress(KeySpecError, CostError):  # built once already
                     delivery.plan = self._plan(delivery.policy, request, rate)
                 if not delivery.plan.conditions:
                     self._start(delivery, Start())
