@@ -38,6 +38,8 @@ SCRIPT_NAMES = (
     "renew",
     "unique_claim",
     "unique_release",
+    "unique_replace",
+    "supersede_stamp",
     "unlock",
     "beat_lead",
     "beat_resign",

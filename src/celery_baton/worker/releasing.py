@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 from celery_baton.gate import Release
@@ -30,6 +32,11 @@ from celery_baton.policy import RunPlan, TaskPolicy
 logger = logging.getLogger("celery_baton.worker")
 
 PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
+GONE_POLL = 0.01  # seconds between looks at a terminated run's process
+#: Seconds a terminated run's leases are kept at most while its process still lives (a
+#: process stuck in the kernel; or a pid taken again): then released, logged. The fence
+#: of the next holder still guards against the late run.
+GONE_WAIT_MAX = 10.0
 
 
 class Releasing:
@@ -69,6 +76,36 @@ class Releasing:
                 request.id,
             )
         )
+
+    def finish_when_gone(
+        self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
+    ) -> None:
+        """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
+        announces the revoke right after sending the signal, while the process may still
+        run; until it is gone the run keeps its leases (and the lease book renews them)."""
+        deadline = time.monotonic() + GONE_WAIT_MAX
+
+        def check() -> None:
+            try:
+                if process_gone(pid):
+                    self.finish(request, policy, plan, final=final)
+                elif time.monotonic() > deadline:
+                    logger.warning(
+                        "baton: %s[%s] was terminated but its process %d still runs after "
+                        "%.0fs; releasing its keys",
+                        request.name,
+                        request.id,
+                        pid,
+                        GONE_WAIT_MAX,
+                    )
+                    self.finish(request, policy, plan, final=final)
+                else:
+                    self.timer.call_after(GONE_POLL, check, priority=5)
+            except Exception:  # kombu's timer swallows exceptions: never keep a key
+                logger.exception("baton: releasing terminated %s failed", request.id)
+                self.finish(request, policy, plan, final=final)
+
+        check()
 
     def give_back(self, plan: RunPlan) -> None:
         """Free what the gate granted ``plan``'s owner, who will not run with it."""
@@ -156,3 +193,22 @@ class Releasing:
         gate = self.channel.gate
         for release in unsent:
             self.book.retry_later(functools.partial(gate.release_many, [release]))
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs code (exited; a zombie counts as gone)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
+        except FileNotFoundError:
+            return True
+        except (OSError, IndexError):
+            pass
+    try:  # no /proc (not Linux): ask the kernel (a zombie counts as running until reaped)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
