@@ -1,0 +1,122 @@
+"""Supersede modes on real workers (issue 15 §4), judged by the outside observer.
+
+* ``exclusive_conflict="replace"``: a newer publish terminates the running run and runs;
+  the newest always wins; a replaced run has really stopped (its last heartbeat, on the
+  observer's clock) before the next run of its key starts.
+* ``"keep_last"``: a stream of publishes while one runs gives exactly one more run, with
+  the newest arguments.
+* ``unique_conflict="replace"``: the queued message with the old arguments never runs,
+  its AsyncResult is REVOKED with ``TaskSuperseded`` naming the replacing task.
+* crashes: the holder's worker SIGKILLed mid-replace, the replacing worker SIGKILLed
+  with the newest publish held, a publisher SIGKILLed between its send and its replace.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from celery_baton import TaskSuperseded
+from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.workers import Workers
+
+APP = "tests.apps.supersede"
+
+
+def starts(observer: Observer, key: str) -> list[dict[str, Any]]:
+    """Start entries of ``key`` with ``n`` (the argument) and ``id`` split out, in order."""
+    entries = sorted((s for s in observer.started() if s["key"] == key), key=lambda s: s["start"])
+    for entry in entries:
+        entry["id"], n = entry["task_id"].rsplit(":", 1)
+        entry["n"] = int(n)
+    return entries
+
+
+def assert_superseded(result: AsyncResult, newer: set[str]) -> None:
+    """``result`` resolved at once to REVOKED, naming one of the ``newer`` task ids."""
+    with pytest.raises(TaskSuperseded) as superseded:
+        result.get(timeout=10)
+    assert result.state == "REVOKED"
+    assert superseded.value.replaced_by in newer
+
+
+def test_replace_terminates_the_running_run_and_the_newest_wins(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    from tests.apps.supersede import ex_replace, heartbeats
+
+    worker = workers.start(APP, concurrency=2)
+    first = ex_replace.delay("k", 0, 60)
+    observer.starts_of("k")
+    later = [ex_replace.delay("k", n, 60 if n < 4 else 0.3) for n in range(1, 5)]
+
+    (run,) = observer.runs_of("k", timeout=20)  # only the newest finishes
+    assert run.task_id == f"{later[-1].id}:4"
+    assert later[-1].get(timeout=10) == 4
+    begun = starts(observer, "k")
+    assert [s["n"] for s in begun] == sorted(s["n"] for s in begun)  # newer after older
+    assert begun[0]["n"] == 0 and begun[-1]["n"] == 4
+    assert [s["fence"] for s in begun] == sorted({s["fence"] for s in begun})
+    # Every replaced run was really stopped before the next one started.
+    with broker_server.client(2) as client:
+        last_beat = heartbeats(client, "k")
+    for old, new in zip(begun, begun[1:], strict=False):
+        stopped = last_beat.get(old["id"], old["start"])  # (killed before its first beat)
+        assert stopped < new["start"], f"{old['n']} overlaps {new['n']}"
+        assert old["pid"] not in worker.pool_pids()  # its pool process was killed
+    with pytest.raises(Exception, match="terminated|superseded"):
+        first.get(timeout=10)
+    assert first.state == "REVOKED"
+    for result in later[:-1]:
+        result.get(timeout=10, propagate=False)
+        assert result.state == "REVOKED"
+
+
+def test_keep_last_runs_once_more_with_the_newest_arguments(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.supersede import ex_keep
+
+    for _ in range(2):
+        workers.start(APP, concurrency=2, wait=False)
+    for worker in workers.started:
+        worker.wait_ready()  # type: ignore[attr-defined]
+    first = ex_keep.delay("k", 0, 2)
+    observer.starts_of("k")
+    stream = [ex_keep.delay("k", n, 0) for n in range(1, 21)]
+
+    runs = observer.runs_of("k", n=2, timeout=20)
+    time.sleep(1.0)  # nothing else may run
+    runs = sorted(observer.runs(), key=lambda r: r.start)
+    assert [r.task_id for r in runs] == [f"{first.id}:0", f"{stream[-1].id}:20"]
+    assert runs[1].start >= runs[0].end
+    assert stream[-1].get(timeout=10) == 20
+    ids = [r.id for r in stream]
+    for i, result in enumerate(stream[:-1]):
+        assert_superseded(result, set(ids[i + 1 :]))
+
+
+def test_unique_replace_runs_only_the_newest_arguments(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.supersede import uq_replace
+
+    results = [uq_replace.delay("r", n) for n in range(1, 4)]  # no worker yet: all queued
+    ids = [r.id for r in results]
+    assert len(set(ids)) == 3  # each caller gets its own result
+    # The old ids resolve at once, before any worker ran: each names its replacement.
+    assert_superseded(results[0], {ids[1]})
+    assert_superseded(results[1], {ids[2]})
+
+    worker = workers.start(APP, concurrency=2)
+    assert results[2].get(timeout=20) == 3
+    time.sleep(0.5)
+    assert [r.task_id for r in observer.runs()] == [f"{ids[2]}:3"]
+    assert observer.started() == [s for s in observer.started() if s["task_id"].endswith(":3")]
+    log = worker.log_text()
+    assert f"[{ids[0]}] skipped" in log and f"[{ids[1]}] skipped" in log
+    assert_superseded(results[0], {ids[1]})  # the worker's skip kept the same state
