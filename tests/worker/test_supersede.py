@@ -64,11 +64,11 @@ def test_replace_terminates_the_running_run_and_the_newest_wins(
     # Every replaced run was really stopped before the next one started.
     with broker_server.client(2) as client:
         last_beat = heartbeats(client, "k")
-    for old, new in zip(begun, begun[1:], strict=False):
+    for old, new in itertools.pairwise(begun):
         stopped = last_beat.get(old["id"], old["start"])  # (killed before its first beat)
         assert stopped < new["start"], f"{old['n']} overlaps {new['n']}"
         assert old["pid"] not in worker.pool_pids()  # its pool process was killed
-    with pytest.raises(Exception, match="terminated|superseded"):
+    with pytest.raises(Exception, match=r"terminated|superseded"):
         first.get(timeout=10)
     assert first.state == "REVOKED"
     for result in later[:-1]:
