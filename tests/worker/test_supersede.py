@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
