@@ -14,6 +14,11 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any
 
@@ -22,8 +27,10 @@ from celery.result import AsyncResult
 
 from celery_baton import TaskSuperseded
 from tests.support.observer import Observer
+from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
-from tests.support.workers import Workers
+from tests.support.waiting import wait_until
+from tests.support.workers import WorkerProcess, Workers
 
 APP = "tests.apps.supersede"
 
@@ -121,3 +128,101 @@ def test_unique_replace_runs_only_the_newest_arguments(
     log = worker.log_text()
     assert f"[{ids[0]}] skipped" in log and f"[{ids[1]}] skipped" in log
     assert_superseded(results[0], {ids[1]})  # the worker's skip kept the same state
+
+
+# -- crashes mid-replace ------------------------------------------------------------------
+
+
+def two_workers(workers: Workers, **env: str) -> tuple[WorkerProcess, WorkerProcess]:
+    """A worker on queue ``qa`` and one on ``qb``: the test picks who runs what."""
+    pair = tuple(workers.start(APP, queues=q, wait=False, env=env) for q in ("qa", "qb"))
+    for worker in pair:
+        worker.wait_ready()
+    return pair  # type: ignore[return-value]
+
+
+def test_the_holders_worker_killed_mid_replace_the_newest_still_runs(
+    workers: Workers, observer: Observer
+) -> None:
+    """The holder's worker is stopped before the revoke reaches it, then SIGKILLed: no
+    one releases the old run's key; the newest publish runs once its lease runs out."""
+    from tests.apps.supersede import ex_replace
+
+    wa, wb = two_workers(workers)
+    ex_replace.apply_async(("k", 0, 60), queue="qa")
+    (old,) = observer.starts_of("k")
+    os.kill(wa.pid, signal.SIGSTOP)
+    new = ex_replace.apply_async(("k", 1, 0.2), queue="qb")
+    wait_until(lambda: f"[{new.id}] replaces task" in wb.log_text(), 10, "the revoke sent")
+    wa.kill()
+
+    assert new.get(timeout=20) == 1  # lease_ttl is 3 s
+    (run,) = observer.runs_of("k")
+    assert run.task_id == f"{new.id}:1" and run.fence is not None and run.fence > old["fence"]
+
+
+def test_the_replacing_worker_killed_mid_replace_the_newest_still_runs(
+    workers: Workers, observer: Observer
+) -> None:
+    """The worker holding the newest publish (waiting for the old run to stop) is
+    SIGKILLed: its message comes back (visibility timeout) and still replaces the old."""
+    from tests.apps.supersede import ex_replace
+
+    wa, wb = two_workers(workers, BATON_TEST_VISIBILITY="2")
+    first = ex_replace.apply_async(("k", 0, 60), queue="qa")
+    observer.starts_of("k")
+    os.kill(wa.pid, signal.SIGSTOP)  # the revoke waits in its socket
+    new = ex_replace.apply_async(("k", 1, 0.2), queue="qb")
+    wait_until(lambda: f"[{new.id}] replaces task" in wb.log_text(), 10, "the revoke sent")
+    wb.kill()
+    os.kill(wa.pid, signal.SIGCONT)
+    time.sleep(2.5)  # the message's visibility timeout
+    workers.start(APP, queues="qb", env={"BATON_TEST_VISIBILITY": "2"})  # restores it
+
+    assert new.get(timeout=20) == 1
+    assert [r.task_id for r in observer.runs()] == [f"{new.id}:1"]
+    first.get(timeout=10, propagate=False)
+    assert first.state == "REVOKED"
+
+
+PUBLISHER = """
+import os, signal, sys
+from celery_baton.supersede import Supersede
+from tests.apps.supersede import uq_replace
+
+when, n, task_id = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+replace = Supersede.replace
+
+def dying(self, *args, **kwargs):
+    if when == "after":
+        replace(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Supersede.replace = dying
+uq_replace.apply_async(("r", n), task_id=task_id)
+"""
+
+
+def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer: Observer) -> None:
+    """Killed after sending and before replacing: both run. Killed after replacing and
+    before recording the old id's state: the worker records it."""
+    from tests.apps.supersede import uq_replace
+
+    first = uq_replace.delay("r", 1)  # queued: no worker yet
+    env = {**workers.env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ['PYTHONPATH']}"}
+    ids = {}
+    for when, n in (("before", 2), ("after", 3)):
+        ids[n] = f"publisher-{when}-{n}"
+        code = textwrap.dedent(PUBLISHER)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, when, str(n), ids[n]], env=env, cwd=REPO_ROOT, timeout=30
+        )
+        assert proc.returncode == -signal.SIGKILL
+    assert first.state == "PENDING"  # the "after" publisher died before telling anyone
+
+    workers.start(APP, concurrency=2)
+    assert AsyncResult(ids[2]).get(timeout=20) == 2  # sent, never replaced anything: runs
+    assert AsyncResult(ids[3]).get(timeout=20) == 3  # the newest publish
+    assert_superseded(first, {ids[3]})  # recorded by the worker that skipped it
+    time.sleep(0.5)
+    assert sorted(r.task_id for r in observer.runs()) == sorted([f"{ids[2]}:2", f"{ids[3]}:3"])
