@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import time
 
 import redis
@@ -100,3 +101,13 @@ def uq_replace(self: Task, key: str, n: int, sleep: float = 0.0) -> int:
 def ex_plain(self: Task, key: str, n: int, sleep: float = 0.0) -> int:
     """Declared ``skip``: a call may make it superseding with ``baton={...}``."""
     return _observed_run(self, key, n, sleep)
+
+
+@app.task(bind=True, exclusive="key", exclusive_conflict="wait")
+def ex_stubborn(self: Task, key: str, n: int, sleep: float = 0.0) -> int:
+    """Traps SIGTERM: ``revoke(terminate=True)`` (SIGTERM) does not stop the run."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        return _observed_run(self, key, n, sleep)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

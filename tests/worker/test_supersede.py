@@ -35,6 +35,12 @@ from tests.support.workers import WorkerProcess, Workers
 APP = "tests.apps.supersede"
 
 
+def server_time_us(server: StoreServer) -> int:
+    with server.client() as client:
+        seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
 def starts(observer: Observer, key: str) -> list[dict[str, Any]]:
     """Start entries of ``key`` with ``n`` (the argument) and ``id`` split out, in order."""
     entries = sorted((s for s in observer.started() if s["key"] == key), key=lambda s: s["start"])
@@ -60,7 +66,9 @@ def test_replace_terminates_the_running_run_and_the_newest_wins(
     worker = workers.start(APP, concurrency=2)
     first = ex_replace.delay("k", 0, 60)
     observer.starts_of("k")
-    later = [ex_replace.delay("k", n, 60 if n < 4 else 0.3) for n in range(1, 5)]
+    later = [ex_replace.delay("k", n, 60 if n < 4 else 0.3) for n in range(1, 4)]
+    published = server_time_us(broker_server)
+    later.append(ex_replace.delay("k", 4, 0.3))
 
     (run,) = observer.runs_of("k", timeout=20)  # only the newest finishes
     assert run.task_id == f"{later[-1].id}:4"
@@ -68,6 +76,9 @@ def test_replace_terminates_the_running_run_and_the_newest_wins(
     begun = starts(observer, "k")
     assert [s["n"] for s in begun] == sorted(s["n"] for s in begun)  # newer after older
     assert begun[0]["n"] == 0 and begun[-1]["n"] == 4
+    took = (begun[-1]["start"] - published) / 1e6
+    print(f"newest publish -> its start: {took:.3f} s (replacing {len(begun) - 1} runs)")
+    assert took < 10  # the old run is stopped at once, not when it ends (60 s)
     assert [s["fence"] for s in begun] == sorted({s["fence"] for s in begun})
     # Every replaced run was really stopped before the next one started.
     with broker_server.client(2) as client:
@@ -128,6 +139,30 @@ def test_unique_replace_runs_only_the_newest_arguments(
     log = worker.log_text()
     assert f"[{ids[0]}] skipped" in log and f"[{ids[1]}] skipped" in log
     assert_superseded(results[0], {ids[1]})  # the worker's skip kept the same state
+
+
+def test_a_terminated_run_keeps_its_key_until_it_really_stopped(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """Celery announces a terminated run as soon as it sent the signal; a run that traps
+    SIGTERM goes on. Its key must stay held until the run really ended."""
+    from tests.apps.supersede import app, ex_stubborn, heartbeats
+
+    workers.start(APP, concurrency=2)
+    first = ex_stubborn.delay("s", 0, 1.5)
+    observer.starts_of("s")
+    second = ex_stubborn.delay("s", 1, 0)
+    time.sleep(0.3)  # the second waits for the key in the consumer
+    app.control.revoke(first.id, terminate=True)  # SIGTERM: trapped, the run goes on
+
+    assert second.get(timeout=20) == 1
+    (_, begun_second) = starts(observer, "s")
+    with broker_server.client(2) as client:
+        last_beat = heartbeats(client, "s")[first.id]
+    assert last_beat < begun_second["start"], "the second run started while the first ran"
+    waited = (begun_second["start"] - last_beat) / 1e6
+    print(f"terminated run's last heartbeat -> next start: {waited:.3f} s")
+    assert waited < 5  # released when the job ended, not at the 10 s bound
 
 
 # -- crashes mid-replace ------------------------------------------------------------------
@@ -226,3 +261,21 @@ def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer
     assert_superseded(first, {ids[3]})  # recorded by the worker that skipped it
     time.sleep(0.5)
     assert sorted(r.task_id for r in observer.runs()) == sorted([f"{ids[2]}:2", f"{ids[3]}:3"])
+
+
+def test_replace_is_a_per_call_option_and_a_typo_is_refused_at_publish(
+    workers: Workers, observer: Observer
+) -> None:
+    from celery_baton import ConfigError
+    from tests.apps.supersede import ex_plain
+
+    with pytest.raises(ConfigError, match="did you mean `replace`"):
+        ex_plain.apply_async(("p", 9), baton={"conflict": "replac"})
+    workers.start(APP, concurrency=2)
+    first = ex_plain.delay("p", 0, 60)  # declared "skip"
+    observer.starts_of("p")
+    new = ex_plain.apply_async(("p", 1, 0), baton={"conflict": "replace"})
+    assert new.get(timeout=20) == 1
+    first.get(timeout=10, propagate=False)
+    assert first.state == "REVOKED"
+    assert [r.task_id for r in observer.runs()] == [f"{new.id}:1"]  # nothing else ran

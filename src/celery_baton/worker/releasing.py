@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery_baton.gate import Release
@@ -79,16 +80,26 @@ class Releasing:
 
     def finish_when_gone(
         self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
-    ) -> None:
+    ) -> Callable[[], None]:
         """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
         announces the revoke right after sending the signal, while the process may still
-        run; until it is gone the run keeps its leases (and the lease book renews them)."""
+        run; until it is gone the run keeps its leases (and the lease book renews them).
+        Returns the call that finishes it at once (the job's end was reported after all:
+        the run survived the signal and returned)."""
         deadline = time.monotonic() + GONE_WAIT_MAX
+        pending = [True]
+
+        def end_now() -> None:
+            if pending:
+                pending.clear()
+                self.finish(request, policy, plan, final=final)
 
         def check() -> None:
+            if not pending:
+                return
             try:
                 if process_gone(pid):
-                    self.finish(request, policy, plan, final=final)
+                    end_now()
                 elif time.monotonic() > deadline:
                     logger.warning(
                         "baton: %s[%s] was terminated but its process %d still runs after "
@@ -98,14 +109,15 @@ class Releasing:
                         pid,
                         GONE_WAIT_MAX,
                     )
-                    self.finish(request, policy, plan, final=final)
+                    end_now()
                 else:
                     self.timer.call_after(GONE_POLL, check, priority=5)
             except Exception:  # kombu's timer swallows exceptions: never keep a key
                 logger.exception("baton: releasing terminated %s failed", request.id)
-                self.finish(request, policy, plan, final=final)
+                end_now()
 
         check()
+        return end_now
 
     def give_back(self, plan: RunPlan) -> None:
         """Free what the gate granted ``plan``'s owner, who will not run with it."""
