@@ -104,9 +104,13 @@ def test_keep_last_runs_once_more_with_the_newest_arguments(
         workers.start(APP, concurrency=2, wait=False)
     for worker in workers.started:
         worker.wait_ready()  # type: ignore[attr-defined]
-    first = ex_keep.delay("k", 0, 2)
+    first = ex_keep.delay("k", 0, 3)
     observer.starts_of("k")
     stream = [ex_keep.delay("k", n, 0) for n in range(1, 21)]
+    # The superseded ones are told at once, not when the running one ends.
+    with pytest.raises(TaskSuperseded):
+        stream[0].get(timeout=10)
+    assert not first.ready()
 
     runs = observer.runs_of("k", n=2, timeout=20)
     time.sleep(1.0)  # nothing else may run

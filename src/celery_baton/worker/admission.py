@@ -286,7 +286,12 @@ class Admission:
                     key=outcome.key,
                     retry_after=decision.retry_after,
                 )
+            newer = outcome.reason is Reason.EXCLUSIVE and not delivery.held
             self.holding.hold(delivery, outcome)
+            if newer and delivery.plan.supersede_key:
+                # A newer publish waits now: the older ones held here are superseded;
+                # ask them at once, so their callers learn it now, not at the release.
+                self.holding.arm(outcome.key, 0.0, jitter=False)
 
     # -- outcomes -------------------------------------------------------------------
 
