@@ -162,7 +162,7 @@ def _stamp_order(
         return
     task_id = options.get("task_id")
     task = current_task
-    if task_id and task is not None and task.request.id == task_id:
+    if task_id and task and task.request.id == task_id:  # (a proxy: falsy outside a task)
         # A retry (same task id): it keeps its place; a newer publish still wins.
         kept = getattr(task.request, ORDER_HEADER, None)
         if kept:

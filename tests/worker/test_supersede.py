@@ -229,14 +229,19 @@ import os, signal, sys
 from celery_baton.supersede import Supersede
 from tests.apps.supersede import uq_replace
 
+from tests.apps.supersede import ex_keep
+
 when, n, task_id = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-replace = Supersede.replace
+step = Supersede.stamp if when == "stamped" else Supersede.replace
 
 def dying(self, *args, **kwargs):
-    if when == "after":
-        replace(self, *args, **kwargs)
+    if when in ("after", "stamped"):
+        step(self, *args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)
 
+if when == "stamped":  # an exclusive keep_last publish: killed before its send
+    Supersede.stamp = dying
+    ex_keep.apply_async(("e", n), task_id=task_id)
 Supersede.replace = dying
 uq_replace.apply_async(("r", n), task_id=task_id)
 """
@@ -244,13 +249,15 @@ uq_replace.apply_async(("r", n), task_id=task_id)
 
 def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer: Observer) -> None:
     """Killed after sending and before replacing: both run. Killed after replacing and
-    before recording the old id's state: the worker records it."""
-    from tests.apps.supersede import uq_replace
+    before recording the old id's state: the worker records it. Killed after taking a
+    publish order and before sending: the queued older publish still runs."""
+    from tests.apps.supersede import ex_keep, uq_replace
 
     first = uq_replace.delay("r", 1)  # queued: no worker yet
+    first_ex = ex_keep.delay("e", 1)
     env = {**workers.env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ['PYTHONPATH']}"}
     ids = {}
-    for when, n in (("before", 2), ("after", 3)):
+    for when, n in (("before", 2), ("after", 3), ("stamped", 4)):
         ids[n] = f"publisher-{when}-{n}"
         code = textwrap.dedent(PUBLISHER)
         proc = subprocess.run(
@@ -263,8 +270,10 @@ def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer
     assert AsyncResult(ids[2]).get(timeout=20) == 2  # sent, never replaced anything: runs
     assert AsyncResult(ids[3]).get(timeout=20) == 3  # the newest publish
     assert_superseded(first, {ids[3]})  # recorded by the worker that skipped it
+    assert first_ex.get(timeout=20) == 1  # no phantom newer publish superseded it
     time.sleep(0.5)
-    assert sorted(r.task_id for r in observer.runs()) == sorted([f"{ids[2]}:2", f"{ids[3]}:3"])
+    ran = sorted(r.task_id for r in observer.runs())
+    assert ran == sorted([f"{ids[2]}:2", f"{ids[3]}:3", f"{first_ex.id}:1"])
 
 
 def test_replace_is_a_per_call_option_and_a_typo_is_refused_at_publish(
