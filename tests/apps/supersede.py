@@ -111,3 +111,13 @@ def ex_stubborn(self: Task, key: str, n: int, sleep: float = 0.0) -> int:
         return _observed_run(self, key, n, sleep)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@app.task(bind=True, exclusive="key", exclusive_conflict="keep_last")
+def ex_keep_retry(self: Task, key: str, n: int, sleep: float = 0.0) -> int:
+    """keep_last; its first attempt retries after ``sleep`` s (the retry is published
+    while a newer publish waits)."""
+    if self.request.retries == 0:
+        _observed_run(self, key, n, sleep)
+        raise self.retry(countdown=0.2)
+    return _observed_run(self, key, n, 0)

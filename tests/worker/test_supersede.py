@@ -292,3 +292,24 @@ def test_replace_is_a_per_call_option_and_a_typo_is_refused_at_publish(
     first.get(timeout=10, propagate=False)
     assert first.state == "REVOKED"
     assert [r.task_id for r in observer.runs()] == [f"{new.id}:1"]  # nothing else ran
+
+
+def test_a_retry_keeps_its_place_behind_a_newer_publish(
+    workers: Workers, observer: Observer
+) -> None:
+    """A retry is the same publish again: it must not jump ahead of a newer one (it would
+    run the older arguments last)."""
+    from tests.apps.supersede import ex_keep_retry
+
+    workers.start(APP, concurrency=2)
+    old = ex_keep_retry.delay("t", 0, 1.0)
+    observer.starts_of("t")
+    new = ex_keep_retry.delay("t", 1, 0)  # waits; first attempt: runs, then retries
+
+    with pytest.raises(TaskSuperseded):
+        old.get(timeout=20)  # its retry was superseded by the newer publish
+    assert new.get(timeout=20) == 1
+    time.sleep(1.0)
+    ran = [r.task_id for r in sorted(observer.runs(), key=lambda r: r.start)]
+    # old's first attempt, new's first attempt and its retry; never old's args after new's
+    assert ran == [f"{old.id}:0", f"{new.id}:1", f"{new.id}:1"]
