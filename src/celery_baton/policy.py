@@ -438,6 +438,21 @@ def compile_policy(
             "bounded wait",
             subject=name,
         )
+    conflict = options("exclusive_conflict")
+    if (
+        conflict in SUPERSEDING
+        and options("unique") is not None
+        and options("unique") == options("exclusive")
+        and options("unique_until") != "started"
+        and options("unique_conflict") != "replace"
+    ):
+        # The newer publish would be dropped at publish: it could never supersede.
+        raise ConfigError(
+            f'exclusive_conflict="{conflict}" with unique on the same key: a newer publish '
+            "is de-duplicated before it can supersede the older one; add "
+            'unique_conflict="replace" (or unique_until="started", or drop unique)',
+            subject=name,
+        )
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")

@@ -129,6 +129,10 @@ def test_the_gate_reply_carries_the_order_it_gave() -> None:
             "exclusive_wait_timeout does nothing",
         ),
         ({"unique_conflict": "replace"}, "unique_conflict needs unique"),
+        (
+            {"exclusive": "feed_url", "exclusive_conflict": "keep_last", "unique": "feed_url"},
+            'de-duplicated before it can supersede.*unique_conflict="replace"',
+        ),
     ],
 )
 def test_bad_supersede_options_raise_at_declaration(options: dict[str, Any], match: str) -> None:
@@ -155,3 +159,28 @@ def test_per_call_supersede_modes_override_the_task() -> None:
     call = parse("t.feed", {"conflict": "replace", "unique_conflict": "replace"})
     policy = policy_of(exclusive="feed_url", unique="feed_url").for_call(call)
     assert policy.supersedes and policy.unique_conflict == "replace"
+
+
+def test_replace_with_unique_on_the_same_key_needs_unique_replace() -> None:
+    both = {"exclusive": "feed_url", "unique": "feed_url", "exclusive_conflict": "replace"}
+    assert policy_of(**both, unique_conflict="replace").supersedes
+    assert policy_of(**both, unique_until="started").supersedes
+    assert policy_of(**{**both, "unique": ["feed_url", "n"]}).supersedes  # another key
+
+
+def test_a_typo_in_a_supersede_mode_is_refused_when_the_task_is_declared() -> None:
+    from celery import Celery
+
+    from celery_baton import Baton
+
+    app = Celery("supersede-declare", broker="memory://", set_as_current=False)
+    Baton(app, url="redis://127.0.0.1:1/0")  # declaring never connects
+    try:
+        with pytest.raises(ConfigError, match="did you mean `keep_last`"):
+
+            @app.task(exclusive="feed_url", exclusive_conflict="keep-last")
+            def feed(feed_url: str) -> None: ...
+
+        assert not any(name.endswith(".feed") for name in app.tasks)
+    finally:
+        app.close()
