@@ -48,10 +48,10 @@ class TaskOptions(TypedDict, total=False):
     """
 
     exclusive: KeySpecValue
-    exclusive_conflict: Literal["skip", "wait"]
+    exclusive_conflict: Literal["skip", "wait", "replace", "keep_last"]
     exclusive_wait_timeout: float
     unique: KeySpecValue
-    unique_conflict: Literal["return", "raise"]
+    unique_conflict: Literal["return", "raise", "replace"]
     unique_until: Literal["finished", "started"]
     unique_ttl: float
     global_rate_limit: str | float | list[str | float]
@@ -66,7 +66,11 @@ class TaskOptions(TypedDict, total=False):
     cost: float | Callable[..., float]
 
 
-CONFLICT_POLICIES = ("skip", "wait")
+CONFLICT_POLICIES = ("skip", "wait", "replace", "keep_last")
+#: Exclusive policies under which a newer publish supersedes an older one (supersede.py).
+SUPERSEDING = ("replace", "keep_last")
+#: The header that carries a superseding publish's order (supersede.py).
+ORDER_HEADER = "baton_order"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
 #: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
@@ -75,7 +79,7 @@ BEAT_SLOT_HEADER = "baton_beat_slot"
 BEAT_SLOT_RETENTION = 24 * 3600.0
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
-UNIQUE_CONFLICTS = ("return", "raise")
+UNIQUE_CONFLICTS = ("return", "raise", "replace")
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    supersede_key: str | None = None  # the publish order of a superseding exclusive key
+    superseded_key: str | None = None  # this task id's unique replace marker
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
 
     def with_owner(self, owner: str) -> RunPlan:
@@ -179,7 +185,20 @@ class TaskPolicy:
             or self.redelivery_guard
             or self.shared
             or (self.unique and self.unique_until == "started")
+            or (self.unique and self.unique_conflict == "replace")
         )
+
+    @property
+    def supersedes(self) -> bool:
+        """Whether a newer publish of an exclusive key supersedes an older one."""
+        return self.exclusive is not None and self.exclusive_conflict in SUPERSEDING
+
+    def exclusive_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The digest naming this call's exclusive key; raises KeySpecError."""
+        assert self.exclusive is not None
+        if self.call_exclusive is not None:
+            return digest(self.call_exclusive)
+        return digest(self.exclusive.material(args, kwargs))
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
@@ -197,11 +216,13 @@ class TaskPolicy:
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
         expires: bool = False,
+        order: int | None = None,
     ) -> RunPlan:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
         ``expires``: the message carries an expiry, so its unique claim may have been
         given a ttl as short as that (see ``publish``): the run must extend it.
+        ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
         if self.redelivery_guard:
@@ -218,6 +239,11 @@ class TaskPolicy:
             key = names.lease(self.name, "ex", digest(material))
             plan.exclusive_key = key
             plan.labels[key] = material
+            if self.exclusive_conflict in SUPERSEDING:
+                # Before the lease: an older publish is superseded whoever holds the key.
+                plan.supersede_key = names.supersede(self.name, digest(material))
+                plan.labels[plan.supersede_key] = material
+                plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
             self._lease(plan, key, 1, fence=True)
         if self.concurrency is not None:
             spec = self.concurrency.key
@@ -260,6 +286,11 @@ class TaskPolicy:
                 plan.conditions += limit.conditions(names, cost)
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
+            if self.unique_conflict == "replace":
+                plan.superseded_key = names.superseded(self.name, task_id)
+                plan.conditions.append(
+                    Condition.not_superseded(plan.superseded_key, self.unique_ttl)
+                )
             if self.unique_until == "started":
                 plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
             elif plan.conditions or expires:
@@ -369,8 +400,9 @@ def compile_policy(
         value = options(option)
         value = allowed[0] if value is None else value
         if value not in allowed:
+            hint = suggest(value, allowed) if isinstance(value, str) else ""
             raise ConfigError(
-                f"must be one of {allowed}, got {value!r}", subject=f"{name}.{option}"
+                f"must be one of {allowed}, got {value!r}{hint}", subject=f"{name}.{option}"
             )
         return str(value)
 
@@ -420,6 +452,28 @@ def compile_policy(
 
     shared = _shared_limits(name, options, settings)
 
+    if options("exclusive_conflict") == "replace" and options("exclusive_wait_timeout"):
+        raise ConfigError(
+            'exclusive_wait_timeout does nothing with exclusive_conflict="replace" (the new '
+            'run never gives up: the old one is stopped); use "wait" or "keep_last" for a '
+            "bounded wait",
+            subject=name,
+        )
+    conflict = options("exclusive_conflict")
+    if (
+        conflict in SUPERSEDING
+        and options("unique") is not None
+        and options("unique") == options("exclusive")
+        and options("unique_until") != "started"
+        and options("unique_conflict") != "replace"
+    ):
+        # The newer publish would be dropped at publish: it could never supersede.
+        raise ConfigError(
+            f'exclusive_conflict="{conflict}" with unique on the same key: a newer publish '
+            "is de-duplicated before it can supersede the older one; add "
+            'unique_conflict="replace" (or unique_until="started", or drop unique)',
+            subject=name,
+        )
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")

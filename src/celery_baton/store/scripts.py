@@ -38,6 +38,8 @@ SCRIPT_NAMES = (
     "renew",
     "unique_claim",
     "unique_release",
+    "unique_replace",
+    "supersede_stamp",
     "unlock",
     "limit_penalize",
     "limit_give_back",
