@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
+from celery_baton import debounce
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
+from celery_baton.debounce import FlowPolicy
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
@@ -35,6 +37,7 @@ TASK_OPTIONS = (
     "lease_ttl",
     "redelivery_guard",
     "expected_runtime",
+    *debounce.OPTIONS,
 )
 
 
@@ -59,6 +62,12 @@ class TaskOptions(TypedDict, total=False):
     lease_ttl: float
     redelivery_guard: bool
     expected_runtime: float
+    debounce: float
+    debounce_key: KeySpecValue
+    debounce_max_wait: float
+    throttle: float
+    throttle_key: KeySpecValue
+    throttle_mode: Literal["drop", "trailing"]
 
 
 CONFLICT_POLICIES = ("skip", "wait")
@@ -103,6 +112,9 @@ class RunPlan:
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
+    # Debounce or throttle: decided (flow_key) before the gate; flow_passed once it ran.
+    flow_key: str | None = None
+    flow_passed: bool = False
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -134,6 +146,7 @@ class TaskPolicy:
     # Keys given by the call itself (call_options.py): their material, used as given.
     call_exclusive: str | None = None
     call_unique: str | None = None
+    flow: FlowPolicy | None = None  # debounce or throttle (debounce.py)
 
     def for_call(self, call: CallOptions) -> TaskPolicy:
         """This policy as one call's per-call options override it (that call only)."""
@@ -155,7 +168,7 @@ class TaskPolicy:
         """Whether Celery's runtime ``rate_limit`` is all this task may be gated by: with
         none set, its deliveries skip the gate entirely."""
         return self.rate_from_celery and not (
-            self.exclusive or self.concurrency or self.redelivery_guard or self.unique
+            self.exclusive or self.concurrency or self.redelivery_guard or self.unique or self.flow
         )
 
     @property
@@ -168,6 +181,7 @@ class TaskPolicy:
             or self.concurrency
             or self.redelivery_guard
             or (self.unique and self.unique_until == "started")
+            or self.flow
         )
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -193,6 +207,8 @@ class TaskPolicy:
         given a ttl as short as that (see ``publish``): the run must extend it.
         """
         plan = RunPlan(owner, [], [])
+        if self.flow is not None:
+            plan.flow_key = self.flow.store_key(names, self.name, args, kwargs)
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
             plan.conditions.append(Condition.not_done(plan.done_key))
@@ -399,6 +415,7 @@ def compile_policy(
             )
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
+    flow = debounce.compile_flow(name, options, spec)
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
@@ -424,6 +441,7 @@ def compile_policy(
         concurrency=concurrency,
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,
+        flow=flow,
     )
     if not (policy.gates_runs or policy.unique):
         return None

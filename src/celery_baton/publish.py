@@ -19,11 +19,13 @@ from kombu.utils.uuid import uuid
 
 from celery_baton import call_options, signals
 from celery_baton.call_options import HEADER
+from celery_baton.debounce import FlowKind
 from celery_baton.errors import AlreadyQueued, StoreUnavailable, TaskDeduplicated
 from celery_baton.policy import policy_for_call
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
+    from celery_baton.policy import TaskPolicy
     from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")
@@ -99,6 +101,8 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             call_options.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, baton.settings)
             options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
+        if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
+            return _send_debounced(baton, policy, send_task, name, args, kwargs, options)
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
@@ -130,6 +134,30 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _send_debounced(
+    baton: Baton,
+    policy: TaskPolicy,
+    send_task: Callable[..., Any],
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> Any:
+    """Send, THEN record the message as its key's latest (see debounce.py): the store
+    never names a message that was not sent, so a publisher killed in between loses
+    nothing (the worker adopts the unrecorded message on arrival)."""
+    assert policy.flow is not None
+    key = policy.flow.store_key(baton.names, name, args or (), kwargs or {})
+    options["task_id"] = options.get("task_id") or uuid()
+    result = send_task(name, args, kwargs, **options)
+    try:
+        baton.debounces.record(policy.flow, key, options["task_id"])
+    except StoreUnavailable as exc:
+        # Sent already: the worker adopts it as the latest when it arrives.
+        logger.warning("%s[%s] sent but not recorded for debounce: %s", name, result.id, exc)
+    return result
 
 
 def _guard_sender(app: Any) -> bool:

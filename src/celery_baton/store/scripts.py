@@ -46,6 +46,9 @@ SCRIPT_NAMES = (
     "beat_define",
     "beat_remove",
     "beat_mark",
+    "debounce_record",
+    "debounce_decide",
+    "throttle_decide",
 )
 
 

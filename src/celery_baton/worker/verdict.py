@@ -36,6 +36,9 @@ class Reason(enum.Enum):
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
     GRACE = "grace"  # the store lost its data: holders re-assert before new grants
     STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
+    DEBOUNCE = "debounce"  # not quiet yet, or a throttle's trailing run waits its window
+    SUPERSEDED = "superseded"  # a newer publish of its debounce key runs for it
+    THROTTLED = "throttled"  # dropped: another run of its key ran within the window
 
 
 @dataclass(frozen=True)
