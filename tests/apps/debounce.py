@@ -1,0 +1,77 @@
+"""A Celery app with celery-baton installed: debounced and throttled tasks under test.
+
+Run by workers as ``celery -A tests.apps.debounce worker``. Reads ``TEST_BROKER_URL``,
+``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL`` from the environment, and
+``DEBOUNCE_VISIBILITY``: the Redis broker's ``visibility_timeout`` (default 3600 s; a
+test that kills a worker sets a few seconds, so its held messages come back soon).
+
+Every task reports its run to the observer under ``"<task>:<key>"`` with the argument it
+ran with in the run's task id field, and returns that argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from celery import Celery, Task
+
+from celery_baton import Baton
+from tests.support.observer import Observer
+
+VISIBILITY = float(os.environ.get("DEBOUNCE_VISIBILITY", "3600"))
+
+app = Celery(
+    "debounce",
+    broker=os.environ["TEST_BROKER_URL"],
+    backend=os.environ.get("TEST_RESULT_URL"),
+)
+app.conf.update(
+    baton_url=os.environ["BATON_URL"],
+    baton_socket_timeout=1.0,
+    task_acks_late=False,
+    worker_prefetch_multiplier=1,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    broker_connection_retry_on_startup=True,
+)
+baton = Baton(app)
+
+
+@functools.cache
+def observer() -> Observer:
+    """This process's Observer (created after the pool forked, so never shared)."""
+    return Observer(os.environ["TEST_OBSERVER_URL"])
+
+
+def _run(task: Task, key: str, version: int) -> int:
+    observer().run(f"{task.name.rsplit('.', 1)[-1]}:{key}", task_id=f"{task.request.id}|{version}")
+    return version
+
+
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id")
+def save(self: Task, doc_id: str, version: int) -> int:
+    """Debounced per doc_id: runs 1 s after the last publish, with its version."""
+    return _run(self, doc_id, version)
+
+
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id", debounce_max_wait=2.5)
+def capped(self: Task, doc_id: str, version: int) -> int:
+    """Debounced with a 2.5 s max wait: a steady stream still runs every ~2.5 s."""
+    return _run(self, doc_id, version)
+
+
+@app.task(bind=True, throttle=1.0, throttle_key="user")
+def ping(self: Task, user: str, version: int) -> int:
+    """Throttled per user, drop mode: the first in each 1 s window runs."""
+    return _run(self, user, version)
+
+
+@app.task(bind=True, throttle=1.0, throttle_key="user", throttle_mode="trailing")
+def sync(self: Task, user: str, version: int) -> int:
+    """Throttled per user, trailing mode: the first runs, the newest of the rest at the
+    window's end."""
+    return _run(self, user, version)

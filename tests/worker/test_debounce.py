@@ -1,0 +1,185 @@
+"""Debounce and throttle on real workers, judged by the observer (its own server and
+clock) and by the results a caller gets; nothing here trusts the library's word.
+
+Issue 15 §2. The tasks are in tests/apps/debounce.py (debounce and windows of 1 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from celery_baton.errors import TaskSkipped
+from tests.support.observer import Observer, Run
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+
+APP = "tests.apps.debounce"
+
+
+def server_time_us(server: StoreServer) -> int:
+    """The observer's clock (the broker server's TIME), in microseconds."""
+    with server.client() as client:
+        seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def version(run: Run) -> int:
+    return int(run.task_id.rsplit("|", 1)[1])
+
+
+def runs_of(observer: Observer, key: str) -> list[Run]:
+    return [r for r in observer.runs() if r.key == key]
+
+
+def settled(observer: Observer, key: str, n: int, quiet: float = 2.5) -> list[Run]:
+    """The runs of ``key`` once there are ``n`` and none came for ``quiet`` seconds more
+    (a second run would come within one debounce)."""
+    observer.runs_of(key, n, timeout=30)
+    time.sleep(quiet)
+    return runs_of(observer, key)
+
+
+def test_a_burst_from_every_publish_path_runs_once_with_the_last_arguments(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    from celery import group
+
+    from tests.apps.debounce import app, save
+
+    workers.start(APP, concurrency=2)
+    workers.start(APP, concurrency=2)
+    results: list[Any] = []
+    paths = [
+        lambda v: save.delay("doc", v),
+        lambda v: save.apply_async(("doc", v)),
+        lambda v: app.send_task(save.name, ("doc", v)),
+        lambda v: save.s("doc", v).delay(),
+        lambda v: group([save.s("doc", v)]).apply_async().results[0],
+    ]
+    for v in range(1, 11):
+        results.append(paths[v % len(paths)](v))
+        time.sleep(0.05)
+    last_publish = server_time_us(broker_server)
+    (run,) = settled(observer, "save:doc", 1)
+
+    assert version(run) == 10, "ran with the last publish's arguments"
+    assert run.task_id.startswith(results[-1].id)
+    # Quiet for the debounce (1 s) on the observer's clock, within an order of magnitude.
+    assert run.start - last_publish >= 900_000
+    assert run.start - last_publish < 10_000_000
+    # Every superseded publish resolves to the run that replaced it.
+    assert [r.get(timeout=10) for r in results] == [10] * 10
+    # Another key is debounced apart.
+    other = save.delay("other", 1)
+    assert other.get(timeout=10) == 1
+
+
+def test_a_steady_stream_is_cut_at_max_wait(workers: Workers, observer: Observer) -> None:
+    from tests.apps.debounce import capped
+
+    workers.start(APP, concurrency=2)
+    # One publish every 0.2 s for 6 s: never quiet for the 1 s debounce.
+    results = []
+    for v in range(1, 31):
+        results.append(capped.delay("doc", v))
+        time.sleep(0.2)
+    during = runs_of(observer, "capped:doc")
+    runs = settled(observer, "capped:doc", len(during) + 1)
+
+    # max_wait (2.5 s) cut it while publishes went on: twice in 6 s, then the last.
+    assert 2 <= len(during) <= 3, [version(r) for r in runs]
+    assert len(runs) == len(during) + 1
+    assert version(runs[-1]) == 30
+    versions = [version(r) for r in runs]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    assert results[-1].get(timeout=10) == 30
+    assert results[0].get(timeout=10) == versions[0]  # resolved to the run of its burst
+
+
+def test_throttle_drop_runs_the_first_in_each_window(workers: Workers, observer: Observer) -> None:
+    from tests.apps.debounce import ping
+
+    workers.start(APP, concurrency=2)
+    first = [ping.delay("u", v) for v in range(1, 6)]
+    (run,) = settled(observer, "ping:u", 1, quiet=1.5)
+    assert version(run) == 1
+    assert first[0].get(timeout=10) == 1
+    for dropped in first[1:]:
+        with pytest.raises(TaskSkipped, match="throttled"):
+            dropped.get(timeout=10)
+    # After the window, the next one runs again at once.
+    assert ping.delay("u", 6).get(timeout=10) == 6
+
+
+def test_throttle_trailing_runs_the_first_and_then_the_newest(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.debounce import sync
+
+    workers.start(APP, concurrency=2)
+    results = []
+    for v in range(1, 6):
+        results.append(sync.delay("u", v))
+        time.sleep(0.05)
+    runs = settled(observer, "sync:u", 2)
+
+    assert [version(r) for r in runs] == [1, 5]
+    assert runs[1].start - runs[0].start >= 900_000  # the window: 1 s
+    assert [r.get(timeout=10) for r in results] == [1, 5, 5, 5, 5]
+
+
+def test_a_worker_killed_while_it_holds_the_latest_loses_nothing(
+    workers: Workers, observer: Observer
+) -> None:
+    """SIGKILL the worker that holds the burst's latest (waiting for quiet): the message
+    was not acked, the broker hands it out again, and the next worker runs it once."""
+    from tests.apps.debounce import save
+
+    short = {"DEBOUNCE_VISIBILITY": "3"}
+    victim = workers.start(APP, concurrency=1, env=short)
+    results = [save.delay("k", v) for v in range(1, 6)]
+    wait_until(lambda: "held for" in victim.log_text(), 10, "the latest held")
+    victim.kill()
+    assert runs_of(observer, "save:k") == []
+    workers.start(APP, concurrency=1, env=short)
+    (run,) = settled(observer, "save:k", 1)
+    assert version(run) == 5
+    assert [r.get(timeout=10) for r in results] == [5] * 5
+
+
+PUBLISHER = """
+import os, signal, sys
+from celery import signals
+from tests.apps.debounce import save
+
+@signals.after_task_publish.connect
+def die(headers=None, body=None, **kw):
+    args = body[0] if isinstance(body, tuple) else []
+    if args and args[1] == 4:  # sent to the broker, not yet recorded in the store
+        os.kill(os.getpid(), signal.SIGKILL)
+
+for v in range(1, 6):
+    save.delay("crash", v)
+"""
+
+
+def test_a_publisher_killed_between_broker_and_store_loses_nothing(
+    workers: Workers, observer: Observer
+) -> None:
+    """The publisher dies after the broker took publish 4 and before the store heard of
+    it: the worker adopts that message as the latest; it runs, once, with its arguments
+    (publish 5 never happened)."""
+    workers.start(APP, concurrency=1)
+    env = {**os.environ, **workers.env}
+    proc = subprocess.run([sys.executable, "-c", PUBLISHER], env=env, timeout=30, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    (run,) = settled(observer, "save:crash", 1)
+    assert version(run) == 4
