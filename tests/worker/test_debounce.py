@@ -160,10 +160,10 @@ import os, signal, sys
 from celery import signals
 from tests.apps.debounce import save
 
-@signals.after_task_publish.connect
-def die(headers=None, body=None, **kw):
+@signals.{hook}.connect
+def die(body=None, **kw):
     args = body[0] if isinstance(body, tuple) else []
-    if args and args[1] == 4:  # sent to the broker, not yet recorded in the store
+    if args and args[1] == 4:
         os.kill(os.getpid(), signal.SIGKILL)
 
 for v in range(1, 6):
@@ -171,15 +171,25 @@ for v in range(1, 6):
 """
 
 
+@pytest.mark.parametrize(
+    ("hook", "runs_with"),
+    [
+        # Killed just before the broker took publish 4: 3 is the last that exists.
+        ("before_task_publish", 3),
+        # Killed just after the broker took publish 4, before the store heard of it:
+        # the worker adopts that message as the latest on arrival.
+        ("after_task_publish", 4),
+    ],
+)
 def test_a_publisher_killed_between_broker_and_store_loses_nothing(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, hook: str, runs_with: int
 ) -> None:
-    """The publisher dies after the broker took publish 4 and before the store heard of
-    it: the worker adopts that message as the latest; it runs, once, with its arguments
-    (publish 5 never happened)."""
+    """Whichever side of the broker send the publisher dies on, the burst runs once,
+    with the arguments of the last message that exists (publish 5 never happened)."""
     workers.start(APP, concurrency=1)
     env = {**os.environ, **workers.env}
-    proc = subprocess.run([sys.executable, "-c", PUBLISHER], env=env, timeout=30, check=False)
+    script = PUBLISHER.format(hook=hook)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=30, check=False)
     assert proc.returncode == -signal.SIGKILL
     (run,) = settled(observer, "save:crash", 1)
-    assert version(run) == 4
+    assert version(run) == runs_with
