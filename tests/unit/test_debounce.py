@@ -119,3 +119,33 @@ def test_replies_are_read() -> None:
 def test_the_store_remembers_a_run_long_enough_for_a_redelivery() -> None:
     assert compile_(debounce=1).flow.retention == 3600.0
     assert compile_(debounce=1, debounce_max_wait=900).flow.retention == 9000.0
+
+
+def test_a_decision_becomes_a_verdict() -> None:
+    from types import SimpleNamespace
+
+    from celery_baton.debounce import FlowDecision
+    from celery_baton.worker import flow
+    from celery_baton.worker.holding import Delivery
+    from celery_baton.worker.stand_ins import STANDS_FOR_FIELD
+    from celery_baton.worker.verdict import Reason, Skip, Start, Wait
+
+    def delivery(**options: Any) -> Delivery:
+        policy = compile_(**options)
+        plan = policy.plan(NAMES, task_id="t", owner="o", args=("a",), kwargs={})
+        request = SimpleNamespace(name="app.save", id="t", request_dict={})
+        return Delivery(request, policy, plan, 0)
+
+    d = delivery(debounce=1)
+    assert flow.outcome(d, FlowDecision(Outcome.RUN, stands_for=("x", "y"))) == Start()
+    assert d.plan.flow_passed and d.request.request_dict[STANDS_FOR_FIELD] == ["x", "y"]
+    wait = flow.outcome(delivery(debounce=1), FlowDecision(Outcome.WAIT, delay=0.5))
+    assert wait == Wait(Reason.DEBOUNCE, d.plan.flow_key, 0.5, jitter=False)
+    skip = flow.outcome(delivery(debounce=1), FlowDecision(Outcome.SKIP, holder="new"))
+    assert isinstance(skip, Skip) and skip.reason is Reason.SUPERSEDED and skip.holder == "new"
+    dropped = flow.outcome(delivery(throttle=1), FlowDecision(Outcome.SKIP, holder="first"))
+    assert isinstance(dropped, Skip) and dropped.reason is Reason.THROTTLED
+    assert "ran within the 1s window" in dropped.message
+    trailing = delivery(throttle=1, throttle_mode="trailing")
+    superseded = flow.outcome(trailing, FlowDecision(Outcome.SKIP, holder="newest"))
+    assert isinstance(superseded, Skip) and superseded.reason is Reason.SUPERSEDED
