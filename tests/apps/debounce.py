@@ -3,7 +3,8 @@
 Run by workers as ``celery -A tests.apps.debounce worker``. Reads ``TEST_BROKER_URL``,
 ``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL`` from the environment, and
 ``DEBOUNCE_VISIBILITY``: the Redis broker's ``visibility_timeout`` (default 3600 s; a
-test that kills a worker sets a few seconds, so its held messages come back soon).
+test that kills a worker sets a few seconds, so its held messages come back soon), and
+``DEBOUNCE_BEAT``: set, the beat schedule publishes ``save`` every 0.3 s.
 
 Every task reports its run to the observer under ``"<task>:<key>"`` with the argument it
 ran with in the run's task id field, and returns that argument.
@@ -38,6 +39,11 @@ app.conf.update(
     },
     broker_connection_retry_on_startup=True,
 )
+if os.environ.get("DEBOUNCE_BEAT"):
+    # Celery's own beat, publishing save("beat", 7) every 0.3 s: a steady stream.
+    app.conf.beat_schedule = {
+        "save-often": {"task": "tests.apps.debounce.save", "schedule": 0.3, "args": ("beat", 7)}
+    }
 baton = Baton(app)
 
 

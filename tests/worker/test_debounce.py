@@ -82,6 +82,20 @@ def test_a_burst_from_every_publish_path_runs_once_with_the_last_arguments(
     assert other.get(timeout=10) == 1
 
 
+def test_a_stream_from_celery_beat_runs_once_after_beat_stops(
+    workers: Workers, observer: Observer
+) -> None:
+    """Beat publishes through ``app.send_task`` too: a publish every 0.3 s never leaves
+    the key quiet for 1 s, so nothing runs until beat stops; then exactly once."""
+    workers.start(APP, concurrency=1)
+    beat = workers.start_beat(APP, env={"DEBOUNCE_BEAT": "1"})
+    wait_until(lambda: beat.log_text().count("Sending due task") >= 6, 20, "6 beat publishes")
+    assert runs_of(observer, "save:beat") == []
+    beat.stop()
+    (run,) = settled(observer, "save:beat", 1)
+    assert version(run) == 7
+
+
 def test_a_steady_stream_is_cut_at_max_wait(workers: Workers, observer: Observer) -> None:
     from tests.apps.debounce import capped
 
