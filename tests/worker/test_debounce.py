@@ -54,8 +54,7 @@ def test_a_burst_from_every_publish_path_runs_once_with_the_last_arguments(
 
     from tests.apps.debounce import app, save
 
-    workers.start(APP, concurrency=2)
-    workers.start(APP, concurrency=2)
+    pair = [workers.start(APP, concurrency=2), workers.start(APP, concurrency=2)]
     results: list[Any] = []
     paths = [
         lambda v: save.delay("doc", v),
@@ -77,6 +76,9 @@ def test_a_burst_from_every_publish_path_runs_once_with_the_last_arguments(
     assert run.start - last_publish < 10_000_000
     # Every superseded publish resolves to the run that replaced it.
     assert [r.get(timeout=10) for r in results] == [10] * 10
+    # Every skip is logged, naming a newer publish.
+    logs = pair[0].log_text() + pair[1].log_text()
+    assert logs.count("skipped: superseded (debounced) by task") == 9
     # Another key is debounced apart.
     other = save.delay("other", 1)
     assert other.get(timeout=10) == 1

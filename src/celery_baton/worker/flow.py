@@ -77,8 +77,8 @@ def outcome(delivery: Delivery, decision: FlowDecision) -> Start | Wait | Skip:
             Reason.SUPERSEDED,
             key,
             holder,
-            f"superseded ({why}): task {holder} runs for it with newer arguments; its "
-            "result will be this one's",
+            f"superseded ({why}) by task {holder}: the last publish of the burst runs "
+            "for it, and its result will be this one's",
         )
     return Skip(
         Reason.THROTTLED,
