@@ -105,3 +105,31 @@ def test_throttle_drop_and_trailing(store: Store) -> None:
     run = decide(store, trailing, "c", key)
     assert run.outcome is Outcome.RUN and run.stands_for == ("b",)
     assert decide(store, trailing, "d", key).outcome is Outcome.WAIT  # a new window
+
+
+def test_the_memory_of_runs_is_kept_for_two_generations(store: Store, r: redis.Redis) -> None:
+    """Which run covered an id is kept in ``ran``, whose ttl each run renews; a run that
+    closes a burst more than one retention after the generation began turns ``ran``
+    into ``ran0``, which keeps its ttl. So every id is remembered at least one retention
+    after its run, and a busy key keeps at most about two retentions of ids. (Retention
+    1 s here; FlowPolicy never goes below an hour.)"""
+    keys = [KEY, f"{KEY}:ids", f"{KEY}:ran", f"{KEY}:ran0"]
+
+    def burst(*ids: str) -> None:
+        time.sleep(0.6)
+        for task_id in ids:
+            store.scripts.call("debounce_record", keys, [task_id, 1000, ""])
+        time.sleep(0.002)
+        reply = store.scripts.call("debounce_decide", keys, [ids[-1], 1, 0, 1000, ""])
+        assert int(reply[0]) == 1
+
+    burst("a", "b")  # the first generation begins
+    burst("c", "d")  # 0.6 s later: the same generation
+    burst("e", "f")  # 1.2 s: a new one; the old one is kept until its ttl
+    assert r.hget(f"{KEY}:ran0", "a") == "b" and r.hget(f"{KEY}:ran0", "c") == "d"
+    assert 0 < r.pttl(f"{KEY}:ran0") <= 1000
+    assert r.hget(f"{KEY}:ran", "e") == "f" and not r.hexists(f"{KEY}:ran", "a")
+    burst("g", "h")  # 1.8 s: the same generation
+    burst("i", "j")  # 2.4 s: a new one; {a, b, c, d} are gone
+    assert not r.hexists(f"{KEY}:ran0", "a")
+    assert r.hget(f"{KEY}:ran0", "g") == "h" and r.hget(f"{KEY}:ran", "i") == "j"
