@@ -38,6 +38,9 @@ app.conf.update(
         "unacked_restore_throttle": 1,
     },
     broker_connection_retry_on_startup=True,
+    # Celery waits this long after a pool child died before it fails the job with
+    # WorkerLostError (default 10 s).
+    worker_lost_wait=1.0,
 )
 if os.environ.get("DEBOUNCE_BEAT"):
     # Celery's own beat, publishing save("beat", 7) every 0.3 s: a steady stream.
@@ -81,3 +84,18 @@ def sync(self: Task, user: str, version: int) -> int:
     """Throttled per user, trailing mode: the first runs, the newest of the rest at the
     window's end."""
     return _run(self, user, version)
+
+
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id")
+def slow(self: Task, doc_id: str, version: int) -> int:
+    """Debounced, and runs 30 s: long enough to kill its pool child mid-run."""
+    observer().run(f"slow:{doc_id}", sleep=30, task_id=f"{self.request.id}|{version}")
+    return version
+
+
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id", max_retries=3)
+def flaky(self: Task, doc_id: str, version: int) -> int:
+    """Debounced; its first attempt retries (a new delivery of the same task id)."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    return _run(self, doc_id, version)

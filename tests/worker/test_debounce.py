@@ -232,3 +232,33 @@ def test_store_down_at_publish_sends_anyway_and_the_worker_adopts_it(
     assert result.get(timeout=20) == 1
     (run,) = settled(observer, "save:down", 1, quiet=1.5)
     assert version(run) == 1
+
+
+def test_a_run_that_retries_still_resolves_the_superseded(
+    workers: Workers, observer: Observer
+) -> None:
+    """The retried delivery (same task id) is told again which ids it stands for."""
+    from tests.apps.debounce import flaky
+
+    workers.start(APP, concurrency=1)
+    results = [flaky.delay("r", v) for v in range(1, 4)]
+    assert [r.get(timeout=20) for r in results] == [3, 3, 3]
+    assert [version(r) for r in runs_of(observer, "flaky:r")] == [3]
+
+
+def test_a_run_whose_pool_child_is_killed_fails_the_superseded_too(
+    workers: Workers, observer: Observer
+) -> None:
+    """The child never reached its postrun: the main process writes the failure it
+    records for the run to the ids it stood for, so no caller waits forever."""
+    from celery.exceptions import WorkerLostError
+
+    from tests.apps.debounce import slow
+
+    workers.start(APP, concurrency=1)
+    results = [slow.delay("victim", v) for v in range(1, 4)]
+    (start,) = observer.starts_of("slow:victim", timeout=20)
+    os.kill(start["pid"], signal.SIGKILL)
+    for result in results:
+        with pytest.raises(WorkerLostError):
+            result.get(timeout=20)

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import signals, states
 from celery.backends.base import DisabledBackend
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -35,6 +36,40 @@ def write_stand_in_results(
             backend.store_result(task_id, retval, state)
         except Exception:  # one id's failure must not hide the others
             logger.exception("could not store the result of %s for %s", task.request.id, task_id)
+
+
+def after_lost_run(request: Any, exc_info: Any, *, final: bool) -> None:
+    """Main process: the pool child running this request died (``WorkerLostError``) or
+    was killed at its hard time limit, so its ``task_postrun`` never wrote the ids it
+    stood for. When the message will not come back (``final``; else its next delivery
+    is told the same ids), write what the run's own id now holds to each of them: the
+    failure Celery recorded, or a success stored before the child was lost."""
+    ids = request.request_dict.get(STANDS_FOR_FIELD)
+    if not ids or not final:
+        return
+    exc = getattr(exc_info, "exception", None)
+    exc = getattr(exc, "exc", exc)  # unwrapped from billiard's ExceptionWithTraceback
+    task = request.task
+    if not isinstance(exc, WorkerLostError | TimeLimitExceeded) or task.ignore_result:
+        return
+    backend = task.backend
+    if isinstance(backend, DisabledBackend):
+        return
+    try:
+        meta = backend.get_task_meta(request.id)
+        state, result = meta.get("status"), meta.get("result")
+        if state not in states.READY_STATES:
+            state, result = states.FAILURE, exc
+        elif state in states.EXCEPTION_STATES:
+            result = backend.exception_to_python(result)
+    except Exception:
+        logger.exception("could not read the result of %s", request.id)
+        state, result = states.FAILURE, exc
+    for task_id in ids:
+        try:
+            backend.store_result(task_id, result, state)
+        except Exception:
+            logger.exception("could not store the result of %s for %s", request.id, task_id)
 
 
 def install() -> None:
