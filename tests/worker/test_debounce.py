@@ -84,6 +84,19 @@ def test_a_burst_from_every_publish_path_runs_once_with_the_last_arguments(
     assert other.get(timeout=10) == 1
 
 
+def test_a_held_publish_costs_no_pool_slot(workers: Workers, observer: Observer) -> None:
+    """One pool process: while the debounced publish waits for quiet, other work runs."""
+    from tests.apps.debounce import ping, save
+
+    workers.start(APP, concurrency=1)
+    held = save.delay("slot", 1)
+    assert ping.delay("slot", 1).get(timeout=10) == 1
+    assert held.get(timeout=10) == 1
+    (other,) = runs_of(observer, "ping:slot")
+    (debounced,) = runs_of(observer, "save:slot")
+    assert other.end <= debounced.start
+
+
 def test_a_stream_from_celery_beat_runs_once_after_beat_stops(
     workers: Workers, observer: Observer
 ) -> None:
