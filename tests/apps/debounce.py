@@ -4,7 +4,8 @@ Run by workers as ``celery -A tests.apps.debounce worker``. Reads ``TEST_BROKER_
 ``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL`` from the environment, and
 ``DEBOUNCE_VISIBILITY``: the Redis broker's ``visibility_timeout`` (default 3600 s; a
 test that kills a worker sets a few seconds, so its held messages come back soon), and
-``DEBOUNCE_BEAT``: set, the beat schedule publishes ``save`` every 0.3 s.
+``DEBOUNCE_BEAT``: set, the beat schedule publishes ``save`` every 0.3 s;
+``DEBOUNCE_GLOBAL_RATES``: set, ``baton_global_rate_limits`` is on.
 
 Every task reports its run to the observer under ``"<task>:<key>"`` with the argument it
 ran with in the run's task id field, and returns that argument.
@@ -47,6 +48,8 @@ if os.environ.get("DEBOUNCE_BEAT"):
     app.conf.beat_schedule = {
         "save-often": {"task": "tests.apps.debounce.save", "schedule": 0.3, "args": ("beat", 7)}
     }
+if os.environ.get("DEBOUNCE_GLOBAL_RATES"):
+    app.conf.baton_global_rate_limits = True  # Celery's rate_limit, across all workers
 baton = Baton(app)
 
 
@@ -98,4 +101,10 @@ def flaky(self: Task, doc_id: str, version: int) -> int:
     """Debounced; its first attempt retries (a new delivery of the same task id)."""
     if self.request.retries == 0:
         raise self.retry(countdown=0.2)
+    return _run(self, doc_id, version)
+
+
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id", rate_limit="100/s")
+def rated(self: Task, doc_id: str, version: int) -> int:
+    """Debounced, with Celery's own rate_limit (global with DEBOUNCE_GLOBAL_RATES)."""
     return _run(self, doc_id, version)

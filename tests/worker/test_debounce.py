@@ -275,3 +275,23 @@ def test_a_run_whose_pool_child_is_killed_fails_the_superseded_too(
     for result in results:
         with pytest.raises(WorkerLostError):
             result.get(timeout=20)
+
+
+def test_a_rate_limit_lifted_while_a_publish_is_held_does_not_skip_the_debounce(
+    workers: Workers, observer: Observer
+) -> None:
+    """With ``baton_global_rate_limits``, lifting a task's rate_limit at runtime rebuilds
+    a held delivery's plan: the rebuilt plan must still ask its debounce (a superseded
+    publish ran when it did not)."""
+    from tests.apps.debounce import app, rated
+
+    worker = workers.start(APP, concurrency=1, env={"DEBOUNCE_GLOBAL_RATES": "1"})
+    for v in range(1, 4):
+        rated.delay("lift", v)
+    wait_until(lambda: "held for" in worker.log_text(), 10, "the latest held")
+    replies = app.control.rate_limit(rated.name, "0", reply=True, timeout=5, limit=1)
+    assert len(replies) == 1, replies
+    last = rated.delay("lift", 4)  # wakes the held 3: superseded
+    assert last.get(timeout=10) == 4
+    runs = settled(observer, "rated:lift", 1, quiet=1.5)
+    assert [version(r) for r in runs] == [4]

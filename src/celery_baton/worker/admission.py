@@ -164,9 +164,11 @@ class Admission:
                 # `celery control rate_limit` changed it while this request was held: ask
                 # with the rate that holds now (lifted: it may not need the gate at all).
                 delivery.celery_rate = rate
+                passed = delivery.plan.flow_passed  # a debounce already decided stays so
                 with contextlib.suppress(KeySpecError):  # built once already: cannot fail
                     delivery.plan = self._plan(delivery.policy, request, rate)
-                if not delivery.plan.conditions:
+                delivery.plan.flow_passed = passed
+                if not delivery.plan.conditions and (passed or delivery.plan.flow_key is None):
                     self._start(delivery, Start())
                     return
         delivery.asking = True
