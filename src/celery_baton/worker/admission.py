@@ -33,7 +33,7 @@ from celery_baton import metrics, signals
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
@@ -113,7 +113,7 @@ class Admission:
                 return self.handle(request)  # no rate_limit now: nothing to ask
         try:
             plan = self._plan(policy, request, celery_rate)
-        except KeySpecError as exc:
+        except (KeySpecError, CostError) as exc:
             return self._refuse(request, exc)
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
@@ -165,7 +165,7 @@ class Admission:
                 # with the rate that holds now (lifted: it may not need the gate at all).
                 delivery.celery_rate = rate
                 passed = delivery.plan.flow_passed  # a debounce already decided stays so
-                with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+                with contextlib.suppress(KeySpecError, CostError):  # built once already
                     delivery.plan = self._plan(delivery.policy, request, rate)
                 delivery.plan.flow_passed = passed
                 if not delivery.plan.conditions and (passed or delivery.plan.flow_key is None):
