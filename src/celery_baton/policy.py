@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
+from celery_baton import debounce
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
+from celery_baton.debounce import FlowPolicy
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
@@ -38,6 +40,7 @@ TASK_OPTIONS = (
     "expected_runtime",
     "limits",
     "cost",
+    *debounce.OPTIONS,
 )
 
 
@@ -64,6 +67,12 @@ class TaskOptions(TypedDict, total=False):
     expected_runtime: float
     limits: str | list[str]
     cost: float | Callable[..., float]
+    debounce: float
+    debounce_key: KeySpecValue
+    debounce_max_wait: float
+    throttle: float
+    throttle_key: KeySpecValue
+    throttle_mode: Literal["drop", "trailing"]
 
 
 CONFLICT_POLICIES = ("skip", "wait", "replace", "keep_last")
@@ -114,6 +123,9 @@ class RunPlan:
     supersede_key: str | None = None  # the publish order of a superseding exclusive key
     superseded_key: str | None = None  # this task id's unique replace marker
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
+    # Debounce or throttle: decided (flow_key) before the gate; flow_passed once it ran.
+    flow_key: str | None = None
+    flow_passed: bool = False
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -148,6 +160,7 @@ class TaskPolicy:
     # Named limits shared with other tasks (baton_limits), and what one call costs them.
     shared: tuple[SharedLimit, ...] = ()
     cost: Cost | None = None
+    flow: FlowPolicy | None = None  # debounce or throttle (debounce.py)
 
     def for_call(self, call: CallOptions) -> TaskPolicy:
         """This policy as one call's per-call options override it (that call only)."""
@@ -172,6 +185,7 @@ class TaskPolicy:
             self.rate_from_celery
             and not (self.exclusive or self.concurrency or self.redelivery_guard or self.unique)
             and not self.shared
+            and not self.flow
         )
 
     @property
@@ -186,6 +200,7 @@ class TaskPolicy:
             or self.shared
             or (self.unique and self.unique_until == "started")
             or (self.unique and self.unique_conflict == "replace")
+            or self.flow
         )
 
     @property
@@ -225,6 +240,8 @@ class TaskPolicy:
         ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
+        if self.flow is not None:
+            plan.flow_key = self.flow.store_key(names, self.name, args, kwargs)
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
             plan.conditions.append(Condition.not_done(plan.done_key))
@@ -451,6 +468,7 @@ def compile_policy(
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
     shared = _shared_limits(name, options, settings)
+    flow = debounce.compile_flow(name, options, spec)
 
     if options("exclusive_conflict") == "replace" and options("exclusive_wait_timeout"):
         raise ConfigError(
@@ -501,6 +519,7 @@ def compile_policy(
         redelivery_retention=settings.redelivery_retention,
         shared=shared,
         cost=options("cost"),
+        flow=flow,
     )
     if not (policy.gates_runs or policy.unique):
         return None

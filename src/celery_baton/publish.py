@@ -24,6 +24,7 @@ from kombu.utils.uuid import uuid
 
 from celery_baton import call_options, signals
 from celery_baton.call_options import HEADER
+from celery_baton.debounce import FlowKind
 from celery_baton.errors import (
     AlreadyQueued,
     KeySpecError,
@@ -36,6 +37,7 @@ from celery_baton.supersede import SUPERSEDED
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
+    from celery_baton.policy import TaskPolicy
     from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")
@@ -113,6 +115,8 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
         if policy is not None and policy.supersedes:
             _stamp_order(baton, name, policy, args, kwargs, options)
+        if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
+            return _send_debounced(baton, policy, send_task, name, args, kwargs, options)
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
@@ -211,6 +215,30 @@ def _send_replacing(
             baton.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
         except Exception:  # the result backend is optional
             logger.exception("could not record %s as superseded", replaced.holder)
+    return result
+
+
+def _send_debounced(
+    baton: Baton,
+    policy: TaskPolicy,
+    send_task: Callable[..., Any],
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> Any:
+    """Send, THEN record the message as its key's latest (see debounce.py): the store
+    never names a message that was not sent, so a publisher killed in between loses
+    nothing (the worker adopts the unrecorded message on arrival)."""
+    assert policy.flow is not None
+    key = policy.flow.store_key(baton.names, name, args or (), kwargs or {})
+    options["task_id"] = options.get("task_id") or uuid()
+    result = send_task(name, args, kwargs, **options)
+    try:
+        baton.debounces.record(policy.flow, key, options["task_id"])
+    except StoreUnavailable as exc:
+        # Sent already: the worker adopts it as the latest when it arrives.
+        logger.warning("%s[%s] sent but not recorded for debounce: %s", name, result.id, exc)
     return result
 
 

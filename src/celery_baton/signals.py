@@ -12,7 +12,9 @@ from celery.utils.dispatch import Signal
 
 #: A delivery was not run: a duplicate of an exclusive run (``reason="exclusive"``),
 #: a task id that already finished (``reason="already-run"``), one a newer publish
-#: superseded (``reason="superseded"``; ``holder`` is the newer task id) or an invalid key.
+#: superseded (``reason="superseded"``; ``holder`` is the newer task id), one a later
+#: publish of its debounce or trailing-throttle key runs for (``reason="coalesced"``), one
+#: a throttle window dropped (``reason="throttled"``) or an invalid key.
 task_skipped = Signal(name="baton_task_skipped")
 #: A delivery waits in the worker's consumer (no pool slot) for ``key``.
 task_held = Signal(name="baton_task_held")

@@ -19,6 +19,7 @@ import weakref
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
+from celery_baton.debounce import Debounces
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
@@ -66,6 +67,10 @@ class AppParts:
     @functools.cached_property
     def supersede(self) -> Supersede:
         return Supersede(self.store, self.names)
+
+    @functools.cached_property
+    def debounces(self) -> Debounces:
+        return Debounces(self.store, self.names)
 
     def connect(
         self,

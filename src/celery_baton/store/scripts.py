@@ -50,6 +50,9 @@ SCRIPT_NAMES = (
     "beat_define",
     "beat_remove",
     "beat_mark",
+    "debounce_record",
+    "debounce_decide",
+    "throttle_decide",
 )
 
 

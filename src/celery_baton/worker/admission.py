@@ -41,7 +41,7 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook, new_owner
 from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
-from celery_baton.worker import outcomes
+from celery_baton.worker import flow, outcomes
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
@@ -119,7 +119,7 @@ class Admission:
             plan = self._plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
             return self._refuse(request, exc)
-        if not plan.conditions:  # only a unique key to free when it finishes
+        if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
             return self.handle(request)
         with self.holding.lock:
@@ -169,13 +169,18 @@ class Admission:
                 # `celery control rate_limit` changed it while this request was held: ask
                 # with the rate that holds now (lifted: it may not need the gate at all).
                 delivery.celery_rate = rate
+                passed = delivery.plan.flow_passed  # a debounce already decided stays so
                 with contextlib.suppress(KeySpecError, CostError):  # built once already
                     delivery.plan = self._plan(delivery.policy, request, rate)
-                if not delivery.plan.conditions:
+                delivery.plan.flow_passed = passed
+                if not delivery.plan.conditions and (passed or delivery.plan.flow_key is None):
                     self._start(delivery, Start())
                     return
         delivery.asking = True
         delivery.asked_at = now
+        if delivery.plan.flow_key is not None and not delivery.plan.flow_passed:
+            flow.ask(self.channel, self.names, delivery, self._answered)
+            return
         self.channel.ask(
             delivery.plan.conditions,
             owner=delivery.plan.owner,
@@ -184,7 +189,9 @@ class Admission:
             answer=lambda reply: self._answered(delivery, reply),
         )
 
-    def _answered(self, delivery: Delivery, reply: Decision | BaseException) -> None:
+    def _answered(
+        self, delivery: Delivery, reply: Decision | flow.FlowDecision | BaseException
+    ) -> None:
         # Runs on the event loop when the store answered; kombu swallows exceptions
         # there, so none may escape: a request must never be lost.
         try:
@@ -209,7 +216,10 @@ class Admission:
                     return
                 self._store_down_until = 0.0
                 delivery.backoff = BACKOFF_START
-                self._apply(delivery, reply)
+                if isinstance(reply, flow.FlowDecision):
+                    self._apply_flow(delivery, reply)
+                else:
+                    self._apply(delivery, reply)
         except Exception:
             logger.exception(
                 "baton: deciding %s[%s] failed; holding it",
@@ -292,6 +302,17 @@ class Admission:
                 # A newer publish waits now: the older ones held here are superseded;
                 # ask them at once, so their callers learn it now, not at the release.
                 self.holding.arm(outcome.key, 0.0, jitter=False)
+
+    def _apply_flow(self, delivery: Delivery, decision: flow.FlowDecision) -> None:
+        outcome = flow.outcome(delivery, decision)
+        if isinstance(outcome, Skip):
+            self._skip(delivery, outcome)
+        elif isinstance(outcome, Wait):
+            self.holding.hold(delivery, outcome)
+        elif delivery.plan.conditions:
+            self._ask(delivery)  # debounced: now the task's other conditions
+        else:
+            self._start(delivery, outcome)
 
     # -- outcomes -------------------------------------------------------------------
 

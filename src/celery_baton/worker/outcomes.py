@@ -32,7 +32,9 @@ def skip(request: Any, skip: Skip) -> None:
         reason=skip.reason.value,
     )
     task = request.task
-    if skip.reason is Reason.EXCLUSIVE and not task.ignore_result:
+    # A coalesced one gets no state here: the run that stands for it writes its outcome
+    # to this id too (worker/stand_ins.py).
+    if skip.reason in (Reason.EXCLUSIVE, Reason.THROTTLED) and not task.ignore_result:
         task.backend.mark_as_failure(
             request.id,
             TaskSkipped(skip.message, skip.key, skip.holder),

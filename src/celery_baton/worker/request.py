@@ -37,6 +37,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from celery_baton.worker.stand_ins import STANDS_FOR_FIELD, after_lost_run
+
 if TYPE_CHECKING:
     from celery_baton.policy import RunPlan, TaskPolicy
 
@@ -120,6 +122,8 @@ class BatonRequestMixin:
         try:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
+            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
+                after_lost_run(self, exc_info, final=self._baton_is_final())
             self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:

@@ -46,6 +46,9 @@ class Reason(enum.Enum):
     SUPERSEDED = "superseded"  # a newer publish of the same key replaces this one
     GRACE = "grace"  # the store lost its data: holders re-assert before new grants
     STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
+    DEBOUNCE = "debounce"  # not quiet yet, or a throttle's trailing run waits its window
+    COALESCED = "coalesced"  # a later publish of its debounce/throttle key runs for it
+    THROTTLED = "throttled"  # dropped: another run of its key ran within the window
 
 
 @dataclass(frozen=True)
