@@ -142,10 +142,10 @@ def test_a_decision_becomes_a_verdict() -> None:
     wait = flow.outcome(delivery(debounce=1), FlowDecision(Outcome.WAIT, delay=0.5))
     assert wait == Wait(Reason.DEBOUNCE, d.plan.flow_key, 0.5, jitter=False)
     skip = flow.outcome(delivery(debounce=1), FlowDecision(Outcome.SKIP, holder="new"))
-    assert isinstance(skip, Skip) and skip.reason is Reason.SUPERSEDED and skip.holder == "new"
+    assert isinstance(skip, Skip) and skip.reason is Reason.COALESCED and skip.holder == "new"
     dropped = flow.outcome(delivery(throttle=1), FlowDecision(Outcome.SKIP, holder="first"))
     assert isinstance(dropped, Skip) and dropped.reason is Reason.THROTTLED
     assert "ran within the 1s window" in dropped.message
     trailing = delivery(throttle=1, throttle_mode="trailing")
     superseded = flow.outcome(trailing, FlowDecision(Outcome.SKIP, holder="newest"))
-    assert isinstance(superseded, Skip) and superseded.reason is Reason.SUPERSEDED
+    assert isinstance(superseded, Skip) and superseded.reason is Reason.COALESCED
