@@ -114,7 +114,7 @@ def test_a_key_that_stops_waiting_lets_the_others_use_every_slot(
     assert granted.granted
     assert r.zrange(f"{FAIR}:q", 0, -1) == ["a"]
     release(gate, b_owner)
-    last, a_owner = ask_cc(gate, "a", "w1", 1, more=False)
+    last, _ = ask_cc(gate, "a", "w1", 1, more=False)
     assert last.granted
     assert r.zcard(f"{FAIR}:q") == 0 and r.zcard(f"{FAIR}:p") == 0
     assert 0 < r.pttl(FAIR) <= 12_000  # expires: keys with nothing waiting cost nothing

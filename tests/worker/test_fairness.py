@@ -1,0 +1,153 @@
+"""Fairness across keys (``fair_key``) with real workers, judged by the observer.
+
+Tenant A publishes a backlog, then tenant B publishes 20, on a cap of 4 shared by 3
+workers (2 pool threads each: 6 slots, so the cap, not the pool, is what binds). The
+observer records every run on the server's clock; from it alone:
+
+* the cap is never exceeded, and it is used (4 at once);
+* B is not starved: while B has requests waiting, freed slots alternate between the
+  tenants, so at most about one A run starts per B run between B's publish and B's
+  last start (first come first served starts A's whole backlog first);
+* A takes every slot again once B has nothing waiting.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.support.observer import Observer, Run, max_concurrent
+from tests.support.workers import Workers
+from tests.worker.test_rate_limits import (
+    admissions,
+    assert_gcra_bound,
+    publish,
+    server_time_us,
+)
+
+APP = "tests.apps.fair"
+B_COUNT = 20
+SLEEP = 0.05
+
+
+@dataclass
+class Share:
+    """What the observer saw of one A-then-B run (times in seconds, server clock)."""
+
+    a_runs: list[Run]
+    b_runs: list[Run]
+    b_published_us: int
+    cap: int
+
+    @property
+    def b_span(self) -> float:
+        """From B's publish to B's last run's end."""
+        return (max(r.end for r in self.b_runs) - self.b_published_us) / 1e6
+
+    @property
+    def a_overtaking(self) -> int:
+        """A runs that started after B was published and before B's last start."""
+        last_b = max(r.start for r in self.b_runs)
+        return sum(self.b_published_us < r.start < last_b for r in self.a_runs)
+
+    @property
+    def a_after_b(self) -> list[Run]:
+        """A runs that started after B's last run ended (B has nothing waiting)."""
+        last_b_end = max(r.end for r in self.b_runs)
+        return [r for r in self.a_runs if r.start > last_b_end]
+
+    def describe(self) -> str:
+        return (
+            f"A {len(self.a_runs)}, B {len(self.b_runs)}: B done {self.b_span:.2f} s after "
+            f"its publish; {self.a_overtaking} A runs started meanwhile; "
+            f"max concurrent {max_concurrent(self.a_runs + self.b_runs)}"
+        )
+
+
+def a_then_b(workers: Workers, observer: Observer, task: Any, a_count: int) -> Share:
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(task, a_count, "A", SLEEP)
+    observer.starts_of("A", fair.CAP, timeout=20)  # A's backlog is running
+    b_published = server_time_us(observer)
+    publish(task, B_COUNT, "B", SLEEP)
+    runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * SLEEP)
+    return Share(
+        [r for r in runs if r.key == "A"], [r for r in runs if r.key == "B"], b_published, fair.CAP
+    )
+
+
+def assert_fair(share: Share, a_count: int) -> None:
+    runs = share.a_runs + share.b_runs
+    assert len(share.a_runs) == a_count and len(share.b_runs) == B_COUNT
+    assert len({r.task_id for r in runs}) == a_count + B_COUNT
+    # The cap is never exceeded, and it was used.
+    assert max_concurrent(runs) == share.cap, share.describe()
+    # B not starved: between B's publish and its last start, about one A start per B
+    # start (round-robin), plus the runs A started before B's first ask came.
+    assert share.a_overtaking <= B_COUNT + 3 * share.cap, share.describe()
+    # A uses every slot once B has nothing waiting.
+    assert max_concurrent(share.a_after_b) == share.cap, share.describe()
+
+
+def test_fair_key_gives_a_late_small_tenant_its_share(workers: Workers, observer: Observer) -> None:
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fair_capped, 400)
+    print(share.describe())
+    assert_fair(share, 400)
+
+
+def test_without_fair_key_the_small_tenant_waits_for_the_whole_backlog(
+    workers: Workers, observer: Observer
+) -> None:
+    """The old behaviour, for comparison: first come first served over the shared cap
+    starts nearly all of A's backlog before B's last run."""
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fifo_capped, 400)
+    print(share.describe())
+    assert max_concurrent(share.a_runs + share.b_runs) == share.cap
+    assert share.a_overtaking > 200, share.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.environ.get("BATON_FAIR_FULL"), reason="set BATON_FAIR_FULL=1")
+def test_fair_key_full_form_2000_then_20(workers: Workers, observer: Observer) -> None:
+    """The issue's own numbers: A 2000, then B 20."""
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fair_capped, 2000)
+    print(share.describe())
+    assert_fair(share, 2000)
+
+
+def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
+    """A shared rate of 40/s, A's backlog of 200 first, then B's 20: B's starts
+    interleave with A's (at most about one A start per B start meanwhile), and the
+    rate holds (strict GCRA, burst 1, on the admission instants)."""
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(fair.fair_rated, 200, "A", numbered=True)
+    observer.starts_of("A", 5, timeout=20)
+    b_published = server_time_us(observer)
+    publish(fair.fair_rated, B_COUNT, "B", numbered=True)
+    runs = observer.wait_for(200 + B_COUNT, timeout=60)
+    a = [r.start for r in runs if r.key == "A"]
+    b = [r.start for r in runs if r.key == "B"]
+    overtaking = sum(b_published < s < max(b) for s in a)
+    span = (max(b) - b_published) / 1e6
+    print(f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A meanwhile")
+    # First come first served would start A's remaining ~190 first (~4.7 s at 40/s).
+    assert overtaking <= B_COUNT + 5, (overtaking, span)
+    assert_gcra_bound(admissions(runs), 40)
