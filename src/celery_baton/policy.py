@@ -39,7 +39,6 @@ TASK_OPTIONS = (
     "expected_runtime",
     "fair_key",
     "fair_weights",
-    "fair",  # refused with a pointer to fair_key (the issue's spelling)
 )
 
 
@@ -352,6 +351,12 @@ def check_option_names(name: str, options: Mapping[str, Any], others: Iterable[s
     somebody else's (Celery's own task attributes and publish options)."""
     others = set(others)
     for option in options:
+        if option == "fair":  # fair=True says fair, but not by what
+            raise ConfigError(
+                "unknown task option `fair`: name the key that shares the limit fairly, "
+                "e.g. fair_key='tenant' (did you mean `fair_key`?)",
+                subject=name,
+            )
         if option in TASK_OPTIONS or option in others:
             continue
         hint = suggest(option, TASK_OPTIONS)
@@ -471,12 +476,6 @@ def _fair_policy(
     """``fair_key`` (and ``fair_weights``): one shared limit, shared fairly by the key's
     values. A per-key limit (``global_concurrency_key``) is a cap of each key's own;
     ``fair_key`` shares one cap among keys, so it needs a limit to share."""
-    if options("fair") is not None:
-        raise ConfigError(
-            "unknown task option `fair`: name the key that shares the limit fairly, "
-            "e.g. fair_key='tenant' (did you mean `fair_key`?)",
-            subject=name,
-        )
     if options("fair_key") is None:
         return None
     if options("global_concurrency") is None and options("global_rate_limit") is None:
