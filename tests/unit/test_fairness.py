@@ -64,7 +64,7 @@ def test_fair_key_must_name_what_shares_the_limit(bad: bool) -> None:
 
 
 def test_fair_key_naming_a_missing_argument_is_refused() -> None:
-    with pytest.raises(ConfigError, match="'tenat'.*does not take"):
+    with pytest.raises(ConfigError, match=r"'tenat'.*does not take"):
         compile_(global_concurrency=4, fair_key="tenat")
 
 
