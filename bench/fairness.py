@@ -17,6 +17,7 @@ import os
 import time
 
 from celery import Celery
+
 from common import (
     BENCH_DIR,
     RedisServer,
