@@ -6,6 +6,7 @@ run to the :class:`~tests.support.observer.Observer` under its tenant's name (se
 clock); the observer, not the library, judges the cap and the share.
 
 * :func:`fair_capped` -- ``global_concurrency=4, fair_key="tenant"``;
+* :func:`fair_capped_short` -- the same with ``lease_ttl=3``;
 * :func:`fifo_capped` -- the same cap without ``fair_key``: the old, first come first
   served behaviour, for comparison;
 * :func:`fair_rated` -- ``global_rate_limit="40/s", fair_key="tenant"`` (called with a
@@ -25,6 +26,7 @@ from celery_baton import Baton, fence
 from tests.support.observer import Observer
 
 CAP = 4
+SHORT_LEASE_TTL = 3.0
 
 app = Celery("fair", broker=os.environ["TEST_BROKER_URL"])
 app.conf.update(
@@ -46,6 +48,12 @@ def observer() -> Observer:
 @app.task(bind=True, global_concurrency=CAP, fair_key="tenant")
 def fair_capped(self: Task, tenant: str, sleep: float) -> None:
     """At most 4 running anywhere, shared round-robin by tenant."""
+    observer().run(tenant, sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, global_concurrency=CAP, fair_key="tenant", lease_ttl=SHORT_LEASE_TTL)
+def fair_capped_short(self: Task, tenant: str, sleep: float) -> None:
+    """fair_capped whose slots a SIGKILLed worker keeps for 3 s only."""
     observer().run(tenant, sleep=sleep, task_id=self.request.id)
 
 
