@@ -76,12 +76,16 @@ local function fair_of(i)
     presence = tonumber(presence)}
 end
 
-local function fair_vt(f) return tonumber(call('HGET', f.n, 'vt') or '0') end
+-- The pass of the latest grant, read once per call.
+local function fair_vt(f)
+  if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
+  return f.vt
+end
 
 -- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
-local function fair_leave(f, k)
+local function fair_leave(f, k, pass)
   call('HDEL', f.n, 'n:' .. k)
-  local pass = tonumber(call('ZSCORE', f.q, k) or '0')
+  pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
   call('ZREM', f.q, k)
   if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
 end
@@ -317,8 +321,11 @@ for _, w in ipairs(writes) do
   elseif w[1] == 'F' then
     -- The turn is taken: the key's pass moves on by its stride (1e6 / weight).
     local f, pass = w[2], w[3]
-    if pass > fair_vt(f) then call('HSET', f.n, 'vt', format('%.17g', pass)) end
-    call('ZREMRANGEBYSCORE', f.s, '-inf', fair_vt(f))
+    if pass > fair_vt(f) then
+      f.vt = pass
+      call('HSET', f.n, 'vt', format('%.17g', pass))
+    end
+    call('ZREMRANGEBYSCORE', f.s, '-inf', format('%.17g', f.vt))
     pass = pass + f.stride
     if f.more then
       fair_present(f, pass)
@@ -326,8 +333,11 @@ for _, w in ipairs(writes) do
       if call('ZREM', f.p, f.k .. '|' .. worker) == 1 then
         call('HINCRBY', f.n, 'n:' .. f.k, -1)
       end
-      call('ZADD', f.q, pass, f.k)
-      if tonumber(call('HGET', f.n, 'n:' .. f.k) or '0') <= 0 then fair_leave(f, f.k) end
+      if tonumber(call('HGET', f.n, 'n:' .. f.k) or '0') <= 0 then
+        fair_leave(f, f.k, pass)
+      else
+        call('ZADD', f.q, pass, f.k)
+      end
       fair_touch(f)
     end
   elseif w[1] == 'U' then
