@@ -23,6 +23,20 @@ class RateSpecError(ConfigError):
     """A rate string or number that is not a valid positive rate."""
 
 
+class CostError(ConfigError):
+    """A call's ``cost`` that a named limit can never admit (larger than its burst) or
+    that is not a number >= 0: refused at once, never a silent wait."""
+
+
+class LimitTimeout(BatonError):
+    """``baton.limit(name).acquire(timeout=...)`` found no room within its timeout."""
+
+    def __init__(self, message: str, *, limit: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class StoreUnavailable(BatonError):
     """The store did not answer; raised ``from`` the client's own error."""
 
@@ -62,6 +76,20 @@ class TaskDeduplicated(BatonError):
     def __init__(self, message: str, holder: str = "") -> None:
         super().__init__(message, holder)
         self.holder = holder
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TaskSuperseded(BatonError):
+    """Stored, with the state ``REVOKED``, for a task that a newer publish of the same key
+    replaced (``exclusive_conflict="replace"``/``"keep_last"``, ``unique_conflict=
+    "replace"``): it never runs, or was terminated; ``replaced_by`` is the task id that
+    runs instead."""
+
+    def __init__(self, message: str, replaced_by: str = "") -> None:
+        super().__init__(message, replaced_by)
+        self.replaced_by = replaced_by
 
     def __str__(self) -> str:
         return str(self.args[0])

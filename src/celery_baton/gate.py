@@ -9,6 +9,8 @@ when all of them pass, on the server's clock. Celery-free.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +25,8 @@ class Condition:
     """One thing a run needs; build with the class methods."""
 
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
-    # keep for the run, "O" override; added by gate_call when a lease is asked for: "G"
+    # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
+    # not superseded by a unique replace; added by gate_call when a lease is asked for: "G"
     # the store's grace after it lost its data, "E" the family's store epoch
     kind: str
     key: str
@@ -40,6 +43,17 @@ class Condition:
         return cls("R", key, str(interval_us), str(burst))
 
     @classmethod
+    def weighted(cls, key: str, increment_us: int, tolerance_us: int) -> Condition:
+        """A named limit's GCRA rate, weighted: a call of cost ``n`` adds ``n`` emission
+        intervals (``increment_us``); ``tolerance_us`` is burst x interval."""
+        return cls("W", key, str(increment_us), str(tolerance_us))
+
+    @classmethod
+    def penalty(cls, key: str) -> Condition:
+        """Denied while a named limit's penalty (``penalize``) lasts."""
+        return cls("P", key)
+
+    @classmethod
     def override(cls, key: str, field: str) -> Condition:
         """The next condition's limit, if ``field`` of hash ``key`` is set (runtime edits)."""
         return cls("O", key, field)
@@ -51,6 +65,18 @@ class Condition:
     @classmethod
     def free_unique(cls, key: str, task_id: str) -> Condition:
         return cls("U", key, task_id)
+
+    @classmethod
+    def supersede(cls, key: str, seq: int | None, task_id: str) -> Condition:
+        """Denies a delivery that a newer publish of the same key superseded (``seq``:
+        its publish order, None: take one now); else records it as the newest."""
+        return cls("S", key, "" if seq is None else str(seq), task_id)
+
+    @classmethod
+    def not_superseded(cls, key: str, ttl: float) -> Condition:
+        """Denies a delivery that a unique ``replace`` publish superseded; on grant marks
+        it started (for ``ttl`` seconds), so a later replace leaves it running."""
+        return cls("N", key, str(max(1, round(ttl * 1000))))
 
     @classmethod
     def keep_unique(cls, key: str, task_id: str, ttl: float) -> Condition:
@@ -73,6 +99,8 @@ class Decision:
     holder: str = ""
     # Granted with a lease: the store epoch of the leases' family, for their renewals.
     epoch: str = ""
+    # The publish order an "S" condition without one was given now (0: none given).
+    seq: int = 0
 
     @property
     def holder_task_id(self) -> str:
@@ -181,12 +209,78 @@ class Gate:
         ``reserve`` (seconds): a rate slot free within it is taken now, and the decision
         says when the run may start (``start_after``).
         """
+        if self._cluster and spans_slots(conditions):
+            return self._decide_across(conditions, owner, ttl, reserve)
         keys, args = self.call(conditions, owner, ttl, reserve)
         try:
             reply = self.store.scripts.call("gate", keys, args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
         return self.decision(conditions, reply)
+
+    def _decide_across(
+        self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
+    ) -> Decision:
+        """Redis Cluster, a task that uses named limits: their keys hash to their own
+        slots, the task's to its family's, and one script cannot touch both. Reserve
+        then confirm: each named limit's slot is asked first (in a fixed order), then
+        the task's own keys; a refusal gives back what the earlier calls took
+        (limit_give_back.lua), so a refused run never spends a shared budget and no
+        run passes without every slot's grant: never over-admitted."""
+        groups = slot_groups(conditions)
+        taken: list[tuple[list[Condition], Decision]] = []
+        start_at = 0  # the latest instant a step reserved (us, server clock)
+        decision = Decision(True)
+        for group in groups:
+            try:
+                decision = self._decide_one(group, owner, ttl, reserve)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the store failed: best effort
+                    self._give_back(taken)
+                raise
+            if not decision.granted:
+                self._give_back(taken)
+                return decision
+            taken.append((group, decision))
+            start_at = max(start_at, decision.at_us)
+        # The run starts when every step's slot has come: seconds from the last step's now.
+        now_us = decision.at_us - round(decision.start_after * 1_000_000)
+        return dataclasses.replace(
+            decision, start_after=max(0, start_at - now_us) / 1_000_000, at_us=start_at
+        )
+
+    def _decide_one(
+        self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
+    ) -> Decision:
+        keys, args = self.call(conditions, owner, ttl, reserve)
+        try:
+            reply = self.store.scripts.call("gate", keys, args)
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+        return self.decision(conditions, reply)
+
+    def _give_back(self, taken: Sequence[tuple[Sequence[Condition], Decision]]) -> None:
+        for group, decision in taken:
+            written_us = decision.at_us - round(decision.start_after * 1_000_000)
+            rates = [c for c in group if c.kind == "W"]
+            if not rates:
+                continue
+            keys = [c.key for c in rates]
+            args = [f"{c.a} {written_us + int(c.a)}" for c in rates]
+            try:
+                self.store.scripts.call("limit_give_back", keys, args)
+            except STORE_ERRORS as exc:
+                raise self.store.unavailable(exc) from exc
+
+    def penalize(self, key: str, seconds: float) -> float:
+        """Hold every admission under the named limit of penalty ``key`` for ``seconds``
+        from now (extends, never shortens); returns the seconds it now lasts."""
+        try:
+            until = self.store.scripts.call("limit_penalize", [key], [round(seconds * 1e6)])
+            now_s, now_us = self.store.client.time()
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+        return max(0.0, (int(until) - (int(now_s) * 1_000_000 + int(now_us))) / 1e6)
 
     def release(
         self,
@@ -247,6 +341,37 @@ class Gate:
         return self.store.scripts.run("renew", keys, args, client=pipe)
 
 
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: its first ``{...}``, else all of it."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else key
+
+
+def spans_slots(conditions: Sequence[Condition]) -> bool:
+    """Whether ``conditions`` name keys of more than one hash tag (a task's own keys and
+    a named limit's): on Cluster they cannot be decided in one script call."""
+    tags = {hash_tag(c.key) for c in conditions}
+    return len(tags) > 1
+
+
+def slot_groups(conditions: Sequence[Condition]) -> list[list[Condition]]:
+    """``conditions`` split by hash tag: the named limits' groups first (sorted, so two
+    workers never take them in opposite orders), the task's own keys last. An override
+    ("O") stays with the condition it applies to."""
+    groups: dict[str, list[Condition]] = {}
+    pending: list[Condition] = []
+    for c in conditions:
+        if c.kind == "O":
+            pending.append(c)
+            continue
+        groups.setdefault(hash_tag(c.key), []).extend([*pending, c])
+        pending = []
+    shared = sorted(tag for tag, group in groups.items() if all(c.kind in "WP" for c in group))
+    own = [tag for tag in groups if tag not in shared]
+    return [groups[tag] for tag in [*shared, *own]]
+
+
 def _renewals(reply: Sequence[Any]) -> list[Renewal]:
     """renew.lua's reply: a status and an epoch per lease."""
     return [Renewal(int(reply[i]), str(reply[i + 1] or "")) for i in range(0, len(reply), 2)]
@@ -290,6 +415,7 @@ def parse_decision(
             start_after=int(reply[2]) / 1_000_000,
             at_us=int(reply[3]) if len(reply) > 3 else 0,
             epoch=str(reply[4] or "") if len(reply) > 4 else "",
+            seq=int(reply[5] or 0) if len(reply) > 5 else 0,
         )
     retry_us = int(reply[2])
     index = int(reply[1])
@@ -301,4 +427,5 @@ def parse_decision(
         else Condition("G", grace_key or ""),
         retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
         holder=str(reply[3] or ""),
+        seq=int(reply[4] or 0) if len(reply) > 4 else 0,
     )

@@ -259,6 +259,14 @@ class KeyNames:
     def unique(self, task: str, key: str) -> str:
         return f"{self.family(task)}:uq:{key}"
 
+    def supersede(self, task: str, key: str) -> str:
+        """The publish order of an exclusive key whose duplicates supersede each other."""
+        return f"{self.family(task)}:sup:{key}"
+
+    def superseded(self, task: str, task_id: str) -> str:
+        """Whether a unique ``replace`` publish superseded ``task_id`` (or it started)."""
+        return f"{self.family(task)}:sby:{task_id}"
+
     def done(self, task: str, task_id: str) -> str:
         return f"{self.family(task)}:done:{task_id}"
 
@@ -273,6 +281,15 @@ class KeyNames:
     def epoch(self, task: str) -> str:
         """The family's store epoch (see :func:`epoch_key`, which finds it from a lease key)."""
         return f"{self.family(task)}:epoch"
+
+    def shared_rate(self, limit: str) -> str:
+        """A named limit's GCRA key (``baton_limits``): its own hash tag, shared by
+        every task that uses it (on Cluster, its own slot: see Gate.decide)."""
+        return f"{self.prefix}:{{limit:{limit}}}:rate"
+
+    def shared_penalty(self, limit: str) -> str:
+        """A named limit's penalty (``penalize``): beside its rate key, on its slot."""
+        return f"{self.prefix}:{{limit:{limit}}}:penalty"
 
     @property
     def store_epoch(self) -> str:

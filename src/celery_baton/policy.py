@@ -19,6 +19,7 @@ from celery_baton.fairness import FairPolicy, check_weights
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
 from celery_baton.rates import interval_us, parse_burst, parse_rate
+from celery_baton.shared_limits import Cost, SharedLimit, call_cost, parse_limits, resolve
 
 #: Every task option celery-baton reads (documented in docs/configuration.md).
 TASK_OPTIONS = (
@@ -39,6 +40,8 @@ TASK_OPTIONS = (
     "expected_runtime",
     "fair_key",
     "fair_weights",
+    "limits",
+    "cost",
 )
 
 
@@ -49,10 +52,10 @@ class TaskOptions(TypedDict, total=False):
     """
 
     exclusive: KeySpecValue
-    exclusive_conflict: Literal["skip", "wait"]
+    exclusive_conflict: Literal["skip", "wait", "replace", "keep_last"]
     exclusive_wait_timeout: float
     unique: KeySpecValue
-    unique_conflict: Literal["return", "raise"]
+    unique_conflict: Literal["return", "raise", "replace"]
     unique_until: Literal["finished", "started"]
     unique_ttl: float
     global_rate_limit: str | float | list[str | float]
@@ -65,9 +68,15 @@ class TaskOptions(TypedDict, total=False):
     expected_runtime: float
     fair_key: KeySpecValue
     fair_weights: Mapping[Any, float] | Callable[[Any], float]
+    limits: str | list[str]
+    cost: float | Callable[..., float]
 
 
-CONFLICT_POLICIES = ("skip", "wait")
+CONFLICT_POLICIES = ("skip", "wait", "replace", "keep_last")
+#: Exclusive policies under which a newer publish supersedes an older one (supersede.py).
+SUPERSEDING = ("replace", "keep_last")
+#: The header that carries a superseding publish's order (supersede.py).
+ORDER_HEADER = "baton_order"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
 #: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
@@ -76,7 +85,7 @@ BEAT_SLOT_HEADER = "baton_beat_slot"
 BEAT_SLOT_RETENTION = 24 * 3600.0
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
-UNIQUE_CONFLICTS = ("return", "raise")
+UNIQUE_CONFLICTS = ("return", "raise", "replace")
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,8 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    supersede_key: str | None = None  # the publish order of a superseding exclusive key
+    superseded_key: str | None = None  # this task id's unique replace marker
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
     # fair_key: the local wait queue of each shared limit's key (one per fair key
     # value), and the limit key each "F" condition belongs to.
@@ -145,6 +156,9 @@ class TaskPolicy:
     call_exclusive: str | None = None
     call_unique: str | None = None
     fair: FairPolicy | None = None  # fair_key: a shared limit shared fairly
+    # Named limits shared with other tasks (baton_limits), and what one call costs them.
+    shared: tuple[SharedLimit, ...] = ()
+    cost: Cost | None = None
 
     def for_call(self, call: CallOptions) -> TaskPolicy:
         """This policy as one call's per-call options override it (that call only)."""
@@ -165,8 +179,10 @@ class TaskPolicy:
     def celery_rate_only(self) -> bool:
         """Whether Celery's runtime ``rate_limit`` is all this task may be gated by: with
         none set, its deliveries skip the gate entirely."""
-        return self.rate_from_celery and not (
-            self.exclusive or self.concurrency or self.redelivery_guard or self.unique
+        return (
+            self.rate_from_celery
+            and not (self.exclusive or self.concurrency or self.redelivery_guard or self.unique)
+            and not self.shared
         )
 
     @property
@@ -178,8 +194,22 @@ class TaskPolicy:
             or self.rate_from_celery
             or self.concurrency
             or self.redelivery_guard
+            or self.shared
             or (self.unique and self.unique_until == "started")
+            or (self.unique and self.unique_conflict == "replace")
         )
+
+    @property
+    def supersedes(self) -> bool:
+        """Whether a newer publish of an exclusive key supersedes an older one."""
+        return self.exclusive is not None and self.exclusive_conflict in SUPERSEDING
+
+    def exclusive_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The digest naming this call's exclusive key; raises KeySpecError."""
+        assert self.exclusive is not None
+        if self.call_exclusive is not None:
+            return digest(self.call_exclusive)
+        return digest(self.exclusive.material(args, kwargs))
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
@@ -197,11 +227,13 @@ class TaskPolicy:
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
         expires: bool = False,
+        order: int | None = None,
     ) -> RunPlan:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
         ``expires``: the message carries an expiry, so its unique claim may have been
         given a ttl as short as that (see ``publish``): the run must extend it.
+        ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
         if self.redelivery_guard:
@@ -218,6 +250,11 @@ class TaskPolicy:
             key = names.lease(self.name, "ex", digest(material))
             plan.exclusive_key = key
             plan.labels[key] = material
+            if self.exclusive_conflict in SUPERSEDING:
+                # Before the lease: an older publish is superseded whoever holds the key.
+                plan.supersede_key = names.supersede(self.name, digest(material))
+                plan.labels[plan.supersede_key] = material
+                plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
             self._lease(plan, key, 1, fence=True)
         if self.concurrency is not None:
             spec = self.concurrency.key
@@ -253,8 +290,20 @@ class TaskPolicy:
                         more.burst,
                     )
                 )
+        if self.shared:
+            # Last: on Cluster they are asked first, on their own slots (Gate.decide).
+            cost = call_cost(self.cost, self.shared, args, kwargs)
+            for limit in self.shared:
+                ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
+                plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
+                plan.conditions += limit.conditions(names, cost)
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
+            if self.unique_conflict == "replace":
+                plan.superseded_key = names.superseded(self.name, task_id)
+                plan.conditions.append(
+                    Condition.not_superseded(plan.superseded_key, self.unique_ttl)
+                )
             if self.unique_until == "started":
                 plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
             elif plan.conditions or expires:
@@ -342,6 +391,7 @@ NEEDS = {
     "global_rate_limit_key": "global_rate_limit",
     "global_concurrency_key": "global_concurrency",
     "fair_weights": "fair_key",
+    "cost": "limits",
 }
 
 
@@ -388,8 +438,9 @@ def compile_policy(
         value = options(option)
         value = allowed[0] if value is None else value
         if value not in allowed:
+            hint = suggest(value, allowed) if isinstance(value, str) else ""
             raise ConfigError(
-                f"must be one of {allowed}, got {value!r}", subject=f"{name}.{option}"
+                f"must be one of {allowed}, got {value!r}{hint}", subject=f"{name}.{option}"
             )
         return str(value)
 
@@ -438,6 +489,30 @@ def compile_policy(
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
     fair = _fair_policy(name, options, spec)
+    shared = _shared_limits(name, options, settings)
+
+    if options("exclusive_conflict") == "replace" and options("exclusive_wait_timeout"):
+        raise ConfigError(
+            'exclusive_wait_timeout does nothing with exclusive_conflict="replace" (the new '
+            'run never gives up: the old one is stopped); use "wait" or "keep_last" for a '
+            "bounded wait",
+            subject=name,
+        )
+    conflict = options("exclusive_conflict")
+    if (
+        conflict in SUPERSEDING
+        and options("unique") is not None
+        and options("unique") == options("exclusive")
+        and options("unique_until") != "started"
+        and options("unique_conflict") != "replace"
+    ):
+        # The newer publish would be dropped at publish: it could never supersede.
+        raise ConfigError(
+            f'exclusive_conflict="{conflict}" with unique on the same key: a newer publish '
+            "is de-duplicated before it can supersede the older one; add "
+            'unique_conflict="replace" (or unique_until="started", or drop unique)',
+            subject=name,
+        )
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
@@ -464,6 +539,8 @@ def compile_policy(
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,
         fair=fair,
+        shared=shared,
+        cost=options("cost"),
     )
     if not (policy.gates_runs or policy.unique):
         return None
@@ -491,3 +568,21 @@ def _fair_policy(
             subject=f"{name}.fair_key",
         )
     return FairPolicy(key, check_weights(options("fair_weights"), f"{name}.fair_weights"))
+
+
+def _shared_limits(
+    name: str, options: Callable[[str], Any], settings: Settings
+) -> tuple[SharedLimit, ...]:
+    """A task's ``limits=`` and ``cost=``, checked against ``baton_limits`` when known
+    (at worker start always; at declaration when the app's conf already has them)."""
+    wanted, cost = options("limits"), options("cost")
+    if cost is not None and not callable(cost):
+        SharedLimit("-", 1.0, 1 << 62).check_cost(cost, subject=f"{name}.cost")
+    if wanted is None or settings.limits is None:
+        return ()
+    table = parse_limits(settings.limits)
+    shared = resolve(table, wanted, subject=f"{name}.limits")
+    if cost is not None and not callable(cost):
+        for limit in shared:
+            limit.check_cost(cost, subject=f"{name}.cost")
+    return shared

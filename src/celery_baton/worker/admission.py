@@ -9,9 +9,11 @@ pool. A request of a task with a policy asks the gate once, and the verdict
   through ``worker/releasing.py`` when it ends, whichever way);
 * **Skip**: acked, not run, logged, signalled, and recorded as a ``TaskSkipped`` result
   (an exclusive duplicate with ``exclusive_conflict="skip"``, or a task id that already
-  finished under the redelivery guard);
+  finished under the redelivery guard), or as ``REVOKED`` with ``TaskSuperseded`` (a
+  newer publish of the same key replaces it);
 * **Wait**: held in the consumer (``worker/holding.py``), occupying no pool slot, and
-  asked again when the gate said it may pass or when the key is released. Past the
+  asked again when the gate said it may pass or when the key is released. A
+  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). Past the
   hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
   same id, headers and retry count; never ``task.retry``).
 
@@ -33,7 +35,7 @@ from celery_baton import fairness, metrics, signals
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
@@ -43,6 +45,7 @@ from celery_baton.worker import outcomes
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.replacing import Replacing, keep_order, order_of
 from celery_baton.worker.request import attach
 from celery_baton.worker.verdict import Reason, Skip, Start, Wait, verdict
 
@@ -93,6 +96,7 @@ class Admission:
         self._celery_rates = outcomes.CeleryRates()
         self._store_down_until = 0.0
         self._grace_logged = -1e9
+        self.replacing = Replacing()
 
     # -- entry point ----------------------------------------------------------------
 
@@ -113,7 +117,7 @@ class Admission:
                 return self.handle(request)  # no rate_limit now: nothing to ask
         try:
             plan = self._plan(policy, request, celery_rate)
-        except KeySpecError as exc:
+        except (KeySpecError, CostError) as exc:
             return self._refuse(request, exc)
         if not plan.conditions:  # only a unique key to free when it finishes
             attach(request, self.releasing, policy, plan)
@@ -132,6 +136,7 @@ class Admission:
             kwargs=request.kwargs,
             celery_rate=celery_rate,
             expires=request.expires is not None,
+            order=order_of(request),
         )
 
     def _celery_rate(self, task: Any) -> float | None:
@@ -164,7 +169,7 @@ class Admission:
                 # `celery control rate_limit` changed it while this request was held: ask
                 # with the rate that holds now (lifted: it may not need the gate at all).
                 delivery.celery_rate = rate
-                with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+                with contextlib.suppress(KeySpecError, CostError):  # built once already
                     delivery.plan = self._plan(delivery.policy, request, rate)
                 if not delivery.plan.conditions:
                     self._start(delivery, Start())
@@ -253,6 +258,8 @@ class Admission:
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request
         now = time.monotonic()
+        if decision.seq and delivery.plan.supersede_key:
+            keep_order(request, delivery.plan, decision.seq)
         outcome = verdict(
             decision,
             delivery.plan,
@@ -277,6 +284,8 @@ class Admission:
                     "lease for %.1fs, while running tasks write theirs back (grace)",
                     outcome.delay,
                 )
+            if outcome.revoke:
+                self.replacing.terminate(request, outcome.revoke, delivery.plan, now)
             if outcome.reason is Reason.RATE:
                 self.stats["throttled"] += 1
                 metrics.throttled.labels(request.name).inc()
@@ -286,7 +295,12 @@ class Admission:
                     key=outcome.key,
                     retry_after=decision.retry_after,
                 )
+            newer = outcome.reason is Reason.EXCLUSIVE and not delivery.held
             self.holding.hold(delivery, outcome)
+            if newer and delivery.plan.supersede_key:
+                # A newer publish waits now: the older ones held here are superseded;
+                # ask them at once, so their callers learn it now, not at the release.
+                self.holding.arm(outcome.key, 0.0, jitter=False)
 
     # -- outcomes -------------------------------------------------------------------
 
@@ -328,7 +342,7 @@ class Admission:
         self.holding.release(delivery)
         self.stats["skipped"] += 1
         outcomes.skip(delivery.request, skip)
-        if skip.reason is Reason.EXCLUSIVE and delivery.plan.unique_key:
+        if skip.reason in (Reason.EXCLUSIVE, Reason.SUPERSEDED) and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
     def _refuse(self, request: Any, exc: BatonError) -> None:

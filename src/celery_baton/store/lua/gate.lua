@@ -8,10 +8,26 @@
 -- ARGV[4+3(i-1)..]  per condition i, three values: kind, a, b
 --   kind "L"  lease:  a = limit (1 = exclusive), b = "1" to issue a fencing token
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
+--   kind "W"  weighted GCRA rate (a named limit shared by tasks, docs/guides/limits-shared.md):
+--             a = increment in microseconds (cost x emission interval), b = tolerance in
+--             microseconds (burst x emission interval); a <= b (checked by the caller)
+--   kind "P"  a named limit's penalty (`penalize`): denied while the key holds an instant
+--             (us, server clock) still to come; retry_after = the rest of the penalty
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "K"  unique claim to keep for the run: if its value is a (the task id), it
 --             expires b milliseconds from now (never denies)
+--   kind "S"  publish order of an exclusive key whose duplicates supersede each other
+--             (exclusive_conflict "replace"/"keep_last"), a hash {n: last order given,
+--             top: the newest order seen here, id: its task id}: a = this delivery's order
+--             (from its publish; '' : given one now, max(n + 1, now_us), and returned), b
+--             = its task id. Denied (retry_after -1, holder = the newer task id) when a
+--             newer publish reached the gate already; else it becomes the newest. This
+--             record is written on denial too: what a later condition refuses still
+--             supersedes what came before it. Kept for a day.
+--   kind "N"  not superseded (unique_conflict "replace"): denied (retry_after -1, holder =
+--             the replacing task id) when the key names a task id; on grant set to 'run'
+--             for a milliseconds, so a replace that comes later leaves this run alone
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 --   kind "G"  the store-wide epoch (one server, not Cluster; only when a lease is asked
@@ -33,11 +49,13 @@
 --   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
 --             created from TIME when missing, and returned; the holder renews under it
 --             (renew.lua: a lease gone under an unchanged epoch is never written back)
--- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
+-- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease asked
 --                                         for one; epoch '' without an "E" condition);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
---           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
+--           {0, i, retry_after_us, holder, order} denied by condition i; nothing was
+--                                         written (but an "S" record, and its order).
+--           order: what an "S" condition without one was given (0: none).
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
 --
@@ -133,6 +151,8 @@ local function fair_wait(i)
   fair_sweep(f)
   fair_present(f, (fair_pass(f)))
 end
+local assigned = 0  -- the publish order an "S" condition was given here
+local SUPERSEDE_TTL_MS = 86400000
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -174,7 +194,7 @@ for i = 1, #KEYS do
       -- A hint for release: someone waits for this key, so publish a notice.
       call('HSET', key, '_w', '1')
       fair_wait(i)
-      return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3)}
+      return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3), assigned}
     end
     free = limit - live
     if mine then free = 1e9 end  -- a retried call of the same owner keeps its lease
@@ -196,13 +216,32 @@ for i = 1, #KEYS do
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
         fair_wait(i)
-        return {0, i, allow_at - now_us, ''}
+        return {0, i, allow_at - now_us, '', assigned}
       end
       -- Reserve the slot: the schedule advances exactly one interval, however late
       -- the waiter wakes, so the rate holds without crediting lateness.
       if allow_at > start_at then start_at = allow_at end
     end
     writes[#writes + 1] = {'R', key, new_tat, stored}
+  elseif kind == 'W' then
+    -- The same strict GCRA as "R", weighted: a call of cost n moves TAT n intervals.
+    local stored = call('GET', key)
+    local tat = tonumber(stored) or now_us
+    if tat < now_us then tat = now_us end
+    local new_tat = tat + tonumber(a)
+    local allow_at = new_tat - tonumber(b)
+    if now_us < allow_at then
+      if allow_at - now_us > reserve_us then
+        return {0, i, allow_at - now_us, ''}
+      end
+      if allow_at > start_at then start_at = allow_at end
+    end
+    writes[#writes + 1] = {'R', key, new_tat, stored}
+  elseif kind == 'P' then
+    local until_us = tonumber(call('GET', key))
+    if until_us and until_us > now_us then
+      return {0, i, until_us - now_us, ''}
+    end
   elseif kind == 'O' then
     local value = call('HGET', key, a)
     local limit, extra = nil, nil
@@ -222,14 +261,32 @@ for i = 1, #KEYS do
         call('HSET', KEYS[i - 1], '_w', '1')  -- woken by the next release
         retry = f.presence / 3 * 1000  -- and renews its presence by then
       end
-      return {0, i, retry, ''}
+      return {0, i, retry, '', assigned}
     end
     writes[#writes + 1] = {'F', f, pass}
   elseif kind == 'D' then
     local done_by = call('GET', key)
     if done_by then
-      return {0, i, -1, done_by}
+      return {0, i, -1, done_by, assigned}
     end
+  elseif kind == 'S' then
+    local order = call('HMGET', key, 'n', 'top', 'id')
+    local seq = tonumber(a)
+    if not seq then
+      seq = math.max((tonumber(order[1]) or 0) + 1, now_us)
+      call('HSET', key, 'n', format('%d', seq))
+      assigned = seq
+    end
+    local newest = tonumber(order[2]) or 0
+    if seq < newest then return {0, i, -1, order[3] or '', assigned} end
+    if seq > newest then
+      call('HSET', key, 'top', format('%d', seq), 'id', b)
+      call('PEXPIRE', key, SUPERSEDE_TTL_MS)
+    end
+  elseif kind == 'N' then
+    local by = call('GET', key)
+    if by and by ~= 'q' and by ~= 'run' then return {0, i, -1, by, assigned} end
+    writes[#writes + 1] = {'N', key, a}
   elseif kind == 'U' then
     writes[#writes + 1] = {'U', key, a}
   elseif kind == 'K' then
@@ -242,7 +299,7 @@ for i = 1, #KEYS do
       call('SET', key, format('%d', since))
     end
     if since + ttl_ms > now_ms then
-      return {0, i, (since + ttl_ms - now_ms) * 1000, ''}
+      return {0, i, (since + ttl_ms - now_ms) * 1000, '', assigned}
     end
   elseif kind == 'E' then
     -- Last: every condition passed. One GET per grant; the SET happens once per family
@@ -340,6 +397,8 @@ for _, w in ipairs(writes) do
       end
       fair_touch(f)
     end
+  elseif w[1] == 'N' then
+    call('SET', key, 'run', 'PX', w[3])
   elseif w[1] == 'U' then
     if call('GET', key) == w[3] then call('DEL', key) end
   elseif w[1] == 'K' then
@@ -347,4 +406,4 @@ for _, w in ipairs(writes) do
     if call('GET', key) == w[3] then call('PEXPIRE', key, w[4]) end
   end
 end
-return {1, fence, start_at - now_us, start_at, epoch}
+return {1, fence, start_at - now_us, start_at, epoch, assigned}
