@@ -6,6 +6,7 @@ run to the :class:`~tests.support.observer.Observer` under its tenant's name (se
 clock); the observer, not the library, judges the cap and the share.
 
 * :func:`fair_capped` -- ``global_concurrency=4, fair_key="tenant"``;
+* :func:`fair_weighted` -- the same with ``fair_weights={"gold": 3}``;
 * :func:`fair_capped_short` -- the same with ``lease_ttl=3``;
 * :func:`fifo_capped` -- the same cap without ``fair_key``: the old, first come first
   served behaviour, for comparison;
@@ -48,6 +49,12 @@ def observer() -> Observer:
 @app.task(bind=True, global_concurrency=CAP, fair_key="tenant")
 def fair_capped(self: Task, tenant: str, sleep: float) -> None:
     """At most 4 running anywhere, shared round-robin by tenant."""
+    observer().run(tenant, sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, global_concurrency=CAP, fair_key="tenant", fair_weights={"gold": 3})
+def fair_weighted(self: Task, tenant: str, sleep: float) -> None:
+    """fair_capped where tenant "gold" has weight 3."""
     observer().run(tenant, sleep=sleep, task_id=self.request.id)
 
 

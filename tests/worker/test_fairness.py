@@ -161,6 +161,31 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     assert_gcra_bound(admissions(runs), 40)
 
 
+def test_fair_weights_give_a_weighted_tenant_its_multiple(
+    workers: Workers, observer: Observer
+) -> None:
+    """tin publishes 150 first, gold (weight 3) 150 after: while both wait, gold starts
+    about 3 runs per tin run (stride scheduling), by the observer's count."""
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(fair.fair_weighted, 150, "tin", SLEEP)
+    observer.starts_of("tin", fair.CAP, timeout=20)
+    publish(fair.fair_weighted, 150, "gold", SLEEP)
+    runs = observer.wait_for(300, timeout=60)
+    gold = sorted(r.start for r in runs if r.key == "gold")
+    tin = sorted(r.start for r in runs if r.key == "tin")
+    # The window in which both had requests waiting: from gold's 5th start (its first
+    # ones may still race the held tin requests) to the first tenant's last start.
+    window = (gold[4], min(gold[-1], tin[-1]))
+    g = sum(window[0] <= s <= window[1] for s in gold)
+    t = sum(window[0] <= s <= window[1] for s in tin)
+    print(f"weighted: {g} gold and {t} tin starts while both waited")
+    assert t > 0 and 2.0 <= g / t <= 4.5, (g, t)
+
+
 def test_a_dead_workers_key_stops_holding_slots_within_its_presence(
     workers: Workers, observer: Observer
 ) -> None:
