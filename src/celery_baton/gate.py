@@ -26,7 +26,8 @@ class Condition:
 
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
     # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
-    # not superseded by a unique replace; added by gate_call when a lease is asked for: "G"
+    # not superseded by a unique replace, "F" the turn of a fair_key limit and "-" its
+    # other keys (fairness.py); added by gate_call when a lease is asked for: "G"
     # the store's grace after it lost its data, "E" the family's store epoch
     kind: str
     key: str

@@ -280,6 +280,11 @@ class KeyNames:
     def limits(self, task: str) -> str:
         return f"{self.family(task)}:limits"
 
+    def fair(self, task: str, kind: str, key: str) -> str:
+        """The fairness state of one shared limit (kind "cc" or "rate", its key); its
+        parts are this name with ``:q``, ``:p`` and ``:s`` (gate.lua, "F")."""
+        return f"{self.family(task)}:fair:{kind}:{key}"
+
     def epoch(self, task: str) -> str:
         """The family's store epoch (see :func:`epoch_key`, which finds it from a lease key)."""
         return f"{self.family(task)}:epoch"

@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
-from celery_baton import debounce
+from celery_baton import debounce, fairness
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
 from celery_baton.debounce import FlowPolicy
 from celery_baton.errors import ConfigError
+from celery_baton.fairness import FairPolicy, check_weights
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
 from celery_baton.rates import interval_us, parse_burst, parse_rate
@@ -38,6 +39,8 @@ TASK_OPTIONS = (
     "lease_ttl",
     "redelivery_guard",
     "expected_runtime",
+    "fair_key",
+    "fair_weights",
     "limits",
     "cost",
     *debounce.OPTIONS,
@@ -65,6 +68,8 @@ class TaskOptions(TypedDict, total=False):
     lease_ttl: float
     redelivery_guard: bool
     expected_runtime: float
+    fair_key: KeySpecValue
+    fair_weights: Mapping[Any, float] | Callable[[Any], float]
     limits: str | list[str]
     cost: float | Callable[..., float]
     debounce: float
@@ -126,6 +131,10 @@ class RunPlan:
     # Debounce or throttle: decided (flow_key) before the gate; flow_passed once it ran.
     flow_key: str | None = None
     flow_passed: bool = False
+    # fair_key: the local wait queue of each shared limit's key (one per fair key
+    # value), and the limit key each "F" condition belongs to.
+    fair_queues: dict[str, str] = field(default_factory=dict)
+    fair_limits: dict[str, str] = field(default_factory=dict)
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -157,6 +166,7 @@ class TaskPolicy:
     # Keys given by the call itself (call_options.py): their material, used as given.
     call_exclusive: str | None = None
     call_unique: str | None = None
+    fair: FairPolicy | None = None  # fair_key: a shared limit shared fairly
     # Named limits shared with other tasks (baton_limits), and what one call costs them.
     shared: tuple[SharedLimit, ...] = ()
     cost: Cost | None = None
@@ -269,6 +279,7 @@ class TaskPolicy:
             plan.labels[key] = material
             plan.conditions.append(Condition.override(names.limits(self.name), "concurrency"))
             self._lease(plan, key, self.concurrency.limit, fence=False)
+            self._fair(plan, names, "cc", key, args, kwargs)
         rate = self.rate
         if rate is None and celery_rate is not None:
             rate = RatePolicy(celery_rate, 1, None)
@@ -283,6 +294,7 @@ class TaskPolicy:
                     names.rate(self.name, digest(material)), rate.interval_us, rate.burst
                 )
             )
+            self._fair(plan, names, "rate", plan.conditions[-1].key, args, kwargs)
             for more in self.more_rates:
                 # Every limit in the same atomic call: all pass or none is spent. Each
                 # has a key of its own (its interval in the name), in the task's family.
@@ -318,6 +330,24 @@ class TaskPolicy:
                     Condition.keep_unique(plan.unique_key, task_id, self.unique_ttl)
                 )
         return plan
+
+    def _fair(
+        self,
+        plan: RunPlan,
+        names: KeyNames,
+        kind: str,
+        limit_key: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        """fair_key: the "F" condition right after the shared limit's own (gate.lua)."""
+        if self.fair is None:
+            return
+        value, fair_digest = self.fair.value(args, kwargs)
+        base = names.fair(self.name, kind, limit_key.rsplit(":", 1)[-1])
+        plan.conditions += fairness.conditions(base, fair_digest, self.fair.stride(value))
+        plan.fair_queues[limit_key] = f"{limit_key}#{fair_digest}"
+        plan.fair_limits[base] = limit_key
 
     def _lease(self, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:
         plan.conditions.append(Condition.lease(key, limit=limit, fence=fence))
@@ -376,6 +406,7 @@ NEEDS = {
     "global_rate_limit_burst": "global_rate_limit",
     "global_rate_limit_key": "global_rate_limit",
     "global_concurrency_key": "global_concurrency",
+    "fair_weights": "fair_key",
     "cost": "limits",
 }
 
@@ -386,6 +417,12 @@ def check_option_names(name: str, options: Mapping[str, Any], others: Iterable[s
     somebody else's (Celery's own task attributes and publish options)."""
     others = set(others)
     for option in options:
+        if option == "fair":  # fair=True says fair, but not by what
+            raise ConfigError(
+                "unknown task option `fair`: name the key that shares the limit fairly, "
+                "e.g. fair_key='tenant' (did you mean `fair_key`?)",
+                subject=name,
+            )
         if option in TASK_OPTIONS or option in others:
             continue
         hint = suggest(option, TASK_OPTIONS)
@@ -467,6 +504,7 @@ def compile_policy(
             )
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
+    fair = _fair_policy(name, options, spec)
     shared = _shared_limits(name, options, settings)
     flow = debounce.compile_flow(name, options, spec)
 
@@ -517,6 +555,7 @@ def compile_policy(
         concurrency=concurrency,
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,
+        fair=fair,
         shared=shared,
         cost=options("cost"),
         flow=flow,
@@ -524,6 +563,29 @@ def compile_policy(
     if not (policy.gates_runs or policy.unique):
         return None
     return policy
+
+
+def _fair_policy(
+    name: str, options: Callable[[str], Any], spec: Callable[[str], KeySpec | None]
+) -> FairPolicy | None:
+    """``fair_key`` (and ``fair_weights``): one shared limit, shared fairly by the key's
+    values. A per-key limit (``global_concurrency_key``) is a cap of each key's own;
+    ``fair_key`` shares one cap among keys, so it needs a limit to share."""
+    if options("fair_key") is None:
+        return None
+    if options("global_concurrency") is None and options("global_rate_limit") is None:
+        raise ConfigError(
+            "fair_key shares a limit fairly: it needs global_concurrency or global_rate_limit",
+            subject=name,
+        )
+    key = spec("fair_key")
+    if key is None or key.whole_task:
+        raise ConfigError(
+            "fair_key must name what the limit is shared by (an argument name, a list, "
+            "a '{template}' or a callable), not True/False",
+            subject=f"{name}.fair_key",
+        )
+    return FairPolicy(key, check_weights(options("fair_weights"), f"{name}.fair_weights"))
 
 
 def _shared_limits(

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton import metrics, signals
+from celery_baton import fairness, metrics, signals
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
@@ -181,8 +181,17 @@ class Admission:
         if delivery.plan.flow_key is not None and not delivery.plan.flow_passed:
             flow.ask(self.channel, self.names, delivery, self._answered)
             return
+        conditions = delivery.plan.conditions
+        if delivery.plan.fair_limits:  # fair_key: say whether more of its key wait here
+            plan = delivery.plan
+            conditions = fairness.with_more(
+                conditions,
+                lambda fair: self.holding.others_waiting(
+                    plan.fair_queues[plan.fair_limits[fair]], delivery
+                ),
+            )
         self.channel.ask(
-            delivery.plan.conditions,
+            conditions,
             owner=delivery.plan.owner,
             ttl=delivery.policy.lease_ttl,
             reserve=delivery.plan.reserve,

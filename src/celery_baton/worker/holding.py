@@ -5,6 +5,10 @@ key that refused it). Only the head of a queue asks the gate again, when its tim
 due (the gate said when: ``retry_after``) or at once when a lease on that key is
 released (a pub/sub notice, relayed through a pipe onto the consumer's own loop).
 
+With ``fair_key``, a shared limit's queue is one per fair key value (``<limit key>#<value
+digest>``): each asks for its own head, the store says whose turn it is, and a release
+of the limit wakes them all (``_fair_groups``).
+
 Held deliveries raise the prefetch count like ETA tasks do, so they do not use up the
 window the worker needs to receive work it can run; past ``baton_hold_max`` they keep
 their slot, so the broker stops sending and memory stays bounded.
@@ -83,6 +87,7 @@ class Holding:
         self.held_count = 0
         self.counted = 0  # held deliveries that raised the prefetch count
         self._queues: dict[str, deque[Delivery]] = {}
+        self._fair_groups: dict[str, set[str]] = {}  # limit key -> its fair queues
         self._timers: dict[str, tuple[float, Any]] = {}
         self._wakeups: deque[str] = deque()
         self._wake_w: int | None = None
@@ -111,14 +116,24 @@ class Holding:
                 wait.key,
                 wait.delay,
             )
-        if delivery.queue_key != wait.key:
+        queue_key = delivery.plan.fair_queues.get(wait.key, wait.key)
+        if delivery.queue_key != queue_key:
             self.remove(delivery)
-            self._enqueue(self._queues.setdefault(wait.key, deque()), delivery)
-            delivery.queue_key = wait.key
+            self._enqueue(self._queues.setdefault(queue_key, deque()), delivery)
+            delivery.queue_key = queue_key
+            if queue_key != wait.key:
+                self._fair_groups.setdefault(wait.key, set()).add(queue_key)
         delay = wait.delay
         if self._released.at(wait.key) >= delivery.asked_at:
             delay = 0.0  # released after we asked: the notice came before the denial
-        self.arm(wait.key, delay, jitter=wait.jitter)
+        self.arm(queue_key, delay, jitter=wait.jitter)
+
+    def others_waiting(self, queue_key: str, delivery: Delivery) -> bool:
+        """Whether ``queue_key``'s queue holds a delivery other than ``delivery``."""
+        queue = self._queues.get(queue_key)
+        if not queue:
+            return False
+        return len(queue) > 1 or queue[0] is not delivery
 
     def _enqueue(self, queue: deque[Delivery], delivery: Delivery) -> None:
         """FIFO within a priority; a delivery of a higher message priority goes before
@@ -199,6 +214,7 @@ class Holding:
                 entry.cancel()
             self._timers.clear()
             self._queues.clear()
+            self._fair_groups.clear()
             return count
 
     def held_by_key(self, top: int = 20) -> dict[str, int]:
@@ -256,6 +272,12 @@ class Holding:
 
     def _drop_queue(self, key: str) -> None:
         self._queues.pop(key, None)
+        limit_key = key.rpartition("#")[0]
+        group = self._fair_groups.get(limit_key)
+        if group is not None:
+            group.discard(key)
+            if not group:
+                del self._fair_groups[limit_key]
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
@@ -291,14 +313,21 @@ class Holding:
         # Remembered even when nobody waits here yet: a denial may be on its way back
         # to this loop while the release that follows it is already announced.
         self._released.note(key)
-        if key not in self._queues:
+        if key not in self._queues and key not in self._fair_groups:
             return
         if self._wake_w is not None:
             self._wakeups.append(key)
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"!")
         else:  # timer2 runs its own thread and is thread-safe
-            self.consumer.timer.call_after(0, self._on_timer, (key,))
+            self.consumer.timer.call_after(0, self._on_release, (key,))
+
+    def _on_release(self, key: str) -> None:
+        """``key`` was released: its queue, and each fair queue of it, asks again."""
+        with self.lock:
+            queues = [key, *self._fair_groups.get(key, ())]
+        for queue_key in queues:
+            self._on_timer(queue_key)
 
     def _on_wake_pipe(self, fd: int) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -307,4 +336,4 @@ class Holding:
         while self._wakeups:
             keys.add(self._wakeups.popleft())
         for key in keys:
-            self._on_timer(key)
+            self._on_release(key)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from celery_baton.fairness import REFRESH
 from celery_baton.gate import Decision, owner_task_id
 from celery_baton.policy import RunPlan
 
@@ -42,6 +43,7 @@ class Reason(enum.Enum):
     RATE = "rate"  # no rate slot yet
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+    FAIR = "fair"  # a free slot, but other keys of a fair_key limit go first
     PENALTY = "penalty"  # a named limit is penalized (penalize: a 429's Retry-After)
     SUPERSEDED = "superseded"  # a newer publish of the same key replaces this one
     GRACE = "grace"  # the store lost its data: holders re-assert before new grants
@@ -94,6 +96,8 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
         return Reason.PENALTY
     if condition.kind == "G":
         return Reason.GRACE
+    if condition.kind == "F":
+        return Reason.FAIR
     if condition.key == plan.exclusive_key:
         return Reason.EXCLUSIVE
     if condition.key == plan.run_key:
@@ -120,6 +124,34 @@ def verdict(
     """
     if decision.granted:
         return Start(decision.fence, decision.start_after, decision.epoch)
+    outcome = _verdict(
+        decision,
+        plan,
+        task_name=task_name,
+        task_id=task_id,
+        conflict=conflict,
+        denied_since=denied_since,
+        now=now,
+        wait_timeout=wait_timeout,
+    )
+    if isinstance(outcome, Wait) and outcome.key in plan.fair_queues:
+        # Waiting for a fair_key limit: ask again in time to renew this worker's
+        # presence in the store's queue of waiting keys (fairness.PRESENCE).
+        return Wait(outcome.reason, outcome.key, min(outcome.delay, REFRESH), outcome.jitter)
+    return outcome
+
+
+def _verdict(
+    decision: Decision,
+    plan: RunPlan,
+    *,
+    task_name: str,
+    task_id: str,
+    conflict: str,
+    denied_since: float | None,
+    now: float,
+    wait_timeout: float | None,
+) -> Verdict:
     why = reason(decision, plan)
     condition = decision.denied_by
     assert condition is not None
@@ -175,6 +207,12 @@ def verdict(
             )
         left = wait_timeout - waited
         return Wait(why, key, min(max(decision.retry_after, 0.0001), left))
+    if why is Reason.FAIR:
+        # Queued with the shared limit's own key: its release notices wake it.
+        limit_key = plan.fair_limits[key]
+        rate = any(c.kind == "R" and c.key == limit_key for c in plan.conditions)
+        early = decision.retry_after - (plan.reserve * 0.9 if rate else 0.0)
+        return Wait(why, limit_key, max(early, 0.0001), jitter=not rate)
     if why is Reason.RATE:
         if plan.reserve:
             # Ask again just inside the reservation window: the slot is then reserved

@@ -37,6 +37,15 @@
 --             until each had the chance (one lease ttl, ARGV[2], since that moment) no
 --             new lease is granted: denied with retry_after = the rest of the grace. The
 --             one write a denial may make: creating this key.
+--   kind "F"  fairness of the shared limit decided by condition i-1 (an "L" or "R"),
+--             fairness.py: KEYS[i] hash (n:<key> workers holding <key>, vt), KEYS[i+1]
+--             the waiting keys by pass, KEYS[i+2] presences "<key>|<worker>" by expiry
+--             (ms), KEYS[i+3] passes of keys that left ahead of vt; those three come as
+--             kind "-" (keys only). a = the fair key (a digest), b = "<stride> <more>
+--             <presence ms>": more = 1 when the asking worker holds other requests of
+--             the key. Passes only if the key is among the first `free` waiting keys
+--             by pass (free: what condition i-1 admits now). Denied here or by i-1, the
+--             key is registered as waiting (the only other writes a denial makes).
 --   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
 --             created from TIME when missing, and returned; the holder renews under it
 --             (renew.lua: a lease gone under an unchanged epoch is never written back)
@@ -73,6 +82,75 @@ local writes = {}
 local override = nil
 local epoch = ''
 local start_at = now_us  -- a reserved rate slot may start later than now
+-- fairness ("F"): what the condition before it admits now, and, for a rate, when the
+-- slot after the next one comes (a key denied its turn asks again then)
+local free, fair_retry_us = 0, 0
+local worker = string.match(owner, '^[^|]*|([^|]*)') or owner
+
+local function fair_of(i)
+  local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
+  return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
+    k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
+    presence = tonumber(presence)}
+end
+
+-- The pass of the latest grant, read once per call.
+local function fair_vt(f)
+  if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
+  return f.vt
+end
+
+-- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
+local function fair_leave(f, k, pass)
+  call('HDEL', f.n, 'n:' .. k)
+  pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
+  call('ZREM', f.q, k)
+  if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
+end
+
+-- Presences not renewed in time: their worker died, or its requests left unannounced.
+local function fair_sweep(f)
+  local gone = call('ZRANGEBYSCORE', f.p, '-inf', now_ms, 'LIMIT', 0, 64)
+  for _, member in ipairs(gone) do
+    call('ZREM', f.p, member)
+    local k = string.match(member, '^([^|]*)')
+    if call('HINCRBY', f.n, 'n:' .. k, -1) <= 0 then fair_leave(f, k) end
+  end
+end
+
+-- The pass key f.k has, or would have if it started waiting now.
+local function fair_pass(f)
+  local pass = call('ZSCORE', f.q, f.k)
+  if pass then return tonumber(pass), true end
+  local vt = fair_vt(f)
+  local saved = tonumber(call('ZSCORE', f.s, f.k) or '0')
+  if saved > vt then return saved, false end
+  return vt, false
+end
+
+local function fair_touch(f)
+  local ms = 2 * f.presence
+  call('PEXPIRE', f.n, ms); call('PEXPIRE', f.q, ms)
+  call('PEXPIRE', f.p, ms); call('PEXPIRE', f.s, ms)
+end
+
+-- This worker holds (other) requests of f.k: the key waits, at `pass`.
+local function fair_present(f, pass)
+  call('ZADD', f.q, pass, f.k)
+  call('ZREM', f.s, f.k)
+  if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. worker) == 1 then
+    call('HINCRBY', f.n, 'n:' .. f.k, 1)
+  end
+  fair_touch(f)
+end
+
+-- Condition i (an "L" or "R") denied: if an "F" follows, its key now waits.
+local function fair_wait(i)
+  if ARGV[3 * (i + 1) + 1] ~= 'F' then return end
+  local f = fair_of(i + 1)
+  fair_sweep(f)
+  fair_present(f, (fair_pass(f)))
+end
 local assigned = 0  -- the publish order an "S" condition was given here
 local SUPERSEDE_TTL_MS = 86400000
 
@@ -115,8 +193,11 @@ for i = 1, #KEYS do
     if not mine and live >= limit then
       -- A hint for release: someone waits for this key, so publish a notice.
       call('HSET', key, '_w', '1')
+      fair_wait(i)
       return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3), assigned}
     end
+    free = limit - live
+    if mine then free = 1e9 end  -- a retried call of the same owner keeps its lease
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
       #flat > 0}
   elseif kind == 'R' then
@@ -129,8 +210,12 @@ for i = 1, #KEYS do
     if tat < now_us then tat = now_us end
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
+    -- Slots free within the reservation window (for an "F" after this condition).
+    free = math.floor((now_us + reserve_us - tat) / interval) + burst
+    fair_retry_us = math.max(allow_at + interval - now_us, 1)
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
+        fair_wait(i)
         return {0, i, allow_at - now_us, '', assigned}
       end
       -- Reserve the slot: the schedule advances exactly one interval, however late
@@ -162,6 +247,23 @@ for i = 1, #KEYS do
     local limit, extra = nil, nil
     if value then limit, extra = string.match(value, '^(%S+)%s*(%S*)$') end
     if limit then override = {limit, extra} end  -- (`limits set` validates what it writes)
+  elseif kind == 'F' then
+    local f = fair_of(i)
+    fair_sweep(f)
+    local pass, waiting = fair_pass(f)
+    -- Keys ahead: a lower pass (ties: the one already waiting, then by name).
+    local ahead = call('ZCOUNT', f.q, '-inf', '(' .. format('%.17g', pass))
+    if waiting then ahead = call('ZRANK', f.q, f.k) end
+    if ahead >= free then
+      fair_present(f, pass)
+      local retry = fair_retry_us
+      if ARGV[3 * i - 2] == 'L' then
+        call('HSET', KEYS[i - 1], '_w', '1')  -- woken by the next release
+        retry = f.presence / 3 * 1000  -- and renews its presence by then
+      end
+      return {0, i, retry, '', assigned}
+    end
+    writes[#writes + 1] = {'F', f, pass}
   elseif kind == 'D' then
     local done_by = call('GET', key)
     if done_by then
@@ -272,6 +374,28 @@ for _, w in ipairs(writes) do
       call('SET', key, format('%d', new_tat), 'KEEPTTL')
     else
       call('SET', key, format('%d', new_tat), 'PX', format('%d', (expires_at - now_us) / 1000 + 1))
+    end
+  elseif w[1] == 'F' then
+    -- The turn is taken: the key's pass moves on by its stride (1e6 / weight).
+    local f, pass = w[2], w[3]
+    if pass > fair_vt(f) then
+      f.vt = pass
+      call('HSET', f.n, 'vt', format('%.17g', pass))
+    end
+    call('ZREMRANGEBYSCORE', f.s, '-inf', format('%.17g', f.vt))
+    pass = pass + f.stride
+    if f.more then
+      fair_present(f, pass)
+    else
+      if call('ZREM', f.p, f.k .. '|' .. worker) == 1 then
+        call('HINCRBY', f.n, 'n:' .. f.k, -1)
+      end
+      if tonumber(call('HGET', f.n, 'n:' .. f.k) or '0') <= 0 then
+        fair_leave(f, f.k, pass)
+      else
+        call('ZADD', f.q, pass, f.k)
+      end
+      fair_touch(f)
     end
   elseif w[1] == 'N' then
     call('SET', key, 'run', 'PX', w[3])
