@@ -609,6 +609,8 @@ class Nemesis:
                 cap=self.module.CAP,
                 rate=self.module.RATE,
                 burst=self.module.BURST,
+                # visibility_timeout, then a restore each second under a 5 s mutex.
+                redelivery=self.module.VISIBILITY + 10.0,
             ),
         )
 
