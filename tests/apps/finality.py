@@ -128,6 +128,13 @@ def uq_late(self: Task, key: str, sleep: float) -> str:
     return str(self.request.id)
 
 
+@app.task(bind=True, unique="key", acks_late=True, reject_on_worker_lost=True, lease_ttl=2.0)
+def uq_late_short(self: Task, key: str, sleep: float) -> str:
+    """:func:`uq_late` whose run's hold on its key lapses 2 s after its worker died."""
+    observer().run(key, sleep=sleep, task_id=self.request.id)
+    return str(self.request.id)
+
+
 def unique_key(task: Task, *args: Any, **kwargs: Any) -> str:
     """The store key that a publish of ``task(*args, **kwargs)`` claims."""
     policy = baton.policy_for(task)

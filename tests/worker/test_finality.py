@@ -162,3 +162,30 @@ def test_a_killed_workers_unique_run_keeps_its_key_until_the_broker_gives_it_bac
     # (max_running counts the killed run as running forever: compare finished runs)
     finished = sorted(observer.runs_of("kw"), key=lambda r: r.start)
     assert all(a.end <= b.start for a, b in itertools.pairwise(finished)), finished
+
+
+def test_an_expiring_unique_run_lost_with_its_worker_frees_its_key_within_lease_ttl(
+    workers: Workers, observer: Observer, store: redis.Redis
+) -> None:
+    """The soak's finding: a unique ``acks_late`` run with ``expires=3`` whose worker is
+    SIGKILLed. The broker gives its message back only after ``visibility_timeout``
+    (10 s), past its expiry: Celery will discard that copy, so the id will never run.
+    A publish at 5 s (past the message's expiry and past ``lease_ttl``, 2 s, after the
+    kill) must be queued and run, not deduplicated into a task that ends REVOKED; and
+    the copy, discarded, must not run beside it."""
+    from tests.apps.finality import uq_late_short
+
+    env = {"FINALITY_VISIBILITY": "10"}
+    first_worker = workers.start(APP, concurrency=1, env=env)
+    published = time.monotonic()
+    first = uq_late_short.apply_async(("kl", 20.0), expires=3)
+    observer.starts_of("kl", timeout=3)
+    first_worker.kill()
+    workers.start(APP, concurrency=1, env=env)
+    time.sleep(max(0.0, published + 5.0 - time.monotonic()))
+
+    again = uq_late_short.apply_async(("kl", 1.0), expires=3)
+    assert again.id != first.id, "deduplicated into a task whose message will be discarded"
+    assert again.get(timeout=30) == again.id
+    wait_until(lambda: first.state == "REVOKED", 30, "the expired copy to be discarded")
+    assert [s["task_id"] for s in observer.started()] == [first.id, again.id]
