@@ -463,6 +463,14 @@ def _outages_until(history: History, kinds: Sequence[str], since: int, until: in
     return until
 
 
+def _discarded(history: History, pub: Published, holder: list[_Span]) -> bool:
+    """Whether ``pub`` was deduplicated into a run killed with its worker whose copy,
+    given back by the broker, was discarded (REVOKED) rather than run again."""
+    last = max(holder, key=lambda s: s.end)
+    later = any(s.run.start > pub.at for s in holder)
+    return last.killed and not later and history.results.get(pub.into) == "REVOKED"
+
+
 def _judge_late_holder(
     history: History, pub: Published, holder: list[_Span], report: Report
 ) -> None:
@@ -470,11 +478,13 @@ def _judge_late_holder(
 
     The key is the holder's until Celery is done with its message, not until its run
     ended: a run that finished while the broker was down keeps its key until its ack
-    went through (the ack comes first, then the key is freed); a run killed with its
+    went through (the ack comes first, then the key is freed). A run killed with its
     worker keeps it until the broker gives the message back (``Limits.redelivery``),
-    and the copy then runs (not this case: it ran later) or, past its ``expires``, is
-    discarded by Celery as REVOKED, which frees the key. The latter is the known window
-    "unique-expired-holder": the duplicate's caller gets the holder's REVOKED result.
+    and the copy then runs (not this case: it ran later); but a run whose message
+    expires holds its key only while it lives (renewed; lapsing within ``lease_ttl``
+    of its death), since a copy given back expired is discarded (REVOKED). A publish
+    deduplicated into such a holder before its claim lapsed is the known window
+    "unique-expired-holder": its caller gets the holder's REVOKED result.
     """
     limits = history.limits
     slack = int(limits.slack * SECOND)
@@ -492,21 +502,26 @@ def _judge_late_holder(
             return
         report.violations["accounting"].append(what)
         return
-    back_by = _outages_until(
-        history, BROKER_OUTAGES, last.end, last.end + int(limits.redelivery * SECOND)
-    )
     result = history.results.get(pub.into, "")
-    if pub.at <= back_by + slack and result == "REVOKED":
+    sent = next((p for p in history.published if p.task_id == pub.into), None)
+    if sent is not None and "expires=" in sent.detail:
+        # Its run held the claim while it lived: lost with its worker, the claim lapsed
+        # within lease_ttl (the message's expiry is shorter in the soak).
+        back_by = last.end + int(limits.lease_ttl * SECOND)
+        how = f"{limits.lease_ttl:g} s (lease_ttl) after its run was killed"
+    else:
+        back_by = _outages_until(
+            history, BROKER_OUTAGES, last.end, last.end + int(limits.redelivery * SECOND)
+        )
+        how = "the broker gave its message back"
+    if pub.at > back_by + slack:
+        report.violations["accounting"].append(f"{what} (later than {how}, at {back_by})")
+    elif result == "REVOKED":
         report.known["unique-expired-holder"].append(
             f"{what}; its copy came back expired and was discarded (REVOKED)"
         )
-        return
-    why = (
-        f"its result is {result or 'missing'}"
-        if pub.at <= back_by + slack
-        else (f"after the broker gave its message back (by {back_by})")
-    )
-    report.violations["accounting"].append(f"{what} ({why})")
+    elif result == "" or pub.at > last.end + int((limits.lease_ttl + limits.slack) * SECOND):
+        report.violations["accounting"].append(f"{what} (its result is {result or 'missing'})")
 
 
 def check_accounting(history: History, spans: list[_Span], report: Report) -> None:
@@ -548,7 +563,10 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
                     f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, {how}, "
                     "which never ran"
                 )
-            elif holder and not _ran_around(holder, pub.at, pub.at, slack, killed_slack):
+            elif holder and (
+                _discarded(history, pub, holder)
+                or not _ran_around(holder, pub.at, pub.at, slack, killed_slack)
+            ):
                 _judge_late_holder(history, pub, holder, report)
             continue
         if pub.task_id in ran:

@@ -282,6 +282,19 @@ def test_a_killed_unique_holder_keeps_its_key_until_the_broker_gives_its_message
     assert "gave its message back" in after.violations["accounting"][0], after.summary()
 
 
+def test_an_expiring_unique_holder_killed_with_its_worker_holds_its_key_for_lease_ttl() -> None:
+    """Its run held the claim while it lived: a dedup within lease_ttl of the kill is the
+    known window (the caller gets REVOKED); one later means the claim outlived its run."""
+    holder = [run("uq:a", "1", 0, None, pid=7)]
+    kill = [Fault("kill_worker", int(1 * S), int(2 * S), pids=(7,))]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    expiring = Published("1", "uq", 0, detail="expires=2")
+    soon = judge(holder, published=[expiring, _into("1", 5)], faults=kill, results=results)
+    assert soon.ok and soon.known["unique-expired-holder"], soon.summary()
+    late = judge(holder, published=[expiring, _into("1", 14)], faults=kill, results=results)
+    assert "lease_ttl" in late.violations["accounting"][0], late.summary()
+
+
 def test_a_unique_holder_whose_ack_waited_on_the_broker_still_holds_its_key() -> None:
     """A run that ended while the broker was SIGSTOPped: Celery acks first, then the key
     is freed, so the key is held until the broker answers again (and no longer)."""
