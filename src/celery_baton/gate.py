@@ -138,6 +138,22 @@ class Release:
 
 
 @dataclass(frozen=True)
+class HeldClaim:
+    """The unique claim of a running task whose message expires, renewed with its run's
+    leases (unique_keep.lua): held while the run lives, and ``expires_at`` (wall clock,
+    seconds since the epoch) so that a copy the broker gives back unexpired still finds
+    it; after both, it lapses, since a copy that comes back later is discarded."""
+
+    key: str
+    task_id: str
+    ttl: float
+    expires_at: float
+
+    def ttl_from(self, now: float) -> float:
+        return max(self.ttl, self.expires_at - now)
+
+
+@dataclass(frozen=True)
 class HeldLease:
     """A lease as its holder knows it, for batched renewal.
 
@@ -299,6 +315,17 @@ class Gate:
         ).script_call(self.notice_channel)
         try:
             return int(self.store.scripts.call("release", keys, args))
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def keep_claims(self, claims: Sequence[HeldClaim], now: float) -> list[bool]:
+        """Extend running tasks' unique claims in one round trip (one single-key call
+        each, pipelined): False for a claim that is gone or another task id's."""
+        if not claims:
+            return []
+        calls = [([c.key], [c.task_id, max(1, round(c.ttl_from(now) * 1000))]) for c in claims]
+        try:
+            return [bool(kept) for kept in self.store.scripts.call_many("unique_keep", calls)]
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 

@@ -24,12 +24,13 @@ import os
 import queue
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError, LeaseNotOwned
-from celery_baton.gate import LOST, REASSERTED, Condition, Gate, HeldLease, Release
+from celery_baton.gate import LOST, REASSERTED, Condition, Gate, HeldClaim, HeldLease, Release
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class LeaseBook:
         self.on_lost = on_lost
         self.on_tick = on_tick  # e.g. the worker's status report, on the same schedule
         self._held: dict[str, list[HeldLease]] = {}
+        self._claims: dict[str, HeldClaim] = {}  # owner -> its run's unique claim
         self._pending_releases: list[Callable[[], object]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -142,8 +144,19 @@ class LeaseBook:
         self.renewals = 0
         self.losses = 0
 
-    def add(self, owner: str, leases: list[HeldLease], *, epoch: str = "") -> None:
-        """Hold ``owner``'s ``leases`` from now on; ``epoch``: the grant's (Decision.epoch)."""
+    def add(
+        self,
+        owner: str,
+        leases: list[HeldLease],
+        *,
+        epoch: str = "",
+        claim: HeldClaim | None = None,
+    ) -> None:
+        """Hold ``owner``'s ``leases`` (and its run's unique ``claim``) from now on;
+        ``epoch``: the grant's (Decision.epoch)."""
+        if claim is not None:
+            with self._lock:
+                self._claims[owner] = claim
         if leases:
             if epoch:
                 leases = [HeldLease(x.key, x.owner, x.limit, x.ttl, epoch) for x in leases]
@@ -152,6 +165,7 @@ class LeaseBook:
 
     def remove(self, owner: str) -> list[HeldLease]:
         with self._lock:
+            self._claims.pop(owner, None)
             return self._held.pop(owner, [])
 
     def held(self) -> list[HeldLease]:
@@ -206,6 +220,7 @@ class LeaseBook:
                         self.on_lost(lease.owner, lease.key)
                 else:
                     logger.warning("lease re-asserted after the store lost it: %s", lease.key)
+        self._keep_claims()
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []
         for i, release in enumerate(pending):
@@ -215,6 +230,26 @@ class LeaseBook:
                 with self._lock:
                     self._pending_releases.extend(pending[i:])
                 raise
+
+    def _keep_claims(self) -> None:
+        with self._lock:
+            claims = list(self._claims.items())
+        if not claims:
+            return
+        kept = self.gate.keep_claims([claim for _, claim in claims], time.time())
+        for (owner, claim), ok in zip(claims, kept, strict=True):
+            if ok:
+                continue
+            with self._lock:
+                if self._claims.get(owner) is not claim:
+                    continue  # the run finished meanwhile and freed its claim itself
+                del self._claims[owner]
+            logger.warning(
+                "unique claim %s of running task %s is gone (freed by hand, or the store "
+                "lost it): a duplicate publish may be queued beside it",
+                claim.key,
+                claim.task_id,
+            )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

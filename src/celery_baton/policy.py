@@ -7,6 +7,7 @@ class), validates them, and turns one call into the gate's conditions.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
@@ -17,7 +18,7 @@ from celery_baton.config import Settings, suggest
 from celery_baton.debounce import FlowPolicy
 from celery_baton.errors import ConfigError
 from celery_baton.fairness import FairPolicy, check_weights
-from celery_baton.gate import Condition, HeldLease
+from celery_baton.gate import Condition, HeldClaim, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
 from celery_baton.rates import interval_us, parse_burst, parse_rate
 from celery_baton.shared_limits import Cost, SharedLimit, call_cost, parse_limits, resolve
@@ -135,6 +136,7 @@ class RunPlan:
     # value), and the limit key each "F" condition belongs to.
     fair_queues: dict[str, str] = field(default_factory=dict)
     fair_limits: dict[str, str] = field(default_factory=dict)
+    kept_claim: HeldClaim | None = None  # the unique claim its run renews (expiring message)
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -240,13 +242,19 @@ class TaskPolicy:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
-        expires: bool = False,
+        expires_at: float | None = None,
+        now: float | None = None,
         order: int | None = None,
     ) -> RunPlan:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
-        ``expires``: the message carries an expiry, so its unique claim may have been
-        given a ttl as short as that (see ``publish``): the run must extend it.
+        ``expires_at`` (wall clock, seconds since the epoch; ``now`` by the same clock):
+        the message's expiry. Its unique claim may have been given a ttl as short as that
+        (see ``publish``), so the run must extend it; and a copy of it that the broker
+        gives back after the run was lost with its worker is discarded once expired, so
+        the claim is held by the run's liveness (renewed with its leases) rather than
+        for ``unique_ttl``: lost with its worker, it lapses within ``lease_ttl`` (or at
+        the expiry, if later), and the next publish is queued.
         ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
@@ -322,10 +330,17 @@ class TaskPolicy:
                 )
             if self.unique_until == "started":
                 plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
-            elif plan.conditions or expires:
-                # Held until the run finishes, whatever ttl the publish gave the claim.
-                # Free in a call made anyway; a task with no other condition makes the
-                # call only when its claim may be shorter than unique_ttl.
+            elif expires_at is not None:
+                # Held while the run lives (renewed with its leases), whatever ttl the
+                # publish gave the claim; a task with no other condition makes the call
+                # for it.
+                claim = HeldClaim(plan.unique_key, task_id, self.lease_ttl, expires_at)
+                plan.kept_claim = claim
+                ttl = claim.ttl_from(time.time() if now is None else now)
+                plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
+            elif plan.conditions:
+                # Held until the run finishes, in the call made anyway (the claim's ttl
+                # from the publish is unique_ttl: no expiry cut it).
                 plan.conditions.append(
                     Condition.keep_unique(plan.unique_key, task_id, self.unique_ttl)
                 )

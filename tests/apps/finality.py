@@ -37,7 +37,13 @@ app.conf.update(
     baton_socket_timeout=1.0,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
-    broker_transport_options={"visibility_timeout": 3600},
+    # A test of a killed worker's messages sets a short one (the broker gives them back
+    # after it): FINALITY_VISIBILITY seconds, restored every second.
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("FINALITY_VISIBILITY", "3600")),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
     broker_connection_retry_on_startup=True,
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s).
@@ -111,6 +117,20 @@ def uq_long(self: Task, key: str, sleep: float) -> str:
 @app.task(bind=True, unique="key", global_concurrency=10)
 def uq_long_gated(self: Task, key: str, sleep: float) -> str:
     """Unique and limited: every delivery goes through the gate anyway."""
+    observer().run(key, sleep=sleep, task_id=self.request.id)
+    return str(self.request.id)
+
+
+@app.task(bind=True, unique="key", acks_late=True, reject_on_worker_lost=True)
+def uq_late(self: Task, key: str, sleep: float) -> str:
+    """Unique and ``acks_late``: a killed worker's run comes back from the broker."""
+    observer().run(key, sleep=sleep, task_id=self.request.id)
+    return str(self.request.id)
+
+
+@app.task(bind=True, unique="key", acks_late=True, reject_on_worker_lost=True, lease_ttl=2.0)
+def uq_late_short(self: Task, key: str, sleep: float) -> str:
+    """:func:`uq_late` whose run's hold on its key lapses 2 s after its worker died."""
     observer().run(key, sleep=sleep, task_id=self.request.id)
     return str(self.request.id)
 

@@ -63,6 +63,11 @@ app.conf.update(
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # kombu's restore takes a mutex on the broker for this long; a broker that was
+        # SIGSTOPped past socket_timeout runs the SET after the client gave up, and the
+        # mutex then blocks every restore (a killed worker's messages) for its whole
+        # expiry (default 300 s). A restore takes milliseconds here.
+        "unacked_mutex_expire": 5,
         "socket_timeout": 5,
         "socket_connect_timeout": 5,
     },

@@ -107,6 +107,10 @@ class Limits:
     #: How late after its holder ended a skip or a deduplication may still be legitimate
     #: (the release travels from the pool child through the main process to the store).
     slack: float = 2.0
+    #: How long after a worker was killed the broker may give its unacknowledged messages
+    #: back (a Redis broker: ``visibility_timeout``, plus its restore interval and restore
+    #: mutex). Until then a killed run's unique key is still its own (docs/failure.md).
+    redelivery: float = 25.0
     #: Beat entries with a fixed period (seconds): their slots are at least that far apart.
     beat_periods: dict[str, float] = field(default_factory=lambda: {"every1": 1.0})
 
@@ -441,6 +445,85 @@ def _ran_around(spans: Sequence[_Span], since: int, at: int, slack: int, killed_
     return False
 
 
+BROKER_OUTAGES = ("pause_broker", "restart_broker")
+
+
+def _outages_until(history: History, kinds: Sequence[str], since: int, until: int) -> int:
+    """``until`` pushed back by the faults of ``kinds`` that began in ``[since, until]``
+    (each one delays what was due then by its length), applied until none is left."""
+    counted: set[int] = set()
+    moved = True
+    while moved:
+        moved = False
+        for i, fault in enumerate(history.faults):
+            if i not in counted and fault.kind in kinds and since <= fault.start <= until:
+                counted.add(i)
+                until += fault.length
+                moved = True
+    return until
+
+
+def _discarded(history: History, pub: Published, holder: list[_Span]) -> bool:
+    """Whether ``pub`` was deduplicated into a run killed with its worker whose copy,
+    given back by the broker, was discarded (REVOKED) rather than run again."""
+    last = max(holder, key=lambda s: s.end)
+    later = any(s.run.start > pub.at for s in holder)
+    return last.killed and not later and history.results.get(pub.into) == "REVOKED"
+
+
+def _judge_late_holder(
+    history: History, pub: Published, holder: list[_Span], report: Report
+) -> None:
+    """A publish deduplicated into a holder that was neither running nor ran again later.
+
+    The key is the holder's until Celery is done with its message, not until its run
+    ended: a run that finished while the broker was down keeps its key until its ack
+    went through (the ack comes first, then the key is freed). A run killed with its
+    worker keeps it until the broker gives the message back (``Limits.redelivery``),
+    and the copy then runs (not this case: it ran later); but a run whose message
+    expires holds its key only while it lives (renewed; lapsing within ``lease_ttl``
+    of its death), since a copy given back expired is discarded (REVOKED). A publish
+    deduplicated into such a holder before its claim lapsed is the known window
+    "unique-expired-holder": its caller gets the holder's REVOKED result.
+    """
+    limits = history.limits
+    slack = int(limits.slack * SECOND)
+    last = max(holder, key=lambda s: s.end)
+    what = (
+        f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, which was no "
+        "longer queued or running: " + "; ".join(_describe(s) for s in holder)
+    )
+    if not last.killed:
+        acked_by = _outages_until(history, BROKER_OUTAGES, last.end - slack, last.end + slack)
+        if pub.at <= acked_by + slack:
+            report.counts["dedup while the holder's ack waited"] = (
+                report.counts.get("dedup while the holder's ack waited", 0) + 1
+            )
+            return
+        report.violations["accounting"].append(what)
+        return
+    result = history.results.get(pub.into, "")
+    sent = next((p for p in history.published if p.task_id == pub.into), None)
+    if sent is not None and "expires=" in sent.detail:
+        # Its run held the claim while it lived: lost with its worker, the claim lapsed
+        # within lease_ttl (the message's expiry is shorter in the soak).
+        back_by = last.end + int(limits.lease_ttl * SECOND)
+        how = f"{limits.lease_ttl:g} s (lease_ttl) after its run was killed"
+    else:
+        back_by = _outages_until(
+            history, BROKER_OUTAGES, last.end, last.end + int(limits.redelivery * SECOND)
+        )
+        how = "the broker gave its message back"
+    if pub.at > back_by + slack:
+        report.violations["accounting"].append(f"{what} (later than {how}, at {back_by})")
+    elif result == "REVOKED":
+        report.known["unique-expired-holder"].append(
+            f"{what}; its copy came back expired and was discarded (REVOKED)"
+        )
+    elif result == "" or pub.at > last.end + int((limits.lease_ttl + limits.slack) * SECOND):
+        report.violations["accounting"].append(f"{what} (its result is {result or 'missing'})")
+
+
 def check_accounting(history: History, spans: list[_Span], report: Report) -> None:
     limits = history.limits
     slack = int(limits.slack * SECOND)
@@ -480,11 +563,11 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
                     f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, {how}, "
                     "which never ran"
                 )
-            elif holder and not _ran_around(holder, pub.at, pub.at, slack, killed_slack):
-                report.violations["accounting"].append(
-                    f"{pub.task} {pub.task_id} deduplicated at {pub.at} into {pub.into}, which "
-                    f"was no longer queued or running: " + "; ".join(_describe(s) for s in holder)
-                )
+            elif holder and (
+                _discarded(history, pub, holder)
+                or not _ran_around(holder, pub.at, pub.at, slack, killed_slack)
+            ):
+                _judge_late_holder(history, pub, holder, report)
             continue
         if pub.task_id in ran:
             continue

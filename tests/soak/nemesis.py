@@ -67,6 +67,8 @@ from tests.support.workers import BeatProcess, WorkerProcess
 
 APP = "tests.apps.soak"
 SKIPPED = "soak:skipped"  # tests.apps.soak.SKIPPED, without importing the app here
+#: What the publisher sends (each a task of tests.apps.soak); ``--only`` picks some.
+PUBLISH_KINDS = ("ex_skip", "ex_wait", "capped", "uq", "guarded", "rated")
 
 
 @dataclass
@@ -88,6 +90,8 @@ class SoakConfig:
     #: Also export the store's URL as ``$BATON_URL``: a part that ignores
     #: ``Baton(app, url=...)`` then still finds the store (to look past issue 11, item 1).
     url_in_env: bool = False
+    #: Publish only these kinds of task (default: every kind): a focused soak.
+    only: tuple[str, ...] = ()
     #: Fault kind -> weight. Every kind listed in :meth:`Nemesis.faults`.
     weights: dict[str, float] = field(
         default_factory=lambda: {
@@ -456,8 +460,9 @@ class Nemesis:
 
     def _publish_loop(self) -> None:
         rng = self.publish_rng
-        kinds = ["ex_skip", "ex_wait", "capped", "uq", "guarded", "rated"]
-        weights = [2, 2, 2, 2, 1.5, 1]
+        weighted = dict(zip(PUBLISH_KINDS, (2, 2, 2, 2, 1.5, 1), strict=True))
+        kinds = [k for k in PUBLISH_KINDS if not self.config.only or k in self.config.only]
+        weights = [weighted[k] for k in kinds]
         n = 0
         while not self._stop_publishing.wait(rng.uniform(*self.config.publish_gap)):
             kind = rng.choices(kinds, weights)[0]
@@ -470,8 +475,12 @@ class Nemesis:
                 self._send(kind, (n, round(rng.uniform(0.5, 2.0), 2)))
             elif kind == "uq":
                 # Half of them with expires= shorter than some runs (issue 11, item 4).
-                options = {"expires": 2} if rng.random() < 0.5 else {}
-                self._send(kind, (rng.choice("abc"), round(rng.uniform(0.5, 3.0), 2)), **options)
+                expiring = rng.random() < 0.5
+                args = (rng.choice("abc"), round(rng.uniform(0.5, 3.0), 2))
+                if expiring:
+                    self._send(kind, args, detail="expires=2", expires=2)
+                else:
+                    self._send(kind, args)
             elif kind == "guarded":
                 sleep = round(rng.uniform(0.2, 1.0), 2)
                 task_id = self._send(kind, (sleep,))
@@ -504,7 +513,9 @@ class Nemesis:
             )
             return None
         if result.id != task_id:
-            self.published.append(Published(task_id, kind, at, "deduplicated", into=result.id))
+            self.published.append(
+                Published(task_id, kind, at, "deduplicated", into=result.id, detail=detail)
+            )
             return None
         self.published.append(Published(task_id, kind, at, "sent", detail=detail))
         return task_id
@@ -598,6 +609,8 @@ class Nemesis:
                 cap=self.module.CAP,
                 rate=self.module.RATE,
                 burst=self.module.BURST,
+                # visibility_timeout, then a restore each second under a 5 s mutex.
+                redelivery=self.module.VISIBILITY + 10.0,
             ),
         )
 
@@ -639,7 +652,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also export the store URL as $BATON_URL (parts that ignore Baton(url=) find it)",
     )
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"publish only these kinds, comma-separated ({','.join(PUBLISH_KINDS)})",
+    )
+    parser.add_argument(
+        "--faults",
+        default="",
+        help="inject only these fault kinds, comma-separated (default: all, see docs/soak.md)",
+    )
     args = parser.parse_args(argv)
+    only = tuple(k for k in args.only.split(",") if k)
+    unknown = sorted(set(only) - set(PUBLISH_KINDS))
+    if unknown:
+        parser.error(f"--only: unknown kind(s) {unknown}; choose from {list(PUBLISH_KINDS)}")
+    weights = SoakConfig(seed=0).weights
+    faults = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(faults) - set(weights))
+    if unknown:
+        parser.error(f"--faults: unknown kind(s) {unknown}; choose from {sorted(weights)}")
+    if faults:
+        weights = {k: w for k, w in weights.items() if k in faults}
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     failed = 0
     for run in range(args.runs):
@@ -649,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
             drain_seconds=args.drain,
             log_dir=args.logs / f"seed-{seed + run}" if args.logs else None,
             url_in_env=args.url_in_env,
+            only=only,
+            weights=weights,
         )
         report = soak(config)
         print(report.summary(), flush=True)

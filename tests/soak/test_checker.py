@@ -251,3 +251,57 @@ def test_merge_runs_pairs_each_start_with_its_end() -> None:
         Run("k", "a", 1, 4, 3, 5),
         Run("k", "b", 2, None, None, 6),
     ]
+
+
+def _into(holder: str, at: float, task_id: str = "d") -> Published:
+    return Published(task_id, "uq", int(at * S), "deduplicated", into=holder)
+
+
+def test_a_killed_unique_holder_keeps_its_key_until_the_broker_gives_its_message_back() -> None:
+    """The soak's 'accounting' findings: dedups into a run killed with its worker, later
+    than lease_ttl after the kill. The message is the broker's until it is redelivered
+    (visibility_timeout): a copy that runs later accounts for them (it ran); a copy that
+    came back expired was discarded (REVOKED), which freed the key: a known window, the
+    duplicate's caller gets REVOKED. Never redelivered, or a dedup after the message was
+    given back: the key outlived its message, a violation."""
+    holder = [run("uq:a", "1", 0, None, pid=7)]
+    kill = [Fault("kill_worker", int(1 * S), int(2 * S), pids=(7,))]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    late = judge(holder, published=[sent("1"), _into("1", 14)], faults=kill, results=results)
+    assert late.ok and late.known["unique-expired-holder"], late.summary()
+
+    ran_again = [*holder, run("uq:a", "1", 20, 21)]
+    report = judge(ran_again, published=[sent("1"), _into("1", 14)], faults=kill, results=results)
+    assert report.ok and not report.known["unique-expired-holder"], report.summary()
+
+    lost = judge(holder, published=[sent("1"), _into("1", 14)], faults=kill,
+                 results={"d": "FAILURE:TaskDeduplicated"})  # fmt: skip
+    assert "result is missing" in lost.violations["accounting"][0], lost.summary()
+
+    after = judge(holder, published=[sent("1"), _into("1", 60)], faults=kill, results=results)
+    assert "gave its message back" in after.violations["accounting"][0], after.summary()
+
+
+def test_an_expiring_unique_holder_killed_with_its_worker_holds_its_key_for_lease_ttl() -> None:
+    """Its run held the claim while it lived: a dedup within lease_ttl of the kill is the
+    known window (the caller gets REVOKED); one later means the claim outlived its run."""
+    holder = [run("uq:a", "1", 0, None, pid=7)]
+    kill = [Fault("kill_worker", int(1 * S), int(2 * S), pids=(7,))]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    expiring = Published("1", "uq", 0, detail="expires=2")
+    soon = judge(holder, published=[expiring, _into("1", 5)], faults=kill, results=results)
+    assert soon.ok and soon.known["unique-expired-holder"], soon.summary()
+    late = judge(holder, published=[expiring, _into("1", 14)], faults=kill, results=results)
+    assert "lease_ttl" in late.violations["accounting"][0], late.summary()
+
+
+def test_a_unique_holder_whose_ack_waited_on_the_broker_still_holds_its_key() -> None:
+    """A run that ended while the broker was SIGSTOPped: Celery acks first, then the key
+    is freed, so the key is held until the broker answers again (and no longer)."""
+    holder = [run("uq:a", "1", 0, 2)]
+    pause = [Fault("pause_broker", int(1.9 * S), int(9.9 * S))]
+    results = {"d": "FAILURE:TaskDeduplicated"}
+    ok = judge(holder, published=[sent("1"), _into("1", 10)], faults=pause, results=results)
+    assert ok.ok, ok.summary()
+    late = judge(holder, published=[sent("1"), _into("1", 20)], faults=pause, results=results)
+    assert "no longer queued or running" in late.violations["accounting"][0], late.summary()

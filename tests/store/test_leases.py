@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from celery_baton import BatonError, LeaseNotOwned, StoreUnavailable
-from celery_baton.gate import Gate, HeldLease, Renewal
+from celery_baton.gate import Gate, HeldClaim, HeldLease, Renewal
 from celery_baton.keys import KeyNames
 from celery_baton.leases import Lease, LeaseBook, new_owner
 from celery_baton.store import inspect as store_inspect
@@ -391,3 +391,34 @@ def test_concurrent_acquirers_get_one_winner_each_round(store_url: str) -> None:
         thread.join(timeout=60)
     assert overlaps == []
     assert holders
+
+
+def test_lease_book_keeps_a_running_tasks_unique_claim_and_never_brings_it_back(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """A run of an expiring message holds its unique claim while it lives (renewed with
+    its leases); a renewal never re-creates a claim that was freed, nor touches another
+    task id's; once nobody renews it, the claim lapses within its ttl."""
+    key = "baton:{t}:uq:k"
+    r.set(key, "id-1", px=1000)
+    book = LeaseBook(gate, interval=0.2)
+    book.add("id-1|w|1", [], claim=HeldClaim(key, "id-1", 1.0, expires_at=0.0))
+    book.start()
+    try:
+        time.sleep(2.5)  # over twice its ttl
+        assert r.get(key) == "id-1"
+    finally:
+        book.stop()
+    assert 0 < r.pttl(key) <= 1000
+
+    r.delete(key)  # freed (the run finished): a late renewal must not write it back
+    assert gate.keep_claims([HeldClaim(key, "id-1", 1.0, 0.0)], time.time()) == [False]
+    assert r.get(key) is None
+    r.set(key, "id-2")  # a later publish's claim is never touched
+    assert gate.keep_claims([HeldClaim(key, "id-1", 1.0, 0.0)], time.time()) == [False]
+    assert r.ttl(key) == -1
+
+    # An expiry further away than the ttl holds the claim until then.
+    r.set(key, "id-3", px=100)
+    assert gate.keep_claims([HeldClaim(key, "id-3", 1.0, time.time() + 30)], time.time()) == [True]
+    assert 25_000 < r.pttl(key) <= 30_000

@@ -114,11 +114,17 @@ def test_unique_until_finished_needs_no_gate_and_started_frees_at_the_gate() -> 
 
 
 def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_anyway() -> None:
-    """The claim's ttl may be a message's ``expires``: the run extends it to unique_ttl,
-    in the gate call the task makes anyway, or in one made for it when expires is set."""
-    only = compile_(unique="feed_url", unique_ttl=60)
-    plan = only.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires=True)
-    assert plan.conditions == [Condition.keep_unique(plan.unique_key, "id-1", 60)]
+    """The claim's ttl may be a message's ``expires``: the run holds it while it lives
+    (lease_ttl, renewed, or until the expiry if later: a copy given back before then may
+    still run), in a gate call made for it; without expires, for unique_ttl in the gate
+    call the task makes anyway."""
+    only = compile_(unique="feed_url", unique_ttl=60, lease_ttl=5)
+    plan = only.plan(
+        NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=102.0, now=100.0
+    )
+    assert plan.conditions == [Condition.keep_unique(plan.unique_key, "id-1", 5)]
+    assert plan.kept_claim is not None and plan.kept_claim.ttl_from(100.0) == 5
+    assert plan.kept_claim.ttl_from(90.0) == 12  # the expiry is further: held until then
     assert Condition.keep_unique("k", "id-1", 60).b == "60000"
 
     gated = compile_(unique="feed_url", global_concurrency=2)
@@ -126,7 +132,7 @@ def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_
     assert plan.conditions[-1] == Condition.keep_unique(plan.unique_key, "id-1", 3600)
 
     started = compile_(unique="feed_url", unique_until="started")
-    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires=True)
+    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=1.0)
     assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
 
 

@@ -12,6 +12,7 @@ long its run is protected.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Iterator
@@ -122,3 +123,69 @@ def test_unique_with_expires_holds_while_the_task_runs(
     time.sleep(1.0)  # a second run, if one were queued, would start now
     assert [s["task_id"] for s in observer.started()] == [first.id]
     assert observer.max_running("k4") == 1
+
+
+@pytest.mark.parametrize("expires", [None, 3.0], ids=["plain", "expires"])
+def test_a_killed_workers_unique_run_keeps_its_key_until_the_broker_gives_it_back(
+    workers: Workers, observer: Observer, store: redis.Redis, expires: float | None
+) -> None:
+    """A unique ``acks_late`` task whose worker is SIGKILLed mid-run: its message is the
+    broker's again (redelivered after ``visibility_timeout``), so a publish meanwhile is
+    deduplicated into it, and that id must then run or end for good. Without ``expires``
+    the redelivered copy runs (the id returned to the duplicate is the work done). With
+    ``expires`` the copy comes back expired: Celery discards it (REVOKED) and the key is
+    freed at once, so the next publish is queued and runs (nothing waits for
+    ``unique_ttl``)."""
+    from tests.apps.finality import unique_key, uq_late
+
+    env = {"FINALITY_VISIBILITY": "4"}
+    first_worker = workers.start(APP, concurrency=1, env=env)
+    options = {"expires": expires} if expires else {}
+    first = uq_late.apply_async(("kw", 3.0), **options)
+    key = unique_key(uq_late, "kw", 3.0)
+    observer.starts_of("kw", timeout=10)
+    first_worker.kill()
+    workers.start(APP, concurrency=1, env=env)
+
+    again = uq_late.apply_async(("kw", 3.0), **options)
+    assert again.id == first.id, "queued beside a run whose message the broker still owns"
+    if expires is None:
+        assert first.get(timeout=30) == first.id  # the redelivered copy ran
+        assert [s["task_id"] for s in observer.started()] == [first.id, first.id]
+    else:
+        wait_until(lambda: first.state == "REVOKED", 30, "the expired copy to be discarded")
+        assert len(observer.started()) == 1  # the copy did not run
+    wait_until(lambda: store.get(key) is None, 10, "the key freed when the id ended")
+    after = uq_late.apply_async(("kw", 3.0), **options)
+    assert after.id != first.id, "deduplicated into a task that ended"
+    assert after.get(timeout=30) == after.id
+    # (max_running counts the killed run as running forever: compare finished runs)
+    finished = sorted(observer.runs_of("kw"), key=lambda r: r.start)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(finished)), finished
+
+
+def test_an_expiring_unique_run_lost_with_its_worker_frees_its_key_within_lease_ttl(
+    workers: Workers, observer: Observer, store: redis.Redis
+) -> None:
+    """The soak's finding: a unique ``acks_late`` run with ``expires=3`` whose worker is
+    SIGKILLed. The broker gives its message back only after ``visibility_timeout``
+    (10 s), past its expiry: Celery will discard that copy, so the id will never run.
+    A publish at 5 s (past the message's expiry and past ``lease_ttl``, 2 s, after the
+    kill) must be queued and run, not deduplicated into a task that ends REVOKED; and
+    the copy, discarded, must not run beside it."""
+    from tests.apps.finality import uq_late_short
+
+    env = {"FINALITY_VISIBILITY": "10"}
+    first_worker = workers.start(APP, concurrency=1, env=env)
+    published = time.monotonic()
+    first = uq_late_short.apply_async(("kl", 20.0), expires=3)
+    observer.starts_of("kl", timeout=3)
+    first_worker.kill()
+    workers.start(APP, concurrency=1, env=env)
+    time.sleep(max(0.0, published + 5.0 - time.monotonic()))
+
+    again = uq_late_short.apply_async(("kl", 1.0), expires=3)
+    assert again.id != first.id, "deduplicated into a task whose message will be discarded"
+    assert again.get(timeout=30) == again.id
+    wait_until(lambda: first.state == "REVOKED", 30, "the expired copy to be discarded")
+    assert [s["task_id"] for s in observer.started()] == [first.id, again.id]

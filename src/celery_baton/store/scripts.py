@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "unique_release",
     "unique_replace",
     "supersede_stamp",
+    "unique_keep",
     "unlock",
     "limit_penalize",
     "limit_give_back",

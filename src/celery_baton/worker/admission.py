@@ -135,7 +135,7 @@ class Admission:
             args=request.args,
             kwargs=request.kwargs,
             celery_rate=celery_rate,
-            expires=request.expires is not None,
+            expires_at=request.expires.timestamp() if request.expires else None,
             order=order_of(request),
         )
 
@@ -329,7 +329,12 @@ class Admission:
         request = delivery.request
         if guarded:
             attach(request, self.releasing, delivery.policy, delivery.plan)
-            self.book.add(delivery.plan.owner, delivery.plan.leases, epoch=start.epoch)
+            self.book.add(
+                delivery.plan.owner,
+                delivery.plan.leases,
+                epoch=start.epoch,
+                claim=delivery.plan.kept_claim,
+            )
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence
         self.stats["admitted"] += 1
