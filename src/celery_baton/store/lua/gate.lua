@@ -24,6 +24,14 @@
 --   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
 --             created from TIME when missing, and returned; the holder renews under it
 --             (renew.lua: a lease gone under an unchanged epoch is never written back)
+--
+-- "G" and "E" are read only when the first lease key (E's family) does not carry the
+-- family's epoch already (field "_epoch", written beside "_e" on a busy key): a busy
+-- key is read anyway, so its grants cost no extra read. The answer is the same. A
+-- script's writes reach a replica in order, and "_epoch" is only written after "G" was
+-- read and passed (or copied from "_epoch"), once "E" existed: a store that still has
+-- a key with "_epoch" has its "G" and "E" too, unchanged (each is created only when
+-- missing), and no grace started since; a store that lost them lost every "_epoch".
 -- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
 --                                         for one; epoch '' without an "E" condition);
 --                                         start no earlier than start_in_us from now,
@@ -48,12 +56,16 @@ local reserve_us = tonumber(ARGV[3])
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
---    latest deadline of the others, "_e" (key expires no earlier), key existed}
+--    latest deadline of the others, "_e" (key expires no earlier), key existed,
+--    the first lease key (keeps "_epoch")}
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
 --   {'K', key, task id, ttl in ms}
 local writes = {}
 local override = nil
 local epoch = ''
+local known_epoch = nil  -- "_epoch" of the first lease key (E's family: see gate_call)
+local first_lease = nil
+local grace_at = nil  -- the index of the "G" condition
 local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
@@ -67,6 +79,7 @@ for i = 1, #KEYS do
   end
   if kind == 'L' then
     local limit = tonumber(a)
+    if not first_lease then first_lease = i end
     local flat = call('HGETALL', key)
     local live, mine, expired = 0, nil, nil
     local earliest, holder, latest, last_fence, expire_at = nil, '', 0, 0, 0
@@ -90,6 +103,8 @@ for i = 1, #KEYS do
         last_fence = tonumber(flat[j + 1])
       elseif field == '_e' then
         expire_at = tonumber(flat[j + 1])
+      elseif field == '_epoch' and i == first_lease then
+        known_epoch = flat[j + 1]
       end
     end
     if not mine and live >= limit then
@@ -98,7 +113,7 @@ for i = 1, #KEYS do
       return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3)}
     end
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
-      #flat > 0}
+      #flat > 0, i == first_lease}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
@@ -133,22 +148,30 @@ for i = 1, #KEYS do
   elseif kind == 'K' then
     writes[#writes + 1] = {'K', key, a, b}
   elseif kind == 'G' then
-    local found = call('GET', key)
-    local since = found and tonumber(found)
-    if not since then
-      since = now_ms
-      call('SET', key, format('%d', since))
-    end
-    if since + ttl_ms > now_ms then
-      return {0, i, (since + ttl_ms - now_ms) * 1000, ''}
-    end
+    grace_at = i  -- read with "E", below, when it must be
   elseif kind == 'E' then
-    -- Last: every condition passed. One GET per grant; the SET happens once per family
-    -- (and again only after the store lost its data).
-    epoch = call('GET', key)
-    if not epoch then
-      epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-      call('SET', key, epoch)
+    -- Last: every condition passed. Read only when no busy key told it (see the top);
+    -- the SET happens once per family (and again only after the store lost its data).
+    if known_epoch then
+      epoch = known_epoch
+    else
+      if grace_at then
+        local grace_key = KEYS[grace_at]
+        local found = call('GET', grace_key)
+        local since = found and tonumber(found)
+        if not since then
+          since = now_ms
+          call('SET', grace_key, format('%d', since))
+        end
+        if since + ttl_ms > now_ms then
+          return {0, grace_at, (since + ttl_ms - now_ms) * 1000, ''}
+        end
+      end
+      epoch = call('GET', key)
+      if not epoch then
+        epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        call('SET', key, epoch)
+      end
     end
   end
 end
@@ -198,12 +221,18 @@ for _, w in ipairs(writes) do
       expire_in = needed + ttl_ms - now_ms
       expire_field = format('%d', needed + ttl_ms)
     end
+    -- "_epoch" goes with "_e": on a key that outlives its leases anyway (a key that
+    -- vanishes with its release keeps no field of its own). Only the first lease key
+    -- keeps it (E is its family's); other keys, and a call without "E", name "_e" twice.
+    local epoch_field, epoch_value = '_epoch', epoch
+    if epoch == '' or not w[10] then epoch_field, epoch_value = '_e', expire_field end
     if counter and expire_field then
-      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field)
+      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field,
+        epoch_field, epoch_value)
     elseif counter then
       call('HSET', key, owner_field, value, '_fence', counter)
     elseif expire_field then
-      call('HSET', key, owner_field, value, '_e', expire_field)
+      call('HSET', key, owner_field, value, '_e', expire_field, epoch_field, epoch_value)
     else
       call('HSET', key, owner_field, value)
     end
