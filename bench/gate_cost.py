@@ -5,8 +5,8 @@
 Each revision's ``gate.lua`` (``git show REV:src/...``; ``.`` is this checkout's file)
 is loaded into one private redis-server and called with the arguments a worker sends
 on one server: the conditions of a rate + a concurrency cap + an exclusive lease, and,
-for a script that knows them, the store-wide epoch ("G", the worker's ``grace_key``)
-and the family epoch ("E"). Two decisions:
+for a script that knows them, the store-wide epoch (the worker's ``grace_key``) and the
+family epoch, in that revision's layout. Two decisions:
 
 * **same owner**: the same owner asks again each time (as ``bench/limits.py``);
 * **worker-like**: a new owner each time, released after (the release is sent as
@@ -56,16 +56,17 @@ def source(rev: str) -> str:
 
 
 def call_args(text: str, conditions: list[Condition], owner: str) -> tuple[list[str], list[object]]:
-    """What a worker sends this script: "G" and "E" only to a script that reads them."""
-    knows_g, knows_e = "kind == 'G'" in text, "kind == 'E'" in text
+    """What a worker on one server sends this revision's script (its layout read from its
+    text): the store epochs as keys past the conditions' (now), as conditions "G" and
+    "E" (the layout before), or not at all (before the store epochs)."""
     keys, args = gate_call(conditions, owner, 30.0, grace_key=KeyNames().store_epoch)
-    triples = [tuple(args[i : i + 3]) for i in range(3, len(args), 3)]
-    kept = [
-        (k, c)
-        for k, c in zip(keys, triples, strict=True)
-        if (c[0] != "G" or knows_g) and (c[0] != "E" or knows_e)
-    ]
-    return [k for k, _ in kept], args[:3] + [x for _, c in kept for x in c]
+    if "KEYS[n + 1]" in text:
+        return keys, args
+    n = len(conditions)
+    if "kind == 'E'" in text:
+        family, grace = keys[n:]
+        return [*keys[:n], grace, family], [*args, "G", "", "", "E", "", ""]
+    return keys[:n], args
 
 
 def main() -> None:
@@ -101,15 +102,22 @@ def main() -> None:
 
             return call
 
-        def measure(fn: Callable[[], object], command: str) -> tuple[float, float]:
-            """(calls per second, store µs per call) over ``calls`` calls."""
+        def cpu() -> float:
+            info = r.info("cpu")
+            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+        def measure(fn: Callable[[], object], command: str) -> tuple[float, float, float]:
+            """(calls per second, store µs per call in the command, store CPU µs per
+            call in all) over ``calls`` calls."""
             r.config_resetstat()
+            cpu_before = cpu()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
             elapsed = time.perf_counter() - start
+            cpu_us = (cpu() - cpu_before) * 1e6 / calls
             usec = float(r.info("commandstats")[f"cmdstat_{command}"]["usec_per_call"])
-            return calls / elapsed, usec
+            return calls / elapsed, usec, cpu_us
 
         for rev in revs:  # warm up, and make every key busy
             for _ in range(50):
@@ -123,29 +131,38 @@ def main() -> None:
                 order.reverse()
             rates["PING"].append(measure(r.ping, "ping")[0])
             for rev in order:
-                rate, us = measure(same_owner(rev), "evalsha")
+                rate, us, cpu_us = measure(same_owner(rev), "evalsha")
                 rates[rev].append(rate)
                 usec.setdefault(("same owner", rev), []).append(us)
-                usec.setdefault(("worker-like", rev), []).append(
-                    measure(worker_like(rev), "evalsha")[1]
-                )
+                usec.setdefault(("same owner cpu", rev), []).append(cpu_us)
+                _, us, cpu_us = measure(worker_like(rev), "evalsha")
+                usec.setdefault(("worker-like", rev), []).append(us)
+                usec.setdefault(("worker-like cpu", rev), []).append(cpu_us)
     print("## gate.lua side by side\n")
     print(run.note())
-    print(f"{calls} calls per measurement; store µs per call: median over rounds (range).\n")
-    print("| revision | x PING, same owner | store µs, same owner | store µs, worker-like |")
-    print("|---|---|---|---|")
+    print(
+        f"{calls} calls per measurement. Store µs per gate call: in the script (commandstats)"
+        " and the server's CPU in all (INFO cpu: the call, its reading and its reply);"
+        " median over rounds (range).\n"
+    )
+    kinds = ("same owner", "same owner cpu", "worker-like", "worker-like cpu")
+    print(
+        "| revision | x PING, same owner | script µs, same owner | CPU µs, same owner "
+        "| script µs, worker-like | CPU µs, worker-like |"
+    )
+    print("|---|---|---|---|---|---|")
     for rev in revs:
         ratio = statistics.median(v / p for v, p in zip(rates[rev], rates["PING"], strict=True))
         cells = []
-        for kind in ("same owner", "worker-like"):
+        for kind in kinds:
             values = usec[(kind, rev)]
             cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
-        print(f"| {rev} | {ratio:.2f} | {cells[0]} | {cells[1]} |")
+        print(f"| {rev} | {ratio:.2f} | {' | '.join(cells)} |")
     base = revs[0]
-    for kind in ("same owner", "worker-like"):
+    for kind in kinds:
         for rev in revs[1:]:
             paired = [a / b for a, b in zip(usec[(kind, rev)], usec[(kind, base)], strict=True)]
-            print(f"- {kind}: store time {rev} / {base}: {statistics.median(paired):.3f}")
+            print(f"- {kind}: {rev} / {base}: {statistics.median(paired):.3f} (paired rounds)")
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ def test_a_call_lists_owner_ttl_reservation_then_three_values_per_condition() ->
     assert args == ["id|w|1", 2500, 250_000, "R", "1000", "2"]
 
 
-def test_a_lease_adds_the_grace_and_its_familys_epoch_last() -> None:
+def test_a_lease_adds_its_familys_epoch_and_the_grace_keys_past_the_conditions() -> None:
     keys, args = gate_call([RATE, EX, CONC], "id|w|1", ttl=30, grace_key=GRACE)
-    assert keys == ["baton:{t}:rate", "baton:{t}:ex:k", "baton:{t}:cc", GRACE, "baton:{t}:epoch"]
-    assert args[3:] == ["R", "1000", "2", "L", "1", "1", "L", "3", "0", "G", "", "", "E", "", ""]
+    assert keys == ["baton:{t}:rate", "baton:{t}:ex:k", "baton:{t}:cc", "baton:{t}:epoch", GRACE]
+    assert args[3:] == ["R", "1000", "2", "L", "1", "1", "L", "3", "0"]  # no argument more
 
 
 def test_no_lease_no_epoch_and_no_grace_key_no_grace() -> None:
@@ -49,7 +49,7 @@ def test_a_denial_names_its_condition_holder_and_wait() -> None:
 
 
 def test_a_denial_past_the_callers_conditions_is_the_grace() -> None:
-    decision = parse_decision([EX], [0, 2, 30_000_000, ""], grace_key=GRACE)
+    decision = parse_decision([EX], [0, 3, 30_000_000, ""], grace_key=GRACE)
     assert decision.denied_by == Condition("G", GRACE) and decision.retry_after == 30.0
 
 
