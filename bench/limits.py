@@ -6,9 +6,11 @@ Every candidate decides one request against a limit high enough that it is alway
 granted (the common, hot path), one client, on a private redis-server. PING/s of the
 same client in the same run is the baseline: a decision needs at least one round trip.
 
-celery-baton is measured twice: one rate condition (``RateLimit.try_acquire``), and
+celery-baton is measured three times: one rate condition (``RateLimit.try_acquire``),
 a rate + a concurrency lease + an exclusive lease decided together in one script call
-(the same owner asks again each time, so its leases are re-granted, not refused).
+(the same owner asks again each time, so its leases are re-granted, not refused), and
+a weighted multi-limit decision: a task's own rate and two named limits of
+``baton_limits`` with a cost of 7 and their penalty checks, in one script call.
 dramatiq's limiters are used through their ``acquire()`` context manager, which
 releases on exit (only the concurrent limiter has anything to release).
 """
@@ -19,7 +21,9 @@ import importlib.metadata
 from collections.abc import Callable
 
 from celery_baton.gate import Condition, Gate
+from celery_baton.keys import KeyNames
 from celery_baton.rates import RateLimit, interval_us
+from celery_baton.shared_limits import SharedLimit
 from celery_baton.store import connect
 from common import (
     SingleClientRun,
@@ -61,6 +65,20 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
         if not gate.decide(three, owner="bench-task|bench-worker|1", ttl=30).granted:
             raise RuntimeError("celery-baton combined decision refused")
 
+    # Issue 15 §3: a task's own rate and two named limits shared with other tasks, each
+    # weighted by the call's cost (7 units), with their penalty checks: five conditions
+    # of three hash tags, one script call (one server; on Cluster see Gate.decide).
+    names = KeyNames("baton")
+    shared = [SharedLimit("openai", HIGH, HIGH), SharedLimit("db", HIGH, HIGH)]
+    weighted = [
+        Condition.rate("baton:{bench}:rate:weighted", interval_us(HIGH), 1),
+        *(c for limit in shared for c in limit.conditions(names, 7)),
+    ]
+
+    def baton_weighted() -> None:
+        if not gate.decide(weighted, owner="-").granted:
+            raise RuntimeError("celery-baton weighted multi-limit decision refused")
+
     # The floor of any script-based decision: one EVALSHA of a no-op script with the
     # same key and arguments as the rate decision (a yardstick, not a limiter).
     noop_sha = store.client.script_load("return {1, 0}")
@@ -73,6 +91,7 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
         ("(yardstick) EVALSHA of a no-op script, same args", script_floor),
         ("celery-baton rate (RateLimit.try_acquire)", baton_rate),
         ("celery-baton rate + concurrency + exclusive", baton_three),
+        ("celery-baton rate + 2 named limits, cost 7 (weighted)", baton_weighted),
     ]
     missing: list[str] = []
 
@@ -161,9 +180,9 @@ def main() -> None:
     print("## limits: single-client decisions per second\n")
     print(run.note())
     print(ratio_table(samples, baseline="PING", unit="decisions/s"))
-    for s in samples[2:4]:
+    for s in samples[2:5]:
         print(f"\n{s.name} / PING: {verdict(paired_ratio(s, samples[0]), TARGET)}")
-        for other in samples[4:]:
+        for other in samples[5:]:
             print(f"- / {other.name}: {paired_ratio(s, other):.2f}")
     for line in missing:
         print(f"- not measured: {line}")

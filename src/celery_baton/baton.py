@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 import weakref
@@ -25,6 +26,7 @@ from celery_baton.policy import (
     declares_options,
 )
 from celery_baton.publish import guard_send_task
+from celery_baton.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.store.connection import Store
 from celery_baton.unique import UniqueClaims
 from celery_baton.wiring import parts_for
@@ -57,6 +59,16 @@ def _checked_later(decorate: Callable[..., Any], options: dict[str, Any]) -> Cal
         return decorate(fun)
 
     return decorator
+
+
+def _task_option(task: Any, option: str) -> Any:
+    """A task option as declared. A function given as an option (``cost=lambda ...``,
+    a callable key spec) is a class attribute of the task, so reading it from the task
+    binds it: the task would come first, before the call's own arguments."""
+    value = getattr(task, option, None)
+    if inspect.ismethod(value) and value.__self__ is task:
+        return value.__func__
+    return value
 
 
 def baton_for(app: Any) -> Baton | None:
@@ -161,7 +173,7 @@ class Baton:
         with self._lock:
             if name not in self._policies:
                 self._policies[name] = compile_policy(
-                    name, lambda option: getattr(task, option, None), task.run, self.settings
+                    name, functools.partial(_task_option, task), task.run, self.settings
                 )
             return self._policies[name]
 
@@ -189,7 +201,10 @@ class Baton:
             def validate(fun: Callable[..., Any]) -> None:
                 name = _name_of(fun, options)
                 check_option_names(name, options, CELERY_NAMES)
-                compile_policy(name, options.get, fun, Settings(), bound=bool(options.get("bind")))
+                # Named limits are checked now when the app's conf already has them.
+                conf = self.app.conf
+                known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
+                compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
 
             if len(args) == 1 and callable(args[0]):
                 validate(args[0])
@@ -203,6 +218,20 @@ class Baton:
             return decorator
 
         return task
+
+    def limit(self, name: str, *, cost: float = 1, timeout: float | None = None) -> NamedLimit:
+        """A named limit of ``baton_limits``, for code outside a task's admission::
+
+            with baton.limit("openai", cost=tokens, timeout=30): ...
+            baton.limit("openai").try_acquire(cost=tokens)
+            baton.limit("openai").penalize(retry_after)
+
+        ConfigError for a name ``baton_limits`` does not have (with a suggestion).
+        """
+        table = parse_limits(self.settings.limits)
+        (limit,) = resolve(table, [name], subject=f"baton.limit({name!r})")
+        limit.check_cost(cost, subject=f"baton.limit({name!r})")
+        return NamedLimit(self.gate, self.names, limit, cost=cost, timeout=timeout)
 
     @property
     def unique(self) -> UniqueClaims:

@@ -75,7 +75,9 @@ def describe_overrides(overrides: dict[str, str]) -> str:
 
 
 def _reader(task: Any) -> Any:
-    return lambda option: getattr(task, option, None)
+    from celery_baton.baton import _task_option
+
+    return functools.partial(_task_option, task)
 
 
 def table(
@@ -314,6 +316,9 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
                     rate += f" + {more.per_second:g}/s"
             elif policy.rate_from_celery and task.rate_limit:
                 rate = f"{task.rate_limit} (Celery rate_limit, global)"
+            if policy.shared:  # named limits, decided in the same call
+                named = " + ".join(f"[{limit.name}]" for limit in policy.shared)
+                rate = f"{rate} + {named}" if rate else named
             holders = [r.as_dict() for r in rows if r.task == name and r.kind == "concurrency"]
             data["tasks"].append(
                 {
@@ -342,6 +347,15 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
             if tasks
             else "no task has a global limit"
         )
+        data["named_limits"] = _named_limits(c, policies)
+        if data["named_limits"]:
+            text += "\n\n" + table(
+                [
+                    (n["limit"], n["rate"], n["burst"], f"{n['penalty_left']:.1f}s", n["tasks"])
+                    for n in data["named_limits"]
+                ],
+                ["named limit", "rate", "burst", "penalty", "tasks"],
+            )
         if reports:
             text += "\n\n" + table(
                 [
@@ -353,6 +367,25 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
         return data, text
 
     show(ctx, render, watch)
+
+
+def _named_limits(c: Context, policies: dict[str, Any]) -> list[dict[str, Any]]:
+    """``baton_limits``: each limit, its penalty left, and the tasks that draw from it."""
+    from celery_baton.shared_limits import parse_limits
+
+    rows = []
+    for name, limit in parse_limits(c.settings.limits).items():
+        users = [t for t, (_, p) in policies.items() if limit in p.shared]
+        rows.append(
+            {
+                "limit": name,
+                "rate": f"{limit.per_second:g}/s",
+                "burst": limit.burst,
+                "penalty_left": store_inspect.penalty_left(c.store, c.names.shared_penalty(name)),
+                "tasks": len(users),
+            }
+        )
+    return rows
 
 
 def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> None:

@@ -44,6 +44,9 @@ class Settings:
     unique_ttl: float = 3600.0
     key_prefix: str = "baton"
     metrics_port: int | None = None
+    # Named limits shared by tasks (shared_limits.py): the raw ``baton_limits`` mapping;
+    # None: not read (a task declared before the app's settings are known).
+    limits: Any = None
     # beat (docs/beat.md)
     beat_lease_ttl: float = 6.0
     beat_history: int = 20
@@ -158,6 +161,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
         key_prefix=str(_get(conf, "key_prefix", "baton")),
         metrics_port=_get(conf, "metrics_port", None),
+        limits=_get(conf, "limits", {}),
         beat_lease_ttl=_seconds(_get(conf, "beat_lease_ttl", 6.0), "beat_lease_ttl"),
         beat_history=_positive_int(_get(conf, "beat_history", 20), "beat_history"),
         beat_misfire_grace=float(_get(conf, "beat_misfire_grace", 30.0)),

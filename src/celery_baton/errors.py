@@ -23,6 +23,20 @@ class RateSpecError(ConfigError):
     """A rate string or number that is not a valid positive rate."""
 
 
+class CostError(ConfigError):
+    """A call's ``cost`` that a named limit can never admit (larger than its burst) or
+    that is not a number >= 0: refused at once, never a silent wait."""
+
+
+class LimitTimeout(BatonError):
+    """``baton.limit(name).acquire(timeout=...)`` found no room within its timeout."""
+
+    def __init__(self, message: str, *, limit: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class StoreUnavailable(BatonError):
     """The store did not answer; raised ``from`` the client's own error."""
 

@@ -9,6 +9,8 @@ when all of them pass, on the server's clock. Celery-free.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,17 @@ class Condition:
     @classmethod
     def rate(cls, key: str, interval_us: int, burst: int = 1) -> Condition:
         return cls("R", key, str(interval_us), str(burst))
+
+    @classmethod
+    def weighted(cls, key: str, increment_us: int, tolerance_us: int) -> Condition:
+        """A named limit's GCRA rate, weighted: a call of cost ``n`` adds ``n`` emission
+        intervals (``increment_us``); ``tolerance_us`` is burst x interval."""
+        return cls("W", key, str(increment_us), str(tolerance_us))
+
+    @classmethod
+    def penalty(cls, key: str) -> Condition:
+        """Denied while a named limit's penalty (``penalize``) lasts."""
+        return cls("P", key)
 
     @classmethod
     def override(cls, key: str, field: str) -> Condition:
@@ -182,12 +195,78 @@ class Gate:
         ``reserve`` (seconds): a rate slot free within it is taken now, and the decision
         says when the run may start (``start_after``).
         """
+        if self._cluster and spans_slots(conditions):
+            return self._decide_across(conditions, owner, ttl, reserve)
         keys, args = self.call(conditions, owner, ttl, reserve)
         try:
             reply = self.store.scripts.call("gate", keys, args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
         return self.decision(conditions, reply)
+
+    def _decide_across(
+        self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
+    ) -> Decision:
+        """Redis Cluster, a task that uses named limits: their keys hash to their own
+        slots, the task's to its family's, and one script cannot touch both. Reserve
+        then confirm: each named limit's slot is asked first (in a fixed order), then
+        the task's own keys; a refusal gives back what the earlier calls took
+        (limit_give_back.lua), so a refused run never spends a shared budget and no
+        run passes without every slot's grant: never over-admitted."""
+        groups = slot_groups(conditions)
+        taken: list[tuple[list[Condition], Decision]] = []
+        start_at = 0  # the latest instant a step reserved (us, server clock)
+        decision = Decision(True)
+        for group in groups:
+            try:
+                decision = self._decide_one(group, owner, ttl, reserve)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the store failed: best effort
+                    self._give_back(taken)
+                raise
+            if not decision.granted:
+                self._give_back(taken)
+                return decision
+            taken.append((group, decision))
+            start_at = max(start_at, decision.at_us)
+        # The run starts when every step's slot has come: seconds from the last step's now.
+        now_us = decision.at_us - round(decision.start_after * 1_000_000)
+        return dataclasses.replace(
+            decision, start_after=max(0, start_at - now_us) / 1_000_000, at_us=start_at
+        )
+
+    def _decide_one(
+        self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
+    ) -> Decision:
+        keys, args = self.call(conditions, owner, ttl, reserve)
+        try:
+            reply = self.store.scripts.call("gate", keys, args)
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+        return self.decision(conditions, reply)
+
+    def _give_back(self, taken: Sequence[tuple[Sequence[Condition], Decision]]) -> None:
+        for group, decision in taken:
+            written_us = decision.at_us - round(decision.start_after * 1_000_000)
+            rates = [c for c in group if c.kind == "W"]
+            if not rates:
+                continue
+            keys = [c.key for c in rates]
+            args = [f"{c.a} {written_us + int(c.a)}" for c in rates]
+            try:
+                self.store.scripts.call("limit_give_back", keys, args)
+            except STORE_ERRORS as exc:
+                raise self.store.unavailable(exc) from exc
+
+    def penalize(self, key: str, seconds: float) -> float:
+        """Hold every admission under the named limit of penalty ``key`` for ``seconds``
+        from now (extends, never shortens); returns the seconds it now lasts."""
+        try:
+            until = self.store.scripts.call("limit_penalize", [key], [round(seconds * 1e6)])
+            now_s, now_us = self.store.client.time()
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+        return max(0.0, (int(until) - (int(now_s) * 1_000_000 + int(now_us))) / 1e6)
 
     def release(
         self,
@@ -246,6 +325,37 @@ class Gate:
             keys += (lease.key, epoch_key(lease.key))
             args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)), lease.epoch)
         return self.store.scripts.run("renew", keys, args, client=pipe)
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: its first ``{...}``, else all of it."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else key
+
+
+def spans_slots(conditions: Sequence[Condition]) -> bool:
+    """Whether ``conditions`` name keys of more than one hash tag (a task's own keys and
+    a named limit's): on Cluster they cannot be decided in one script call."""
+    tags = {hash_tag(c.key) for c in conditions}
+    return len(tags) > 1
+
+
+def slot_groups(conditions: Sequence[Condition]) -> list[list[Condition]]:
+    """``conditions`` split by hash tag: the named limits' groups first (sorted, so two
+    workers never take them in opposite orders), the task's own keys last. An override
+    ("O") stays with the condition it applies to."""
+    groups: dict[str, list[Condition]] = {}
+    pending: list[Condition] = []
+    for c in conditions:
+        if c.kind == "O":
+            pending.append(c)
+            continue
+        groups.setdefault(hash_tag(c.key), []).extend([*pending, c])
+        pending = []
+    shared = sorted(tag for tag, group in groups.items() if all(c.kind in "WP" for c in group))
+    own = [tag for tag in groups if tag not in shared]
+    return [groups[tag] for tag in [*shared, *own]]
 
 
 def _renewals(reply: Sequence[Any]) -> list[Renewal]:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_baton.gate import Condition, Decision, Gate, Release
+from celery_baton.gate import Condition, Decision, Gate, Release, spans_slots
 from celery_baton.leases import Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 
@@ -70,6 +70,19 @@ class GateChannel:
         answer: AskAnswer,
     ) -> None:
         """Ask for every condition at once; ``answer`` gets the Decision or the error."""
+        if not self.pipelined and self.gate.store.cluster and spans_slots(conditions):
+            # Named limits on their own Cluster slots: reserve then confirm, several
+            # calls in a row (Gate.decide); Cluster asks are answered at once anyway.
+            try:
+                decided: Decision | BaseException = self.gate.decide(
+                    conditions, owner=owner, ttl=ttl, reserve=reserve
+                )
+            except Exception as exc:
+                decided = exc
+            if isinstance(decided, Decision):
+                self.on_answered()
+            answer(decided)
+            return
         keys, args = self.gate.call(conditions, owner, ttl, reserve)
 
         def answered(reply: Any) -> None:

@@ -269,6 +269,15 @@ class KeyNames:
         """The family's store epoch (see :func:`epoch_key`, which finds it from a lease key)."""
         return f"{self.family(task)}:epoch"
 
+    def shared_rate(self, limit: str) -> str:
+        """A named limit's GCRA key (``baton_limits``): its own hash tag, shared by
+        every task that uses it (on Cluster, its own slot: see Gate.decide)."""
+        return f"{self.prefix}:{{limit:{limit}}}:rate"
+
+    def shared_penalty(self, limit: str) -> str:
+        """A named limit's penalty (``penalize``): beside its rate key, on its slot."""
+        return f"{self.prefix}:{{limit:{limit}}}:penalty"
+
     @property
     def store_epoch(self) -> str:
         """The store-wide epoch: when the store was last found new or without its data

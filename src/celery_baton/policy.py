@@ -17,6 +17,7 @@ from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
 from celery_baton.rates import interval_us, parse_burst, parse_rate
+from celery_baton.shared_limits import Cost, SharedLimit, call_cost, parse_limits, resolve
 
 #: Every task option celery-baton reads (documented in docs/configuration.md).
 TASK_OPTIONS = (
@@ -35,6 +36,8 @@ TASK_OPTIONS = (
     "lease_ttl",
     "redelivery_guard",
     "expected_runtime",
+    "limits",
+    "cost",
 )
 
 
@@ -59,6 +62,8 @@ class TaskOptions(TypedDict, total=False):
     lease_ttl: float
     redelivery_guard: bool
     expected_runtime: float
+    limits: str | list[str]
+    cost: float | Callable[..., float]
 
 
 CONFLICT_POLICIES = ("skip", "wait")
@@ -134,6 +139,9 @@ class TaskPolicy:
     # Keys given by the call itself (call_options.py): their material, used as given.
     call_exclusive: str | None = None
     call_unique: str | None = None
+    # Named limits shared with other tasks (baton_limits), and what one call costs them.
+    shared: tuple[SharedLimit, ...] = ()
+    cost: Cost | None = None
 
     def for_call(self, call: CallOptions) -> TaskPolicy:
         """This policy as one call's per-call options override it (that call only)."""
@@ -154,8 +162,10 @@ class TaskPolicy:
     def celery_rate_only(self) -> bool:
         """Whether Celery's runtime ``rate_limit`` is all this task may be gated by: with
         none set, its deliveries skip the gate entirely."""
-        return self.rate_from_celery and not (
-            self.exclusive or self.concurrency or self.redelivery_guard or self.unique
+        return (
+            self.rate_from_celery
+            and not (self.exclusive or self.concurrency or self.redelivery_guard or self.unique)
+            and not self.shared
         )
 
     @property
@@ -167,6 +177,7 @@ class TaskPolicy:
             or self.rate_from_celery
             or self.concurrency
             or self.redelivery_guard
+            or self.shared
             or (self.unique and self.unique_until == "started")
         )
 
@@ -240,6 +251,13 @@ class TaskPolicy:
                         more.burst,
                     )
                 )
+        if self.shared:
+            # Last: on Cluster they are asked first, on their own slots (Gate.decide).
+            cost = call_cost(self.cost, self.shared, args, kwargs)
+            for limit in self.shared:
+                ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
+                plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
+                plan.conditions += limit.conditions(names, cost)
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
             if self.unique_until == "started":
@@ -310,6 +328,7 @@ NEEDS = {
     "global_rate_limit_burst": "global_rate_limit",
     "global_rate_limit_key": "global_rate_limit",
     "global_concurrency_key": "global_concurrency",
+    "cost": "limits",
 }
 
 
@@ -399,6 +418,8 @@ def compile_policy(
             )
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
+    shared = _shared_limits(name, options, settings)
+
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
@@ -424,7 +445,27 @@ def compile_policy(
         concurrency=concurrency,
         redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
         redelivery_retention=settings.redelivery_retention,
+        shared=shared,
+        cost=options("cost"),
     )
     if not (policy.gates_runs or policy.unique):
         return None
     return policy
+
+
+def _shared_limits(
+    name: str, options: Callable[[str], Any], settings: Settings
+) -> tuple[SharedLimit, ...]:
+    """A task's ``limits=`` and ``cost=``, checked against ``baton_limits`` when known
+    (at worker start always; at declaration when the app's conf already has them)."""
+    wanted, cost = options("limits"), options("cost")
+    if cost is not None and not callable(cost):
+        SharedLimit("-", 1.0, 1 << 62).check_cost(cost, subject=f"{name}.cost")
+    if wanted is None or settings.limits is None:
+        return ()
+    table = parse_limits(settings.limits)
+    shared = resolve(table, wanted, subject=f"{name}.limits")
+    if cost is not None and not callable(cost):
+        for limit in shared:
+            limit.check_cost(cost, subject=f"{name}.cost")
+    return shared

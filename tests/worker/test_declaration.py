@@ -3,8 +3,20 @@ says so at start, naming the tasks (issue 13 §2): ``unique`` must not be a sile
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from tests.support.processes import REPO_ROOT
+from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
+
+
+def _with_repo(env: dict[str, str]) -> dict[str, str]:
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)
+    return env
 
 
 def test_options_on_an_app_without_baton_are_a_warning_naming_the_task(
@@ -15,3 +27,35 @@ def test_options_on_an_app_without_baton_are_a_warning_naming_the_task(
         lambda: "Baton(app) was never called" in worker.log_text(), timeout=20, what="warning"
     )
     assert "tests.apps.no_baton.build_report" in worker.log_text()
+
+
+def test_a_database_the_store_does_not_have_stops_the_worker_naming_baton_url(
+    workers: Workers, store_server: StoreServer
+) -> None:
+    """``redis://host/99`` on a server with 16 databases: every command fails. The worker
+    took that for a store that is down and held its guarded tasks forever; it is a wrong
+    URL, said at start (issue 13 §2)."""
+    worker = workers.start(
+        "tests.apps.exclusive", env={"BATON_URL": store_server.url(99)}, wait=False
+    )
+    wait_until(lambda: not worker.is_running, timeout=30, what="the worker to exit")
+    log = worker.log_text()
+    assert worker.returncode != 0
+    assert "baton_url" in log and "no database 99" in log, worker.log_tail()
+
+
+def test_a_missing_database_is_one_line_from_the_cli(
+    store_server: StoreServer, store_url: str
+) -> None:
+    env = dict(os.environ, BATON_URL=store_server.url(99))
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.exclusive", "baton", "status"],
+        env=_with_repo(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode != 0
+    assert "no database 99" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr, done.stderr

@@ -129,9 +129,12 @@ def connect(
         return Store(url, _redis_from_url(url, socket_timeout, client_name), embedded=True)
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
-        return Store(url, _redis_from_url(url, socket_timeout, client_name))
+        plain_client = _redis_from_url(url, socket_timeout, client_name)
+        _check_database(plain_client, url)
+        return Store(url, plain_client)
     if scheme in ("sentinel", "sentinels"):
         master = _sentinel_client(url, socket_timeout, client_name)
+        _check_database(master, url)
         return Store(url, master, master_watch=MasterWatch(master.connection_pool))
     if scheme in ("redis+cluster", "rediss+cluster"):
         plain = url.replace("+cluster", "", 1)
@@ -147,6 +150,29 @@ def connect(
         "redis+cluster:// or embedded://",
         subject=redact_url(url),
     )
+
+
+def _check_database(client: redis.Redis, url: str) -> None:
+    """Refuse a database number the server does not have (``redis://host/99`` on a
+    server with 16): every command would fail with "DB index is out of range", which the
+    worker would take for a store that is down and hold its tasks forever. Only a
+    non-zero database is asked about (database 0 always exists), and a store that does
+    not answer now is left to the store-down policy: that is not a wrong URL."""
+    db = int(client.connection_pool.connection_kwargs.get("db") or 0)
+    if db == 0:
+        return
+    try:
+        client.ping()
+    except redis.ResponseError as exc:
+        if "DB index" not in str(exc):
+            raise
+        raise ConfigError(
+            f"{redact_url(url)!r}: the store has no database {db} ({exc}); "
+            "use a database number below its `databases` setting (16 by default)",
+            subject="baton_url",
+        ) from exc
+    except STORE_ERRORS:
+        pass
 
 
 def _redis_from_url(url: str, socket_timeout: float, client_name: str | None) -> redis.Redis:

@@ -43,6 +43,14 @@ def server_now_ms(store: Store) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+def penalty_left(store: Store, key: str) -> float:
+    """Seconds left of a named limit's penalty (``penalize``); 0 when none is in force."""
+    until = store.client.get(key)
+    if until is None:
+        return 0.0
+    return max(0.0, (int(until) - server_now_ms(store) * 1000) / 1e6)
+
+
 def leases(store: Store, prefix: str) -> list[LeaseRow]:
     """Every live lease: exclusive, concurrency and redelivery-guard keys."""
     try:

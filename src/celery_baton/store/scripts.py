@@ -39,6 +39,8 @@ SCRIPT_NAMES = (
     "unique_claim",
     "unique_release",
     "unlock",
+    "limit_penalize",
+    "limit_give_back",
     "beat_lead",
     "beat_resign",
     "beat_claim",

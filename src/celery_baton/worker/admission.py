@@ -31,7 +31,7 @@ from typing import Any
 
 from celery_baton import metrics
 from celery_baton.config import Settings
-from celery_baton.errors import KeySpecError, StoreUnavailable
+from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
@@ -105,7 +105,7 @@ class Admission:
                 return self.handle(request)  # no rate_limit now: nothing to ask
         try:
             plan = self.planner.plan(policy, request, celery_rate)
-        except KeySpecError as exc:
+        except (KeySpecError, CostError) as exc:
             outcomes.refuse(request, exc)
             return None
         if not plan.conditions:  # only a unique key to free when it finishes

@@ -17,7 +17,7 @@ from typing import Any
 from celery_baton.call_options import HEADER as CALL_HEADER
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import KeySpecError
+from celery_baton.errors import CostError, KeySpecError
 from celery_baton.keys import KeyNames
 from celery_baton.leases import new_owner
 from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
@@ -60,7 +60,7 @@ class Planner:
 
     def plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
         """What this delivery asks for, under an owner token of its own; raises
-        KeySpecError when its arguments cannot build its keys."""
+        KeySpecError (CostError) when its arguments cannot build its keys (its cost)."""
         return policy.plan(
             self.names,
             task_id=request.id,
@@ -81,7 +81,7 @@ class Planner:
         if rate == delivery.celery_rate:
             return
         delivery.celery_rate = rate
-        with contextlib.suppress(KeySpecError):  # built once already: cannot fail
+        with contextlib.suppress(KeySpecError, CostError):  # built once already
             delivery.plan = self.plan(delivery.policy, delivery.request, rate)
 
     def new_owner(self, request: Any) -> str:

@@ -34,6 +34,7 @@ class Reason(enum.Enum):
     RATE = "rate"  # no rate slot yet
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+    PENALTY = "penalty"  # a named limit is penalized (penalize: a 429's Retry-After)
     GRACE = "grace"  # the store lost its data: holders re-assert before new grants
     STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
 
@@ -72,8 +73,10 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
     assert condition is not None, "a granted decision has no reason"
     if condition.kind == "D":
         return Reason.ALREADY_RUN
-    if condition.kind == "R":
+    if condition.kind in ("R", "W"):
         return Reason.RATE
+    if condition.kind == "P":
+        return Reason.PENALTY
     if condition.kind == "G":
         return Reason.GRACE
     if condition.key == plan.exclusive_key:

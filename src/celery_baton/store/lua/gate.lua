@@ -11,6 +11,11 @@
 -- ARGV[4+3(i-1)..]  per condition i, three values: kind, a, b
 --   kind "L"  lease:  a = limit (1 = exclusive), b = "1" to issue a fencing token
 --   kind "R"  GCRA rate: a = emission interval in microseconds, b = burst
+--   kind "W"  weighted GCRA rate (a named limit shared by tasks, docs/guides/limits-shared.md):
+--             a = increment in microseconds (cost x emission interval), b = tolerance in
+--             microseconds (burst x emission interval); a <= b (checked by the caller)
+--   kind "P"  a named limit's penalty (`penalize`): denied while the key holds an instant
+--             (us, server clock) still to come; retry_after = the rest of the penalty
 --   kind "D"  done marker: denied while the key exists (a task id that already finished)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "K"  unique claim to keep for the run: if its value is a (the task id), it
@@ -138,6 +143,25 @@ for i = 1, n do
       if allow_at > start_at then start_at = allow_at end
     end
     writes[#writes + 1] = {'R', key, new_tat, stored}
+  elseif kind == 'W' then
+    -- The same strict GCRA as "R", weighted: a call of cost n moves TAT n intervals.
+    local stored = call('GET', key)
+    local tat = tonumber(stored) or now_us
+    if tat < now_us then tat = now_us end
+    local new_tat = tat + tonumber(a)
+    local allow_at = new_tat - tonumber(b)
+    if now_us < allow_at then
+      if allow_at - now_us > reserve_us then
+        return {0, i, allow_at - now_us, ''}
+      end
+      if allow_at > start_at then start_at = allow_at end
+    end
+    writes[#writes + 1] = {'R', key, new_tat, stored}
+  elseif kind == 'P' then
+    local until_us = tonumber(call('GET', key))
+    if until_us and until_us > now_us then
+      return {0, i, until_us - now_us, ''}
+    end
   elseif kind == 'O' then
     local value = call('HGET', key, a)
     local limit, extra = nil, nil
