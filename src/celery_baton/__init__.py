@@ -20,6 +20,7 @@ from celery_baton.errors import (
     StoreUnavailable,
     TaskDeduplicated,
     TaskSkipped,
+    TaskSuperseded,
 )
 from celery_baton.policy import TaskOptions
 from celery_baton.worker.context import fence
@@ -37,5 +38,6 @@ __all__ = [
     "TaskDeduplicated",
     "TaskOptions",
     "TaskSkipped",
+    "TaskSuperseded",
     "fence",
 ]

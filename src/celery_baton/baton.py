@@ -15,6 +15,7 @@ from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
 from celery_baton.config import Settings
+from celery_baton.debounce import Debounces
 from celery_baton.errors import BatonError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
@@ -120,9 +121,11 @@ class Baton:
         self._policies: dict[str, TaskPolicy | None] = {}
         self._lock = threading.Lock()
         _batons[app] = self
+        from celery_baton.worker import stand_ins
         from celery_baton.worker.step import BatonConsumer
 
         app.steps["consumer"].add(BatonConsumer)
+        stand_ins.install()
         app.send_task = guard_send_task(self, app.send_task)
         app.task = self._validating_task_decorator(app.task)
 
@@ -237,6 +240,11 @@ class Baton:
     def unique(self) -> UniqueClaims:
         """Unique claims at publish time (the publish side's door to the store)."""
         return self.parts.unique
+
+    @property
+    def debounces(self) -> Debounces:
+        """Debounce records at publish time (see debounce.py)."""
+        return self.parts.debounces
 
     def on_lease_lost(self, owner: str, key: str) -> None:
         logger.error(

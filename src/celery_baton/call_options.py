@@ -32,8 +32,8 @@ from celery_baton.keys import _canonical_json
 
 #: The message header that carries a call's options (JSON).
 HEADER = "baton_call"
-CONFLICTS = ("skip", "wait")
-UNIQUE_CONFLICTS = ("return", "raise")
+CONFLICTS = ("skip", "wait", "replace", "keep_last")
+UNIQUE_CONFLICTS = ("return", "raise", "replace")
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,11 @@ class CallOptions:
     """What one call overrides of its task's declared options (None: the task's own)."""
 
     exclusive: str | None = None  # the key's material, canonical (see key_material)
-    conflict: str | None = None  # "skip" | "wait"
+    conflict: str | None = None  # "skip" | "wait" | "replace" | "keep_last"
     wait_timeout: float | None = None  # seconds a "wait" duplicate may be held at most
     lease_ttl: float | None = None
     unique: str | None = None  # the unique key's material
-    unique_conflict: str | None = None  # "return" | "raise"
+    unique_conflict: str | None = None  # "return" | "raise" | "replace"
     unique_ttl: float | None = None
 
     def to_header(self) -> str:
@@ -98,7 +98,10 @@ def parse(task: str, value: object) -> CallOptions:
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         option = value.get(name)
         if option is not None and option not in allowed:
-            raise ConfigError(f"{name} must be one of {allowed}, got {option!r}", subject=subject)
+            hint = suggest(option, allowed) if isinstance(option, str) else ""
+            raise ConfigError(
+                f"{name} must be one of {allowed}, got {option!r}{hint}", subject=subject
+            )
         return option if option is None else str(option)
 
     def seconds(name: str) -> float | None:
@@ -113,6 +116,12 @@ def parse(task: str, value: object) -> CallOptions:
         option = value.get(name)
         return None if option is None else key_material(option, subject=f"{subject}{name}")
 
+    if value.get("conflict") == "replace" and value.get("wait_timeout") is not None:
+        raise ConfigError(
+            'wait_timeout does nothing with conflict="replace" (the old run is stopped); '
+            'use "wait" or "keep_last" for a bounded wait',
+            subject=subject,
+        )
     return CallOptions(
         exclusive=key("exclusive"),
         conflict=choice("conflict", CONFLICTS),

@@ -81,6 +81,20 @@ class TaskDeduplicated(BatonError):
         return str(self.args[0])
 
 
+class TaskSuperseded(BatonError):
+    """Stored, with the state ``REVOKED``, for a task that a newer publish of the same key
+    replaced (``exclusive_conflict="replace"``/``"keep_last"``, ``unique_conflict=
+    "replace"``): it never runs, or was terminated; ``replaced_by`` is the task id that
+    runs instead."""
+
+    def __init__(self, message: str, replaced_by: str = "") -> None:
+        super().__init__(message, replaced_by)
+        self.replaced_by = replaced_by
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class AlreadyQueued(BatonError):
     """A publish of a ``unique`` task whose key is held by a task queued or running
     (raised with ``unique_conflict="raise"``; the default returns that task's result)."""

@@ -25,7 +25,8 @@ class Condition:
     """One thing a run needs; build with the class methods."""
 
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
-    # keep for the run, "O" override; "G" only in a denial: the store's grace after it
+    # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
+    # not superseded by a unique replace; "G" only in a denial: the store's grace after it
     # lost its data (gate_call adds its key, and the family epoch's, when a lease is asked
     # for)
     kind: str
@@ -67,6 +68,18 @@ class Condition:
         return cls("U", key, task_id)
 
     @classmethod
+    def supersede(cls, key: str, seq: int | None, task_id: str) -> Condition:
+        """Denies a delivery that a newer publish of the same key superseded (``seq``:
+        its publish order, None: take one now); else records it as the newest."""
+        return cls("S", key, "" if seq is None else str(seq), task_id)
+
+    @classmethod
+    def not_superseded(cls, key: str, ttl: float) -> Condition:
+        """Denies a delivery that a unique ``replace`` publish superseded; on grant marks
+        it started (for ``ttl`` seconds), so a later replace leaves it running."""
+        return cls("N", key, str(max(1, round(ttl * 1000))))
+
+    @classmethod
     def keep_unique(cls, key: str, task_id: str, ttl: float) -> Condition:
         """Never denies; on grant, ``task_id``'s claim of ``key`` (if it still holds it)
         lives ``ttl`` seconds from now: the run is protected whatever ttl the publish
@@ -87,6 +100,8 @@ class Decision:
     holder: str = ""
     # Granted with a lease: the store epoch of the leases' family, for their renewals.
     epoch: str = ""
+    # The publish order an "S" condition without one was given now (0: none given).
+    seq: int = 0
 
     @property
     def holder_task_id(self) -> str:
@@ -399,6 +414,7 @@ def parse_decision(
             start_after=int(reply[2]) / 1_000_000,
             at_us=int(reply[3]) if len(reply) > 3 else 0,
             epoch=str(reply[4] or "") if len(reply) > 4 else "",
+            seq=int(reply[5] or 0) if len(reply) > 5 else 0,
         )
     retry_us = int(reply[2])
     index = int(reply[1])
@@ -410,4 +426,5 @@ def parse_decision(
         else Condition("G", grace_key or ""),
         retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
         holder=str(reply[3] or ""),
+        seq=int(reply[4] or 0) if len(reply) > 4 else 0,
     )

@@ -99,6 +99,19 @@ class GateChannel:
 
         self._channel.call("gate", keys, args, answered)
 
+    def run(
+        self, script: str, keys: Sequence[str], args: Sequence[Any], answer: Callable[[Any], None]
+    ) -> None:
+        """Another decision script on the same channel (debounce, throttle); ``answer``
+        gets its raw reply or the error."""
+
+        def answered(reply: Any) -> None:
+            if not isinstance(reply, BaseException):
+                self.on_answered()
+            answer(reply)
+
+        self._channel.call(script, keys, args, answered)
+
     def release(self, release: Release) -> None:
         """Give back what ``release`` names; retried through ``on_release_failed``."""
         if self._releaser is not None:

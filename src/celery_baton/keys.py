@@ -259,6 +259,21 @@ class KeyNames:
     def unique(self, task: str, key: str) -> str:
         return f"{self.family(task)}:uq:{key}"
 
+    def supersede(self, task: str, key: str) -> str:
+        """The publish order of an exclusive key whose duplicates supersede each other."""
+        return f"{self.family(task)}:sup:{key}"
+
+    def superseded(self, task: str, task_id: str) -> str:
+        """Whether a unique ``replace`` publish superseded ``task_id`` (or it started)."""
+        return f"{self.family(task)}:sby:{task_id}"
+
+    def debounce(self, task: str, key: str) -> str:
+        """A debounced key's state hash; its other keys add a suffix (same hash tag)."""
+        return f"{self.family(task)}:db:{key}"
+
+    def throttle(self, task: str, key: str) -> str:
+        return f"{self.family(task)}:th:{key}"
+
     def done(self, task: str, task_id: str) -> str:
         return f"{self.family(task)}:done:{task_id}"
 

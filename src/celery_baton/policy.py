@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
+from celery_baton import debounce
 from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
+from celery_baton.debounce import FlowPolicy
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Condition, HeldLease
 from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
@@ -38,6 +40,7 @@ TASK_OPTIONS = (
     "expected_runtime",
     "limits",
     "cost",
+    *debounce.OPTIONS,
 )
 
 
@@ -48,10 +51,10 @@ class TaskOptions(TypedDict, total=False):
     """
 
     exclusive: KeySpecValue
-    exclusive_conflict: Literal["skip", "wait"]
+    exclusive_conflict: Literal["skip", "wait", "replace", "keep_last"]
     exclusive_wait_timeout: float
     unique: KeySpecValue
-    unique_conflict: Literal["return", "raise"]
+    unique_conflict: Literal["return", "raise", "replace"]
     unique_until: Literal["finished", "started"]
     unique_ttl: float
     global_rate_limit: str | float | list[str | float]
@@ -64,9 +67,19 @@ class TaskOptions(TypedDict, total=False):
     expected_runtime: float
     limits: str | list[str]
     cost: float | Callable[..., float]
+    debounce: float
+    debounce_key: KeySpecValue
+    debounce_max_wait: float
+    throttle: float
+    throttle_key: KeySpecValue
+    throttle_mode: Literal["drop", "trailing"]
 
 
-CONFLICT_POLICIES = ("skip", "wait")
+CONFLICT_POLICIES = ("skip", "wait", "replace", "keep_last")
+#: Exclusive policies under which a newer publish supersedes an older one (supersede.py).
+SUPERSEDING = ("replace", "keep_last")
+#: The header that carries a superseding publish's order (supersede.py).
+ORDER_HEADER = "baton_order"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
 #: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
@@ -75,7 +88,7 @@ BEAT_SLOT_HEADER = "baton_beat_slot"
 BEAT_SLOT_RETENTION = 24 * 3600.0
 MAX_RESERVE = 1.0  # seconds
 UNIQUE_UNTIL = ("finished", "started")
-UNIQUE_CONFLICTS = ("return", "raise")
+UNIQUE_CONFLICTS = ("return", "raise", "replace")
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,12 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    supersede_key: str | None = None  # the publish order of a superseding exclusive key
+    superseded_key: str | None = None  # this task id's unique replace marker
     reserve: float = 0.0  # seconds ahead a rate slot may be reserved (see gate.lua)
+    # Debounce or throttle: decided (flow_key) before the gate; flow_passed once it ran.
+    flow_key: str | None = None
+    flow_passed: bool = False
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -142,6 +160,7 @@ class TaskPolicy:
     # Named limits shared with other tasks (baton_limits), and what one call costs them.
     shared: tuple[SharedLimit, ...] = ()
     cost: Cost | None = None
+    flow: FlowPolicy | None = None  # debounce or throttle (debounce.py)
 
     def for_call(self, call: CallOptions) -> TaskPolicy:
         """This policy as one call's per-call options override it (that call only)."""
@@ -166,6 +185,7 @@ class TaskPolicy:
             self.rate_from_celery
             and not (self.exclusive or self.concurrency or self.redelivery_guard or self.unique)
             and not self.shared
+            and not self.flow
         )
 
     @property
@@ -179,7 +199,21 @@ class TaskPolicy:
             or self.redelivery_guard
             or self.shared
             or (self.unique and self.unique_until == "started")
+            or (self.unique and self.unique_conflict == "replace")
+            or self.flow
         )
+
+    @property
+    def supersedes(self) -> bool:
+        """Whether a newer publish of an exclusive key supersedes an older one."""
+        return self.exclusive is not None and self.exclusive_conflict in SUPERSEDING
+
+    def exclusive_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The digest naming this call's exclusive key; raises KeySpecError."""
+        assert self.exclusive is not None
+        if self.call_exclusive is not None:
+            return digest(self.call_exclusive)
+        return digest(self.exclusive.material(args, kwargs))
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
@@ -197,13 +231,17 @@ class TaskPolicy:
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
         expires: bool = False,
+        order: int | None = None,
     ) -> RunPlan:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
         ``expires``: the message carries an expiry, so its unique claim may have been
         given a ttl as short as that (see ``publish``): the run must extend it.
+        ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
+        if self.flow is not None:
+            plan.flow_key = self.flow.store_key(names, self.name, args, kwargs)
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
             plan.conditions.append(Condition.not_done(plan.done_key))
@@ -218,6 +256,11 @@ class TaskPolicy:
             key = names.lease(self.name, "ex", digest(material))
             plan.exclusive_key = key
             plan.labels[key] = material
+            if self.exclusive_conflict in SUPERSEDING:
+                # Before the lease: an older publish is superseded whoever holds the key.
+                plan.supersede_key = names.supersede(self.name, digest(material))
+                plan.labels[plan.supersede_key] = material
+                plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
             self._lease(plan, key, 1, fence=True)
         if self.concurrency is not None:
             spec = self.concurrency.key
@@ -260,6 +303,11 @@ class TaskPolicy:
                 plan.conditions += limit.conditions(names, cost)
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
+            if self.unique_conflict == "replace":
+                plan.superseded_key = names.superseded(self.name, task_id)
+                plan.conditions.append(
+                    Condition.not_superseded(plan.superseded_key, self.unique_ttl)
+                )
             if self.unique_until == "started":
                 plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
             elif plan.conditions or expires:
@@ -369,8 +417,9 @@ def compile_policy(
         value = options(option)
         value = allowed[0] if value is None else value
         if value not in allowed:
+            hint = suggest(value, allowed) if isinstance(value, str) else ""
             raise ConfigError(
-                f"must be one of {allowed}, got {value!r}", subject=f"{name}.{option}"
+                f"must be one of {allowed}, got {value!r}{hint}", subject=f"{name}.{option}"
             )
         return str(value)
 
@@ -419,7 +468,30 @@ def compile_policy(
         concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
 
     shared = _shared_limits(name, options, settings)
+    flow = debounce.compile_flow(name, options, spec)
 
+    if options("exclusive_conflict") == "replace" and options("exclusive_wait_timeout"):
+        raise ConfigError(
+            'exclusive_wait_timeout does nothing with exclusive_conflict="replace" (the new '
+            'run never gives up: the old one is stopped); use "wait" or "keep_last" for a '
+            "bounded wait",
+            subject=name,
+        )
+    conflict = options("exclusive_conflict")
+    if (
+        conflict in SUPERSEDING
+        and options("unique") is not None
+        and options("unique") == options("exclusive")
+        and options("unique_until") != "started"
+        and options("unique_conflict") != "replace"
+    ):
+        # The newer publish would be dropped at publish: it could never supersede.
+        raise ConfigError(
+            f'exclusive_conflict="{conflict}" with unique on the same key: a newer publish '
+            "is de-duplicated before it can supersede the older one; add "
+            'unique_conflict="replace" (or unique_until="started", or drop unique)',
+            subject=name,
+        )
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
@@ -447,6 +519,7 @@ def compile_policy(
         redelivery_retention=settings.redelivery_retention,
         shared=shared,
         cost=options("cost"),
+        flow=flow,
     )
     if not (policy.gates_runs or policy.unique):
         return None

@@ -5,6 +5,10 @@ name, canvas members (chain, group, chord) and beat. Wrapping it there covers al
 them at once. The claim uses the task id as owner, so a retry (same id) passes, and
 a publish that fails gives its claim back. The claim's answer is read at the last
 step before the broker, so nothing is sent until the claim is known.
+
+Superseding publishes (supersede.py) are handled here too: an exclusive task under
+``exclusive_conflict="replace"``/``"keep_last"`` gets its publish order in a header, and
+a ``unique_conflict="replace"`` publish is sent first and then takes the key.
 """
 
 from __future__ import annotations
@@ -15,15 +19,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery import current_task, states
 from kombu.utils.uuid import uuid
 
 from celery_baton import call_options, signals
 from celery_baton.call_options import HEADER
-from celery_baton.errors import AlreadyQueued, StoreUnavailable, TaskDeduplicated
-from celery_baton.policy import policy_for_call
+from celery_baton.debounce import FlowKind
+from celery_baton.errors import (
+    AlreadyQueued,
+    KeySpecError,
+    StoreUnavailable,
+    TaskDeduplicated,
+    TaskSuperseded,
+)
+from celery_baton.policy import ORDER_HEADER, TaskPolicy, policy_for_call
+from celery_baton.supersede import SUPERSEDED
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
+    from celery_baton.policy import TaskPolicy
     from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")
@@ -99,6 +113,10 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             call_options.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, baton.settings)
             options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
+        if policy is not None and policy.supersedes:
+            _stamp_order(baton, name, policy, args, kwargs, options)
+        if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
+            return _send_debounced(baton, policy, send_task, name, args, kwargs, options)
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
@@ -109,6 +127,8 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
+        if policy.unique_conflict == "replace":
+            return _send_replacing(baton, send_task, name, args, kwargs, options, key, ttl)
         claim = _Claim(baton, key, task_id, ttl, baton.unique.send(key, task_id, ttl))
         if not _guard_sender(baton.app):
             claim.settle()  # no hook before the broker: know the answer before sending
@@ -130,6 +150,96 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _stamp_order(
+    baton: Baton,
+    name: str,
+    policy: TaskPolicy,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> None:
+    """Give a superseding exclusive publish its order (a header), from the store."""
+    headers = dict(options.get("headers") or {})
+    if ORDER_HEADER in headers:
+        return
+    task_id = options.get("task_id")
+    task = current_task
+    if task_id and task and task.request.id == task_id:  # (a proxy: falsy outside a task)
+        # A retry (same task id): it keeps its place; a newer publish still wins.
+        kept = getattr(task.request, ORDER_HEADER, None)
+        if kept:
+            options["headers"] = {**headers, ORDER_HEADER: kept}
+            return
+    try:
+        order = baton.parts.supersede.stamp(name, policy.exclusive_digest(args or (), kwargs or {}))
+    except KeySpecError:
+        return  # the worker refuses the message, with the reason
+    except StoreUnavailable as exc:
+        # Sent anyway: the gate gives it an order when it arrives (arrival, not publish,
+        # then decides which of two such messages is newer).
+        logger.warning("%s sent without a publish order: %s", name, exc)
+        return
+    options["headers"] = {**headers, ORDER_HEADER: order}
+
+
+def _send_replacing(
+    baton: Baton,
+    send_task: Callable[..., Any],
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    key: str,
+    ttl: float,
+) -> Any:
+    """``unique_conflict="replace"``: send, then take the key from a queued holder (which
+    then never runs). Sent first, so a publisher that dies in between loses nothing:
+    both messages run."""
+    result = send_task(name, args, kwargs, **options)
+    task_id = options["task_id"]
+    try:
+        replaced = baton.parts.supersede.replace(name, key, task_id, ttl)
+    except StoreUnavailable as exc:
+        logger.warning("%s[%s] sent without replacing the queued one: %s", name, task_id, exc)
+        return result
+    if replaced.status == SUPERSEDED:
+        logger.info("%s[%s] replaces queued task %s", name, task_id, replaced.holder)
+        superseded = TaskSuperseded(
+            f"{name}[{replaced.holder}] was replaced by a newer publish, task {task_id}; "
+            "it is not run",
+            task_id,
+        )
+        try:  # a caller waiting on the old id is told at once (the worker says it too)
+            baton.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
+        except Exception:  # the result backend is optional
+            logger.exception("could not record %s as superseded", replaced.holder)
+    return result
+
+
+def _send_debounced(
+    baton: Baton,
+    policy: TaskPolicy,
+    send_task: Callable[..., Any],
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> Any:
+    """Send, THEN record the message as its key's latest (see debounce.py): the store
+    never names a message that was not sent, so a publisher killed in between loses
+    nothing (the worker adopts the unrecorded message on arrival)."""
+    assert policy.flow is not None
+    key = policy.flow.store_key(baton.names, name, args or (), kwargs or {})
+    options["task_id"] = options.get("task_id") or uuid()
+    result = send_task(name, args, kwargs, **options)
+    try:
+        baton.debounces.record(policy.flow, key, options["task_id"])
+    except StoreUnavailable as exc:
+        # Sent already: the worker adopts it as the latest when it arrives.
+        logger.warning("%s[%s] sent but not recorded for debounce: %s", name, result.id, exc)
+    return result
 
 
 def _guard_sender(app: Any) -> bool:

@@ -11,7 +11,10 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 #: A delivery was not run: a duplicate of an exclusive run (``reason="exclusive"``),
-#: a task id that already finished (``reason="already-run"``) or an invalid key.
+#: a task id that already finished (``reason="already-run"``), one a newer publish
+#: superseded (``reason="superseded"``; ``holder`` is the newer task id), one a later
+#: publish of its debounce or trailing-throttle key runs for (``reason="coalesced"``), one
+#: a throttle window dropped (``reason="throttled"``) or an invalid key.
 task_skipped = Signal(name="baton_task_skipped")
 #: A delivery waits in the worker's consumer (no pool slot) for ``key``.
 task_held = Signal(name="baton_task_held")

@@ -19,10 +19,12 @@ import weakref
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
+from celery_baton.debounce import Debounces
 from celery_baton.errors import ConfigError
 from celery_baton.gate import Gate
 from celery_baton.keys import KeyNames
 from celery_baton.store.connection import Store, connect, redact_url
+from celery_baton.supersede import Supersede
 from celery_baton.unique import UniqueClaims
 
 
@@ -61,6 +63,14 @@ class AppParts:
     @functools.cached_property
     def unique(self) -> UniqueClaims:
         return UniqueClaims(self.store)
+
+    @functools.cached_property
+    def supersede(self) -> Supersede:
+        return Supersede(self.store, self.names)
+
+    @functools.cached_property
+    def debounces(self) -> Debounces:
+        return Debounces(self.store, self.names)
 
     def connect(
         self,

@@ -139,7 +139,7 @@ def _forget(baton: Any) -> None:
     """Drop the app's lazily built store, settings and gate (kept by its parts, see
     celery_baton.wiring), so they follow the conf."""
     parts = baton.parts
-    for name in ("settings", "store", "gate", "names", "unique"):
+    for name in ("settings", "store", "gate", "names", "unique", "debounces"):
         if name in parts.__dict__:
             store = parts.__dict__.pop(name)
             if name == "store":

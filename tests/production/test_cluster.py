@@ -90,6 +90,24 @@ def test_unique_second_publish_returns_the_first_id(
     assert again.get(timeout=20) == again.id
 
 
+def test_a_debounced_burst_runs_once_with_the_last_arguments(
+    prod_workers: Workers,
+    observer: Observer,
+    prod_store: ProdStore,
+    use_store: Callable[[ModuleType, str], None],
+) -> None:
+    """The debounce scripts' keys share the task's hash tag: one slot, one call each."""
+    from tests.apps import debounce
+
+    use_store(debounce, prod_store.url)
+    start(prod_workers, "tests.apps.debounce", n=1)
+    results = [debounce.save.delay("cluster", v) for v in range(1, 6)]
+    assert [r.get(timeout=20) for r in results] == [5] * 5
+    time.sleep(1.5)  # a second run would come within one debounce
+    runs = [r for r in observer.runs() if r.key == "save:cluster"]
+    assert [r.task_id.rsplit("|", 1)[1] for r in runs] == ["5"]
+
+
 def test_global_concurrency_cap(prod_workers: Workers, observer: Observer) -> None:
     from tests.apps import limits
 

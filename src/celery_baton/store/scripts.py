@@ -38,6 +38,8 @@ SCRIPT_NAMES = (
     "renew",
     "unique_claim",
     "unique_release",
+    "unique_replace",
+    "supersede_stamp",
     "unlock",
     "limit_penalize",
     "limit_give_back",
@@ -48,6 +50,9 @@ SCRIPT_NAMES = (
     "beat_define",
     "beat_remove",
     "beat_mark",
+    "debounce_record",
+    "debounce_decide",
+    "throttle_decide",
 )
 
 

@@ -10,9 +10,11 @@ asks for) asks the gate once, and the verdict
   through ``worker/releasing.py`` when it ends, whichever way);
 * **Skip**: acked, not run, logged, signalled, and recorded as a ``TaskSkipped`` result
   (an exclusive duplicate with ``exclusive_conflict="skip"``, or a task id that already
-  finished under the redelivery guard);
+  finished under the redelivery guard), or as ``REVOKED`` with ``TaskSuperseded`` (a
+  newer publish of the same key replaces it);
 * **Wait**: held in the consumer (``worker/holding.py``), occupying no pool slot, and
-  asked again when the gate said it may pass or when the key is released. Past the
+  asked again when the gate said it may pass or when the key is released. A
+  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). Past the
   hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
   same id, headers and retry count; never ``task.retry``).
 
@@ -37,11 +39,12 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import TaskPolicy
-from celery_baton.worker import outcomes
+from celery_baton.worker import flow, outcomes
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.replacing import Replacing, keep_order
 from celery_baton.worker.request import attach
 from celery_baton.worker.verdict import Reason, Skip, Start, Wait, verdict
 
@@ -70,6 +73,7 @@ class Admission:
     ) -> None:
         self.consumer = consumer
         self.handle = handle
+        self.names = names
         self.planner = Planner(
             policy_for=policy_for, names=names, settings=settings, hostname=consumer.hostname
         )
@@ -91,6 +95,7 @@ class Admission:
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         self._store_down_until = 0.0
         self._grace_logged = -1e9
+        self.replacing = Replacing()
 
     # -- entry point ----------------------------------------------------------------
 
@@ -108,7 +113,7 @@ class Admission:
         except (KeySpecError, CostError) as exc:
             outcomes.refuse(request, exc)
             return None
-        if not plan.conditions:  # only a unique key to free when it finishes
+        if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
             return self.handle(request)
         with self.holding.lock:
@@ -134,12 +139,18 @@ class Admission:
             # request; queue behind the request that is probing it.
             self._answered(delivery, StoreUnavailable("the store failed moments ago"))
             return
-        self.planner.replan(delivery)
-        if not delivery.plan.conditions:  # Celery's rate_limit was lifted while it was held
+        if (
+            self.planner.replan(delivery)  # Celery's rate_limit changed while it was held
+            and not delivery.plan.conditions  # lifted: nothing left to ask the gate
+            and (delivery.plan.flow_passed or delivery.plan.flow_key is None)
+        ):
             self._start(delivery, Start())
             return
         delivery.asking = True
         delivery.asked_at = now
+        if delivery.plan.flow_key is not None and not delivery.plan.flow_passed:
+            flow.ask(self.channel, self.names, delivery, self._answered)
+            return
         self.channel.ask(
             delivery.plan.conditions,
             owner=delivery.plan.owner,
@@ -148,7 +159,9 @@ class Admission:
             answer=lambda reply: self._answered(delivery, reply),
         )
 
-    def _answered(self, delivery: Delivery, reply: Decision | BaseException) -> None:
+    def _answered(
+        self, delivery: Delivery, reply: Decision | flow.FlowDecision | BaseException
+    ) -> None:
         # Runs on the event loop when the store answered; kombu swallows exceptions
         # there, so none may escape: a request must never be lost.
         try:
@@ -173,7 +186,10 @@ class Admission:
                     return
                 self._store_down_until = 0.0
                 delivery.backoff = BACKOFF_START
-                self._apply(delivery, reply)
+                if isinstance(reply, flow.FlowDecision):
+                    self._apply_flow(delivery, reply)
+                else:
+                    self._apply(delivery, reply)
         except Exception:
             logger.exception(
                 "baton: deciding %s[%s] failed; holding it",
@@ -213,6 +229,8 @@ class Admission:
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request
         now = time.monotonic()
+        if decision.seq and delivery.plan.supersede_key:
+            keep_order(request, delivery.plan, decision.seq)
         outcome = verdict(
             decision,
             delivery.plan,
@@ -237,10 +255,28 @@ class Admission:
                     "lease for %.1fs, while running tasks write theirs back (grace)",
                     outcome.delay,
                 )
+            if outcome.revoke:
+                self.replacing.terminate(request, outcome.revoke, delivery.plan, now)
             if outcome.reason is Reason.RATE:
                 self.stats["throttled"] += 1
                 outcomes.throttle(request, outcome.key, decision.retry_after)
+            newer = outcome.reason is Reason.EXCLUSIVE and not delivery.held
             self.holding.hold(delivery, outcome)
+            if newer and delivery.plan.supersede_key:
+                # A newer publish waits now: the older ones held here are superseded;
+                # ask them at once, so their callers learn it now, not at the release.
+                self.holding.arm(outcome.key, 0.0, jitter=False)
+
+    def _apply_flow(self, delivery: Delivery, decision: flow.FlowDecision) -> None:
+        outcome = flow.outcome(delivery, decision)
+        if isinstance(outcome, Skip):
+            self._skip(delivery, outcome)
+        elif isinstance(outcome, Wait):
+            self.holding.hold(delivery, outcome)
+        elif delivery.plan.conditions:
+            self._ask(delivery)  # debounced: now the task's other conditions
+        else:
+            self._start(delivery, outcome)
 
     # -- outcomes -------------------------------------------------------------------
 
@@ -282,7 +318,7 @@ class Admission:
         self.holding.release(delivery)
         self.stats["skipped"] += 1
         outcomes.skip(delivery.request, skip)
-        if skip.reason is Reason.EXCLUSIVE and delivery.plan.unique_key:
+        if skip.reason in (Reason.EXCLUSIVE, Reason.SUPERSEDED) and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
     def _hand_back(self, delivery: Delivery, why: str) -> None:

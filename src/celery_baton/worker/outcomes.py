@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import states
 from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import metrics, signals
-from celery_baton.errors import BatonError, TaskSkipped
+from celery_baton.errors import BatonError, TaskSkipped, TaskSuperseded
 from celery_baton.worker.verdict import Reason, Skip
 
 logger = logging.getLogger("celery_baton.worker")
@@ -31,13 +32,23 @@ def skip(request: Any, skip: Skip) -> None:
         reason=skip.reason.value,
     )
     task = request.task
-    if skip.reason is Reason.EXCLUSIVE and not task.ignore_result:
+    # A coalesced one gets no state here: the run that stands for it writes its outcome
+    # to this id too (worker/stand_ins.py).
+    if skip.reason in (Reason.EXCLUSIVE, Reason.THROTTLED) and not task.ignore_result:
         task.backend.mark_as_failure(
             request.id,
             TaskSkipped(skip.message, skip.key, skip.holder),
             request=request._context,
             store_result=True,
             call_errbacks=False,
+        )
+    if skip.reason is Reason.SUPERSEDED and not task.ignore_result:
+        # REVOKED, naming the replacing task: a caller waiting on this id is told at once.
+        task.backend.store_result(
+            request.id,
+            TaskSuperseded(skip.message, skip.holder),
+            states.REVOKED,
+            request=request._context,
         )
     worker_state.task_ready(request)
     request.acknowledge()

@@ -23,6 +23,7 @@ from celery_baton.leases import new_owner
 from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
+from celery_baton.worker.replacing import order_of
 
 
 class Planner:
@@ -69,20 +70,24 @@ class Planner:
             kwargs=request.kwargs,
             celery_rate=celery_rate,
             expires=request.expires is not None,
+            order=order_of(request),
         )
 
-    def replan(self, delivery: Delivery) -> None:
+    def replan(self, delivery: Delivery) -> bool:
         """A held delivery planned again when `celery control rate_limit` changed its
         task's rate while it was held: it asks with the rate that holds now (lifted, it
-        may not need the gate at all: no conditions left)."""
+        may not need the gate at all: no conditions left). True when it changed."""
         if not delivery.policy.rate_from_celery:
-            return
+            return False
         rate = self.celery_rate(delivery.request.task)
         if rate == delivery.celery_rate:
-            return
+            return False
         delivery.celery_rate = rate
+        passed = delivery.plan.flow_passed  # a debounce already decided stays so
         with contextlib.suppress(KeySpecError, CostError):  # built once already
             delivery.plan = self.plan(delivery.policy, delivery.request, rate)
+        delivery.plan.flow_passed = passed
+        return True
 
     def new_owner(self, request: Any) -> str:
         """A fresh owner token for ``request`` (a new one for every ask that was lost)."""

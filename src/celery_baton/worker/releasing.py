@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery_baton.gate import Release
@@ -30,6 +33,11 @@ from celery_baton.policy import RunPlan, TaskPolicy
 logger = logging.getLogger("celery_baton.worker")
 
 PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
+GONE_POLL = 0.01  # seconds between looks at a terminated run's process
+#: Seconds a terminated run's leases are kept at most while its process still lives (a
+#: process stuck in the kernel; or a pid taken again): then released, logged. The fence
+#: of the next holder still guards against the late run.
+GONE_WAIT_MAX = 10.0
 
 
 class Releasing:
@@ -69,6 +77,47 @@ class Releasing:
                 request.id,
             )
         )
+
+    def finish_when_gone(
+        self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
+    ) -> Callable[[], None]:
+        """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
+        announces the revoke right after sending the signal, while the process may still
+        run; until it is gone the run keeps its leases (and the lease book renews them).
+        Returns the call that finishes it at once (the job's end was reported after all:
+        the run survived the signal and returned)."""
+        deadline = time.monotonic() + GONE_WAIT_MAX
+        pending = [True]
+
+        def end_now() -> None:
+            if pending:
+                pending.clear()
+                self.finish(request, policy, plan, final=final)
+
+        def check() -> None:
+            if not pending:
+                return
+            try:
+                if process_gone(pid):
+                    end_now()
+                elif time.monotonic() > deadline:
+                    logger.warning(
+                        "baton: %s[%s] was terminated but its process %d still runs after "
+                        "%.0fs; releasing its keys",
+                        request.name,
+                        request.id,
+                        pid,
+                        GONE_WAIT_MAX,
+                    )
+                    end_now()
+                else:
+                    self.timer.call_after(GONE_POLL, check, priority=5)
+            except Exception:  # kombu's timer swallows exceptions: never keep a key
+                logger.exception("baton: releasing terminated %s failed", request.id)
+                end_now()
+
+        check()
+        return end_now
 
     def give_back(self, plan: RunPlan) -> None:
         """Free what the gate granted ``plan``'s owner, who will not run with it."""
@@ -156,3 +205,22 @@ class Releasing:
         gate = self.channel.gate
         for release in unsent:
             self.book.retry_later(functools.partial(gate.release_many, [release]))
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs code (exited; a zombie counts as gone)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
+        except FileNotFoundError:
+            return True
+        except (OSError, IndexError):
+            pass
+    try:  # no /proc (not Linux): ask the kernel (a zombie counts as running until reaped)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

@@ -9,6 +9,13 @@ and ``WorkerLostError`` when a pool child is killed), hard timeout, revoke (also
 end (some paths run two: a hard time limit, then the failure; a failed result handed
 to ``on_success``, which calls ``on_failure``).
 
+A run *terminated* by a revoke (``revoke(terminate=True)``, and every replaced run of
+``exclusive_conflict="replace"``) is announced by Celery as soon as the signal is sent,
+while its pool process may still be running: it is given back only once that process is
+gone (``Releasing.finish_when_gone``), or once Celery reports the job's end after all
+(a run that survived the signal and returned), so the next holder of its key never
+overlaps it.
+
 Whether the delivery is over for good (``final``: mark its task id done, free its
 unique key) is read from what Celery did with the message on that path, never guessed
 from the exception. The request records Celery's decisions as they are made:
@@ -26,17 +33,26 @@ the broker's and comes back (a cancel after a lost connection): not final.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from celery_baton.worker.stand_ins import STANDS_FOR_FIELD, after_lost_run
 
 if TYPE_CHECKING:
     from celery_baton.policy import RunPlan, TaskPolicy
 
 RUN_ATTR = "_baton_run"
 COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
+ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends after all
 
 
 class Finisher(Protocol):
     def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None: ...
+
+    def finish_when_gone(
+        self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
+    ) -> Callable[[], None]: ...
 
 
 class BatonRequestMixin:
@@ -77,11 +93,22 @@ class BatonRequestMixin:
 
     # -- where a path ends: give the run back -----------------------------------------
 
-    def _baton_finish(self) -> None:
+    def _baton_finish(self, *, terminated: bool = False) -> None:
         run = self.__dict__.pop(RUN_ATTR, None)
-        if run is not None:
-            finisher, policy, plan = run
-            finisher.finish(self, policy, plan, final=self._baton_is_final())
+        if run is None:
+            ended = self.__dict__.pop(ENDED_ATTR, None)
+            if ended is not None:  # a terminated run's job ended (or its process died)
+                ended()
+            return
+        finisher, policy, plan = run
+        final = self._baton_is_final()
+        pid = self.worker_pid  # type: ignore[attr-defined]
+        if terminated and pid and pid != os.getpid():  # a pool process was signalled
+            self.__dict__[ENDED_ATTR] = finisher.finish_when_gone(
+                pid, self, policy, plan, final=final
+            )
+        else:
+            finisher.finish(self, policy, plan, final=final)
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
         try:
@@ -95,6 +122,8 @@ class BatonRequestMixin:
         try:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
+            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
+                after_lost_run(self, exc_info, final=self._baton_is_final())
             self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
@@ -106,10 +135,12 @@ class BatonRequestMixin:
             self._baton_finish()
 
     def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
+        # (reason, terminated, signum, expired)
+        terminated = bool(args[1] if len(args) > 1 else kwargs.get("terminated"))
         try:
             return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
-            self._baton_finish()
+            self._baton_finish(terminated=terminated)
 
     def _announce_cancelled(self, *args: Any, **kwargs: Any) -> Any:
         try:

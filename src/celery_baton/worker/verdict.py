@@ -11,6 +11,11 @@ clock of its own, so every case has a unit test (tests/unit/test_verdict.py):
 * the exclusive key is held by another run and the policy is ``"skip"``: **Skip**, after
   a short grace (the holder's release may be in flight: a caller that waited for the
   first result and publishes again at once must not be skipped);
+* a newer publish of the same key reached the gate (``exclusive_conflict="replace"`` or
+  ``"keep_last"``), or a unique ``replace`` publish took this one's place: **Skip**;
+* the exclusive key is held by an older run and the policy is ``"replace"``: **Wait**,
+  asking admission to terminate the holder (``Wait.revoke``), again every
+  ``REVOKE_AGAIN`` seconds until its release wakes this delivery;
 * anything else: **Wait** on the refusing key, for as long as the gate said.
 """
 
@@ -24,6 +29,9 @@ from celery_baton.policy import RunPlan
 
 #: Seconds a duplicate waits for a release in flight before it is skipped.
 SKIP_GRACE = 0.25
+#: Seconds between two requests to terminate the run a "replace" delivery waits for (a
+#: revoke is a broadcast: one sent while the holder's worker reconnects is lost).
+REVOKE_AGAIN = 1.0
 
 
 class Reason(enum.Enum):
@@ -35,8 +43,12 @@ class Reason(enum.Enum):
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
     ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
     PENALTY = "penalty"  # a named limit is penalized (penalize: a 429's Retry-After)
+    SUPERSEDED = "superseded"  # a newer publish of the same key replaces this one
     GRACE = "grace"  # the store lost its data: holders re-assert before new grants
     STORE_DOWN = "store-down"  # the store did not answer (not a gate refusal)
+    DEBOUNCE = "debounce"  # not quiet yet, or a throttle's trailing run waits its window
+    COALESCED = "coalesced"  # a later publish of its debounce/throttle key runs for it
+    THROTTLED = "throttled"  # dropped: another run of its key ran within the window
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class Wait:
     # Jitter spreads workers that one release notice wakes together; a rate wait must
     # not have it: strict GCRA loses every microsecond a waiter comes late.
     jitter: bool = True
+    revoke: str = ""  # "replace": the task id whose run must be terminated first
 
 
 Verdict = Start | Skip | Wait
@@ -71,6 +84,8 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
     """The refusing condition of a denied ``decision``, named."""
     condition = decision.denied_by
     assert condition is not None, "a granted decision has no reason"
+    if condition.kind in ("S", "N"):
+        return Reason.SUPERSEDED
     if condition.kind == "D":
         return Reason.ALREADY_RUN
     if condition.kind in ("R", "W"):
@@ -117,6 +132,14 @@ def verdict(
             decision.holder,
             f"task id {task_id} already finished; this redelivered copy is not run",
         )
+    if why is Reason.SUPERSEDED:
+        return Skip(
+            why,
+            key,
+            holder,
+            f"{task_name}[{task_id}] was superseded by a newer publish, task {holder}; "
+            "it is not run",
+        )
     # A lease held by a copy of this very task id (its own retry, or a redelivery while
     # the first copy still runs) always waits: it is freed in milliseconds, or the first
     # copy finishes and this one is then refused as already run.
@@ -133,7 +156,12 @@ def verdict(
             f"exclusive key {label or '(task)'} of {task_name} is held by task {holder}; "
             "this run is skipped",
         )
-    if why is Reason.EXCLUSIVE and conflict == "wait" and wait_timeout and not own_copy:
+    if why is Reason.EXCLUSIVE and conflict == "replace" and not own_copy:
+        # Newer than the holder (the order condition passed): stop it and take its place.
+        delay = min(max(decision.retry_after, 0.001), REVOKE_AGAIN)
+        return Wait(why, key, delay, revoke=holder)
+    waits = conflict in ("wait", "keep_last")
+    if why is Reason.EXCLUSIVE and waits and wait_timeout and not own_copy:
         waited = 0.0 if denied_since is None else now - denied_since
         if waited >= wait_timeout:
             label = plan.labels.get(key, "")

@@ -20,6 +20,17 @@
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "K"  unique claim to keep for the run: if its value is a (the task id), it
 --             expires b milliseconds from now (never denies)
+--   kind "S"  publish order of an exclusive key whose duplicates supersede each other
+--             (exclusive_conflict "replace"/"keep_last"), a hash {n: last order given,
+--             top: the newest order seen here, id: its task id}: a = this delivery's order
+--             (from its publish; '' : given one now, max(n + 1, now_us), and returned), b
+--             = its task id. Denied (retry_after -1, holder = the newer task id) when a
+--             newer publish reached the gate already; else it becomes the newest. This
+--             record is written on denial too: what a later condition refuses still
+--             supersedes what came before it. Kept for a day.
+--   kind "N"  not superseded (unique_conflict "replace"): denied (retry_after -1, holder =
+--             the replacing task id) when the key names a task id; on grant set to 'run'
+--             for a milliseconds, so a replace that comes later leaves this run alone
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 -- The store epochs, once every condition passed (no kind of their own, no ARGV: the
@@ -42,11 +53,13 @@
 -- read and passed (or copied from "_epoch"), once "E" existed: a store that still has
 -- a key with "_epoch" has its "G" and "E" too, unchanged (each is created only when
 -- missing), and no grace started since; a store that lost them lost every "_epoch".
--- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
---                                         for one; epoch '' without KEYS[n+1]);
+-- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
+--                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
---           {0, i, retry_after_us, holder} denied by condition i; nothing was written.
+--           {0, i, retry_after_us, holder, order} denied by condition i; nothing was
+--                                         written (but an "S" record, and its order).
+--           order: what an "S" condition without one was given (0: none).
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
 --
@@ -77,6 +90,8 @@ local known_epoch = nil  -- "_epoch" of the first lease key (E's family: see gat
 local first_lease = nil
 local start_at = now_us  -- a reserved rate slot may start later than now
 local n = (#ARGV - 3) / 3
+local assigned = 0  -- the publish order an "S" condition was given here
+local SUPERSEDE_TTL_MS = 86400000
 
 for i = 1, n do
   local key = KEYS[i]
@@ -120,7 +135,7 @@ for i = 1, n do
     if not mine and live >= limit then
       -- A hint for release: someone waits for this key, so publish a notice.
       call('HSET', key, '_w', '1')
-      return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3)}
+      return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3), assigned}
     end
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
       #flat > 0, i == first_lease}
@@ -136,7 +151,7 @@ for i = 1, n do
     local allow_at = new_tat - burst * interval
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
-        return {0, i, allow_at - now_us, ''}
+        return {0, i, allow_at - now_us, '', assigned}
       end
       -- Reserve the slot: the schedule advances exactly one interval, however late
       -- the waiter wakes, so the rate holds without crediting lateness.
@@ -170,8 +185,26 @@ for i = 1, n do
   elseif kind == 'D' then
     local done_by = call('GET', key)
     if done_by then
-      return {0, i, -1, done_by}
+      return {0, i, -1, done_by, assigned}
     end
+  elseif kind == 'S' then
+    local order = call('HMGET', key, 'n', 'top', 'id')
+    local seq = tonumber(a)
+    if not seq then
+      seq = math.max((tonumber(order[1]) or 0) + 1, now_us)
+      call('HSET', key, 'n', format('%d', seq))
+      assigned = seq
+    end
+    local newest = tonumber(order[2]) or 0
+    if seq < newest then return {0, i, -1, order[3] or '', assigned} end
+    if seq > newest then
+      call('HSET', key, 'top', format('%d', seq), 'id', b)
+      call('PEXPIRE', key, SUPERSEDE_TTL_MS)
+    end
+  elseif kind == 'N' then
+    local by = call('GET', key)
+    if by and by ~= 'q' and by ~= 'run' then return {0, i, -1, by, assigned} end
+    writes[#writes + 1] = {'N', key, a}
   elseif kind == 'U' then
     writes[#writes + 1] = {'U', key, a}
   elseif kind == 'K' then
@@ -194,7 +227,7 @@ if epoch_key then
         call('SET', grace_key, format('%d', since))
       end
       if since + ttl_ms > now_ms then
-        return {0, n + 2, (since + ttl_ms - now_ms) * 1000, ''}
+        return {0, n + 2, (since + ttl_ms - now_ms) * 1000, '', assigned}
       end
     end
     -- The SET happens once per family (and again only after the store lost its data).
@@ -275,6 +308,8 @@ for n_write = 1, #writes do
     else
       call('SET', key, format('%d', new_tat), 'PX', format('%d', (expires_at - now_us) / 1000 + 1))
     end
+  elseif w[1] == 'N' then
+    call('SET', key, 'run', 'PX', w[3])
   elseif w[1] == 'U' then
     if call('GET', key) == w[3] then call('DEL', key) end
   elseif w[1] == 'K' then
@@ -282,4 +317,4 @@ for n_write = 1, #writes do
     if call('GET', key) == w[3] then call('PEXPIRE', key, w[4]) end
   end
 end
-return {1, fence, start_at - now_us, start_at, epoch}
+return {1, fence, start_at - now_us, start_at, epoch, assigned}

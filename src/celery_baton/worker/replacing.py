@@ -1,0 +1,73 @@
+"""Superseding deliveries on the worker side: the publish order a delivery asks with,
+and the terminate request a ``"replace"`` delivery sends for the run it replaces.
+
+Which delivery is newest is decided by the gate (gate.lua ``"S"``, from the order each
+publish was stamped with: ``supersede.py``); what to do about it by the verdict. This
+module only carries the order and sends the revoke.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery_baton.gate import Condition
+from celery_baton.policy import ORDER_HEADER, RunPlan
+from celery_baton.worker.verdict import REVOKE_AGAIN
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: The signal a replaced run is terminated with. SIGKILL: a run that traps SIGTERM (or
+#: is stuck in C code) would otherwise go on beside its replacement; the holder's worker
+#: releases the key only once that process is gone (``Releasing.finish_when_gone``).
+REPLACE_SIGNAL = "SIGKILL"
+
+
+def order_of(request: Any) -> int | None:
+    """A superseding publish's order, from its header (None: absent or unreadable)."""
+    value = request.request_dict.get(ORDER_HEADER)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def keep_order(request: Any, plan: RunPlan, order: int) -> None:
+    """A message published without an order was given one by the gate: keep it for every
+    later ask of this delivery (and for a plan rebuilt from the request)."""
+    request.request_dict[ORDER_HEADER] = order
+    plan.conditions = [
+        Condition.supersede(c.key, order, c.b) if c.kind == "S" and not c.a else c
+        for c in plan.conditions
+    ]
+
+
+class Replacing:
+    """Sends the terminate requests of ``"replace"`` deliveries, at most one per holder
+    every ``REVOKE_AGAIN`` seconds (the holder's release wakes the waiting delivery; a
+    revoke sent again only covers one lost on the way)."""
+
+    def __init__(self) -> None:
+        self._sent_at: dict[str, float] = {}
+
+    def terminate(self, request: Any, holder: str, plan: RunPlan, now: float) -> None:
+        if now - self._sent_at.get(holder, -1e9) < REVOKE_AGAIN * 0.9:
+            return
+        if len(self._sent_at) > 1000:
+            self._sent_at = {h: t for h, t in self._sent_at.items() if now - t < 60}
+        self._sent_at[holder] = now
+        label = plan.labels.get(plan.exclusive_key or "", "") or "(task)"
+        logger.info(
+            "%s[%s] replaces task %s (exclusive key %s): terminating it",
+            request.name,
+            request.id,
+            holder,
+            label,
+        )
+        try:
+            # A broadcast: it reaches the holder's worker wherever it runs (this one too),
+            # and marks the id revoked everywhere, so a redelivered copy is discarded.
+            request.task.app.control.revoke(holder, terminate=True, signal=REPLACE_SIGNAL)
+        except Exception:  # sent again at the next ask; never lose the waiting request
+            logger.exception("baton: could not send the revoke of %s; trying again", holder)
+            self._sent_at.pop(holder, None)

@@ -1,0 +1,32 @@
+"""The supersede scripts on a real Redis Cluster: every key of one call shares a slot."""
+
+from __future__ import annotations
+
+from celery_baton.gate import Condition, Gate
+from celery_baton.keys import KeyNames
+from celery_baton.store.connection import connect
+from celery_baton.supersede import Supersede
+
+NAMES = KeyNames("baton")
+
+
+def test_publish_order_and_unique_replace_run_on_a_cluster(cluster_url: str) -> None:
+    store = connect(cluster_url, socket_timeout=2)
+    gate, supersede = Gate(store), Supersede(store, NAMES)
+    try:
+        older, newer = supersede.stamp("t", "k"), supersede.stamp("t", "k")
+        sup, ex = NAMES.supersede("t", "k"), NAMES.lease("t", "ex", "k")
+
+        def ask(order: int, task_id: str) -> object:
+            conditions = [Condition.supersede(sup, order, task_id), Condition.lease(ex)]
+            return gate.decide(conditions, owner=f"{task_id}|w|1")
+
+        assert ask(newer, "b").granted  # type: ignore[attr-defined]
+        assert ask(older, "a").denied_by.kind == "S"  # type: ignore[attr-defined]
+        uq = NAMES.unique("t", "u")
+        assert supersede.replace("t", uq, "a", 60).status == "claimed"
+        assert supersede.replace("t", uq, "b", 60) == ("superseded", "a")
+        marker = [Condition.not_superseded(NAMES.superseded("t", "a"), 60)]
+        assert gate.decide(marker, owner="a|w|1").holder == "b"
+    finally:
+        store.client.close()

@@ -1,0 +1,135 @@
+"""The debounce and throttle scripts against a real server, step by step: what each
+delivery is told, and what the store remembers (read back directly)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_baton.debounce import (
+    Debounces,
+    FlowDecision,
+    FlowKind,
+    FlowPolicy,
+    Outcome,
+    parse_decision,
+)
+from celery_baton.keys import KeyNames
+from celery_baton.store.connection import Store, connect
+
+KEY = "baton:{t}:db:k"
+TH = "baton:{t}:th:k"
+DEBOUNCE = FlowPolicy(FlowKind.DEBOUNCE, 0.3, None)
+CAPPED = FlowPolicy(FlowKind.DEBOUNCE, 0.3, None, max_wait=0.5)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    store = connect(store_url, socket_timeout=2)
+    yield store
+    store.client.close()
+
+
+def decide(store: Store, policy: FlowPolicy, task_id: str, key: str = KEY) -> FlowDecision:
+    script, keys, args = policy.decide_call(key, task_id, "")
+    return parse_decision(store.scripts.call(script, keys, args))
+
+
+def test_a_burst_runs_its_latest_once_quiet_for_everyone(store: Store, r: redis.Redis) -> None:
+    debounces = Debounces(store, KeyNames())
+    for task_id in ("a", "b", "c"):
+        assert debounces.record(DEBOUNCE, KEY, task_id)
+    assert decide(store, DEBOUNCE, "a") == FlowDecision(Outcome.SKIP, holder="c")
+    wait = decide(store, DEBOUNCE, "c")
+    assert wait.outcome is Outcome.WAIT and 0.2 < wait.delay <= 0.3
+    time.sleep(wait.delay)
+    run = decide(store, DEBOUNCE, "c")
+    assert run.outcome is Outcome.RUN and sorted(run.stands_for) == ["a", "b"]
+    # Closed: late copies are skipped in favour of the run; the run's own copy (its
+    # worker died) runs again for the same ids; a new publish starts a new burst.
+    assert decide(store, DEBOUNCE, "b") == FlowDecision(Outcome.SKIP, holder="c")
+    again = decide(store, DEBOUNCE, "c")
+    assert again.outcome is Outcome.RUN and sorted(again.stands_for) == ["a", "b"]
+    assert not debounces.record(DEBOUNCE, KEY, "b")  # known: nothing written
+    assert debounces.record(DEBOUNCE, KEY, "d")
+    assert r.hget(KEY, "latest") == "d"
+    assert r.pttl(KEY) > 0 and r.pttl(f"{KEY}:ran") > 0
+
+
+def test_an_unrecorded_delivery_is_adopted_as_the_latest(store: Store, r: redis.Redis) -> None:
+    debounces = Debounces(store, KeyNames())
+    debounces.record(DEBOUNCE, KEY, "a")
+    assert decide(store, DEBOUNCE, "lost-record").outcome is Outcome.WAIT
+    assert r.hget(KEY, "latest") == "lost-record"
+    assert not debounces.record(DEBOUNCE, KEY, "lost-record")  # its record came late
+    assert r.hget(KEY, "latest") == "lost-record"
+    assert decide(store, DEBOUNCE, "a").outcome is Outcome.SKIP
+
+
+def test_max_wait_cuts_a_stream(store: Store) -> None:
+    debounces = Debounces(store, KeyNames())
+    start = time.monotonic()
+    n = 0
+    while True:
+        n += 1
+        debounces.record(CAPPED, KEY, f"p{n}")
+        decision = decide(store, CAPPED, f"p{n}")
+        if decision.outcome is Outcome.RUN:
+            break
+        assert time.monotonic() - start < 5, "never cut"
+        time.sleep(0.05)
+    # Never quiet for 0.3 s, yet it ran: cut at max_wait (0.5 s), for every publish.
+    assert 0.4 < time.monotonic() - start < 3
+    assert len(decision.stands_for) == n - 1
+
+
+def test_throttle_drop_and_trailing(store: Store) -> None:
+    drop = FlowPolicy(FlowKind.THROTTLE, 0.3, None)
+    assert decide(store, drop, "a", TH).outcome is Outcome.RUN
+    assert decide(store, drop, "b", TH) == FlowDecision(Outcome.SKIP, holder="a")
+    assert decide(store, drop, "a", TH).outcome is Outcome.RUN  # its own copy again
+    time.sleep(0.31)
+    assert decide(store, drop, "c", TH).outcome is Outcome.RUN
+
+    trailing = FlowPolicy(FlowKind.THROTTLE, 0.3, None, mode="trailing")
+    key = TH + "2"
+    assert decide(store, trailing, "a", key).outcome is Outcome.RUN
+    assert decide(store, trailing, "b", key).outcome is Outcome.WAIT
+    wait = decide(store, trailing, "c", key)
+    assert wait.outcome is Outcome.WAIT
+    assert decide(store, trailing, "b", key) == FlowDecision(Outcome.SKIP, holder="c")
+    time.sleep(wait.delay)
+    run = decide(store, trailing, "c", key)
+    assert run.outcome is Outcome.RUN and run.stands_for == ("b",)
+    assert decide(store, trailing, "d", key).outcome is Outcome.WAIT  # a new window
+
+
+def test_the_memory_of_runs_is_kept_for_two_generations(store: Store, r: redis.Redis) -> None:
+    """Which run covered an id is kept in ``ran``, whose ttl each run renews; a run that
+    closes a burst more than one retention after the generation began turns ``ran``
+    into ``ran0``, which keeps its ttl. So every id is remembered at least one retention
+    after its run, and a busy key keeps at most about two retentions of ids. (Retention
+    1 s here; FlowPolicy never goes below an hour.)"""
+    keys = [KEY, f"{KEY}:ids", f"{KEY}:ran", f"{KEY}:ran0"]
+
+    def burst(*ids: str) -> None:
+        time.sleep(0.6)
+        for task_id in ids:
+            store.scripts.call("debounce_record", keys, [task_id, 1000, ""])
+        time.sleep(0.002)
+        reply = store.scripts.call("debounce_decide", keys, [ids[-1], 1, 0, 1000, ""])
+        assert int(reply[0]) == 1
+
+    burst("a", "b")  # the first generation begins
+    burst("c", "d")  # 0.6 s later: the same generation
+    burst("e", "f")  # 1.2 s: a new one; the old one is kept until its ttl
+    assert r.hget(f"{KEY}:ran0", "a") == "b" and r.hget(f"{KEY}:ran0", "c") == "d"
+    assert 0 < r.pttl(f"{KEY}:ran0") <= 1000
+    assert r.hget(f"{KEY}:ran", "e") == "f" and not r.hexists(f"{KEY}:ran", "a")
+    burst("g", "h")  # 1.8 s: the same generation
+    burst("i", "j")  # 2.4 s: a new one; {a, b, c, d} are gone
+    assert not r.hexists(f"{KEY}:ran0", "a")
+    assert r.hget(f"{KEY}:ran0", "g") == "h" and r.hget(f"{KEY}:ran", "i") == "j"
