@@ -342,7 +342,10 @@ class Worker:
             "WARNING",
             *extra,
         ]
-        self.env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), **env}
+        # The caller's PYTHONPATH after bench/: a worker runs the celery-baton the
+        # benchmark runs (PYTHONPATH=<checkout>/src compares another revision's).
+        path = [str(BENCH_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(f"/tmp/bench-worker-{os.getpid()}-{name}.log")
 

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.processes import REPO_ROOT
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
     done = subprocess.run(

@@ -105,6 +105,7 @@ def test_the_cli_finds_the_store_through_django_settings(
     assert json.loads(out)["store"] == server.url(2)
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_exclusive_shared_task_runs_once_and_skips_the_duplicate(
     project: Any, worker: WorkerProcess
 ) -> None:

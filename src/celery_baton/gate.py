@@ -27,8 +27,8 @@ class Condition:
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
     # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
     # not superseded by a unique replace, "F" the turn of a fair_key limit and "-" its
-    # other keys (fairness.py); added by gate_call when a lease is asked for: "G"
-    # the store's grace after it lost its data, "E" the family's store epoch
+    # other keys (fairness.py); "G" only in a denial: the store's grace after it lost its
+    # data (gate_call adds its key, and the family epoch's, when a lease is asked for)
     kind: str
     key: str
     a: str = ""
@@ -200,7 +200,7 @@ class Gate:
         self.store = store
         self.notice_channel = notice_channel
         self._cluster = store.cluster
-        # The store-wide epoch (see gate.lua, kind "G"): on one server only, since a
+        # The store-wide epoch (see gate.lua, "G"): on one server only, since a
         # script's keys must share a Cluster slot.
         self.grace_key = None if store.cluster else grace_key
 
@@ -414,7 +414,7 @@ def gate_call(
     grace_key: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The gate script's KEYS and ARGV for ``conditions`` (and, when a lease is asked for,
-    the epoch of its family, read last)."""
+    the keys of its family's epoch and of the store's grace, past the conditions' keys)."""
     args: list[Any] = [owner, max(1, round(ttl * 1000)), round(reserve * 1_000_000)]
     keys = []
     lease_key = None
@@ -423,12 +423,10 @@ def gate_call(
         keys.append(c.key)
         if lease_key is None and c.kind == "L":
             lease_key = c.key
-    if lease_key is not None:
-        if grace_key is not None:  # no new lease while the store's grace lasts
-            args += ("G", "", "")
-            keys.append(grace_key)
-        args += ("E", "", "")
+    if lease_key is not None:  # keys past the conditions' (gate.lua, "E" and "G")
         keys.append(epoch_key(lease_key))
+        if grace_key is not None:  # no new lease while the store's grace lasts
+            keys.append(grace_key)
     return keys, args
 
 

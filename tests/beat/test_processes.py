@@ -7,6 +7,7 @@ missing slot shows up no matter which beat sent it.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -48,7 +49,14 @@ def drain(observer: Observer, settle: float = 3.0) -> None:
         time.sleep(settle)
 
 
+#: How long the three beats run (s). The suite's form: two SIGKILLs and a SIGTERM in
+#: 45 s. ``BATON_TEST_BEAT_SECONDS=145`` is the long form, long enough for a minutely
+#: cron entry to fire across the failovers too.
+BEAT_SECONDS = float(os.environ.get("BATON_TEST_BEAT_SECONDS", "45"))
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(BEAT_SECONDS + 120)
 def test_three_beats_leader_killed_twice_each_slot_once(
     workers: Workers, observer: Observer, store_server: StoreServer, store: redis.Redis
 ) -> None:
@@ -60,14 +68,14 @@ def test_three_beats_leader_killed_twice_each_slot_once(
     began = time.monotonic()
     leader = wait_for_leader(store, beats)
     failovers: list[float] = []
-    for at in (30, 75):
+    for at in (BEAT_SECONDS * 0.2, BEAT_SECONDS * 0.5):
         time.sleep(max(0.0, began + at - time.monotonic()))
         leader.kill()
         killed = time.monotonic()
         leader = wait_for_leader(store, beats, not_pid=leader.pid)
         failovers.append(time.monotonic() - killed)
         beats.append(workers.start_beat(APP, env=env))  # the killed one "restarted"
-    time.sleep(max(0.0, began + 145 - time.monotonic()))
+    time.sleep(max(0.0, began + BEAT_SECONDS - time.monotonic()))
     # SIGTERM: the leader resigns in close(), a follower takes over on its next poll.
     leader.stop()
     stopped = time.monotonic()
@@ -79,8 +87,12 @@ def test_three_beats_leader_killed_twice_each_slot_once(
     drain(observer)
     print(f"failover after SIGKILL: {failovers}; handover after SIGTERM: {handover:.2f} s")
 
-    assert_each_slot_once(observer, "every1", 1000, at_least=140)
-    assert_each_slot_once(observer, "minutely", 60_000, at_least=2)
+    assert_each_slot_once(observer, "every1", 1000, at_least=int(BEAT_SECONDS) - 5)
+    minutes = int(BEAT_SECONDS // 60)
+    if minutes:
+        assert_each_slot_once(observer, "minutely", 60_000, at_least=minutes)
+    else:  # a minute boundary may or may not have passed: never twice
+        assert all(n == 1 for n in runs_per_slot(observer, "minutely").values())
     assert_ids_derived_from_slots(observer)
     for name in ("every1", "minutely"):
         assert store.hget(f"baton:{{beat:beat_app}}:entry:{name}", "missed") is None
@@ -90,6 +102,7 @@ def test_three_beats_leader_killed_twice_each_slot_once(
     assert handover < 5, handover
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
     workers: Workers, observer: Observer, store_server: StoreServer, store: redis.Redis
 ) -> None:
@@ -123,6 +136,7 @@ def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
     assert set(refused) == {"zero", "ghost"}
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_single_beat_restarted_no_extra_runs(
     workers: Workers, observer: Observer, store_server: StoreServer, store: redis.Redis
 ) -> None:

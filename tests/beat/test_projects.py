@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 from tests.beat.helpers import wait_for_leading_log
 from tests.cli.test_commands import as_json
 from tests.support.observer import Observer
@@ -26,6 +28,7 @@ def _slots(observer: Observer, app: str, entry: str) -> Counter[str]:
     return Counter(s["key"] for s in observer.started() if s["key"].startswith(prefix))
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_two_apps_on_one_store_both_fire_and_keep_their_entries(
     workers: Workers, observer: Observer
 ) -> None:

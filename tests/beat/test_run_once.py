@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from tests.beat.helpers import wait_for_leading_log
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
@@ -65,6 +67,7 @@ def test_one_slot_sent_twice_runs_once(workers: Workers, observer: Observer) -> 
     assert starts[0]["task_id"] == task_id
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_broker_stall_two_beats_no_slot_runs_twice(
     workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:

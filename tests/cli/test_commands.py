@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.waiting import wait_until
@@ -101,6 +103,7 @@ def test_schedule_lists_nothing_without_beat(workers: Workers) -> None:
     assert "no entries" in baton(workers, "schedule").stdout
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_status_shows_the_requests_held_now_not_a_running_total(
     workers: Workers, observer: Observer
 ) -> None:
@@ -192,6 +195,7 @@ def test_limits_set_refuses_what_would_change_nothing(workers: Workers) -> None:
         assert done.returncode == 2 and "declares no global_concurrency" in done.stderr
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--watch", "0.3"],

@@ -106,7 +106,7 @@ def prod_workers(
     started = Workers(env, tmp_path_factory.mktemp("celery"))
     yield started
     try:
-        started.stop_all(timeout=15)
+        started.end_all(passed=not _failed(request))
     finally:
         if _failed(request):
             print(started.report())

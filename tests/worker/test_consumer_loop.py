@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import pytest
+
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
@@ -23,6 +25,7 @@ from tests.support.workers import Workers
 APP = "tests.apps.loop"
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_plain_tasks_keep_flowing_while_the_store_hangs(
     workers: Workers, observer: Observer, store_server: StoreServer
 ) -> None:
@@ -108,6 +111,7 @@ def test_a_lost_gate_reply_does_not_keep_the_key(
     assert worker.is_running
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_a_lost_gate_reply_of_a_request_revoked_while_held_does_not_keep_the_key(
     workers: Workers, observer: Observer, store_server: StoreServer
 ) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from tests.support.observer import Observer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -25,6 +27,7 @@ def _set_rate(app: Any, task: str, rate: str, workers: int) -> None:
     assert all("ok" in next(iter(reply.values())) for reply in replies), replies
 
 
+@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_rate_limit_set_at_runtime_holds_across_workers_and_can_be_lifted(
     workers: Workers, observer: Observer
 ) -> None:

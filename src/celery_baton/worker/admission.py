@@ -2,7 +2,8 @@
 
 ``Admission`` replaces the consumer's ``on_task_request``: every delivered request
 (plain, after its ETA, after Celery's own rate-limit bucket) reaches it before the
-pool. A request of a task with a policy asks the gate once, and the verdict
+pool. A request of a task with a policy (``worker/planning.py`` says which, and what it
+asks for) asks the gate once, and the verdict
 (``worker/verdict.py``) says what it does:
 
 * **Start**: it goes to the pool holding its leases (given back by ``worker/request.py``
@@ -24,28 +25,26 @@ Whatever an unanswered ask may have granted is given back.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton import fairness, metrics, signals
-from celery_baton.call_options import HEADER as CALL_HEADER
-from celery_baton.call_options import CallOptions
+from celery_baton import fairness, metrics
 from celery_baton.config import Settings
-from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
+from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
 from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
-from celery_baton.leases import LeaseBook, new_owner
-from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
+from celery_baton.leases import LeaseBook
+from celery_baton.policy import TaskPolicy
 from celery_baton.worker import flow, outcomes
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
+from celery_baton.worker.planning import Planner
 from celery_baton.worker.releasing import Releasing
-from celery_baton.worker.replacing import Replacing, keep_order, order_of
+from celery_baton.worker.replacing import Replacing, keep_order
 from celery_baton.worker.request import attach
 from celery_baton.worker.verdict import Reason, Skip, Start, Wait, verdict
 
@@ -74,15 +73,16 @@ class Admission:
     ) -> None:
         self.consumer = consumer
         self.handle = handle
-        self.policy_for = policy_for
         self.names = names
+        self.planner = Planner(
+            policy_for=policy_for, names=names, settings=settings, hostname=consumer.hostname
+        )
         self.channel = channel
         self.book = book
         self.releasing = releasing
         self.settings = settings
         self.on_store_error = settings.on_store_error
         self.horizon = horizon
-        self.hostname: str = consumer.hostname
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
         self.holding = Holding(
             consumer,
@@ -93,7 +93,6 @@ class Admission:
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
-        self._celery_rates = outcomes.CeleryRates()
         self._store_down_until = 0.0
         self._grace_logged = -1e9
         self.replacing = Replacing()
@@ -101,48 +100,25 @@ class Admission:
     # -- entry point ----------------------------------------------------------------
 
     def __call__(self, request: Any) -> Any:
-        policy = self.policy_for(request.task)
-        call = CallOptions.from_header(request.request_dict.get(CALL_HEADER))
-        if call is not None:  # the caller's per-call options, for this delivery only
-            policy = policy_for_call(policy, request.task.name, call, self.settings)
-        if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
-            # A beat slot may be sent twice (see run_once); it must run once.
-            policy = run_once(policy, request.task.name, self.settings)
+        policy = self.planner.policy(request)
         if policy is None:
             return self.handle(request)
         celery_rate = None
         if policy.rate_from_celery:
-            celery_rate = self._celery_rate(request.task)
+            celery_rate = self.planner.celery_rate(request.task)
             if celery_rate is None and policy.celery_rate_only:
                 return self.handle(request)  # no rate_limit now: nothing to ask
         try:
-            plan = self._plan(policy, request, celery_rate)
+            plan = self.planner.plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
-            return self._refuse(request, exc)
+            outcomes.refuse(request, exc)
+            return None
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
             return self.handle(request)
         with self.holding.lock:
             self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))
         return None
-
-    def _plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
-        """What this delivery asks for, under an owner token of its own."""
-        return policy.plan(
-            self.names,
-            task_id=request.id,
-            owner=new_owner(request.id, self.hostname),
-            args=request.args,
-            kwargs=request.kwargs,
-            celery_rate=celery_rate,
-            expires_at=request.expires.timestamp() if request.expires else None,
-            order=order_of(request),
-        )
-
-    def _celery_rate(self, task: Any) -> float | None:
-        # Read at every admission: `celery control rate_limit` changes it on every
-        # worker, for any task, also one that had none when the worker started.
-        return self._celery_rates.of(task)
 
     # -- one decision ---------------------------------------------------------------
 
@@ -163,19 +139,13 @@ class Admission:
             # request; queue behind the request that is probing it.
             self._answered(delivery, StoreUnavailable("the store failed moments ago"))
             return
-        if delivery.policy.rate_from_celery:
-            rate = self._celery_rate(request.task)
-            if rate != delivery.celery_rate:
-                # `celery control rate_limit` changed it while this request was held: ask
-                # with the rate that holds now (lifted: it may not need the gate at all).
-                delivery.celery_rate = rate
-                passed = delivery.plan.flow_passed  # a debounce already decided stays so
-                with contextlib.suppress(KeySpecError, CostError):  # built once already
-                    delivery.plan = self._plan(delivery.policy, request, rate)
-                delivery.plan.flow_passed = passed
-                if not delivery.plan.conditions and (passed or delivery.plan.flow_key is None):
-                    self._start(delivery, Start())
-                    return
+        if (
+            self.planner.replan(delivery)  # Celery's rate_limit changed while it was held
+            and not delivery.plan.conditions  # lifted: nothing left to ask the gate
+            and (delivery.plan.flow_passed or delivery.plan.flow_key is None)
+        ):
+            self._start(delivery, Start())
+            return
         delivery.asking = True
         delivery.asked_at = now
         if delivery.plan.flow_key is not None and not delivery.plan.flow_passed:
@@ -212,7 +182,7 @@ class Admission:
                     # asks as a new owner, so that release cannot free its grant.
                     self.releasing.give_back_lost(delivery.plan)
                     delivery.plan = delivery.plan.with_owner(
-                        new_owner(delivery.request.id, self.hostname)
+                        self.planner.new_owner(delivery.request)
                     )
                 if delivery.generation != self.generation:
                     # Dropped meanwhile (the broker connection was lost; its message
@@ -298,13 +268,7 @@ class Admission:
                 self.replacing.terminate(request, outcome.revoke, delivery.plan, now)
             if outcome.reason is Reason.RATE:
                 self.stats["throttled"] += 1
-                metrics.throttled.labels(request.name).inc()
-                signals.task_throttled.send(
-                    sender=request.task,
-                    request=request,
-                    key=outcome.key,
-                    retry_after=decision.retry_after,
-                )
+                outcomes.throttle(request, outcome.key, decision.retry_after)
             newer = outcome.reason is Reason.EXCLUSIVE and not delivery.held
             self.holding.hold(delivery, outcome)
             if newer and delivery.plan.supersede_key:
@@ -370,9 +334,6 @@ class Admission:
         outcomes.skip(delivery.request, skip)
         if skip.reason in (Reason.EXCLUSIVE, Reason.SUPERSEDED) and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
-
-    def _refuse(self, request: Any, exc: BatonError) -> None:
-        outcomes.refuse(request, exc)
 
     def _hand_back(self, delivery: Delivery, why: str) -> None:
         self.holding.release(delivery)

@@ -76,6 +76,14 @@ def hand_back(request: Any, why: str) -> None:
     request.reject(requeue=True)
 
 
+def throttle(request: Any, key: str, retry_after: float) -> None:
+    """Held by a rate: counted and signalled (``task_throttled``)."""
+    metrics.throttled.labels(request.name).inc()
+    signals.task_throttled.send(
+        sender=request.task, request=request, key=key, retry_after=retry_after
+    )
+
+
 class CeleryRates:
     """Celery's ``rate_limit`` of a task in starts per second (None: no limit), parsed
     the way Celery parses it, so a value Celery accepted is never refused here."""

@@ -1,6 +1,9 @@
 -- gate: decide ALL of a request's conditions at once; grant all of them or none.
 --
--- KEYS[i]   the key of condition i (same {hash tag} for all, so Cluster can run it)
+-- KEYS[i]   the key of condition i, 1 <= i <= n (n: the number of kind/a/b triples in
+--           ARGV); same {hash tag} for all, so Cluster can run it
+-- KEYS[n+1] (only when a lease is asked for) the family's store epoch, see "E" below
+-- KEYS[n+2] (with KEYS[n+1], on one server only) the store-wide epoch, see "G" below
 -- ARGV[1]   owner: "<task id>|<worker>|<nonce>", unique per delivery
 -- ARGV[2]   lease ttl in milliseconds
 -- ARGV[3]   reservation window in microseconds (0: none): a rate slot that comes free
@@ -30,13 +33,6 @@
 --             for a milliseconds, so a replace that comes later leaves this run alone
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
---   kind "G"  the store-wide epoch (one server, not Cluster; only when a lease is asked
---             for): the moment (ms) the store was found without it, i.e. new or having
---             lost its data (restarted empty, failed over to a replica that was behind).
---             Live holders write their leases back at their next renewal (renew.lua);
---             until each had the chance (one lease ttl, ARGV[2], since that moment) no
---             new lease is granted: denied with retry_after = the rest of the grace. The
---             one write a denial may make: creating this key.
 --   kind "F"  fairness of the shared limit decided by condition i-1 (an "L" or "R"),
 --             fairness.py: KEYS[i] hash (n:<key> workers holding <key>, vt), KEYS[i+1]
 --             the waiting keys by pass, KEYS[i+2] presences "<key>|<worker>" by expiry
@@ -46,11 +42,28 @@
 --             the key. Passes only if the key is among the first `free` waiting keys
 --             by pass (free: what condition i-1 admits now). Denied here or by i-1, the
 --             key is registered as waiting (the only other writes a denial makes).
---   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
---             created from TIME when missing, and returned; the holder renews under it
---             (renew.lua: a lease gone under an unchanged epoch is never written back)
--- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease asked
---                                         for one; epoch '' without an "E" condition);
+-- The store epochs, once every condition passed (no kind of their own, no ARGV: the
+-- script runs for every admitted task, and each argument costs):
+--   "G"       KEYS[n+2], the store-wide epoch: the moment (ms) the store was found
+--             without it, i.e. new or having lost its data (restarted empty, failed
+--             over to a replica that was behind). Live holders write their leases back
+--             at their next renewal (renew.lua); until each had the chance (one lease
+--             ttl, ARGV[2], since that moment) no new lease is granted: denied (as
+--             condition n+2) with retry_after = the rest of the grace. The one write a
+--             denial may make: creating this key.
+--   "E"       KEYS[n+1], the family's store epoch: read, created from TIME when
+--             missing, and returned; the holder renews under it (renew.lua: a lease
+--             gone under an unchanged epoch is never written back)
+--
+-- "G" and "E" are read only when the first lease key (E's family) does not carry the
+-- family's epoch already (field "_epoch", written beside "_e" on a busy key): a busy
+-- key is read anyway, so its grants cost no extra read. The answer is the same. A
+-- script's writes reach a replica in order, and "_epoch" is only written after "G" was
+-- read and passed (or copied from "_epoch"), once "E" existed: a store that still has
+-- a key with "_epoch" has its "G" and "E" too, unchanged (each is created only when
+-- missing), and no grace started since; a store that lost them lost every "_epoch".
+-- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
+--                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
 --           {0, i, retry_after_us, holder, order} denied by condition i; nothing was
@@ -75,12 +88,15 @@ local reserve_us = tonumber(ARGV[3])
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
---    latest deadline of the others, "_e" (key expires no earlier), key existed}
+--    latest deadline of the others, "_e" (key expires no earlier), key existed,
+--    the first lease key (keeps "_epoch")}
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
 --   {'K', key, task id, ttl in ms}
 local writes = {}
 local override = nil
 local epoch = ''
+local known_epoch = nil  -- "_epoch" of the first lease key (E's family: see gate_call)
+local first_lease = nil
 local start_at = now_us  -- a reserved rate slot may start later than now
 -- fairness ("F"): what the condition before it admits now, and, for a rate, when the
 -- slot after the next one comes (a key denied its turn asks again then)
@@ -151,10 +167,11 @@ local function fair_wait(i)
   fair_sweep(f)
   fair_present(f, (fair_pass(f)))
 end
+local n = (#ARGV - 3) / 3
 local assigned = 0  -- the publish order an "S" condition was given here
 local SUPERSEDE_TTL_MS = 86400000
 
-for i = 1, #KEYS do
+for i = 1, n do
   local key = KEYS[i]
   local base = 3 * i
   local kind, a, b = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
@@ -165,6 +182,7 @@ for i = 1, #KEYS do
   end
   if kind == 'L' then
     local limit = tonumber(a)
+    if not first_lease then first_lease = i end
     local flat = call('HGETALL', key)
     local live, mine, expired = 0, nil, nil
     local earliest, holder, latest, last_fence, expire_at = nil, '', 0, 0, 0
@@ -188,6 +206,8 @@ for i = 1, #KEYS do
         last_fence = tonumber(flat[j + 1])
       elseif field == '_e' then
         expire_at = tonumber(flat[j + 1])
+      elseif field == '_epoch' and i == first_lease then
+        known_epoch = flat[j + 1]
       end
     end
     if not mine and live >= limit then
@@ -199,7 +219,7 @@ for i = 1, #KEYS do
     free = limit - live
     if mine then free = 1e9 end  -- a retried call of the same owner keeps its lease
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
-      #flat > 0}
+      #flat > 0, i == first_lease}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
@@ -291,23 +311,32 @@ for i = 1, #KEYS do
     writes[#writes + 1] = {'U', key, a}
   elseif kind == 'K' then
     writes[#writes + 1] = {'K', key, a, b}
-  elseif kind == 'G' then
-    local found = call('GET', key)
-    local since = found and tonumber(found)
-    if not since then
-      since = now_ms
-      call('SET', key, format('%d', since))
+  end
+end
+
+-- Every condition passed: the store epochs, when a lease is asked for (see the top).
+local epoch_key = KEYS[n + 1]
+if epoch_key then
+  if known_epoch then
+    epoch = known_epoch
+  else
+    local grace_key = KEYS[n + 2]
+    if grace_key then
+      local found = call('GET', grace_key)
+      local since = found and tonumber(found)
+      if not since then
+        since = now_ms
+        call('SET', grace_key, format('%d', since))
+      end
+      if since + ttl_ms > now_ms then
+        return {0, n + 2, (since + ttl_ms - now_ms) * 1000, '', assigned}
+      end
     end
-    if since + ttl_ms > now_ms then
-      return {0, i, (since + ttl_ms - now_ms) * 1000, '', assigned}
-    end
-  elseif kind == 'E' then
-    -- Last: every condition passed. One GET per grant; the SET happens once per family
-    -- (and again only after the store lost its data).
-    epoch = call('GET', key)
+    -- The SET happens once per family (and again only after the store lost its data).
+    epoch = call('GET', epoch_key)
     if not epoch then
       epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-      call('SET', key, epoch)
+      call('SET', epoch_key, epoch)
     end
   end
 end
@@ -318,10 +347,10 @@ end
 -- decision. The key is gone at most a second after its schedule ran out (a missing key
 -- means the same as a TAT in the past).
 local EXPIRE_GRAIN = 1000000
-local function grain_end(tat) return tat - tat % EXPIRE_GRAIN + EXPIRE_GRAIN end
 
 local fence = 0
-for _, w in ipairs(writes) do
+for n_write = 1, #writes do
+  local w = writes[n_write]
   local key = w[2]
   if w[1] == 'L' then
     if w[3] then call('HDEL', key, unpack(w[3])) end
@@ -357,20 +386,26 @@ for _, w in ipairs(writes) do
       expire_in = needed + ttl_ms - now_ms
       expire_field = format('%d', needed + ttl_ms)
     end
+    -- "_epoch" goes with "_e": on a key that outlives its leases anyway (a key that
+    -- vanishes with its release keeps no field of its own). Only the first lease key
+    -- keeps it (E is its family's); other keys, and a call without E, name "_e" twice.
+    local epoch_field, epoch_value = '_epoch', epoch
+    if epoch == '' or not w[10] then epoch_field, epoch_value = '_e', expire_field end
     if counter and expire_field then
-      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field)
+      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field,
+        epoch_field, epoch_value)
     elseif counter then
       call('HSET', key, owner_field, value, '_fence', counter)
     elseif expire_field then
-      call('HSET', key, owner_field, value, '_e', expire_field)
+      call('HSET', key, owner_field, value, '_e', expire_field, epoch_field, epoch_value)
     else
       call('HSET', key, owner_field, value)
     end
     if expire_in then call('PEXPIRE', key, expire_in) end
   elseif w[1] == 'R' then
     local new_tat, old = w[3], tonumber(w[4])
-    local expires_at = grain_end(new_tat)
-    if old and grain_end(old) == expires_at then
+    local expires_at = new_tat - new_tat % EXPIRE_GRAIN + EXPIRE_GRAIN
+    if old and old - old % EXPIRE_GRAIN + EXPIRE_GRAIN == expires_at then
       call('SET', key, format('%d', new_tat), 'KEEPTTL')
     else
       call('SET', key, format('%d', new_tat), 'PX', format('%d', (expires_at - now_us) / 1000 + 1))

@@ -1,0 +1,94 @@
+"""Planning: what one delivery asks the gate for, before admission asks.
+
+The policy a delivery runs under is its task's, narrowed by the caller's per-call
+options (the ``baton_call`` header) and, for a beat slot, by ``run_once``; Celery's own
+``rate_limit`` is read at every ask (``celery control rate_limit`` changes it at run
+time). The plan is built under an owner token of its own, so a release can never free
+another delivery's grant. No store call here: admission (``worker/admission.py``) asks
+the gate with what this returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from celery_baton.call_options import HEADER as CALL_HEADER
+from celery_baton.call_options import CallOptions
+from celery_baton.config import Settings
+from celery_baton.errors import CostError, KeySpecError
+from celery_baton.keys import KeyNames
+from celery_baton.leases import new_owner
+from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
+from celery_baton.worker import outcomes
+from celery_baton.worker.holding import Delivery
+from celery_baton.worker.replacing import order_of
+
+
+class Planner:
+    """A delivery's policy and plan; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        policy_for: Callable[[Any], TaskPolicy | None],
+        names: KeyNames,
+        settings: Settings,
+        hostname: str,
+    ) -> None:
+        self.policy_for = policy_for
+        self.names = names
+        self.settings = settings
+        self.hostname = hostname
+        self._celery_rates = outcomes.CeleryRates()
+
+    def policy(self, request: Any) -> TaskPolicy | None:
+        """The policy this delivery runs under (None: nothing to ask, run it as is)."""
+        policy = self.policy_for(request.task)
+        call = CallOptions.from_header(request.request_dict.get(CALL_HEADER))
+        if call is not None:  # the caller's per-call options, for this delivery only
+            policy = policy_for_call(policy, request.task.name, call, self.settings)
+        if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
+            # A beat slot may be sent twice (see run_once); it must run once.
+            policy = run_once(policy, request.task.name, self.settings)
+        return policy
+
+    def celery_rate(self, task: Any) -> float | None:
+        # Read at every admission: `celery control rate_limit` changes it on every
+        # worker, for any task, also one that had none when the worker started.
+        return self._celery_rates.of(task)
+
+    def plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
+        """What this delivery asks for, under an owner token of its own; raises
+        KeySpecError (CostError) when its arguments cannot build its keys (its cost)."""
+        return policy.plan(
+            self.names,
+            task_id=request.id,
+            owner=self.new_owner(request),
+            args=request.args,
+            kwargs=request.kwargs,
+            celery_rate=celery_rate,
+            expires_at=request.expires.timestamp() if request.expires else None,
+            order=order_of(request),
+        )
+
+    def replan(self, delivery: Delivery) -> bool:
+        """A held delivery planned again when `celery control rate_limit` changed its
+        task's rate while it was held: it asks with the rate that holds now (lifted, it
+        may not need the gate at all: no conditions left). True when it changed."""
+        if not delivery.policy.rate_from_celery:
+            return False
+        rate = self.celery_rate(delivery.request.task)
+        if rate == delivery.celery_rate:
+            return False
+        delivery.celery_rate = rate
+        passed = delivery.plan.flow_passed  # a debounce already decided stays so
+        with contextlib.suppress(KeySpecError, CostError):  # built once already
+            delivery.plan = self.plan(delivery.policy, delivery.request, rate)
+        delivery.plan.flow_passed = passed
+        return True
+
+    def new_owner(self, request: Any) -> str:
+        """A fresh owner token for ``request`` (a new one for every ask that was lost)."""
+        return new_owner(request.id, self.hostname)
