@@ -44,7 +44,7 @@ def test_failover_to_a_replica_that_was_behind_gives_no_overlap(
     from tests.apps.exclusive import ex_long
 
     # lease_ttl 6 s: holders renew every 2 s; arrivals come before the holders' runs end.
-    prod_workers.start(APP, concurrency=8, env={"BATON_TEST_LEASE_TTL": "6"})
+    worker = prod_workers.start(APP, concurrency=8, env={"BATON_TEST_LEASE_TTL": "6"})
     master, replica = sentinel.master(), sentinel.replica()
     # Both epochs reach the replica before it falls behind.
     assert ex_long.delay("warm-up", 0).get(timeout=30) is not None
@@ -70,3 +70,6 @@ def test_failover_to_a_replica_that_was_behind_gives_no_overlap(
     assert len(runs) == 2 * len(KEYS), runs
     assert_no_overlap(runs)
     assert_fences_increase(runs)
+    log = worker.log_text()
+    assert "the store is new or lost its data" in log  # the grace
+    assert "lease re-asserted after the store lost it" in log  # holders wrote theirs back

@@ -178,7 +178,8 @@ def store_epoch_age(store: Store, prefix: str) -> float | None:
         value = store.client.get(f"{prefix}:epoch")
         if value is None:
             return None
-        return max(0.0, (server_now_ms(store) - int(value)) / 1000)
+        # "<since ms> <replication id>" (gate.lua, "G"); an operator's "0" has no id.
+        return max(0.0, (server_now_ms(store) - int(str(value).split()[0])) / 1000)
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
 

@@ -15,15 +15,23 @@
 --   kind "O"  runtime override of the NEXT condition's a and b: read field a of the hash
 --             KEYS[i] ("<a> [<b>]"), set at runtime by `celery baton limits set`
 --   kind "G"  the store-wide epoch (one server, not Cluster; only when a lease is asked
---             for): the moment (ms) the store was found without it, i.e. new or having
---             lost its data (restarted empty, failed over to a replica that was behind).
---             Live holders write their leases back at their next renewal (renew.lua);
---             until each had the chance (one lease ttl, ARGV[2], since that moment) no
---             new lease is granted: denied with retry_after = the rest of the grace. The
---             one write a denial may make: creating this key.
---   kind "E"  the family's store epoch (last, and only when a lease is asked for): read,
---             created from TIME when missing, and returned; the holder renews under it
---             (renew.lua: a lease gone under an unchanged epoch is never written back)
+--             for): "<since ms> <replication id>", the moment the store was found new,
+--             without its data (restarted empty), or promoted from a replica since it
+--             was written (master_replid changed, master_replid2 set: the replica may
+--             have been behind, and lack leases the old master granted). Live holders write their
+--             leases back at their next renewal (renew.lua); until each had the chance
+--             (one lease ttl, ARGV[2], since that moment) no new lease is granted: denied
+--             with retry_after = the rest of the grace. A value without a replication id
+--             (declared new, `celery baton end-grace`), or written before a restart
+--             (the server kept what its persistence kept), is adopted without a grace.
+--             The one write a denial may make: this key.
+--   kind "E"  the family's store epoch (last, and only when a lease is asked for):
+--             "<id> <replication id>[ <grace until, ms>]", read, created when missing, and
+--             returned; the holder renews under it (renew.lua: a lease gone under an
+--             unchanged epoch id is never written back). Written before a promotion
+--             (as for "G"): a new id, so that holders write their leases back, and --
+--             without a "G" condition (Cluster, where each shard has its own history)
+--             -- a grace of one lease ttl for the family (denied, and this key written).
 -- returns   {1, fence, start_in_us, at_us, epoch} granted (fence 0 when no lease asked
 --                                         for one; epoch '' without an "E" condition);
 --                                         start no earlier than start_in_us from now,
@@ -45,6 +53,20 @@ local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
 local reserve_us = tonumber(ARGV[3])
+-- The server's replication id, and whether it was promoted from a replica since it
+-- started: a promoted replica takes a new id and keeps its old master's as
+-- master_replid2; a restarted master also takes a new id, but its second one is zeros
+-- (it kept what its persistence kept, as before).
+local replid, promoted = nil, false
+local function replication_id()
+  if not replid then
+    local info = call('INFO', 'replication')
+    replid = string.match(info, 'master_replid:(%w+)')
+    promoted = string.match(info, 'master_replid2:(%w+)') ~= string.rep('0', 40)
+  end
+  return replid
+end
+local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
@@ -54,6 +76,7 @@ local reserve_us = tonumber(ARGV[3])
 local writes = {}
 local override = nil
 local epoch = ''
+local store_wide = false  -- a "G" condition was asked: it holds the grace, not "E"
 local start_at = now_us  -- a reserved rate slot may start later than now
 
 for i = 1, #KEYS do
@@ -133,22 +156,48 @@ for i = 1, #KEYS do
   elseif kind == 'K' then
     writes[#writes + 1] = {'K', key, a, b}
   elseif kind == 'G' then
+    store_wide = true
     local found = call('GET', key)
-    local since = found and tonumber(found)
-    if not since then
-      since = now_ms
-      call('SET', key, format('%d', since))
+    local since, seen = nil, ''
+    if found then
+      since, seen = string.match(found, '^(%d+) ?(%w*)')
+      since = tonumber(since)
+    end
+    local here = replication_id()
+    if not since or (seen ~= '' and seen ~= here and promoted) then
+      since = now_ms  -- new, emptied, or a promoted replica: the grace starts now
+      call('SET', key, format('%d %s', since, here))
+    elseif seen ~= here then
+      call('SET', key, format('%d %s', since, here))  -- declared new, or restarted: adopted
     end
     if since + ttl_ms > now_ms then
       return {0, i, (since + ttl_ms - now_ms) * 1000, ''}
     end
   elseif kind == 'E' then
     -- Last: every condition passed. One GET per grant; the SET happens once per family
-    -- (and again only after the store lost its data).
+    -- (and again only after the store lost its data or changed master).
+    local here = replication_id()
     epoch = call('GET', key)
+    local grace_until = nil
     if not epoch then
-      epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      epoch = new_epoch_id() .. ' ' .. here
       call('SET', key, epoch)
+    else
+      local id, seen, until_ms = string.match(epoch, '^(%d+) ?(%w*) ?(%d*)')
+      if seen ~= here and not (promoted and seen ~= '') then
+        epoch = id .. ' ' .. here  -- an older version's, or restarted: adopted, same id
+        call('SET', key, epoch)
+      elseif seen ~= here then
+        epoch = new_epoch_id() .. ' ' .. here
+        if not store_wide then epoch = format('%s %d', epoch, now_ms + ttl_ms) end
+        call('SET', key, epoch)
+        if not store_wide then grace_until = now_ms + ttl_ms end
+      elseif until_ms ~= '' then
+        grace_until = tonumber(until_ms)
+      end
+    end
+    if grace_until and grace_until > now_ms then
+      return {0, i, (grace_until - now_ms) * 1000, ''}
     end
   end
 end

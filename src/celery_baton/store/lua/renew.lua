@@ -9,7 +9,12 @@
 -- apart: the gate creates it once and returns it with every grant, and only a store that
 -- forgot its data loses it. A holder whose epoch is still the store's lost its lease;
 -- a holder whose epoch is gone or replaced re-asserts its lease (when the key has room)
--- and is told the new epoch, which it renews under from then on.
+-- and is told the new epoch, which it renews under from then on. An epoch is
+-- "<id> <replication id>[ <grace until, ms>]" (gate.lua, "E"); only the id is compared.
+-- One written before the server was promoted from a replica (master_replid changed
+-- and master_replid2 set; it may have been behind: it can hold the epoch but not the
+-- lease) counts as replaced: it gets a new id, and a grace of one ttl in which the gate
+-- grants the family no new lease (so that the other holders write theirs back first).
 --
 -- KEYS[2i-1]           lease key i
 -- KEYS[2i]             the epoch key of lease i's family (same {hash tag})
@@ -37,10 +42,27 @@ for i = 1, #KEYS / 2 do
   else
     -- Read only here: a renewal of a lease that is there (nearly all) costs no more.
     local known = call('GET', epoch_key)
-    if known ~= ARGV[base + 4] then
+    local known_id, seen = nil, ''
+    if known then known_id, seen = string.match(known, '^(%d+) ?(%w*)') end
+    local held_id = string.match(ARGV[base + 4], '^(%d*)')
+    local promoted = false
+    if known and seen ~= '' then
+      local info = call('INFO', 'replication')
+      local here = string.match(info, 'master_replid:(%w+)')
+      if seen ~= here and string.match(info, 'master_replid2:(%w+)') ~= string.rep('0', 40) then
+        -- Promoted (leases since its last sync may be gone): a new id, and a grace for
+        -- the family, as the gate gives one when it sees this first (gate.lua, "E").
+        known = string.format('%s%s %s %.0f', t[1], string.rep('0', 6 - #t[2]) .. t[2], here,
+          now_ms + ttl_ms)
+        call('SET', epoch_key, known)
+        promoted = true
+      end
+    end
+    if promoted or known_id ~= held_id then
       -- The store forgot (or this holder never knew an epoch): re-assert if there is room.
       if not known then
-        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' ..
+          string.match(call('INFO', 'replication'), 'master_replid:(%w+)')
         call('SET', epoch_key, known)
       end
       local live = 0
