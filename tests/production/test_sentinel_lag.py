@@ -12,8 +12,6 @@ holds every new lease for one lease ttl, while the holders write theirs back.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.production.conftest import ProdStore
