@@ -9,8 +9,12 @@ clock). Per run, over the window from 5 s before the change to 15 s after it:
 
 * resume: from the change to the first run after it (s);
 * longest gap between two consecutive runs (s; 1.0 when nothing stalls);
-* missed ticks: for each gap longer than 1.5 s, the whole seconds it skipped;
-* duplicated ticks: two runs less than 0.5 s apart (one tick run twice);
+* missed ticks: celery-baton's runs name their slot, so slots with no run (from the
+  first slot in the window to its end); celery-redbeat's do not, so for each gap
+  longer than 1.5 s (to the next run, or to the end of the window) the whole seconds
+  it skipped;
+* ticks run twice: celery-baton, slots with more than one run; celery-redbeat, runs
+  less than 0.5 s after the previous one;
 * beats alive at the end (a beat that exits stops scheduling for good).
 
     python bench/failover.py [--quick] [--runs 3]
@@ -30,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +135,31 @@ def one_run(
             beat.stop(timeout=5)
         time.sleep(2)  # the last sends run
         worker.stop(timeout=5)
-    starts = sorted(s["start"] for s in observer.started() if str(s["key"]).startswith("every1|"))
+    started = [s for s in observer.started() if str(s["key"]).startswith("every1|")]
     observer.close()
-    window = [t for t in starts if changed - BEFORE * 1e6 <= t <= changed + AFTER * 1e6]
+    low, high = changed - BEFORE * 1e6, changed + AFTER * 1e6
+    window = sorted(s["start"] for s in started if low <= s["start"] <= high)
     after = [t for t in window if t > changed]
     gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(window)]
+    slots = Counter(
+        int(str(s["key"]).split("|")[1])
+        for s in started
+        if not str(s["key"]).endswith("|None") and low <= s["start"] <= high
+    )
+    if slots:  # celery-baton: each run names its slot (ms): count per slot
+        first, last = min(slots), max(slots)
+        missed = (last - first) // 1000 + 1 - len(slots)
+        missed += max(0, round((high / 1000 - last) / 1000) - 1)  # none at the end
+        duplicated = sum(n - 1 for n in slots.values())
+    else:  # celery-redbeat: runs name no slot: count by the gaps between them
+        ends = [*window, high]  # no run until the end of the window: all missed
+        missed = sum(round((b - a) / 1e6) - 1 for a, b in itertools.pairwise(ends) if b - a > 1.5e6)
+        duplicated = sum(1 for g in gaps if g < 0.5)
     result = {
         "resume": (after[0] - changed) / 1e6 if after else None,
         "gap": max(gaps) if gaps else None,
-        "missed": sum(round(g) - 1 for g in gaps if g > 1.5),
-        "duplicated": sum(1 for g in gaps if g < 0.5),
+        "missed": missed,
+        "duplicated": duplicated,
         "alive": alive,
         "logs": str(logs),
     }
