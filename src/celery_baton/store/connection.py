@@ -53,6 +53,11 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+#: What creating a cluster client raises when no node it was given answers.
+CLUSTER_UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisClusterException,
+    *STORE_ERRORS,
+)
 
 
 def redact_url(url: str) -> str:
@@ -143,7 +148,7 @@ def connect(
                 socket_connect_timeout=socket_timeout,
                 decode_responses=True,
             )
-        except (redis.exceptions.RedisClusterException, *STORE_ERRORS) as exc:
+        except CLUSTER_UNREACHABLE as exc:
             raise StoreUnavailable(f"cannot reach the cluster: {exc}", url=redact_url(url)) from exc
         return Store(url, client)
     raise ConfigError(
