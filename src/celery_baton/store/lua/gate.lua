@@ -60,9 +60,13 @@ local reserve_us = tonumber(ARGV[3])
 local replid, promoted = nil, false
 local function replication_id()
   if not replid then
-    local info = call('INFO', 'replication')
-    replid = string.match(info, 'master_replid:(%w+)')
-    promoted = string.match(info, 'master_replid2:(%w+)') ~= string.rep('0', 40)
+    -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
+    -- behaviour without it: no promotion is ever seen.
+    local info = redis.pcall('INFO', 'replication')
+    if type(info) ~= 'string' then info = '' end
+    replid = string.match(info, 'master_replid:(%w+)') or ''
+    local second = string.match(info, 'master_replid2:(%w+)')
+    promoted = second ~= nil and second ~= string.rep('0', 40)
   end
   return replid
 end

@@ -27,6 +27,13 @@ local call = redis.call
 local t = call('TIME')
 local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 local result = {}
+-- The server's replication ids (gate.lua: a promoted replica has a second one); '' and
+-- nil when the server refuses INFO in scripts.
+local function replication()
+  local info = redis.pcall('INFO', 'replication')
+  if type(info) ~= 'string' then return '', nil end
+  return string.match(info, 'master_replid:(%w+)') or '', string.match(info, 'master_replid2:(%w+)')
+end
 for i = 1, #KEYS / 2 do
   local key, epoch_key = KEYS[2 * i - 1], KEYS[2 * i]
   local base = 4 * (i - 1)
@@ -47,9 +54,8 @@ for i = 1, #KEYS / 2 do
     local held_id = string.match(ARGV[base + 4], '^(%d*)')
     local promoted = false
     if known and seen ~= '' then
-      local info = call('INFO', 'replication')
-      local here = string.match(info, 'master_replid:(%w+)')
-      if seen ~= here and string.match(info, 'master_replid2:(%w+)') ~= string.rep('0', 40) then
+      local here, second = replication()
+      if seen ~= here and second ~= nil and second ~= string.rep('0', 40) then
         -- Promoted (leases since its last sync may be gone): a new id, and a grace for
         -- the family, as the gate gives one when it sees this first (gate.lua, "E").
         known = string.format('%s%s %s %.0f', t[1], string.rep('0', 6 - #t[2]) .. t[2], here,
@@ -61,8 +67,7 @@ for i = 1, #KEYS / 2 do
     if promoted or known_id ~= held_id then
       -- The store forgot (or this holder never knew an epoch): re-assert if there is room.
       if not known then
-        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' ..
-          string.match(call('INFO', 'replication'), 'master_replid:(%w+)')
+        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' .. (replication())
         call('SET', epoch_key, known)
       end
       local live = 0
