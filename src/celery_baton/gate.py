@@ -24,7 +24,8 @@ class Condition:
 
     # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
     # keep for the run, "O" override; added by gate_call when a lease is asked for: "G"
-    # the store's grace after it lost its data, "E" the family's store epoch
+    # the store's grace after it lost its data or a replica was promoted, "E" the
+    # family's store epoch (which holds the grace on Cluster)
     kind: str
     key: str
     a: str = ""
@@ -244,6 +245,8 @@ class Gate:
         for lease in leases:
             keys += (lease.key, epoch_key(lease.key))
             args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)), lease.epoch)
+        if self.grace_key is not None:
+            args.append(1)  # the store-wide epoch holds the grace after a promotion
         return self.store.scripts.run("renew", keys, args, client=pipe)
 
 
