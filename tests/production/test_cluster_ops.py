@@ -20,7 +20,7 @@ import pytest
 
 from tests.production.conftest import ProdStore
 from tests.production.test_cluster import start
-from tests.support.observer import Observer
+from tests.support.observer import Observer, max_concurrent
 from tests.support.processes import REPO_ROOT
 from tests.support.topologies import ClusterTopology
 from tests.support.waiting import wait_until
@@ -62,10 +62,10 @@ def test_limits_set_on_the_cluster_reaches_every_worker(
     listing = as_json(prod_workers, app, "limits")
     row = next(t for t in listing["tasks"] if t["task"] == capped.name)
     assert row["overrides"] == {"concurrency": "1"}
-    results = [capped.delay(0.3) for _ in range(6)]
-    for result in results:
-        result.get(timeout=30)
-    assert observer.max_running("capped") == 1  # declared 2; the override says 1
+    for _ in range(6):
+        capped.delay(0.3)
+    runs = observer.wait_for(6, timeout=30)
+    assert max_concurrent(runs) == 1  # declared 2; the override says 1
 
     as_json(prod_workers, app, "limits", "clear", capped.name)
     listing = as_json(prod_workers, app, "limits")
