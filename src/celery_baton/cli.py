@@ -243,8 +243,8 @@ def _grace(c: Context) -> str:
     longest = max([p.lease_ttl for _, p in c.policies().values() if p.gates_runs] or [0.0])
     if age < longest:
         return (
-            f"the store lost its data {age:.1f}s ago: no new lease until each task's "
-            f"lease_ttl has passed since (up to {longest - age:.1f}s more)"
+            f"the store lost its data or changed master {age:.1f}s ago: no new lease "
+            f"until each task's lease_ttl has passed since (up to {longest - age:.1f}s more)"
         )
     return ""
 

@@ -28,7 +28,8 @@ class Condition:
     # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
     # not superseded by a unique replace, "F" the turn of a fair_key limit and "-" its
     # other keys (fairness.py); "G" only in a denial: the store's grace after it lost its
-    # data (gate_call adds its key, and the family epoch's, when a lease is asked for)
+    # data or a replica was promoted (gate_call adds its key, and the family epoch's,
+    # which holds the grace on Cluster, when a lease is asked for)
     kind: str
     key: str
     a: str = ""
@@ -366,6 +367,8 @@ class Gate:
         for lease in leases:
             keys += (lease.key, epoch_key(lease.key))
             args += (lease.owner, lease.limit, max(1, round(lease.ttl * 1000)), lease.epoch)
+        if self.grace_key is not None:
+            args.append(1)  # the store-wide epoch holds the grace after a promotion
         return self.store.scripts.run("renew", keys, args, client=pipe)
 
 

@@ -226,8 +226,10 @@ def epoch_key(key: str) -> str:
 
     The gate creates it with a family's first lease and returns its value with every
     grant; it is never deleted, so only a store that lost its data is without it (or has
-    another one). Renewals compare it to tell a lease the store forgot (write it back)
-    from one that was released, unlocked or expired (never write it back). It shares
+    another one). It also names the replication id of the server that wrote it: found on
+    a replica promoted since, it is replaced (gate.lua, "E"). Renewals compare it to tell
+    a lease the store forgot (write it back) from one that was released, unlocked or
+    expired (never write it back). It shares
     ``key``'s ``{hash tag}``, so one script call may use both on Redis Cluster:
     ``"baton:{t}:ex:k"`` -> ``"baton:{t}:epoch"`` (:meth:`KeyNames.epoch`). A key
     without a tag gets an epoch of its own, on its own slot: ``"k"`` -> ``"{k}:epoch"``.
@@ -300,8 +302,9 @@ class KeyNames:
 
     @property
     def store_epoch(self) -> str:
-        """The store-wide epoch: when the store was last found new or without its data
-        (ms); no new lease is granted for one lease ttl after that (gate.lua, "G")."""
+        """The store-wide epoch: when the store was last found new, without its data or
+        promoted from a replica (ms), and its replication id then; no new lease is
+        granted for one lease ttl after that (gate.lua, "G")."""
         return f"{self.prefix}:epoch"
 
     @property

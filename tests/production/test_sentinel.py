@@ -89,12 +89,21 @@ def test_master_change_workers_and_beats_follow(
     how: str,
     run: int,
 ) -> None:
-    from tests.apps.exclusive import ex_wait
+    from tests.apps.exclusive import ex_long
 
     # The beat's runs go to a queue of their own: the exclusive app's worker does not
     # know the beat app's task (and would drop its messages).
     env = beat_env({"every1": {"every": 1, "options": {"queue": "beat"}}})
-    pair = [prod_workers.start("tests.apps.exclusive", concurrency=3, wait=False)]
+    # lease_ttl 3 s: after the master change no new lease is granted for one lease_ttl
+    # (the new master may have been behind; holders write their leases back meanwhile).
+    pair = [
+        prod_workers.start(
+            "tests.apps.exclusive",
+            concurrency=3,
+            wait=False,
+            env={"BATON_TEST_LEASE_TTL": "3"},
+        )
+    ]
     pair.append(
         prod_workers.start("tests.apps.beat_app", env=env, concurrency=2, queues="beat", wait=False)
     )
@@ -106,7 +115,7 @@ def test_master_change_workers_and_beats_follow(
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     old = sentinel.master()
-    with Stream(ex_wait, [f"k{i}" for i in range(4)], sleep=0.2, every=0.1) as stream:
+    with Stream(ex_long, [f"k{i}" for i in range(4)], sleep=0.2, every=0.1) as stream:
         time.sleep(3)
         changed_us = int(time.time() * 1_000_000)
         if how == "failover":

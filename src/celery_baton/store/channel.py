@@ -171,7 +171,8 @@ class PipelinedChannel:
         watch = self.store.master_watch
         if watch is None or self._wire is None or watch.generation() == self._generation:
             return False
-        self._broken(ConnectionError("the store's master changed"))
+        # Not a failure of the store: the next call connects (to the new master) at once.
+        self._broken(ConnectionError("the store's master changed"), backoff=False)
         return True
 
     def _connect(self) -> None:

@@ -53,6 +53,11 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
 )
+#: What creating a cluster client raises when no node it was given answers.
+CLUSTER_UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisClusterException,
+    *STORE_ERRORS,
+)
 
 
 def redact_url(url: str) -> str:
@@ -138,12 +143,16 @@ def connect(
         return Store(url, master, master_watch=MasterWatch(master.connection_pool))
     if scheme in ("redis+cluster", "rediss+cluster"):
         plain = url.replace("+cluster", "", 1)
-        client = redis.cluster.RedisCluster.from_url(
-            plain,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            decode_responses=True,
-        )
+        try:
+            # Reads the cluster's layout now: fails when no node named answers.
+            client = redis.cluster.RedisCluster.from_url(
+                plain,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+                decode_responses=True,
+            )
+        except CLUSTER_UNREACHABLE as exc:
+            raise StoreUnavailable(f"cannot reach the cluster: {exc}", url=redact_url(url)) from exc
         return Store(url, client)
     raise ConfigError(
         "unsupported store URL scheme; use redis://, rediss://, unix://, sentinel://, "

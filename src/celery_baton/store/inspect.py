@@ -100,7 +100,12 @@ def workers(store: Store, prefix: str) -> list[dict[str, Any]]:
     """The reports live workers publish every renewal interval."""
     try:
         keys = sorted(store.client.scan_iter(match=f"{prefix}:worker:*", count=1000))
-        values = store.client.mget(keys) if keys else []
+        # One GET each, pipelined: each worker's report is on a slot of its own on
+        # Cluster, where one MGET of several slots is refused.
+        pipe = store.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        values = pipe.execute() if keys else []
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
     return [json.loads(v) for v in values if v]
@@ -186,7 +191,8 @@ def store_epoch_age(store: Store, prefix: str) -> float | None:
         value = store.client.get(f"{prefix}:epoch")
         if value is None:
             return None
-        return max(0.0, (server_now_ms(store) - int(value)) / 1000)
+        # "<since ms> <replication id>" (gate.lua, "G"); an operator's "0" has no id.
+        return max(0.0, (server_now_ms(store) - int(str(value).split()[0])) / 1000)
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
 

@@ -260,8 +260,9 @@ class Admission:
             if outcome.reason is Reason.GRACE and now - self._grace_logged > 10:
                 self._grace_logged = now
                 logger.warning(
-                    "baton: the store is new or lost its data (no store epoch): no new "
-                    "lease for %.1fs, while running tasks write theirs back (grace)",
+                    "baton: the store is new or lost its data (no store epoch, or a "
+                    "replica was promoted): no new lease for %.1fs, while running tasks "
+                    "write theirs back (grace)",
                     outcome.delay,
                 )
             if outcome.revoke:

@@ -44,24 +44,33 @@
 --             key is registered as waiting (the only other writes a denial makes).
 -- The store epochs, once every condition passed (no kind of their own, no ARGV: the
 -- script runs for every admitted task, and each argument costs):
---   "G"       KEYS[n+2], the store-wide epoch: the moment (ms) the store was found
---             without it, i.e. new or having lost its data (restarted empty, failed
---             over to a replica that was behind). Live holders write their leases back
---             at their next renewal (renew.lua); until each had the chance (one lease
---             ttl, ARGV[2], since that moment) no new lease is granted: denied (as
---             condition n+2) with retry_after = the rest of the grace. The one write a
---             denial may make: creating this key.
---   "E"       KEYS[n+1], the family's store epoch: read, created from TIME when
---             missing, and returned; the holder renews under it (renew.lua: a lease
---             gone under an unchanged epoch is never written back)
+--   "G"       KEYS[n+2] (one server, not Cluster), the store-wide epoch: "<since ms>
+--             <replication id>", the moment the store was found new, without its data
+--             (restarted empty), or promoted from a replica since it was written
+--             (master_replid changed, master_replid2 set: the replica may have been
+--             behind, and lack leases the old master granted). Live holders write their
+--             leases back at their next renewal (renew.lua); until each had the chance
+--             (one lease ttl, ARGV[2], since that moment) no new lease is granted:
+--             denied (as condition n+2) with retry_after = the rest of the grace. A value
+--             without a replication id (declared new, `celery baton end-grace`), or
+--             written before a restart (the server kept what its persistence kept), is
+--             adopted without a grace. The one write a denial may make: this key.
+--   "E"       KEYS[n+1], the family's store epoch: "<id> <replication id>[ <grace
+--             until, ms>]", read, created when missing, and returned; the holder renews
+--             under it (renew.lua: a lease gone under an unchanged epoch id is never
+--             written back). Written before a promotion (as for "G"): a new id, so that
+--             holders write their leases back, and -- without "G" (Cluster, where each
+--             shard has its own history) -- a grace of one lease ttl for the family
+--             (denied as condition n+1, and this key written).
 --
 -- "G" and "E" are read only when the first lease key (E's family) does not carry the
--- family's epoch already (field "_epoch", written beside "_e" on a busy key): a busy
--- key is read anyway, so its grants cost no extra read. The answer is the same. A
--- script's writes reach a replica in order, and "_epoch" is only written after "G" was
--- read and passed (or copied from "_epoch"), once "E" existed: a store that still has
--- a key with "_epoch" has its "G" and "E" too, unchanged (each is created only when
--- missing), and no grace started since; a store that lost them lost every "_epoch".
+-- family's epoch already, written under this server's replication id (field "_epoch",
+-- written beside "_e" on a busy key): a busy key is read anyway, so its grants cost no
+-- extra read. The answer is the same. A script's writes reach a replica in order, and
+-- "_epoch" is only written after "G" was read and passed (or copied from "_epoch"),
+-- once "E" existed: a store that still has a key with "_epoch" has its "G" and "E"
+-- too, and no grace started since, unless the server changed (promoted or restarted:
+-- a new replication id, so "_epoch" no longer matches and "G" and "E" are read).
 -- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
 --                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
@@ -85,6 +94,24 @@ local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
 local reserve_us = tonumber(ARGV[3])
+-- The server's replication id, and whether it was promoted from a replica since it
+-- started: a promoted replica takes a new id and keeps its old master's as
+-- master_replid2; a restarted master also takes a new id, but its second one is zeros
+-- (it kept what its persistence kept, as before).
+local replid, promoted = nil, false
+local function replication_id()
+  if not replid then
+    -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
+    -- behaviour without it: no promotion is ever seen.
+    local info = redis.pcall('INFO', 'replication')
+    if type(info) ~= 'string' then info = '' end
+    replid = string.match(info, 'master_replid:(%w+)') or ''
+    local second = string.match(info, 'master_replid2:(%w+)')
+    promoted = second ~= nil and second ~= string.rep('0', 40)
+  end
+  return replid
+end
+local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
@@ -315,28 +342,60 @@ for i = 1, n do
 end
 
 -- Every condition passed: the store epochs, when a lease is asked for (see the top).
+-- The server's replication id is read on every such grant (INFO, about 0.7 us): a busy
+-- key's "_epoch" names the id it was written under, and is taken as the epoch only on
+-- that same server history; on a promoted replica or a restarted server, G and E are
+-- read and rewritten as below.
 local epoch_key = KEYS[n + 1]
 if epoch_key then
-  if known_epoch then
+  local here = replication_id()
+  if known_epoch and string.match(known_epoch, '^%d+ (%w*)') == here then
     epoch = known_epoch
   else
     local grace_key = KEYS[n + 2]
     if grace_key then
       local found = call('GET', grace_key)
-      local since = found and tonumber(found)
-      if not since then
-        since = now_ms
-        call('SET', grace_key, format('%d', since))
+      local since, seen = nil, ''
+      if found then
+        since, seen = string.match(found, '^(%d+) ?(%w*)')
+        since = tonumber(since)
+      end
+      if not since or (seen ~= '' and seen ~= here and promoted) then
+        since = now_ms  -- new, emptied, or a promoted replica: the grace starts now
+        call('SET', grace_key, format('%d %s', since, here))
+      elseif seen ~= here then
+        call('SET', grace_key, format('%d %s', since, here))  -- declared new, or restarted
       end
       if since + ttl_ms > now_ms then
         return {0, n + 2, (since + ttl_ms - now_ms) * 1000, '', assigned}
       end
     end
-    -- The SET happens once per family (and again only after the store lost its data).
+    -- The SET happens once per family (and again only after the store lost its data or
+    -- changed master). Without the store-wide key (Cluster: each shard has its own
+    -- history), the family's epoch holds the grace after a promotion.
     epoch = call('GET', epoch_key)
+    local grace_until = nil
     if not epoch then
-      epoch = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      epoch = new_epoch_id() .. ' ' .. here
       call('SET', epoch_key, epoch)
+    else
+      local id, seen, until_ms = string.match(epoch, '^(%d+) ?(%w*) ?(%d*)')
+      if seen ~= here and not (promoted and seen ~= '') then
+        epoch = id .. ' ' .. here  -- an older version's, or restarted: adopted, same id
+        call('SET', epoch_key, epoch)
+      elseif seen ~= here then
+        epoch = new_epoch_id() .. ' ' .. here
+        if not grace_key then
+          grace_until = now_ms + ttl_ms
+          epoch = format('%s %d', epoch, grace_until)
+        end
+        call('SET', epoch_key, epoch)
+      elseif until_ms ~= '' then
+        grace_until = tonumber(until_ms)
+      end
+    end
+    if grace_until and grace_until > now_ms then
+      return {0, n + 1, (grace_until - now_ms) * 1000, '', assigned}
     end
   end
 end

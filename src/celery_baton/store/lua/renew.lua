@@ -9,11 +9,20 @@
 -- apart: the gate creates it once and returns it with every grant, and only a store that
 -- forgot its data loses it. A holder whose epoch is still the store's lost its lease;
 -- a holder whose epoch is gone or replaced re-asserts its lease (when the key has room)
--- and is told the new epoch, which it renews under from then on.
+-- and is told the new epoch, which it renews under from then on. An epoch is
+-- "<id> <replication id>[ <grace until, ms>]" (gate.lua, "E"); only the id is compared.
+-- One written before the server was promoted from a replica (master_replid changed
+-- and master_replid2 set; it may have been behind: it can hold the epoch but not the
+-- lease) counts as replaced: it gets a new id, and (without a store-wide epoch, i.e. on
+-- Cluster) a grace of one ttl in which the gate grants the family no new lease, so
+-- that the other holders write theirs back first.
 --
 -- KEYS[2i-1]           lease key i
 -- KEYS[2i]             the epoch key of lease i's family (same {hash tag})
 -- ARGV[4(i-1)+1..+4]   owner, limit, ttl in milliseconds, epoch it was granted under
+-- ARGV[last]           present (after the leases' values) when the store has a
+--                      store-wide epoch (one server, gate.lua "G"): it holds the grace
+--                      after a promotion, so the family epoch gets no grace of its own
 -- returns              a list of two values per lease: status (1 renewed, 2 re-asserted,
 --                      0 lost: gone on purpose or taken), and when re-asserted the store's
 --                      epoch (else '')
@@ -22,6 +31,15 @@ local call = redis.call
 local t = call('TIME')
 local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 local result = {}
+local store_wide = #ARGV > 2 * #KEYS
+-- The server's replication ids (gate.lua: a promoted replica has a second one); '' and
+-- nil when the server refuses INFO in scripts.
+local function replication()
+  local info = redis.pcall('INFO', 'replication')
+  if type(info) ~= 'string' then return '', nil end
+  return string.match(info, 'master_replid:(%w+)') or '',
+    string.match(info, 'master_replid2:(%w+)')
+end
 for i = 1, #KEYS / 2 do
   local key, epoch_key = KEYS[2 * i - 1], KEYS[2 * i]
   local base = 4 * (i - 1)
@@ -37,10 +55,25 @@ for i = 1, #KEYS / 2 do
   else
     -- Read only here: a renewal of a lease that is there (nearly all) costs no more.
     local known = call('GET', epoch_key)
-    if known ~= ARGV[base + 4] then
+    local known_id, seen = nil, ''
+    if known then known_id, seen = string.match(known, '^(%d+) ?(%w*)') end
+    local held_id = string.match(ARGV[base + 4], '^(%d*)')
+    local promoted = false
+    if known and seen ~= '' then
+      local here, second = replication()
+      if seen ~= here and second ~= nil and second ~= string.rep('0', 40) then
+        -- Promoted (leases since its last sync may be gone): a new id, and on Cluster a
+        -- grace for the family, as the gate gives one when it sees this first.
+        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' .. here
+        if not store_wide then known = string.format('%s %.0f', known, now_ms + ttl_ms) end
+        call('SET', epoch_key, known)
+        promoted = true
+      end
+    end
+    if promoted or known_id ~= held_id then
       -- The store forgot (or this holder never knew an epoch): re-assert if there is room.
       if not known then
-        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' .. (replication())
         call('SET', epoch_key, known)
       end
       local live = 0
