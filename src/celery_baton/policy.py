@@ -246,7 +246,8 @@ class TaskPolicy:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
         ``expires``: the message carries an expiry, so its unique claim may have been
-        given a ttl as short as that (see ``publish``): the run must extend it.
+        given a ttl as short as that (see ``publish``), or it is a redelivered copy whose
+        claim was kept for the redelivery window only: the run must extend it.
         ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])

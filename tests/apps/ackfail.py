@@ -40,7 +40,7 @@ app.conf.update(
     task_ignore_result=True,  # (the result backend would live on the stopped server)
     worker_prefetch_multiplier=1,
     broker_transport_options={
-        "visibility_timeout": 4,
+        "visibility_timeout": 10,
         "socket_timeout": 1,
         "socket_connect_timeout": 1,
         "unacked_restore_interval": 1,

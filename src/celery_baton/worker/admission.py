@@ -135,7 +135,9 @@ class Admission:
             args=request.args,
             kwargs=request.kwargs,
             celery_rate=celery_rate,
-            expires=request.expires is not None,
+            # A copy redelivered after a failed ack finds its claim kept for the
+            # redelivery window only (Releasing.unacked_claim_ttl): its run extends it.
+            expires=request.expires is not None or _redelivered(request),
             order=order_of(request),
         )
 
@@ -363,7 +365,9 @@ class Admission:
         self.holding.release(delivery)
         self.stats["skipped"] += 1
         outcomes.skip(delivery.request, skip)
-        if skip.reason in (Reason.EXCLUSIVE, Reason.SUPERSEDED) and delivery.plan.unique_key:
+        # Acked without a run: this id will not run (again), so its claim goes. A copy of
+        # an id that already ran is one whose ack failed: its run kept the key for it.
+        if skip.reason in FREES_UNIQUE and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
     def _refuse(self, request: Any, exc: BatonError) -> None:
@@ -379,3 +383,11 @@ class Admission:
         with self.holding.lock:
             self.generation += 1
             return self.holding.forget()
+
+
+FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN)
+
+
+def _redelivered(request: Any) -> bool:
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered"))
