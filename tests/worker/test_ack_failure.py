@@ -81,6 +81,7 @@ def test_a_run_whose_ack_failed_keeps_its_unique_key(
         10,
         "the run's end handled",
     )
+    assert store.get(key) == first.id, "the claim of a run whose ack failed was freed"
     again = task.delay("ka")
     assert again.id == first.id, "queued beside a task whose message comes back"
 
