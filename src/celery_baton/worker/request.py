@@ -98,7 +98,11 @@ class BatonRequestMixin:
         if not self.acknowledged:  # type: ignore[attr-defined]
             return False
         message = getattr(self, "message", None)
-        return message is not None and not message.acknowledged
+        if message is None or message.acknowledged:
+            return False
+        # A consumer without acks (none of Celery's own) acks nothing: nothing comes back.
+        no_ack = getattr(getattr(message, "channel", None), "no_ack_consumers", None)
+        return not (no_ack and (message.delivery_info or {}).get("consumer_tag") in no_ack)
 
     def reject(self, requeue: bool = False) -> Any:
         # Celery ignores a reject after the message was acknowledged (acks_late=False
@@ -179,9 +183,7 @@ class BatonRequestMixin:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
-                # (its message comes back when its ack failed: the copy writes them)
-                final = self._baton_is_final() and not self._baton_unacked()
-                after_lost_run(self, exc_info, final=final)
+                after_lost_run(self, exc_info, final=self._baton_is_final())
             self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
