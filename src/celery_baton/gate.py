@@ -124,6 +124,9 @@ class Release:
     done_ttl: float = 0.0
     unique_key: str | None = None
     unique_owner: str = ""
+    # > 0: keep the unique claim this many seconds instead of freeing it (the run ended,
+    # but its message is still the broker's and comes back: worker/request.py)
+    unique_keep: float = 0.0
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
@@ -132,10 +135,14 @@ class Release:
             keys.append(self.done_key)
             done_ms = max(1, round(self.done_ttl * 1000))
         unique_owner = ""
+        keep_ms = 0
         if self.unique_key and self.unique_owner:
             keys.append(self.unique_key)
             unique_owner = self.unique_owner
-        return keys, [self.owner, len(self.lease_keys), done_ms, unique_owner, channel]
+            if self.unique_keep > 0:
+                keep_ms = max(1, round(self.unique_keep * 1000))
+        args = [self.owner, len(self.lease_keys), done_ms, unique_owner, channel, keep_ms]
+        return keys, args
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,7 @@ class TaskPolicy:
         kwargs: Mapping[str, Any],
         celery_rate: float | None = None,
         expires_at: float | None = None,
+        redelivered: bool = False,
         now: float | None = None,
         order: int | None = None,
     ) -> RunPlan:
@@ -255,6 +256,8 @@ class TaskPolicy:
         the claim is held by the run's liveness (renewed with its leases) rather than
         for ``unique_ttl``: lost with its worker, it lapses within ``lease_ttl`` (or at
         the expiry, if later), and the next publish is queued.
+        ``redelivered``: a copy the broker gave back (after a failed ack its claim was kept
+        for the redelivery window only, Releasing.unacked_claim_ttl): its run extends it.
         ``order``: a superseding publish's order (its header; None: the gate gives one).
         """
         plan = RunPlan(owner, [], [])
@@ -338,9 +341,9 @@ class TaskPolicy:
                 plan.kept_claim = claim
                 ttl = claim.ttl_from(time.time() if now is None else now)
                 plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
-            elif plan.conditions:
+            elif plan.conditions or redelivered:
                 # Held until the run finishes, in the call made anyway (the claim's ttl
-                # from the publish is unique_ttl: no expiry cut it).
+                # from the publish is unique_ttl: no expiry cut it), or made for it.
                 plan.conditions.append(
                     Condition.keep_unique(plan.unique_key, task_id, self.unique_ttl)
                 )

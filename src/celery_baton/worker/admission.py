@@ -333,7 +333,9 @@ class Admission:
         self.holding.release(delivery)
         self.stats["skipped"] += 1
         outcomes.skip(delivery.request, skip)
-        if skip.reason in (Reason.EXCLUSIVE, Reason.SUPERSEDED) and delivery.plan.unique_key:
+        # Acked without a run: this id will not run (again), so its claim goes. A copy of
+        # an id that already ran is one whose ack failed: its run kept the key for it.
+        if skip.reason in FREES_UNIQUE and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
     def _hand_back(self, delivery: Delivery, why: str) -> None:
@@ -346,3 +348,6 @@ class Admission:
         with self.holding.lock:
             self.generation += 1
             return self.holding.forget()
+
+
+FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN)

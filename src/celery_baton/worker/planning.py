@@ -70,6 +70,9 @@ class Planner:
             kwargs=request.kwargs,
             celery_rate=celery_rate,
             expires_at=request.expires.timestamp() if request.expires else None,
+            # A copy redelivered after a failed ack finds its claim kept for the
+            # redelivery window only (Releasing.unacked_claim_ttl): its run extends it.
+            redelivered=_redelivered(request),
             order=order_of(request),
         )
 
@@ -92,3 +95,8 @@ class Planner:
     def new_owner(self, request: Any) -> str:
         """A fresh owner token for ``request`` (a new one for every ask that was lost)."""
         return new_owner(request.id, self.hostname)
+
+
+def _redelivered(request: Any) -> bool:
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered"))

@@ -2,7 +2,9 @@
 
 A run gives back its leases when it ends, whichever way (``worker/request.py`` calls
 :meth:`Releasing.finish` from Celery's own completion paths); when its end is final it
-also marks its task id done (redelivery guard) and frees its unique key. A delivery
+also marks its task id done (redelivery guard) and frees its unique key, unless its ack
+failed: then the message comes back, and the key is kept for that copy (for
+``redelivery_window``, which the copy's admission extends to ``unique_ttl``). A delivery
 that will not run here gives back what the gate *may* have granted it: an ask whose
 answer was lost (the store may still execute it), or a delivery forgotten when the
 broker connection dropped. Every release compares the owner, so giving back what was
@@ -47,9 +49,20 @@ class Releasing:
     :meth:`attach` completes it.
     """
 
-    def __init__(self, book: LeaseBook, timer: Any) -> None:
+    def __init__(
+        self,
+        book: LeaseBook,
+        timer: Any,
+        *,
+        hub: Any = None,
+        redelivery_window: float | None = None,
+    ) -> None:
         self.book = book
         self.timer = timer
+        self.hub = hub  # the consumer's event loop (None: solo and threads pools)
+        #: Seconds within which the broker delivers an unacked message again (None: not
+        #: known, e.g. AMQP, where it comes back when the broker sees the channel close).
+        self.redelivery_window = redelivery_window
         self.channel: GateChannel
         self._unsent: list[Release] = []  # waiting for the store to answer again
         self._probe_armed = False
@@ -60,11 +73,31 @@ class Releasing:
 
     # -- what is given back -------------------------------------------------------------
 
-    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None:
-        """Give back a run's leases; when final, mark its id done and free its unique key."""
+    def finish(
+        self,
+        request: Any,
+        policy: TaskPolicy,
+        plan: RunPlan,
+        *,
+        final: bool,
+        unacked: bool = False,
+    ) -> None:
+        """Give back a run's leases; when final, mark its id done and free its unique key.
+
+        ``unacked``: the run ended but its ack failed, so its message comes back: the id
+        is done (the guard skips the copy, which then frees the key), and the unique key
+        is kept for the copy, for :meth:`unacked_claim_ttl` seconds."""
         self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
         unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
+        keep = self.unacked_claim_ttl(policy) if unique_key and unacked else 0.0
+        if unacked:
+            logger.warning(
+                "baton: %s[%s] ended but its ack failed: the broker delivers it again%s",
+                request.name,
+                request.id,
+                f"; its unique key is kept for that copy ({keep:.0f}s)" if keep else "",
+            )
         if not (plan.leases or done_key or unique_key):
             return
         self.channel.release(
@@ -75,11 +108,48 @@ class Releasing:
                 policy.redelivery_retention,
                 unique_key,
                 request.id,
+                keep,
             )
         )
 
+    def after_ack(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the acks Celery queued on the loop so far were sent.
+
+        Celery queues an ack with ``hub.call_soon``, whose callbacks run in no given
+        order within one turn of the loop; a callback queued from one of them runs in a
+        later turn: so two hops come after the ack. Without a loop Celery acks at once."""
+        hub = self.hub
+        if hub is None:
+            callback()
+            return
+
+        def second_hop() -> None:
+            try:
+                callback()
+            except Exception:  # the loop would only log it: never keep a key silently
+                logger.exception("baton: finishing a run after its ack failed")
+
+        hub.call_soon(lambda: hub.call_soon(second_hop))
+
+    def unacked_claim_ttl(self, policy: TaskPolicy) -> float:
+        """How long the unique claim of a run whose ack failed is kept for its copy: until
+        the broker delivers it again (then the copy's admission extends it, and its end
+        frees it), bounded by ``unique_ttl``. The ack may have reached the broker after
+        all (it timed out after it was sent): then no copy comes, and the key is free
+        when this runs out."""
+        if self.redelivery_window is None:
+            return policy.unique_ttl
+        return max(1.0, min(policy.unique_ttl, self.redelivery_window))
+
     def finish_when_gone(
-        self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
+        self,
+        pid: int,
+        request: Any,
+        policy: TaskPolicy,
+        plan: RunPlan,
+        *,
+        final: bool,
+        unacked: bool = False,
     ) -> Callable[[], None]:
         """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
         announces the revoke right after sending the signal, while the process may still
@@ -92,7 +162,7 @@ class Releasing:
         def end_now() -> None:
             if pending:
                 pending.clear()
-                self.finish(request, policy, plan, final=final)
+                self.finish(request, policy, plan, final=final, unacked=unacked)
 
         def check() -> None:
             if not pending:

@@ -29,6 +29,15 @@ and when the path ends, a delivery is final when its message was acknowledged (a
 or rejected without requeue; with ``acks_late=False`` that happened when the pool
 accepted it) and neither of the above happened. A message nobody acknowledged is still
 the broker's and comes back (a cancel after a lost connection): not final.
+
+Celery's ``acknowledged`` says that Celery *tried*: when the broker does not answer the
+ack (or reject), kombu logs "Couldn't ack" and Celery marks the request acknowledged
+anyway. kombu's own ``Message.acknowledged`` is set only once the broker call returned.
+A run whose message Celery acknowledged but kombu did not (``unacked``) did end (its id
+is done for the redelivery guard), yet its message is still the broker's and comes back:
+its unique key is kept for that copy (``Releasing.finish``), not freed. With an event
+loop, Celery's ack is not sent in ``acknowledge()`` but queued on the loop: a run whose
+ack is still to be sent is finished once the loop has sent it (``Finisher.after_ack``).
 """
 
 from __future__ import annotations
@@ -48,11 +57,22 @@ ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends
 
 
 class Finisher(Protocol):
-    def finish(self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool) -> None: ...
+    def finish(
+        self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool, unacked: bool
+    ) -> None: ...
 
     def finish_when_gone(
-        self, pid: int, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool
+        self,
+        pid: int,
+        request: Any,
+        policy: TaskPolicy,
+        plan: RunPlan,
+        *,
+        final: bool,
+        unacked: bool,
     ) -> Callable[[], None]: ...
+
+    def after_ack(self, callback: Callable[[], None]) -> None: ...
 
 
 class BatonRequestMixin:
@@ -70,6 +90,19 @@ class BatonRequestMixin:
         if COMES_BACK_ATTR in self.__dict__:
             return False
         return bool(self.acknowledged)  # type: ignore[attr-defined]
+
+    def _baton_unacked(self) -> bool:
+        """Celery called the message acknowledged, but the broker did not confirm it: the
+        ack (or reject) failed, only logged, and the message comes back; or, before
+        ``after_ack``, the loop has not sent it yet."""
+        if not self.acknowledged:  # type: ignore[attr-defined]
+            return False
+        message = getattr(self, "message", None)
+        if message is None or message.acknowledged:
+            return False
+        # A consumer without acks (none of Celery's own) acks nothing: nothing comes back.
+        no_ack = getattr(getattr(message, "channel", None), "no_ack_consumers", None)
+        return not (no_ack and (message.delivery_info or {}).get("consumer_tag") in no_ack)
 
     def reject(self, requeue: bool = False) -> Any:
         # Celery ignores a reject after the message was acknowledged (acks_late=False
@@ -102,13 +135,40 @@ class BatonRequestMixin:
             return
         finisher, policy, plan = run
         final = self._baton_is_final()
+        if not (final and self._baton_unacked()):
+            self._baton_end(finisher, policy, plan, final=final, terminated=terminated)
+            return
+        # Celery's ack may wait on the loop: decide once it was sent (or failed). A path
+        # that ends the job meanwhile (a terminated run that returned after all) is kept.
+        ended_early: list[bool] = []
+        self.__dict__[ENDED_ATTR] = lambda: ended_early.append(True)
+
+        def after_ack() -> None:
+            if self.__dict__.get(ENDED_ATTR) is not None:
+                self.__dict__.pop(ENDED_ATTR)
+            self._baton_end(
+                finisher, policy, plan, final=final, terminated=terminated and not ended_early
+            )
+
+        finisher.after_ack(after_ack)
+
+    def _baton_end(
+        self,
+        finisher: Finisher,
+        policy: TaskPolicy,
+        plan: RunPlan,
+        *,
+        final: bool,
+        terminated: bool,
+    ) -> None:
+        unacked = final and self._baton_unacked()
         pid = self.worker_pid  # type: ignore[attr-defined]
         if terminated and pid and pid != os.getpid():  # a pool process was signalled
             self.__dict__[ENDED_ATTR] = finisher.finish_when_gone(
-                pid, self, policy, plan, final=final
+                pid, self, policy, plan, final=final, unacked=unacked
             )
         else:
-            finisher.finish(self, policy, plan, final=final)
+            finisher.finish(self, policy, plan, final=final, unacked=unacked)
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
         try:

@@ -42,6 +42,25 @@ def _lower_priority_first(app: Any) -> bool:
     return isinstance(transport, str) and transport.split("+")[0] in REDIS_TRANSPORTS
 
 
+def _redelivery_window(app: Any) -> float | None:
+    """Seconds within which a transport with a visibility timeout delivers an unacked
+    message again: the timeout, once more for the copy's wait in the queue, and kombu's
+    Redis restore scan period. None for brokers that redeliver when the channel closes
+    (AMQP): nothing bounds that tighter than ``unique_ttl``."""
+    transport = app.connection_for_read().transport_cls
+    if not isinstance(transport, str) or transport.split("+")[0] not in VISIBILITY_TRANSPORTS:
+        return None
+    options = app.conf.broker_transport_options or {}
+    try:
+        visibility = float(options.get("visibility_timeout", 3600))
+        scan = float(options.get("unacked_restore_interval", 10)) * float(
+            options.get("unacked_restore_throttle", 10)
+        )
+    except (TypeError, ValueError):
+        return None
+    return 2 * visibility + max(0.0, scan)
+
+
 def _baton(parent: Any) -> Baton | None:
     installed: Baton | None = parts_for(parent.app).installed
     return installed
@@ -90,7 +109,12 @@ class BatonWorker:
             on_lost=baton.on_lease_lost,
             on_tick=lambda: self._report(parent),
         )
-        self.releasing = Releasing(self.book, parent.timer)
+        self.releasing = Releasing(
+            self.book,
+            parent.timer,
+            hub=getattr(parent, "hub", None),
+            redelivery_window=_redelivery_window(parent.app),
+        )
         self.channel = GateChannel(
             baton.gate,
             # The consumer runs an event loop: gate and release calls are pipelined on

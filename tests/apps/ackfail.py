@@ -1,0 +1,95 @@
+"""A Celery app with celery-baton installed whose broker ack can fail (issue 11).
+
+Run by workers as ``celery -A tests.apps.ackfail worker``. Reads ``TEST_BROKER_URL``,
+``TEST_OBSERVER_URL`` and ``BATON_URL`` (the store under test) from the environment.
+
+The broker (a redis-server whose writes the test may pause) has a short
+``socket_timeout``, so an ack sent while it is paused fails within seconds ("Couldn't
+ack", logged by kombu, while Celery still calls the request acknowledged), and a short
+``visibility_timeout``
+with a restore scan every second, so the unacked message comes back within seconds.
+
+The tasks record their run with the observer, then (on their first delivery only) tell
+the test, through a mark in the observer's database, that they are about to return: the
+test pauses the broker, and the ack that follows the run (``acks_late``) fails.
+
+In the test process, import it inside a test that uses the ``app_environ`` fixture.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import redis
+from celery import Celery, Task
+
+from celery_baton import Baton
+from tests.support.observer import Observer
+
+#: Seconds a first run waits, after it asked for the broker to be paused, before it
+#: returns (so that the ack is sent to a paused broker).
+WAIT_FOR_STOP = 1.5
+
+app = Celery("ackfail", broker=os.environ["TEST_BROKER_URL"])
+app.conf.update(
+    baton_url=os.environ["BATON_URL"],
+    baton_socket_timeout=1.0,
+    task_acks_late=True,
+    task_ignore_result=True,  # (the result backend would live on the stopped server)
+    worker_prefetch_multiplier=1,
+    broker_transport_options={
+        "visibility_timeout": 10,
+        "socket_timeout": 1,
+        "socket_connect_timeout": 1,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    broker_connection_retry_on_startup=True,
+)
+baton = Baton(app)
+
+
+@functools.cache
+def observer() -> Observer:
+    """This process's Observer (created after the pool forked, so never shared)."""
+    return Observer(os.environ["TEST_OBSERVER_URL"])
+
+
+@functools.cache
+def _marks() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
+
+
+def stop_mark(task_id: str) -> str:
+    """Set by a task's first run when the test should pause the broker."""
+    return f"ackfail:stop:{task_id}"
+
+
+def _first_run_asks_for_a_stop(task_id: str) -> None:
+    if _marks().set(stop_mark(task_id), "1", nx=True):
+        time.sleep(WAIT_FOR_STOP)
+
+
+@app.task(bind=True, unique="key")
+def uq_ack(self: Task, key: str) -> str:
+    """Unique, acks_late: its first run's ack is sent to a paused broker."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_asks_for_a_stop(self.request.id)
+    return "ran"
+
+
+@app.task(bind=True, unique="key", redelivery_guard=True)
+def uq_ack_guarded(self: Task, key: str) -> str:
+    """The same under the redelivery guard: the copy of a run that ended is not run."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_asks_for_a_stop(self.request.id)
+    return "ran"
+
+
+def unique_key(task: Task, *args: object, **kwargs: object) -> str:
+    """The store key of ``task``'s unique claim for this call."""
+    policy = baton.policy_for(task)
+    assert policy is not None
+    return policy.unique_key(baton.names, args, kwargs)

@@ -1,0 +1,48 @@
+"""How long a unique claim is kept for the copy of a run whose broker ack failed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_baton.gate import Release
+from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.step import _redelivery_window
+
+
+def _app(broker: str, **options: Any) -> Celery:
+    app = Celery("window", broker=broker, set_as_current=False)
+    app.conf.broker_transport_options = options
+    return app
+
+
+def test_redis_window_covers_the_visibility_timeout_twice_and_the_restore_scan() -> None:
+    app = _app("redis://127.0.0.1:1/0", visibility_timeout=10, unacked_restore_interval=1)
+    assert _redelivery_window(app) == 2 * 10 + 1 * 10  # (throttle 10 by default)
+    assert _redelivery_window(_app("redis://127.0.0.1:1/0")) == 2 * 3600 + 100
+
+
+def test_amqp_has_no_window() -> None:
+    assert _redelivery_window(_app("amqp://guest@127.0.0.1:1//")) is None
+
+
+@pytest.mark.parametrize(
+    ("window", "unique_ttl", "kept"),
+    [(30.0, 3600.0, 30.0), (7300.0, 3600.0, 3600.0), (None, 600.0, 600.0), (0.0, 60.0, 1.0)],
+)
+def test_kept_claim_is_bounded_by_unique_ttl(
+    window: float | None, unique_ttl: float, kept: float
+) -> None:
+    releasing = Releasing(book=None, timer=None, redelivery_window=window)  # type: ignore[arg-type]
+    policy: Any = SimpleNamespace(unique_ttl=unique_ttl)
+    assert releasing.unacked_claim_ttl(policy) == kept
+
+
+def test_release_sends_the_keep_ttl_only_with_a_unique_key() -> None:
+    keys, args = Release((), "t|w|n", None, 0.0, "u", "t", 9.0).script_call("c")
+    assert keys == ["u"] and args[-1] == 9000
+    keys, args = Release((), "t|w|n", None, 0.0, None, "", 9.0).script_call("c")
+    assert keys == [] and args[-1] == 0

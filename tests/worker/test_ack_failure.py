@@ -1,0 +1,102 @@
+"""A broker ack that fails does not end a delivery (issue 11: finality read from Celery).
+
+When the broker does not answer an ack, kombu logs "Couldn't ack" and goes on, and
+Celery's ``Request.acknowledge()`` still marks the request acknowledged; the message
+stays unacked on the broker and comes back (Redis: after ``visibility_timeout``). The
+unique key must then stay with the task id whose copy will run again: a publish of the
+key meanwhile is deduplicated against it, and the copy frees the key when it ends.
+
+The broker here is the test's own redis-server, paused while a run returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
+from tests.support.workers import WorkerProcess, Workers
+
+APP = "tests.apps.ackfail"
+KEPT_TTL_MS = 60_000  # the claim's ttl while its copy comes back: a few visibility_timeouts
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(store_url, decode_responses=True) as client:
+        yield client
+
+
+def _pause_broker_until_the_ack_failed(
+    broker: StoreServer, observer: Observer, worker: WorkerProcess, task_id: str
+) -> None:
+    """Pause the broker's writes (``CLIENT PAUSE WRITE``) as the run returns; unpause
+    once Celery gave up the ack (kombu's client tries it several times, with back-off,
+    before "Couldn't ack"). Each try times out and closes its connection; the server
+    drops a paused command whose client is gone: the ack never happened.
+
+    (SIGSTOP, by contrast, keeps the server from seeing the close: the timed-out ack is
+    often executed when it goes on, and the message does not come back. A broker that
+    crashes makes Celery's consumer restore the message on its own reconnect.)"""
+    from tests.apps.ackfail import stop_mark
+
+    wait_until(lambda: observer._redis.exists(stop_mark(task_id)), 20, "the run to ask")
+    with broker.client() as admin:
+        admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        try:
+            wait_until(lambda: "Couldn't ack" in worker.log_text(), 30, "the ack to fail")
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+
+
+@pytest.mark.parametrize("task_name", ["uq_ack", "uq_ack_guarded"])
+def test_a_run_whose_ack_failed_keeps_its_unique_key(
+    workers: Workers,
+    observer: Observer,
+    store: redis.Redis,
+    broker_server: StoreServer,
+    task_name: str,
+) -> None:
+    """The first run's ack fails: its message comes back. A publish of the same key
+    meanwhile returns the first task's id (queues nothing); the key is free once the
+    copy ended (it runs again; under the redelivery guard it is acked without a run)."""
+    from tests.apps import ackfail
+
+    task = getattr(ackfail, task_name)
+    guarded = task_name == "uq_ack_guarded"
+    worker = workers.start(APP, concurrency=2)
+    first = task.delay("ka")
+    key = ackfail.unique_key(task, "ka")
+    _pause_broker_until_the_ack_failed(broker_server, observer, worker, first.id)
+
+    # The run's end reached the store: its claim freed, or kept for the copy (a ttl
+    # shorter than the unique_ttl it had while it ran).
+    wait_until(
+        lambda: store.get(key) is None or 0 < store.pttl(key) <= KEPT_TTL_MS,
+        10,
+        "the run's end handled",
+    )
+    assert store.get(key) == first.id, "the claim of a run whose ack failed was freed"
+    again = task.delay("ka")
+    assert again.id == first.id, "queued beside a task whose message comes back"
+
+    if guarded:  # the copy is acked without a run: the id already ran
+        wait_until(lambda: "already" in worker.log_text(), 30, "the copy to be skipped")
+    else:
+        runs = observer.runs_of("ka", n=2, timeout=30)
+        assert [r.task_id for r in runs] == [first.id, first.id]
+    # Freed by the copy's end, not by the kept claim's ttl (over 20 s: it covers the
+    # broker's visibility_timeout twice).
+    wait_until(lambda: store.get(key) is None, 3, "the copy to free the key")
+    time.sleep(1.0)  # a second publish, had one been queued, would have run by now
+    assert {s["task_id"] for s in observer.started()} == {first.id}
+    assert len(observer.started()) == (1 if guarded else 2)
+
+    third = task.delay("ka")
+    assert third.id != first.id, "the key stayed claimed after the copy ended"
+    wait_until(lambda: len(observer.runs_of("ka", n=1)) == (2 if guarded else 3), 30, "run")
