@@ -59,8 +59,10 @@ def test_owner_task_id_is_the_part_before_the_first_bar() -> None:
 
 def test_a_release_adds_done_and_unique_keys_only_when_asked() -> None:
     bare = Release(("k1", "k2"), "id|w|1").script_call("chan")
-    assert bare == (["k1", "k2"], ["id|w|1", 2, 0, "", "chan"])
+    assert bare == (["k1", "k2"], ["id|w|1", 2, 0, "", "chan", 0])
     full = Release(("k1",), "id|w|1", "done", 0.0004, "uq", "id").script_call("chan")
-    assert full == (["k1", "done", "uq"], ["id|w|1", 1, 1, "id", "chan"])
+    assert full == (["k1", "done", "uq"], ["id|w|1", 1, 1, "id", "chan", 0])
+    kept = Release(("k1",), "id|w|1", unique_key="uq", unique_owner="id", unique_keep=21)
+    assert kept.script_call("chan")[1][-1] == 21000  # the claim kept for a copy (ack failed)
     no_owner = Release(("k1",), "o", unique_key="uq").script_call("chan")
     assert no_owner[0] == ["k1"]
