@@ -6,8 +6,8 @@ pool. A request of a task with a policy (``worker/planning.py`` says which, and 
 asks for) asks the gate once, and the verdict
 (``worker/verdict.py``) says what it does:
 
-* **Start**: it goes to the pool holding its leases (given back by ``worker/request.py``
-  through ``worker/releasing.py`` when it ends, whichever way);
+* **Start**: it goes to the pool holding its leases (``worker/starting.py``; given
+  back by ``worker/request.py`` through ``worker/releasing.py`` when it ends);
 * **Skip**: acked, not run, logged, signalled, and recorded as a ``TaskSkipped`` result
   (an exclusive duplicate with ``exclusive_conflict="skip"``, or a task id that already
   finished under the redelivery guard), or as ``REVOKED`` with ``TaskSuperseded`` (a
@@ -18,9 +18,8 @@ asks for) asks the gate once, and the verdict
   hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
   same id, headers and retry count; never ``task.retry``).
 
-When the store does not answer, ``baton_on_store_error="hold"`` holds the request and
-retries with back-off (nothing runs unguarded); ``"run"`` runs it unguarded, logged.
-Whatever an unanswered ask may have granted is given back.
+When the store does not answer, ``worker/store_down.py`` says what the request does
+(``baton_on_store_error``: held with back-off, or run unguarded).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton import fairness, metrics
+from celery_baton import fairness
 from celery_baton.config import Settings
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.gate import Decision
@@ -40,18 +39,16 @@ from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import TaskPolicy
 from celery_baton.worker import flow, outcomes
-from celery_baton.worker.context import FENCE_FIELD
-from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
+from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import Replacing, keep_order
 from celery_baton.worker.request import attach
+from celery_baton.worker.starting import Starting
+from celery_baton.worker.store_down import BACKOFF_MAX, STORE_KEY, StoreDown
 from celery_baton.worker.verdict import Reason, Skip, Start, Wait, verdict
 
 logger = logging.getLogger("celery_baton.worker")
-
-STORE_KEY = "<store>"  # the wait queue of requests held because the store is down
-BACKOFF_MAX = 10.0
 
 
 class Admission:
@@ -93,8 +90,22 @@ class Admission:
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
-        self._store_down_until = 0.0
-        self._grace_logged = -1e9
+        self.starting = Starting(
+            consumer,
+            handle,
+            holding=self.holding,
+            releasing=releasing,
+            book=book,
+            stats=self.stats,
+            generation=lambda: self.generation,
+        )
+        self.store_down = StoreDown(
+            on_store_error=settings.on_store_error,
+            holding=self.holding,
+            releasing=releasing,
+            new_owner=self.planner.new_owner,
+            run_unguarded=lambda delivery: self.starting.start(delivery, Start(), guarded=False),
+        )
         self.replacing = Replacing()
 
     # -- entry point ----------------------------------------------------------------
@@ -134,7 +145,7 @@ class Admission:
         if delivery.held and elapsed >= self.horizon:
             self._hand_back(delivery, f"held {elapsed:.0f}s, the horizon")
             return
-        if not delivery.held and now < self._store_down_until:
+        if not delivery.held and self.store_down.failed_moments_ago(now):
             # The store failed moments ago: do not wait on it again for every new
             # request; queue behind the request that is probing it.
             self._answered(delivery, StoreUnavailable("the store failed moments ago"))
@@ -144,7 +155,7 @@ class Admission:
             and not delivery.plan.conditions  # lifted: nothing left to ask the gate
             and (delivery.plan.flow_passed or delivery.plan.flow_key is None)
         ):
-            self._start(delivery, Start())
+            self.starting.start(delivery, Start())
             return
         delivery.asking = True
         delivery.asked_at = now
@@ -177,13 +188,7 @@ class Admission:
             with self.holding.lock:
                 sent, delivery.asking = delivery.asking, False
                 if sent and isinstance(reply, StoreUnavailable):
-                    # The store may still execute the lost ask: what it grants that
-                    # owner is released once the store answers again; a new attempt
-                    # asks as a new owner, so that release cannot free its grant.
-                    self.releasing.give_back_lost(delivery.plan)
-                    delivery.plan = delivery.plan.with_owner(
-                        self.planner.new_owner(delivery.request)
-                    )
+                    self.store_down.lost(delivery)
                 if delivery.generation != self.generation:
                     # Dropped meanwhile (the broker connection was lost; its message
                     # goes to another worker): give back whatever the gate granted.
@@ -191,10 +196,9 @@ class Admission:
                         self.releasing.give_back(delivery.plan)
                     return
                 if isinstance(reply, BaseException):
-                    self._store_failed(delivery, reply)
+                    self.store_down.failed(delivery, reply)
                     return
-                self._store_down_until = 0.0
-                delivery.backoff = BACKOFF_START
+                self.store_down.answered(delivery)
                 if isinstance(reply, flow.FlowDecision):
                     self._apply_flow(delivery, reply)
                 else:
@@ -207,33 +211,6 @@ class Admission:
             )
             with self.holding.lock:
                 self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
-
-    def _store_failed(self, delivery: Delivery, error: BaseException) -> None:
-        if not isinstance(error, StoreUnavailable):
-            raise error
-        request = delivery.request
-        delay = delivery.backoff
-        now = time.monotonic()
-        if self._store_down_until <= now:
-            self._store_down_until = now + delay
-        if self.on_store_error == "run":
-            logger.warning(
-                "store unavailable, running %s[%s] UNGUARDED (baton_on_store_error='run'): %s",
-                request.name,
-                request.id,
-                error,
-            )
-            self._start(delivery, Start(), guarded=False)
-            return
-        delivery.backoff = min(BACKOFF_MAX, delivery.backoff * 2)
-        logger.warning(
-            "store unavailable, holding %s[%s], retry in %.2fs: %s",
-            request.name,
-            request.id,
-            delay,
-            error,
-        )
-        self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, delay))
 
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request
@@ -251,20 +228,14 @@ class Admission:
             wait_timeout=delivery.policy.exclusive_wait_timeout,
         )
         if isinstance(outcome, Start):
-            self._start(delivery, outcome)
+            self.starting.start(delivery, outcome)
         elif isinstance(outcome, Skip):
             self._skip(delivery, outcome)
         else:
             if outcome.reason is Reason.EXCLUSIVE and delivery.denied_since is None:
                 delivery.denied_since = now
-            if outcome.reason is Reason.GRACE and now - self._grace_logged > 10:
-                self._grace_logged = now
-                logger.warning(
-                    "baton: the store is new or lost its data (no store epoch, or a "
-                    "replica was promoted): no new lease for %.1fs, while running tasks "
-                    "write theirs back (grace)",
-                    outcome.delay,
-                )
+            if outcome.reason is Reason.GRACE:
+                self.store_down.warn_grace(outcome.delay, now)
             if outcome.revoke:
                 self.replacing.terminate(request, outcome.revoke, delivery.plan, now)
             if outcome.reason is Reason.RATE:
@@ -286,48 +257,9 @@ class Admission:
         elif delivery.plan.conditions:
             self._ask(delivery)  # debounced: now the task's other conditions
         else:
-            self._start(delivery, outcome)
+            self.starting.start(delivery, outcome)
 
     # -- outcomes -------------------------------------------------------------------
-
-    def _start(self, delivery: Delivery, start: Start, *, guarded: bool = True) -> None:
-        request = delivery.request
-        if guarded:
-            attach(request, self.releasing, delivery.policy, delivery.plan)
-            self.book.add(
-                delivery.plan.owner,
-                delivery.plan.leases,
-                epoch=start.epoch,
-                claim=delivery.plan.kept_claim,
-            )
-            if start.fence:
-                request.request_dict[FENCE_FIELD] = start.fence
-        self.stats["admitted"] += 1
-        metrics.admissions.labels(request.name).inc()
-        if start.start_after > 0:
-            # A reserved rate slot: hold it (no pool slot) until the slot's instant.
-            self.holding.hold_reserved(delivery)
-            self.consumer.timer.call_after(
-                start.start_after, self._dispatch, (delivery,), priority=5
-            )
-            return
-        self.holding.release(delivery)
-        self.handle(request)
-
-    def _dispatch(self, delivery: Delivery) -> None:
-        try:
-            with self.holding.lock:
-                if delivery.generation != self.generation:
-                    # Forgotten (the connection was lost; the broker redelivers it): it
-                    # will not run here, so give back what it was granted.
-                    self.releasing.give_back(delivery.plan)
-                    return
-                self.holding.release(delivery)
-                self.handle(delivery.request)
-        except Exception:
-            logger.exception(
-                "baton: dispatching %s[%s] failed", delivery.request.name, delivery.request.id
-            )
 
     def _skip(self, delivery: Delivery, skip: Skip) -> None:
         self.holding.release(delivery)

@@ -1,13 +1,10 @@
 """Holding: deliveries that wait in the consumer, costing no pool slot.
 
 A delivery the gate refused for now waits here, in memory, in one FIFO per key (the
-key that refused it). Only the head of a queue asks the gate again, when its timer is
-due (the gate said when: ``retry_after``) or at once when a lease on that key is
-released (a pub/sub notice, relayed through a pipe onto the consumer's own loop).
-
-With ``fair_key``, a shared limit's queue is one per fair key value (``<limit key>#<value
-digest>``): each asks for its own head, the store says whose turn it is, and a release
-of the limit wakes them all (``_fair_groups``).
+key that refused it; per fair key value with ``fair_key``: ``worker/wait_queues.py``).
+Only the head of a queue asks the gate again, when its timer is due (the gate said
+when: ``retry_after``) or at once when a lease on that key is released (a pub/sub
+notice, relayed onto the consumer's own loop by ``worker/wake_pipe.py``).
 
 Held deliveries raise the prefetch count like ETA tasks do, so they do not use up the
 window the worker needs to receive work it can run; past ``baton_hold_max`` they keep
@@ -18,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +26,8 @@ from celery_baton import metrics, signals
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
+from celery_baton.worker.wait_queues import WaitQueues
+from celery_baton.worker.wake_pipe import WakePipe
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -79,19 +76,16 @@ class Holding:
         self.consumer = consumer
         self.ask = ask
         self.stats = stats
-        # A request's urgency (higher first; None: no priority), see _enqueue.
+        # A request's urgency (higher first; None: no priority), see WaitQueues.
         self.rank = rank
         self.hold_max = hold_max
         self.horizon = horizon
         self.lock = threading.RLock()
         self.held_count = 0
         self.counted = 0  # held deliveries that raised the prefetch count
-        self._queues: dict[str, deque[Delivery]] = {}
-        self._fair_groups: dict[str, set[str]] = {}  # limit key -> its fair queues
+        self._queues = WaitQueues(rank)
         self._timers: dict[str, tuple[float, Any]] = {}
-        self._wakeups: deque[str] = deque()
-        self._wake_w: int | None = None
-        self._wake_fds: tuple[int, int] | None = None
+        self._wake_pipe = WakePipe(consumer, self._on_release)
         self._released = ReleaseLog()
         self._cap_warned = -1e9
 
@@ -119,10 +113,8 @@ class Holding:
         queue_key = delivery.plan.fair_queues.get(wait.key, wait.key)
         if delivery.queue_key != queue_key:
             self.remove(delivery)
-            self._enqueue(self._queues.setdefault(queue_key, deque()), delivery)
+            self._queues.add(queue_key, wait.key, delivery)
             delivery.queue_key = queue_key
-            if queue_key != wait.key:
-                self._fair_groups.setdefault(wait.key, set()).add(queue_key)
         delay = wait.delay
         if self._released.at(wait.key) >= delivery.asked_at:
             delay = 0.0  # released after we asked: the notice came before the denial
@@ -130,26 +122,7 @@ class Holding:
 
     def others_waiting(self, queue_key: str, delivery: Delivery) -> bool:
         """Whether ``queue_key``'s queue holds a delivery other than ``delivery``."""
-        queue = self._queues.get(queue_key)
-        if not queue:
-            return False
-        return len(queue) > 1 or queue[0] is not delivery
-
-    def _enqueue(self, queue: deque[Delivery], delivery: Delivery) -> None:
-        """FIFO within a priority; a delivery of a higher message priority goes before
-        those of a lower one (not before a head that is asking right now), so under a
-        saturated limit the urgent work is admitted first, whatever the broker's own
-        support for priorities."""
-        rank = self.rank(delivery.request)
-        if rank is None or not queue:
-            queue.append(delivery)
-            return
-        for index in range(1 if queue[0].asking else 0, len(queue)):
-            other = self.rank(queue[index].request)
-            if other is None or rank > other:
-                queue.insert(index, delivery)
-                return
-        queue.append(delivery)
+        return self._queues.others_waiting(queue_key, delivery)
 
     def hold_reserved(self, delivery: Delivery) -> None:
         """Count a delivery whose rate slot is reserved for later, in no queue."""
@@ -214,12 +187,11 @@ class Holding:
                 entry.cancel()
             self._timers.clear()
             self._queues.clear()
-            self._fair_groups.clear()
             return count
 
     def held_by_key(self, top: int = 20) -> dict[str, int]:
         with self.lock:
-            sizes = sorted(((len(q), k) for k, q in self._queues.items()), reverse=True)
+            sizes = sorted(self._queues.sizes(), reverse=True)
         return {key: size for size, key in sizes[:top]}
 
     def _warn_cap(self) -> None:
@@ -271,13 +243,7 @@ class Holding:
             self.ask(head)
 
     def _drop_queue(self, key: str) -> None:
-        self._queues.pop(key, None)
-        limit_key = key.rpartition("#")[0]
-        group = self._fair_groups.get(limit_key)
-        if group is not None:
-            group.discard(key)
-            if not group:
-                del self._fair_groups[limit_key]
+        self._queues.drop(key)
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
@@ -290,50 +256,19 @@ class Holding:
         Called at every consumer start: after a lost broker connection Celery resets
         the event loop, which drops every file descriptor registered on it."""
         self.consumer = consumer
-        hub = getattr(consumer, "hub", None)
-        old, self._wake_fds = self._wake_fds, None
-        if old is not None:
-            if hub is not None:
-                with contextlib.suppress(Exception):  # gone already if the loop was reset
-                    hub.remove_reader(old[0])
-            for fd in old:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._wake_w = None
-        if hub is not None:
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            os.set_blocking(w, False)
-            self._wake_fds = (r, w)
-            self._wake_w = w
-            hub.add_reader(r, self._on_wake_pipe, r)
+        self._wake_pipe.install(consumer)
 
     def wake(self, key: str) -> None:
         """Called from another thread when ``key`` was released."""
         # Remembered even when nobody waits here yet: a denial may be on its way back
         # to this loop while the release that follows it is already announced.
         self._released.note(key)
-        if key not in self._queues and key not in self._fair_groups:
-            return
-        if self._wake_w is not None:
-            self._wakeups.append(key)
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"!")
-        else:  # timer2 runs its own thread and is thread-safe
-            self.consumer.timer.call_after(0, self._on_release, (key,))
+        if self._queues.waiting_for(key):
+            self._wake_pipe.send(key)
 
     def _on_release(self, key: str) -> None:
         """``key`` was released: its queue, and each fair queue of it, asks again."""
         with self.lock:
-            queues = [key, *self._fair_groups.get(key, ())]
+            queues = self._queues.woken_by(key)
         for queue_key in queues:
             self._on_timer(queue_key)
-
-    def _on_wake_pipe(self, fd: int) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.read(fd, 4096)
-        keys = set()
-        while self._wakeups:
-            keys.add(self._wakeups.popleft())
-        for key in keys:
-            self._on_release(key)

@@ -1,0 +1,85 @@
+"""Starting: an admitted delivery goes to the pool, holding what the gate granted.
+
+Its leases are attached to the request (given back by ``worker/request.py`` when it
+ends, whichever way) and kept alive by the lease book; its fence is put in the request.
+A reserved rate slot (``Start.start_after``) is held, on no pool slot, until its instant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery_baton import metrics
+from celery_baton.leases import LeaseBook
+from celery_baton.worker.context import FENCE_FIELD
+from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.request import attach
+from celery_baton.worker.verdict import Start
+
+logger = logging.getLogger("celery_baton.worker")
+
+
+class Starting:
+    """Hands admitted deliveries to ``handle`` (the pool); ``generation()`` is the
+    admission's current generation (a delivery of an older one was forgotten)."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        handle: Callable[[Any], Any],
+        *,
+        holding: Holding,
+        releasing: Releasing,
+        book: LeaseBook,
+        stats: dict[str, int],
+        generation: Callable[[], int],
+    ) -> None:
+        self.consumer = consumer
+        self.handle = handle
+        self.holding = holding
+        self.releasing = releasing
+        self.book = book
+        self.stats = stats
+        self.generation = generation
+
+    def start(self, delivery: Delivery, start: Start, *, guarded: bool = True) -> None:
+        request = delivery.request
+        if guarded:
+            attach(request, self.releasing, delivery.policy, delivery.plan)
+            self.book.add(
+                delivery.plan.owner,
+                delivery.plan.leases,
+                epoch=start.epoch,
+                claim=delivery.plan.kept_claim,
+            )
+            if start.fence:
+                request.request_dict[FENCE_FIELD] = start.fence
+        self.stats["admitted"] += 1
+        metrics.admissions.labels(request.name).inc()
+        if start.start_after > 0:
+            # A reserved rate slot: hold it (no pool slot) until the slot's instant.
+            self.holding.hold_reserved(delivery)
+            self.consumer.timer.call_after(
+                start.start_after, self._dispatch, (delivery,), priority=5
+            )
+            return
+        self.holding.release(delivery)
+        self.handle(request)
+
+    def _dispatch(self, delivery: Delivery) -> None:
+        try:
+            with self.holding.lock:
+                if delivery.generation != self.generation():
+                    # Forgotten (the connection was lost; the broker redelivers it): it
+                    # will not run here, so give back what it was granted.
+                    self.releasing.give_back(delivery.plan)
+                    return
+                self.holding.release(delivery)
+                self.handle(delivery.request)
+        except Exception:
+            logger.exception(
+                "baton: dispatching %s[%s] failed", delivery.request.name, delivery.request.id
+            )

@@ -1,0 +1,86 @@
+"""The wait queues of held deliveries: one FIFO per key, ordered by message priority.
+
+A delivery waits in the queue of the key that refused it. With ``fair_key``, a shared
+limit's queue is one per fair key value (``<limit key>#<value digest>``): each asks for
+its own head, and the fair queues of a limit are grouped under the limit's key, so that
+a release of the limit wakes them all (``woken_by``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the type only: holding.py builds the queues
+    from celery_baton.worker.holding import Delivery
+
+
+class WaitQueues:
+    """Queue key -> its held deliveries; limit key -> its fair queues.
+
+    ``rank(request)`` is a request's urgency (higher first; None: no priority).
+    """
+
+    def __init__(self, rank: Callable[[Any], float | None]) -> None:
+        self.rank = rank
+        self._queues: dict[str, deque[Delivery]] = {}
+        self._fair_groups: dict[str, set[str]] = {}  # limit key -> its fair queues
+
+    def add(self, queue_key: str, limit_key: str, delivery: Delivery) -> None:
+        """Queue ``delivery`` in ``queue_key``'s queue, a fair queue of ``limit_key``
+        when the two differ."""
+        self._enqueue(self._queues.setdefault(queue_key, deque()), delivery)
+        if queue_key != limit_key:
+            self._fair_groups.setdefault(limit_key, set()).add(queue_key)
+
+    def get(self, queue_key: str) -> deque[Delivery] | None:
+        return self._queues.get(queue_key)
+
+    def others_waiting(self, queue_key: str, delivery: Delivery) -> bool:
+        """Whether ``queue_key``'s queue holds a delivery other than ``delivery``."""
+        queue = self._queues.get(queue_key)
+        if not queue:
+            return False
+        return len(queue) > 1 or queue[0] is not delivery
+
+    def _enqueue(self, queue: deque[Delivery], delivery: Delivery) -> None:
+        """FIFO within a priority; a delivery of a higher message priority goes before
+        those of a lower one (not before a head that is asking right now), so under a
+        saturated limit the urgent work is admitted first, whatever the broker's own
+        support for priorities."""
+        rank = self.rank(delivery.request)
+        if rank is None or not queue:
+            queue.append(delivery)
+            return
+        for index in range(1 if queue[0].asking else 0, len(queue)):
+            other = self.rank(queue[index].request)
+            if other is None or rank > other:
+                queue.insert(index, delivery)
+                return
+        queue.append(delivery)
+
+    def drop(self, queue_key: str) -> None:
+        """Forget ``queue_key``'s queue (it is empty)."""
+        self._queues.pop(queue_key, None)
+        limit_key = queue_key.rpartition("#")[0]
+        group = self._fair_groups.get(limit_key)
+        if group is not None:
+            group.discard(queue_key)
+            if not group:
+                del self._fair_groups[limit_key]
+
+    def waiting_for(self, key: str) -> bool:
+        """Whether a queue here waits for a release of ``key``."""
+        return key in self._queues or key in self._fair_groups
+
+    def woken_by(self, key: str) -> list[str]:
+        """The queues a release of ``key`` wakes: its own and each fair queue of it."""
+        return [key, *self._fair_groups.get(key, ())]
+
+    def sizes(self) -> list[tuple[int, str]]:
+        return [(len(queue), key) for key, queue in self._queues.items()]
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._fair_groups.clear()
