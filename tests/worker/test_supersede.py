@@ -263,7 +263,11 @@ def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer
 
     first = uq_replace.delay("r", 1)  # queued: no worker yet
     first_ex = ex_keep.delay("e", 1)
-    env = {**workers.env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ['PYTHONPATH']}"}
+    path = os.environ.get("PYTHONPATH")
+    env = {
+        **workers.env,
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT),
+    }
     ids = {}
     for when, n in (("before", 2), ("after", 3), ("stamped", 4)):
         ids[n] = f"publisher-{when}-{n}"
