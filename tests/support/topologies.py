@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.cluster
@@ -308,6 +309,8 @@ class SentinelTopology:
                 flags = ",".join(sorted(flags)) if isinstance(flags, set) else str(flags)
                 if "s_down" in flags or "failover" in flags:
                     return False
+                if not _replica_usable(r.execute_command("SENTINEL", "REPLICAS", SERVICE)):
+                    return False
         return True
 
     def wait_healthy(self, timeout: float = 60) -> None:
@@ -333,3 +336,24 @@ __all__ = [
     "SentinelTopology",
     "missing_binaries",
 ]
+
+
+def _replica_usable(replicas: Any) -> bool:
+    """Whether a sentinel would pick the replica in a failover now: its last INFO of it
+    says the link to the master is up (a sentinel refreshes that every 10 s; one that
+    still remembers the link down after a repair aborts ``SENTINEL FAILOVER`` with "no
+    good slave", and no new master comes)."""
+    if not replicas:
+        return False
+    for replica in replicas:
+        # redis-py 8 parses each entry into a dict; 7 returns flat lists.
+        fields = (
+            dict(replica)
+            if isinstance(replica, dict)
+            else dict(zip(replica[::2], replica[1::2], strict=True))
+        )
+        flags = fields.get("flags", "")
+        flags = ",".join(sorted(flags)) if isinstance(flags, set) else str(flags)
+        if flags != "slave" or str(fields.get("master-link-status")) != "ok":
+            return False
+    return True
