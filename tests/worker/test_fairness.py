@@ -55,6 +55,14 @@ class Share:
         return sum(self.b_published_us < r.start < last_b for r in self.a_runs)
 
     @property
+    def a_interleaved(self) -> int:
+        """A runs that started between B's first and last starts: once B asks, the turns
+        alternate, whatever it took B's messages to reach the workers."""
+        first_b = min(r.start for r in self.b_runs)
+        last_b = max(r.start for r in self.b_runs)
+        return sum(first_b < r.start < last_b for r in self.a_runs)
+
+    @property
     def a_remaining(self) -> int:
         """A runs that started after B was published: A's backlog at that moment."""
         return sum(r.start > self.b_published_us for r in self.a_runs)
@@ -69,7 +77,7 @@ class Share:
         return (
             f"A {len(self.a_runs)}, B {len(self.b_runs)}: B done {self.b_span:.2f} s after "
             f"its publish; {self.a_overtaking} of A's remaining {self.a_remaining} runs "
-            "started meanwhile; "
+            f"started meanwhile ({self.a_interleaved} between B's first and last starts); "
             f"max concurrent {max_concurrent(self.a_runs + self.b_runs)}"
         )
 
@@ -96,9 +104,11 @@ def assert_fair(share: Share, a_count: int) -> None:
     assert len({r.task_id for r in runs}) == a_count + B_COUNT
     # The cap is never exceeded, and it was used.
     assert max_concurrent(runs) == share.cap, share.describe()
-    # B not starved: between B's publish and its last start, about one A start per B
-    # start (round-robin), plus the runs A started before B's first ask came.
-    assert share.a_overtaking <= B_COUNT + 3 * share.cap, share.describe()
+    # B not starved: once B asks, about one A start per B start (round-robin), plus the
+    # slots already running. Before B's first ask, A runs on: how long that takes is the
+    # machine's (publish, fetch), so it is bounded loosely: far from FIFO's whole backlog.
+    assert share.a_interleaved <= B_COUNT + 2 * share.cap, share.describe()
+    assert share.a_overtaking <= share.a_remaining // 2, share.describe()
     # A uses every slot once B has nothing waiting.
     assert max_concurrent(share.a_after_b) == share.cap, share.describe()
 
