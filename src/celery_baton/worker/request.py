@@ -135,7 +135,11 @@ class BatonRequestMixin:
             return
         finisher, policy, plan = run
         final = self._baton_is_final()
-        if not (final and self._baton_unacked()):
+        # Only a unique claim waits for the ack: the done marker follows the run and the
+        # leases are the run's, so both go at once (a consumer that dies before the loop
+        # turns again must not take the done marker with it: its copy would run again).
+        claim_at_stake = plan.unique_key is not None and policy.unique_until == "finished"
+        if not (final and claim_at_stake and self._baton_unacked()):
             self._baton_end(finisher, policy, plan, final=final, terminated=terminated)
             return
         # Celery's ack may wait on the loop: decide once it was sent (or failed). A path
