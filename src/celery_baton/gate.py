@@ -236,12 +236,7 @@ class Gate:
         """
         if self._cluster and spans_slots(conditions):
             return self._decide_across(conditions, owner, ttl, reserve)
-        keys, args = self.call(conditions, owner, ttl, reserve)
-        try:
-            reply = self.store.scripts.call("gate", keys, args)
-        except STORE_ERRORS as exc:
-            raise self.store.unavailable(exc) from exc
-        return self.decision(conditions, reply)
+        return self._decide_one(conditions, owner, ttl, reserve)
 
     def _decide_across(
         self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float
