@@ -85,12 +85,13 @@ class Releasing:
         """Give back a run's leases; when final, mark its id done and free its unique key.
 
         ``unacked``: the run ended but its ack failed, so its message comes back: the id
-        is done (the guard skips the copy, which then frees the key), and the unique key
-        is kept for the copy, for :meth:`unacked_claim_ttl` seconds."""
+        is done (the guard skips the copy) and the unique key freed; without the guard the
+        copy runs again, and the key is kept for it, for :meth:`unacked_claim_ttl` s."""
         self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
         unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
-        keep = self.unacked_claim_ttl(policy) if unique_key and unacked else 0.0
+        # Under the guard the copy will not run (its id is done): nothing to keep it for.
+        keep = self.unacked_claim_ttl(policy) if unique_key and unacked and not done_key else 0.0
         if unacked:
             logger.warning(
                 "baton: %s[%s] ended but its ack failed: the broker delivers it again%s",
