@@ -69,6 +69,8 @@ class Starting:
             )
             return
         self.holding.release(delivery)
+        if guarded:
+            self.releasing.handed(request)
         self.handle(request)
 
     def _dispatch(self, delivery: Delivery) -> None:
@@ -80,6 +82,7 @@ class Starting:
                     self.releasing.give_back(delivery.plan)
                     return
                 self.holding.release(delivery)
+                self.releasing.handed(delivery.request)
                 self.handle(delivery.request)
         except Exception:
             logger.exception(

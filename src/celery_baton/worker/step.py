@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 from celery import signals as celery_signals
+from celery.worker import state as worker_state
 
 from celery_baton import metrics
 from celery_baton.errors import BatonError
@@ -198,6 +199,14 @@ class BatonWorker:
         dropped = self.admission.forget_held()
         if dropped:
             logger.info("baton: %d held requests left to the broker", dropped)
+        if parent.blueprint.state == bootsteps.RUN:  # a restart: the connection was lost
+            unstarted = self.releasing.drop_unstarted(worker_state.active_requests)
+            if unstarted:
+                logger.info(
+                    "baton: %d admitted requests dropped by Celery with the connection; "
+                    "their keys given back",
+                    unstarted,
+                )
 
     def shutdown(self, parent: Any) -> None:
         if self._shut:
