@@ -14,8 +14,10 @@ child, SIGKILL a worker (restarted after a moment), SIGSTOP the store or the bro
 while (sometimes longer than ``lease_ttl``), SIGKILL and restart the store or the broker,
 SIGKILL the beat leader (restarted), edit the runtime schedule (add, update, pause,
 resume, remove an entry) and re-publish a redelivery-guarded task id. Each fault is
-recorded with the observer server's clock. Then everything comes back, the backlog
-drains, and :func:`tests.soak.checker.check` judges the history.
+recorded with the observer server's clock. A watcher thread samples each worker's pool
+pids and records a worker that died by itself as a ``worker_crash`` fault (printed, with
+its log's tail, and restarted). Then everything comes back, the backlog drains, and
+:func:`tests.soak.checker.check` judges the history.
 
 The seed fixes the fault schedule and the publish stream, not the machine's timing, so a
 replay is the same storm, not the same interleaving. Long form::
