@@ -39,6 +39,7 @@ import random
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -783,6 +784,16 @@ def main(argv: list[str] | None = None) -> int:
     if faults:
         weights = {k: w for k, w in weights.items() if k in faults}
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    if args.runs > 1:
+        # The soak app binds this process to one run's servers: one process per run.
+        given = list(sys.argv[1:] if argv is None else argv)
+        failed = 0
+        for run in range(args.runs):
+            again = [*given, "--runs", "1", "--seed", str(seed + run)]
+            cmd = [sys.executable, "-m", "tests.soak.nemesis", *again]
+            failed += subprocess.run(cmd, check=False).returncode != 0
+        print(f"nemesis soak: {args.runs - failed} of {args.runs} runs OK", flush=True)
+        return 1 if failed else 0
     failed = 0
     for run in range(args.runs):
         config = SoakConfig(
