@@ -49,6 +49,8 @@ BROKER_OUTAGES = ("pause_broker", "restart_broker")
 WORKER_CRASH = "worker_crash"
 #: Fault kinds that end processes (their runs end when the fault ends).
 KILLS = ("kill_child", "kill_worker", "kill_beat", WORKER_CRASH)
+#: Fault kinds that end a worker's main process (its pool may finish a run meanwhile).
+WORKER_DEATHS = ("kill_worker", WORKER_CRASH)
 
 
 @dataclass(frozen=True)
@@ -293,32 +295,32 @@ def _ack_due(history: History, end: int) -> int:
 
 def _celery_spans(history: History, spans: list[_Span]) -> list[_Span]:
     """``spans`` as Celery's bookkeeping saw them: a run that finished in a pool process
-    whose worker died by itself (``worker_crash``) before the run's ack was due was lost
-    with its worker, like a killed run: its message goes back to the broker, and what
-    waits for the ack (a unique claim, a lease the main process releases) ends as a
-    killed worker's, from the moment the crash was noticed (the fault's end).
+    whose worker's main process died (``kill_worker``, or by itself: ``worker_crash``)
+    before the run's ack was due was lost with its worker, like a killed run: its message
+    goes back to the broker, and what waits for the ack (a unique claim) ends as a killed
+    worker's, from the fault's end. (A pool process runs on for a moment after its main
+    process is gone: ``kill_worker`` SIGKILLs the main process first, and a worker that
+    dies by itself lets its pool finish its runs.)
 
     Only the accounting judges these: the run itself did end when the pool process
-    says, so overlaps and the guard's "ran twice" are judged on the run's own end."""
+    says, so overlaps and "ran twice" (guard, beat) are judged on the run's own end."""
     slack = int(history.limits.slack * SECOND)
-    crashes = [f for f in history.faults if f.kind == WORKER_CRASH]
-    if not crashes:
-        return spans
+    deaths = [f for f in history.faults if f.kind in WORKER_DEATHS]
     seen: list[_Span] = []
     for span in spans:
         if not span.killed:
-            crash = next(
+            death = next(
                 (
                     f
-                    for f in crashes
+                    for f in deaths
                     if span.run.pid in f.pids
                     and span.end <= f.end
                     and f.start <= _ack_due(history, span.end) + slack
                 ),
                 None,
             )
-            if crash is not None:
-                span = _Span(span.run, crash.end, killed=True)
+            if death is not None:
+                span = _Span(span.run, death.end, killed=True)
         seen.append(span)
     return seen
 

@@ -352,11 +352,28 @@ def test_a_worker_that_died_by_itself_is_judged_as_a_killed_worker() -> None:
         report = judge(holder, published=pubs, faults=faults, results=results)
         assert "no longer queued or running" in report.violations["accounting"][0], faults
 
-    # A guarded run that finished before the crash is done (its pool process records the
-    # done marker): running it again is still a violation.
+    # A guarded run or a beat slot that finished before the crash is done (its pool
+    # process records the done marker): running it again is still a violation.
     twice = [run("guarded:1", "1", 0, 1, pid=7), run("guarded:1", "1", 20, 21, pid=8)]
     report = judge(twice, faults=[_crash(1.5, 3)])
     assert report.failed_checks() == ["guard"], report.summary()
+
+
+def test_a_run_that_ends_in_the_pool_while_kill_worker_runs_is_lost_with_its_worker() -> None:
+    """kill_worker SIGKILLs the main process, then its pool: a pool process may end a run
+    in between (strict soak, seed 2202: a beat tick ended 23 ms into the kill). Its ack
+    never went out: for the accounting the run is lost with its worker, as in a crash."""
+    holder = [run("uq:a", "1", 0, 1.02, pid=7)]
+    kill = [Fault("kill_worker", int(1 * S), int(1.05 * S), pids=(5, 7))]
+    pubs = [sent("1"), _into("1", 6)]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    lost = judge(holder, published=pubs, faults=kill, results=results)
+    assert lost.ok and lost.known["unique-expired-holder"], lost.summary()
+    assert lost.counts["worker crashes"] == 0 and "WORKER CRASHES" not in lost.summary()
+    # A pool child killed alone: its main process recorded every run that ended.
+    child = [Fault("kill_child", int(1 * S), int(1.05 * S), pids=(7,))]
+    report = judge(holder, published=pubs, faults=child, results=results)
+    assert "no longer queued or running" in report.violations["accounting"][0]
 
 
 def test_crash_reason_reads_celerys_unrecoverable_error_line() -> None:
