@@ -318,6 +318,7 @@ class Nemesis:
             # Before the teardown: workers that exit on its SIGTERM did not crash.
             self._stop_watching.set()
             watcher.join(timeout=30)
+        self._dump_store()
         self._teardown()
         history = self._history()
         (self.root / "history.json").write_text(_dump(history))
@@ -602,10 +603,11 @@ class Nemesis:
         holds its main pid and every pool pid seen under it, and ends when they are all
         gone (pool processes it left behind are SIGKILLed here, as kill_worker's are)."""
         self._killed.add(worker.pid)  # recorded once
-        survivors = [p for p in machine.pool_seen if psutil.pid_exists(p)]
+        # Its own session and process group: the group finds orphans (a pid may be reused).
+        survivors = _in_group(machine.pool_seen, worker.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.pid, signal.SIGKILL)  # its own session: orphans included
-        _, alive = psutil.wait_procs(_processes(survivors), timeout=5)
+            os.killpg(worker.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(survivors, timeout=5)
         noticed = self.clock.now()
         offset = noticed - int(time.time() * 1_000_000)
         text = worker.log_text() if worker.log_path.exists() else ""
@@ -671,6 +673,31 @@ class Nemesis:
             if now - int(e["start"]) < 10_000_000 and (e["task_id"], e["start"]) not in finished
         )
 
+    def _dump_store(self) -> None:
+        """The store's keys after the drain, in ``store.txt``: who still holds what (a
+        lease's owner names its task id and worker) for a post-mortem."""
+        lines = []
+        try:
+            with self.store.client() as r:
+                for key in sorted(r.scan_iter(count=1000))[:5000]:
+                    kind = r.type(key)
+                    if kind == "hash":
+                        value: Any = r.hgetall(key)
+                    elif kind == "string":
+                        value = r.get(key)
+                    elif kind == "zset":
+                        value = r.zrange(key, 0, 50, withscores=True)
+                    elif kind == "list":
+                        value = r.lrange(key, 0, 50)
+                    elif kind == "set":
+                        value = sorted(r.sscan_iter(key, count=100))[:50]
+                    else:
+                        value = "?"
+                    lines.append(f"{key} {kind} ttl={r.pttl(key)} {value}")
+        except redis.RedisError as exc:
+            lines.append(f"store unreadable: {exc!r}")
+        (self.root / "store.txt").write_text("\n".join(lines) + "\n")
+
     # -- the history -------------------------------------------------------------------
 
     def _history(self) -> History:
@@ -716,11 +743,13 @@ class Nemesis:
         )
 
 
-def _processes(pids: list[int]) -> list[psutil.Process]:
+def _in_group(pids: set[int], group: int) -> list[psutil.Process]:
+    """The processes among ``pids`` still alive in process group ``group``."""
     found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found.append(psutil.Process(pid))
+    for pid in sorted(pids):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(pid) == group:
+                found.append(psutil.Process(pid))
     return found
 
 
