@@ -61,7 +61,15 @@
 --             written back). Written before a promotion (as for "G"): a new id, so that
 --             holders write their leases back, and -- without "G" (Cluster, where each
 --             shard has its own history) -- a grace of one lease ttl for the family
---             (denied as condition n+1, and this key written).
+--             (denied as condition n+1, and this key written). Missing on a Cluster
+--             shard (without "G"; INFO server says cluster mode), where no key tells
+--             a family never used from one the shard forgot, the server is asked
+--             (INFO, on this rare path only): created with a grace when the server
+--             started less than one ttl ago (restarted empty, maybe: until its start
+--             + ttl, when every lease it had has run out) or was promoted from a
+--             replica (master_replid2 set: it may lack the family's first leases, its
+--             old master's last writes; one ttl from now). The price: a family's first
+--             lease on such a shard waits the grace once (the epoch is never deleted).
 --
 -- "G" and "E" are read only when the first lease key (E's family) does not carry the
 -- family's epoch already, written under this server's replication id (field "_epoch",
@@ -112,6 +120,21 @@ local function replication_id()
   return replid
 end
 local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
+-- Until when a family whose epoch is missing waits (nil: at once), "E" above: on a
+-- Cluster shard that started less than a ttl ago or was promoted from a replica.
+local function forgotten_until()
+  local info = redis.pcall('INFO', 'server')
+  -- "redis_mode:cluster" (Valkey 8: "server_mode:cluster")
+  if type(info) ~= 'string' or not string.find(info, '_mode:cluster', 1, true) then
+    return nil
+  end
+  replication_id()
+  if promoted then return now_ms + ttl_ms end
+  local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+  -- (whole seconds, rounded down: the start it gives is never earlier than the real one)
+  if up and up * 1000 < ttl_ms then return now_ms - up * 1000 + ttl_ms end
+  return nil
+end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
@@ -377,6 +400,10 @@ if epoch_key then
     local grace_until = nil
     if not epoch then
       epoch = new_epoch_id() .. ' ' .. here
+      if not grace_key then
+        grace_until = forgotten_until()
+        if grace_until then epoch = format('%s %d', epoch, grace_until) end
+      end
       call('SET', epoch_key, epoch)
     else
       local id, seen, until_ms = string.match(epoch, '^(%d+) ?(%w*) ?(%d*)')
