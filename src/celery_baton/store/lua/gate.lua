@@ -302,7 +302,7 @@ for i = 1, n do
     local allow_at = new_tat - tonumber(b)
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
-        return {0, i, allow_at - now_us, ''}
+        return {0, i, allow_at - now_us, '', assigned}
       end
       if allow_at > start_at then start_at = allow_at end
     end
@@ -310,7 +310,7 @@ for i = 1, n do
   elseif kind == 'P' then
     local until_us = tonumber(call('GET', key))
     if until_us and until_us > now_us then
-      return {0, i, until_us - now_us, ''}
+      return {0, i, until_us - now_us, '', assigned}
     end
   elseif kind == 'O' then
     local value = call('HGET', key, a)
