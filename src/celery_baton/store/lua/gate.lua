@@ -120,21 +120,6 @@ local function replication_id()
   return replid
 end
 local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
--- Until when a family whose epoch is missing waits (nil: at once), "E" above: on a
--- Cluster shard that started less than a ttl ago or was promoted from a replica.
-local function forgotten_until()
-  local info = redis.pcall('INFO', 'server')
-  -- "redis_mode:cluster" (Valkey 8: "server_mode:cluster")
-  if type(info) ~= 'string' or not string.find(info, '_mode:cluster', 1, true) then
-    return nil
-  end
-  replication_id()
-  if promoted then return now_ms + ttl_ms end
-  local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-  -- (whole seconds, rounded down: the start it gives is never earlier than the real one)
-  if up and up * 1000 < ttl_ms then return now_ms - up * 1000 + ttl_ms end
-  return nil
-end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
@@ -400,8 +385,17 @@ if epoch_key then
     local grace_until = nil
     if not epoch then
       epoch = new_epoch_id() .. ' ' .. here
-      if not grace_key then
-        grace_until = forgotten_until()
+      -- On a Cluster shard (no "G"), a grace if the server may have forgotten it ("E"
+      -- above): "redis_mode:cluster" (Valkey 8: "server_mode:cluster"); the uptime in
+      -- whole seconds, rounded down, gives a start never earlier than the real one.
+      local info = not grace_key and redis.pcall('INFO', 'server')
+      if type(info) == 'string' and string.find(info, '_mode:cluster', 1, true) then
+        local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+        if promoted then
+          grace_until = now_ms + ttl_ms
+        elseif up and up * 1000 < ttl_ms then
+          grace_until = now_ms - up * 1000 + ttl_ms
+        end
         if grace_until then epoch = format('%s %d', epoch, grace_until) end
       end
       call('SET', epoch_key, epoch)
