@@ -154,13 +154,8 @@ def test_master_change_workers_and_beats_follow(
     )
     assert interruption < 20 and stall < 20
     assert_no_overlap(ex_runs)
-    # The beats went on on the new master: slots after the change ran, none twice.
+    # The beats went on on the new master: slots after the change ran, none twice (a
+    # slot the leader claimed on the old master, still writable before MasterWatch saw
+    # the switch, is written back by the leader, not sent again: test_sentinel_beat.py).
     assert len(slots_after) >= 5, beat_runs
-    if how == "sigkill":
-        assert not duplicated, duplicated
-    else:
-        # The window that remains: a slot the leader claimed on the old master (still
-        # writable) before MasterWatch saw the switch is claimed again on the new one.
-        # Measured: 1-2 slots of a 1 s entry; bounded here, reported in the docs.
-        assert all(n == 2 for n in duplicated.values()), duplicated
-        assert all(abs(s * 1000 - changed_us) < 3e6 for s in duplicated), duplicated
+    assert not duplicated, duplicated
