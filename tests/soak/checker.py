@@ -293,6 +293,33 @@ def _ack_due(history: History, end: int) -> int:
     return _outages_until(history, BROKER_OUTAGES, end - slack, end + slack)
 
 
+#: Seconds within which a worker sends again a release the store did not answer, once
+#: the store answers (``worker/releasing.py``: ``PROBE_INTERVAL``).
+RELEASE_RETRY = 1.0
+
+
+def _release_due(history: History, end: int) -> int:
+    """When the release of a run that ended at ``end`` (its leases, its unique claim)
+    reached the store at the latest: at once (``Limits.slack``); or, when the store was
+    paused or down then, within ``RELEASE_RETRY`` of its answering again."""
+    slack = int(history.limits.slack * SECOND)
+    retry = int(RELEASE_RETRY * SECOND)
+    due = end + slack
+    moved = True
+    while moved:
+        moved = False
+        for fault in history.faults:
+            if (
+                fault.kind in STORE_OUTAGES
+                and fault.start <= due
+                and fault.end >= end - slack
+                and fault.end + retry + slack > due
+            ):
+                due = fault.end + retry + slack
+                moved = True
+    return due
+
+
 def _celery_spans(history: History, spans: list[_Span]) -> list[_Span]:
     """``spans`` as Celery's bookkeeping saw them: a run that finished in a pool process
     whose worker's main process died (``kill_worker``, or by itself: ``worker_crash``)
@@ -569,7 +596,7 @@ def _judge_late_holder(
         "longer queued or running: " + "; ".join(_describe(s) for s in holder)
     )
     if not last.killed:
-        if pub.at <= _ack_due(history, last.end) + slack:
+        if pub.at <= max(_ack_due(history, last.end), _release_due(history, last.end)) + slack:
             report.counts["dedup while the holder's ack waited"] = (
                 report.counts.get("dedup while the holder's ack waited", 0) + 1
             )
@@ -678,6 +705,15 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
         # a grace, or the store was down meanwhile): judge from its publish on.
         since = min(sent_at.get(skip.task_id, skip.at), skip.at)
         holder = by_id.get(skip.holder, [])
+        if holder and not _ran_around(holder, since, skip.at, slack, killed_slack):
+            last = max(holder, key=lambda s: s.end)
+            if not last.killed and skip.at <= _release_due(history, last.end):
+                # It ended while the store was down: its lease was freed once the store
+                # answered again (counted, not a violation).
+                report.counts["skipped while the holder's release waited"] = (
+                    report.counts.get("skipped while the holder's release waited", 0) + 1
+                )
+                continue
         if not holder or not _ran_around(holder, since, skip.at, slack, killed_slack):
             report.violations["accounting"].append(
                 f"{skip.task} {skip.task_id} skipped at {skip.at} as held by {skip.holder}, "

@@ -391,3 +391,35 @@ def test_crash_reason_reads_celerys_unrecoverable_error_line() -> None:
     assert round(at % 1, 3) == 0.25
     assert crash_reason("Traceback:\nMemoryError: out\n") == ("MemoryError: out", None)
     assert crash_reason("") == ("", None)
+
+
+def test_a_holder_that_ended_while_the_store_was_paused_holds_its_key_until_it_answers() -> None:
+    """A run that ended while the store was SIGSTOPped: its release (the unique claim
+    freed, its exclusive lease) reaches the store once it answers again, within the
+    worker's retry interval; until then the key is still its own (and no longer)."""
+    holder = [run("uq:a", "1", 0, 2)]
+    pause = [Fault("pause_store", int(1 * S), int(8.6 * S))]
+    results = {"d": "FAILURE:TaskDeduplicated"}
+    ok = judge(holder, published=[sent("1"), _into("1", 8.9)], faults=pause, results=results)
+    assert ok.ok, ok.summary()
+    late = judge(holder, published=[sent("1"), _into("1", 14)], faults=pause, results=results)
+    assert "no longer queued or running" in late.violations["accounting"][0], late.summary()
+
+    exclusive = [run("ex_skip:a", "1", 0, 2, fence=1)]
+    skipped = {"2": "FAILURE:TaskSkipped"}
+    soon = judge(
+        exclusive,
+        published=[sent("1"), sent("2", at=8.8)],
+        skips=[Skip("2", "exclusive", int(8.9 * S), holder="1")],
+        faults=pause,
+        results=skipped,
+    )
+    assert soon.ok, soon.summary()
+    later = judge(
+        exclusive,
+        published=[sent("1"), sent("2", at=13)],
+        skips=[Skip("2", "exclusive", int(14 * S), holder="1")],
+        faults=pause,
+        results=skipped,
+    )
+    assert "which was not running then" in later.violations["accounting"][0], later.summary()
