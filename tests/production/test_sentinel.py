@@ -52,7 +52,9 @@ def test_calls_reach_the_new_master_soon_after_a_planned_failover(
     not keep writing there: such writes are lost when the old master resyncs."""
     store = connect(sentinel_url, socket_timeout=2.0)
     try:
-        assert store.scripts.call("unique_claim", ["before"], ["id0", 60_000]) is not None
+        assert (
+            store.scripts.call("unique_claim", ["before", "before-gb"], ["id0", 60_000]) is not None
+        )
         old = sentinel.master()
         sentinel.failover()
         _wait_new_master(sentinel, old)
@@ -62,7 +64,7 @@ def test_calls_reach_the_new_master_soon_after_a_planned_failover(
             assert r.execute_command("ROLE")[0] == "master"  # the window is still open
         for attempt in range(3):  # the first call after the switch may fail: reconnect
             try:
-                store.scripts.call("unique_claim", ["after"], ["id1", 60_000])
+                store.scripts.call("unique_claim", ["after", "after-gb"], ["id1", 60_000])
                 break
             except STORE_ERRORS:
                 assert attempt < 2
