@@ -298,6 +298,18 @@ def _ack_due(history: History, end: int) -> int:
 RELEASE_RETRY = 1.0
 
 
+#: Seconds around a worker's SIGKILL in which a message it was taking off the queue
+#: may be lost by kombu's Redis transport (see ``lost-in-transport``).
+TRANSPORT_WINDOW = 0.25
+
+
+def _at_a_worker_kill(history: History, at: int) -> bool:
+    window = int(TRANSPORT_WINDOW * SECOND)
+    return any(
+        f.kind == "kill_worker" and f.start - window <= at <= f.end + window for f in history.faults
+    )
+
+
 def _release_due(history: History, end: int) -> int:
     """When the release of a run that ended at ``end`` (its leases, its unique claim)
     reached the store at the latest: at once (``Limits.slack``); or, when the store was
@@ -677,6 +689,16 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
             continue  # each skip is judged below
         if history.results.get(pub.task_id, "").startswith("REVOKED"):
             report.known["expired"].append(f"{pub.task} {pub.task_id}: expired before it ran")
+            continue
+        if not history.results.get(pub.task_id) and _at_a_worker_kill(history, pub.at):
+            # kombu's Redis transport takes a message off the queue (BRPOP) and only then
+            # records it as unacked: a worker SIGKILLed between the two loses it before
+            # Celery (or celery-baton) ever saw it. Not ours to close; RabbitMQ has no
+            # such window.
+            report.known["lost-in-transport"].append(
+                f"{pub.task} {pub.task_id} published at {pub.at}, as a worker was killed, "
+                "never received by any worker (kombu Redis: BRPOP, then the unacked record)"
+            )
             continue
         report.violations["accounting"].append(
             f"{pub.task} {pub.task_id} published at {pub.at} never ran and is not accounted for "

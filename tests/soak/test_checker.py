@@ -423,3 +423,13 @@ def test_a_holder_that_ended_while_the_store_was_paused_holds_its_key_until_it_a
         results=skipped,
     )
     assert "which was not running then" in later.violations["accounting"][0], later.summary()
+
+
+def test_a_task_published_as_a_worker_was_killed_and_never_received_is_a_known_window() -> None:
+    """kombu's Redis transport pops a message (BRPOP) before it records it as unacked: a
+    worker SIGKILLed in between loses it unseen. Known (not ours), but only then."""
+    kill = [Fault("kill_worker", int(10 * S), int(10.04 * S), (5, 7), "soak2@vm")]
+    at_kill = judge([], published=[sent("1", at=10.02)], faults=kill)
+    assert at_kill.ok and at_kill.known["lost-in-transport"], at_kill.summary()
+    later = judge([], published=[sent("1", at=12)], faults=kill)
+    assert "never ran and is not accounted for" in later.violations["accounting"][0]
