@@ -24,6 +24,7 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.leases import LeaseBook
 from celery_baton.notices import NoticeListener, WorkerReports
 from celery_baton.wiring import parts_for
+from celery_baton.worker import stand_ins
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.releasing import Releasing
 
@@ -102,6 +103,16 @@ class BatonWorker:
 
     def __init__(self, baton: Baton, parent: Any) -> None:
         baton.validate_all_tasks()  # a bad option stops the worker at start
+        if any(
+            policy is not None and policy.flow is not None
+            for policy in map(baton.policy_for, list(baton.app.tasks.values()))
+        ):
+            # Only a debounced (or throttle-trailing) run stands for other publishes.
+            # Built before the pool starts, so its processes inherit the receiver; a
+            # task_postrun receiver makes Celery send the signal after every task of
+            # every process, so a worker without such tasks has none (about 3-8 us of
+            # the pool's CPU per task).
+            stand_ins.install()
         self.baton = baton
         self.book = LeaseBook(
             baton.gate,
