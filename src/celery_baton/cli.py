@@ -235,8 +235,14 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
 
 def _grace(c: Context) -> str:
     """The store's grace after it lost its data, in words ('' when none is in force)."""
-    if c.store.cluster:
-        return ""
+    if c.store.cluster:  # a grace per task family, held by its shard
+        graces = store_inspect.family_graces(c.store, c.names.prefix)
+        if not graces:
+            return ""
+        return (
+            f"{len(graces)} task(s) on a shard that lost its data or changed master get no "
+            f"new lease for up to {max(graces.values()):.1f}s more: {', '.join(sorted(graces))}"
+        )
     age = store_inspect.store_epoch_age(c.store, c.names.prefix)
     if age is None:
         return "no store epoch: the next lease waits one lease_ttl (store new or emptied)"

@@ -313,3 +313,11 @@ class KeyNames:
 
     def worker(self, hostname: str) -> str:
         return f"{self.prefix}:worker:{hostname}"
+
+
+def given_back(unique_key: str, task_id: str) -> str:
+    """The mark a give-back leaves for ``task_id``'s claim of ``unique_key`` that the store
+    had not written yet (a claim whose reply was lost, still buffered by a paused store):
+    the late claim finds it and writes nothing. Same hash tag as the unique key."""
+    family, _, digest = unique_key.rpartition(":uq:")
+    return f"{family}:uq-given-back:{digest}:{task_id}"

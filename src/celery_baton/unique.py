@@ -4,8 +4,10 @@ A publish of a ``unique`` task first claims its key with the task id as owner
 (unique_claim.lua: set if absent, else answer the holder). A publish that then does
 not happen gives its claim back (unique_release.lua: delete if still ours). When the
 store does not answer, the claim may still be executed later (a paused store runs
-what it buffered when it resumes): the give-back is then retried in the background,
-by one thread per process (not one per failure), twice, so a late claim is undone too.
+what it buffered when it resumes), even after the give-back, which goes on another
+connection: the give-back (unique_give_back.lua) then leaves a mark that makes the late
+claim write nothing, and it is retried in the background, by one thread per process
+(not one per failure), until the store answers.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ import time
 from collections.abc import Callable
 
 from celery_baton.errors import BatonError
+from celery_baton.keys import given_back
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.scripts import Pending
+
+#: Seconds at least that a give-back's mark waits for the late claim it undoes: the
+#: claim runs as soon as the paused store resumes, but the give-back may come first.
+GIVE_BACK_MARK_MIN = 60.0
 
 logger = logging.getLogger("celery_baton.unique")
 
@@ -40,7 +47,9 @@ class UniqueClaims:
         # whose message was never sent (seen in the nemesis soak).
         self._retries.run_now(key)
         try:
-            return self.store.scripts.send("unique_claim", [key], [task_id, round(ttl * 1000)])
+            return self.store.scripts.send(
+                "unique_claim", [key, given_back(key, task_id)], [task_id, round(ttl * 1000)]
+            )
         except STORE_ERRORS as exc:
             self.release_later(key, task_id, ttl)  # part of it may have been written
             raise self.store.unavailable(exc) from exc
@@ -63,6 +72,16 @@ class UniqueClaims:
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 
+    def give_back(self, key: str, task_id: str, ttl: float) -> bool:
+        """Undo ``task_id``'s claim of ``key``, written or not yet: a claim the store runs
+        later writes nothing (``unique_give_back.lua``); raises StoreUnavailable."""
+        mark_ms = round(max(ttl, GIVE_BACK_MARK_MIN) * 1000)
+        try:
+            keys = [key, given_back(key, task_id)]
+            return bool(self.store.scripts.run("unique_give_back", keys, [task_id, mark_ms]))
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
     def release_later(self, key: str, task_id: str, ttl: float) -> None:
         """Give ``key`` back in the background until it works (at most ``ttl``: then the
         claim has expired anyway), and once more after that, for a late claim."""
@@ -70,7 +89,7 @@ class UniqueClaims:
         state = {"done": 0}
 
         def attempt() -> bool:
-            self.release(key, task_id)
+            self.give_back(key, task_id, ttl)
             state["done"] += 1
             return state["done"] >= 2  # finished after the second success
 

@@ -1,4 +1,5 @@
-"""A Celery app with celery-baton installed whose broker ack can fail (issue 11).
+"""A Celery app with celery-baton installed whose broker ack can fail, or whose main
+process dies after a run ended (issue 11).
 
 Run by workers as ``celery -A tests.apps.ackfail worker``. Reads ``TEST_BROKER_URL``,
 ``TEST_OBSERVER_URL`` and ``BATON_URL`` (the store under test) from the environment.
@@ -13,6 +14,11 @@ The tasks record their run with the observer, then (on their first delivery only
 the test, through a mark in the observer's database, that they are about to return: the
 test pauses the broker, and the ack that follows the run (``acks_late``) fails.
 
+The ``*_main_dies`` tasks stop their worker's main process (SIGSTOP) as their body
+returns, on their first delivery only, and mark it: the test then SIGKILLs that worker,
+as if its consumer had died right after the run (a crash between the pool process
+reporting back and the main process recording it).
+
 In the test process, import it inside a test that uses the ``app_environ`` fixture.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import time
 
 import redis
@@ -45,6 +52,9 @@ app.conf.update(
         "socket_connect_timeout": 1,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # A worker stopped or killed while it held kombu's restore lock keeps every message
+        # from coming back until the lock expires (300 s by default).
+        "unacked_mutex_expire": 5,
     },
     broker_connection_retry_on_startup=True,
 )
@@ -93,3 +103,30 @@ def unique_key(task: Task, *args: object, **kwargs: object) -> str:
     policy = baton.policy_for(task)
     assert policy is not None
     return policy.unique_key(baton.names, args, kwargs)
+
+
+def main_stopped_mark(key: str) -> str:
+    """Set by the first run of a ``*_main_dies`` task with ``key`` when it stopped its
+    main process (only the first: a later run of the key must end normally)."""
+    return f"ackfail:main-stopped:{key}"
+
+
+def _first_run_stops_its_main_process(key: str) -> None:
+    if _marks().set(main_stopped_mark(key), str(os.getppid()), nx=True):
+        os.kill(os.getppid(), signal.SIGSTOP)
+
+
+@app.task(bind=True, redelivery_guard=True)
+def guarded_main_dies(self: Task, key: str) -> str:
+    """Guarded: its first run ends after its worker's main process stopped."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_stops_its_main_process(key)
+    return "ran"
+
+
+@app.task(bind=True, unique="key", redelivery_guard=True)
+def unique_main_dies(self: Task, key: str) -> str:
+    """Unique and guarded: the same."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_stops_its_main_process(key)
+    return "ran"

@@ -93,3 +93,28 @@ def bounded() -> None:
 @app.task(time_limit=1)
 def quick() -> None:
     """May run 1 s: shorter than any visibility timeout used here, no warning."""
+
+
+@app.task(bind=True, redelivery_guard=True, max_retries=2, default_retry_delay=0)
+def retries_twice(self: Task) -> int:
+    """Guarded; retries itself twice under its own id (``self.retry()``), then returns:
+    a retry is not an end, so each new delivery of the id runs."""
+    observer().run(self.request.id, task_id=self.request.id)
+    if self.request.retries < 2:
+        raise self.retry()
+    return self.request.retries
+
+
+@app.task(
+    bind=True,
+    redelivery_guard=True,
+    autoretry_for=(KeyError,),
+    max_retries=1,
+    default_retry_delay=0,
+)
+def autoretries_once(self: Task) -> int:
+    """Guarded; fails once with an exception in ``autoretry_for``, then returns."""
+    observer().run(self.request.id, task_id=self.request.id)
+    if self.request.retries < 1:
+        raise KeyError("once")
+    return self.request.retries

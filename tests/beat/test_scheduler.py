@@ -389,6 +389,36 @@ def test_store_data_lost_beat_goes_on_without_duplicates(
     assert slots == sorted(slots)
 
 
+def test_a_claim_the_store_lost_is_written_back_not_sent_again(
+    make_app: Callable[..., Celery], clock: Clock, schedulers: Build, store_url: str
+) -> None:
+    """The store loses the leader's last claim but keeps the rest (a master change to a
+    replica that was behind; a planned Sentinel failover, the old master writable a
+    moment longer): the entry's next slot is one this beat already sent. It writes its
+    claim back instead of sending that slot again."""
+    s = schedulers(make_app({"e": entry(5.0)}), clock)
+    tick(s)
+    key = "baton:{beat:beat_inproc}:entry:e"
+    with redis.Redis.from_url(store_url, decode_responses=True) as r:
+        for _ in range(3):
+            before = r.hget(key, "next")
+            clock.advance(5)
+            tick(s)
+        assert r.hget(key, "next") != before
+        r.hset(key, "next", before)  # the last claim is gone
+        for _ in range(4):
+            clock.advance(5)
+            tick(s)
+        history = [
+            json.loads(line) for line in r.lrange("baton:{beat:beat_inproc}:history:e", 0, -1)
+        ]
+    slots = [slot for _, slot, _ in s.sent]
+    assert len(slots) == len(set(slots)) >= 6, slots
+    assert slots == sorted(slots)
+    restored = [h for h in history if h["kind"] == "restored"]
+    assert [(h["from"], h["next"]) for h in restored] == [(int(before), int(before) + 5000)]
+
+
 def test_store_down_fires_nothing_and_resumes(
     make_app: Callable[..., Celery], clock: Clock, schedulers: Build, store_server: Any
 ) -> None:

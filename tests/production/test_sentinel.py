@@ -52,7 +52,9 @@ def test_calls_reach_the_new_master_soon_after_a_planned_failover(
     not keep writing there: such writes are lost when the old master resyncs."""
     store = connect(sentinel_url, socket_timeout=2.0)
     try:
-        assert store.scripts.call("unique_claim", ["before"], ["id0", 60_000]) is not None
+        assert (
+            store.scripts.call("unique_claim", ["before", "before-gb"], ["id0", 60_000]) is not None
+        )
         old = sentinel.master()
         sentinel.failover()
         _wait_new_master(sentinel, old)
@@ -62,7 +64,7 @@ def test_calls_reach_the_new_master_soon_after_a_planned_failover(
             assert r.execute_command("ROLE")[0] == "master"  # the window is still open
         for attempt in range(3):  # the first call after the switch may fail: reconnect
             try:
-                store.scripts.call("unique_claim", ["after"], ["id1", 60_000])
+                store.scripts.call("unique_claim", ["after", "after-gb"], ["id1", 60_000])
                 break
             except STORE_ERRORS:
                 assert attempt < 2
@@ -154,13 +156,8 @@ def test_master_change_workers_and_beats_follow(
     )
     assert interruption < 20 and stall < 20
     assert_no_overlap(ex_runs)
-    # The beats went on on the new master: slots after the change ran, none twice.
+    # The beats went on on the new master: slots after the change ran, none twice (a
+    # slot the leader claimed on the old master, still writable before MasterWatch saw
+    # the switch, is written back by the leader, not sent again: test_sentinel_beat.py).
     assert len(slots_after) >= 5, beat_runs
-    if how == "sigkill":
-        assert not duplicated, duplicated
-    else:
-        # The window that remains: a slot the leader claimed on the old master (still
-        # writable) before MasterWatch saw the switch is claimed again on the new one.
-        # Measured: 1-2 slots of a 1 s entry; bounded here, reported in the docs.
-        assert all(n == 2 for n in duplicated.values()), duplicated
-        assert all(abs(s * 1000 - changed_us) < 3e6 for s in duplicated), duplicated
+    assert not duplicated, duplicated

@@ -35,14 +35,22 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 SECOND = 1_000_000
 
 #: Fault kinds during which the store answers nothing (its leases may run out meanwhile).
 STORE_OUTAGES = ("pause_store", "restart_store")
-#: Fault kinds that SIGKILL processes (their runs end at the fault's start).
-KILLS = ("kill_child", "kill_worker", "kill_beat")
+#: Fault kinds during which the broker answers nothing (acks wait meanwhile).
+BROKER_OUTAGES = ("pause_broker", "restart_broker")
+#: A worker whose main process died without the nemesis killing it (recorded when the
+#: nemesis noticed; Celery 5.7's consumer dies on some broker restarts, issue 11).
+WORKER_CRASH = "worker_crash"
+#: Fault kinds that end processes (their runs end when the fault ends).
+KILLS = ("kill_child", "kill_worker", "kill_beat", WORKER_CRASH)
+#: Fault kinds that end a worker's main process (its pool may finish a run meanwhile).
+WORKER_DEATHS = ("kill_worker", WORKER_CRASH)
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,8 @@ class Report:
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     known: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     counts: dict[str, int] = field(default_factory=dict)
+    #: Workers that died by themselves: no verdict on celery-baton, but a bug to report.
+    crashes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -162,6 +172,13 @@ class Report:
     def summary(self, shown: int = 8) -> str:
         lines = [f"nemesis soak seed={self.seed}: " + ("OK" if self.ok else "FAILED")]
         lines.append("  seen: " + ", ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
+        if self.crashes:
+            lines.append(
+                f"  WORKER CRASHES: {len(self.crashes)} worker(s) died by themselves, not "
+                "killed by the nemesis (a Celery/kombu bug to report upstream; their runs "
+                "are judged as a killed worker's)"
+            )
+            lines += [f"    {line}" for line in self.crashes]
         for title, groups in (("VIOLATION", self.violations), ("known window", self.known)):
             for name, found in sorted(groups.items()):
                 if not found:
@@ -213,6 +230,26 @@ def lost_lease_task_ids(log_text: str) -> set[str]:
     return {a or b for a, b in _LOST.findall(log_text)}
 
 
+_LOGGED = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): (CRITICAL|ERROR)/MainProcess\] (.*)$", re.M
+)
+_EXCEPTION = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.M)
+
+
+def crash_reason(log_text: str) -> tuple[str, float | None]:
+    """Why a worker's main process died, from its log: Celery's ``Unrecoverable error``
+    line (else its last CRITICAL line, else the last exception line) and, when the line
+    has one, its time (seconds since the epoch, the worker's local clock)."""
+    logged = _LOGGED.findall(log_text)
+    chosen = next((e for e in reversed(logged) if "Unrecoverable error" in e[2]), None)
+    chosen = chosen or next((e for e in reversed(logged) if e[1] == "CRITICAL"), None)
+    if chosen is not None:
+        at = datetime.strptime(chosen[0], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return chosen[2].strip()[:300], at
+    found = _EXCEPTION.findall(log_text)
+    return (found[-1].strip()[:300] if found else ""), None
+
+
 # -- helpers ---------------------------------------------------------------------------
 
 
@@ -249,9 +286,77 @@ def _spans(runs: Iterable[Run], faults: Sequence[Fault]) -> tuple[list[_Span], l
     return spans, unexplained
 
 
+def _ack_due(history: History, end: int) -> int:
+    """When the ack of a run that ended at ``end`` reached the broker at the latest: at
+    once (``Limits.slack``), or when the broker answered again after an outage."""
+    slack = int(history.limits.slack * SECOND)
+    return _outages_until(history, BROKER_OUTAGES, end - slack, end + slack)
+
+
+#: Seconds within which a worker sends again a release the store did not answer, once
+#: the store answers (``worker/releasing.py``: ``PROBE_INTERVAL``).
+RELEASE_RETRY = 1.0
+
+
+def _release_due(history: History, end: int) -> int:
+    """When the release of a run that ended at ``end`` (its leases, its unique claim)
+    reached the store at the latest: at once (``Limits.slack``); or, when the store was
+    paused or down then, within ``RELEASE_RETRY`` of its answering again."""
+    slack = int(history.limits.slack * SECOND)
+    retry = int(RELEASE_RETRY * SECOND)
+    due = end + slack
+    moved = True
+    while moved:
+        moved = False
+        for fault in history.faults:
+            if (
+                fault.kind in STORE_OUTAGES
+                and fault.start <= due
+                and fault.end >= end - slack
+                and fault.end + retry + slack > due
+            ):
+                due = fault.end + retry + slack
+                moved = True
+    return due
+
+
+def _celery_spans(history: History, spans: list[_Span]) -> list[_Span]:
+    """``spans`` as Celery's bookkeeping saw them: a run that finished in a pool process
+    whose worker's main process died (``kill_worker``, or by itself: ``worker_crash``)
+    before the run's ack was due was lost with its worker, like a killed run: its message
+    goes back to the broker, and what waits for the ack (a unique claim) ends as a killed
+    worker's, from the fault's end. (A pool process runs on for a moment after its main
+    process is gone: ``kill_worker`` SIGKILLs the main process first, and a worker that
+    dies by itself lets its pool finish its runs.)
+
+    Only the accounting judges these: the run itself did end when the pool process
+    says, so overlaps and "ran twice" (guard, beat) are judged on the run's own end."""
+    slack = int(history.limits.slack * SECOND)
+    deaths = [f for f in history.faults if f.kind in WORKER_DEATHS]
+    seen: list[_Span] = []
+    for span in spans:
+        if not span.killed:
+            death = next(
+                (
+                    f
+                    for f in deaths
+                    if span.run.pid in f.pids
+                    and span.end <= f.end
+                    and f.start <= _ack_due(history, span.end) + slack
+                ),
+                None,
+            )
+            if death is not None:
+                span = _Span(span.run, death.end, killed=True)
+        seen.append(span)
+    return seen
+
+
 def _describe(span: _Span) -> str:
     run = span.run
     how = "killed" if span.killed else "end"
+    if span.killed and run.end is not None:
+        how = f"end {run.end}, lost with its worker at"
     return f"{run.task_id or '?'} [{run.start}, {how} {span.end}) fence={run.fence} pid={run.pid}"
 
 
@@ -445,9 +550,6 @@ def _ran_around(spans: Sequence[_Span], since: int, at: int, slack: int, killed_
     return False
 
 
-BROKER_OUTAGES = ("pause_broker", "restart_broker")
-
-
 def _outages_until(history: History, kinds: Sequence[str], since: int, until: int) -> int:
     """``until`` pushed back by the faults of ``kinds`` that began in ``[since, until]``
     (each one delays what was due then by its length), applied until none is left."""
@@ -494,8 +596,7 @@ def _judge_late_holder(
         "longer queued or running: " + "; ".join(_describe(s) for s in holder)
     )
     if not last.killed:
-        acked_by = _outages_until(history, BROKER_OUTAGES, last.end - slack, last.end + slack)
-        if pub.at <= acked_by + slack:
+        if pub.at <= max(_ack_due(history, last.end), _release_due(history, last.end)) + slack:
             report.counts["dedup while the holder's ack waited"] = (
                 report.counts.get("dedup while the holder's ack waited", 0) + 1
             )
@@ -604,6 +705,15 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
         # a grace, or the store was down meanwhile): judge from its publish on.
         since = min(sent_at.get(skip.task_id, skip.at), skip.at)
         holder = by_id.get(skip.holder, [])
+        if holder and not _ran_around(holder, since, skip.at, slack, killed_slack):
+            last = max(holder, key=lambda s: s.end)
+            if not last.killed and skip.at <= _release_due(history, last.end):
+                # It ended while the store was down: its lease was freed once the store
+                # answered again (counted, not a violation).
+                report.counts["skipped while the holder's release waited"] = (
+                    report.counts.get("skipped while the holder's release waited", 0) + 1
+                )
+                continue
         if not holder or not _ran_around(holder, since, skip.at, slack, killed_slack):
             report.violations["accounting"].append(
                 f"{skip.task} {skip.task_id} skipped at {skip.at} as held by {skip.holder}, "
@@ -632,7 +742,10 @@ def check(history: History, seed: int | None = None) -> Report:
     check_guard(history, spans, report)
     check_beat(history, spans, report)
     check_rate(history, history.runs, report)
-    check_accounting(history, spans, report)
+    check_accounting(history, _celery_spans(history, spans), report)
+    crashes = [f for f in history.faults if f.kind == WORKER_CRASH]
+    report.counts["worker crashes"] = len(crashes)
+    report.crashes = [f"at {f.end}: {f.detail}" for f in crashes]
     return report
 
 
@@ -645,6 +758,7 @@ __all__ = [
     "Run",
     "Skip",
     "check",
+    "crash_reason",
     "load_history",
     "lost_lease_task_ids",
     "merge_runs",

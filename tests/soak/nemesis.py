@@ -14,8 +14,10 @@ child, SIGKILL a worker (restarted after a moment), SIGSTOP the store or the bro
 while (sometimes longer than ``lease_ttl``), SIGKILL and restart the store or the broker,
 SIGKILL the beat leader (restarted), edit the runtime schedule (add, update, pause,
 resume, remove an entry) and re-publish a redelivery-guarded task id. Each fault is
-recorded with the observer server's clock. Then everything comes back, the backlog
-drains, and :func:`tests.soak.checker.check` judges the history.
+recorded with the observer server's clock. A watcher thread samples each worker's pool
+pids and records a worker that died by itself as a ``worker_crash`` fault (printed, with
+its log's tail, and restarted). Then everything comes back, the backlog drains, and
+:func:`tests.soak.checker.check` judges the history.
 
 The seed fixes the fault schedule and the publish stream, not the machine's timing, so a
 replay is the same storm, not the same interleaving. Long form::
@@ -37,6 +39,7 @@ import random
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,9 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 from tests.soak.checker import (
+    WORKER_CRASH,
     Fault,
     History,
     Limits,
@@ -57,6 +62,7 @@ from tests.soak.checker import (
     Report,
     Skip,
     check,
+    crash_reason,
     lost_lease_task_ids,
     merge_runs,
 )
@@ -69,6 +75,8 @@ APP = "tests.apps.soak"
 SKIPPED = "soak:skipped"  # tests.apps.soak.SKIPPED, without importing the app here
 #: What the publisher sends (each a task of tests.apps.soak); ``--only`` picks some.
 PUBLISH_KINDS = ("ex_skip", "ex_wait", "capped", "uq", "guarded", "rated")
+#: Seconds between two looks at the workers (alive? which pool pids?).
+WATCH_INTERVAL = 0.2
 
 
 @dataclass
@@ -127,6 +135,11 @@ class Machine:
         self.worker: WorkerProcess | None = None
         self.beat: BeatProcess | None = None
         self.every: list[WorkerProcess | BeatProcess] = []
+        #: Pool pids the watcher has seen under the current worker (sampled while it
+        #: lives: once its main process is gone its children cannot be found from it).
+        self.pool_seen: set[int] = set()
+        #: When the watcher last saw the current worker alive (observer clock).
+        self.seen_alive = 0
         self._starts = 0
 
     def _spawn(self, kind: str, cmd: list[str]) -> tuple[Any, Path]:
@@ -147,6 +160,7 @@ class Machine:
         ]  # fmt: skip
         proc, log = self._spawn("worker", cmd)
         self.worker = WorkerProcess(hostname, proc, log)
+        self.pool_seen = set()
         self.every.append(self.worker)
         return self.worker
 
@@ -193,7 +207,13 @@ class Nemesis:
         self.published: list[Published] = []
         self.guarded_ids: list[tuple[str, float]] = []
         self._stop_publishing = threading.Event()
+        self._stop_watching = threading.Event()
         self._lock = threading.Lock()
+        #: Held while a worker or beat is killed, found dead or started: the fault loop
+        #: and the watcher thread both do that.
+        self._procs = threading.RLock()
+        #: Main pids of the workers and beats the nemesis killed itself (not crashes).
+        self._killed: set[int] = set()
         self._api_entry: str | None = None  # the schedule API entry's state: None, "on", "paused"
         self.app: Any = None
 
@@ -282,6 +302,8 @@ class Nemesis:
         violation: the Report says what was found."""
         print(f"nemesis soak: seed={self.config.seed} logs={self.root}", flush=True)
         self._setup()
+        watcher = threading.Thread(target=self._watch_loop, name="soak-watcher", daemon=True)
+        watcher.start()
         publisher = threading.Thread(target=self._publish_loop, name="soak-publisher", daemon=True)
         publisher.start()
         try:
@@ -290,7 +312,13 @@ class Nemesis:
             self._stop_publishing.set()
             publisher.join(timeout=30)
             self._heal()
-        self._drain()
+        try:
+            self._drain()
+        finally:
+            # Before the teardown: workers that exit on its SIGTERM did not crash.
+            self._stop_watching.set()
+            watcher.join(timeout=30)
+        self._dump_store()
         self._teardown()
         history = self._history()
         (self.root / "history.json").write_text(_dump(history))
@@ -352,16 +380,19 @@ class Nemesis:
 
     def kill_worker(self) -> None:
         machine = self.rng.choice(self.machines)
-        worker = machine.worker
         down = self.rng.uniform(1.0, 3.0)
-        if worker is None or not worker.is_running:
-            return
-        pids = (worker.pid, *worker.pool_pids())
-        start = self.clock.now()
-        worker.kill()
+        with self._procs:
+            worker = machine.worker
+            if worker is None or not worker.is_running:
+                return
+            pids = (worker.pid, *worker.pool_pids())
+            start = self.clock.now()
+            self._killed.add(worker.pid)
+            worker.kill()
         self._record("kill_worker", start, pids, f"{worker.hostname}, restarted after {down:.1f} s")
         time.sleep(down)
-        machine.start_worker()
+        with self._procs:
+            machine.start_worker()
 
     def kill_beat(self) -> None:
         down = self.rng.uniform(1.0, 3.0)
@@ -372,13 +403,16 @@ class Nemesis:
         chosen = next((m for m in beats if m.beat and m.beat.pid == leader), None)
         machine = chosen or self.rng.choice(beats)
         assert machine.beat is not None
-        pid = machine.beat.pid
-        start = self.clock.now()
-        machine.beat.kill()
+        with self._procs:
+            pid = machine.beat.pid
+            start = self.clock.now()
+            self._killed.add(pid)
+            machine.beat.kill()
         what = "leader" if chosen else "a beat (no leader found)"
         self._record("kill_beat", start, (pid,), f"{what} pid {pid}, restarted after {down:.1f} s")
         time.sleep(down)
-        machine.start_beat()
+        with self._procs:
+            machine.start_beat()
 
     def _leader_pid(self) -> int | None:
         """The pid in the beat leader lease's owner (``host:pid:nonce``), if the store
@@ -523,11 +557,80 @@ class Nemesis:
     # -- healing and draining ------------------------------------------------------------
 
     def _restart_dead(self) -> None:
-        for machine in self.machines:
-            if machine.worker is None or not machine.worker.is_running:
+        with self._procs:
+            self._watch_workers()
+            for machine in self.machines:
+                if machine.worker is None or not machine.worker.is_running:
+                    machine.start_worker()
+                beat = machine.beat
+                if beat is None or not beat.is_running:
+                    if beat is not None and beat.pid not in self._killed:
+                        print(
+                            f"nemesis: beat pid {beat.pid} exited by itself ({beat.returncode}); "
+                            f"last lines of {beat.log_path}:\n{beat.log_tail(15)}",
+                            flush=True,
+                        )
+                    machine.start_beat()
+
+    # -- workers that die by themselves ------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        while not self._stop_watching.wait(WATCH_INTERVAL):
+            try:
+                self._watch_workers()
+            except Exception as exc:  # the observer server is never touched: unexpected
+                print(f"nemesis: watching the workers failed: {exc!r}", flush=True)
+
+    def _watch_workers(self) -> None:
+        """Sample each worker's pool pids; record a worker that died without the nemesis
+        killing it as a ``worker_crash`` fault, and start it again as kill_worker does."""
+        with self._procs:
+            now = self.clock.now()
+            for machine in self.machines:
+                worker = machine.worker
+                if worker is None or worker.pid in self._killed:
+                    continue
+                if worker.is_running:
+                    machine.pool_seen.update(worker.pool_pids())
+                    machine.seen_alive = now
+                    continue
+                self._record_crash(machine, worker)
                 machine.start_worker()
-            if machine.beat is None or not machine.beat.is_running:
-                machine.start_beat()
+
+    def _record_crash(self, machine: Machine, worker: WorkerProcess) -> None:
+        """A worker's main process exited by itself (Celery 5.7's consumer dies on some
+        broker restarts: issue 11). Its runs are judged as a killed worker's: the fault
+        holds its main pid and every pool pid seen under it, and ends when they are all
+        gone (pool processes it left behind are SIGKILLed here, as kill_worker's are)."""
+        self._killed.add(worker.pid)  # recorded once
+        # Its own session and process group: the group finds orphans (a pid may be reused).
+        survivors = _in_group(machine.pool_seen, worker.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(survivors, timeout=5)
+        noticed = self.clock.now()
+        offset = noticed - int(time.time() * 1_000_000)
+        text = worker.log_text() if worker.log_path.exists() else ""
+        reason, logged_at = crash_reason(text)
+        # The worker stopped acknowledging when its consumer died (the log's line), or,
+        # without such a line, some time after it was last seen alive.
+        start = machine.seen_alive or noticed
+        if logged_at is not None:
+            start = min(int(logged_at * 1_000_000) + offset, noticed)
+        detail = (
+            f"{worker.hostname} pid {worker.pid} exited {worker.returncode} by itself "
+            f"({reason or 'no error in its log'}); {len(survivors)} pool process(es) left "
+            f"behind, SIGKILLed{' (some still alive!)' if alive else ''}; restarted"
+        )
+        pids = (worker.pid, *sorted(machine.pool_seen))
+        fault = Fault(WORKER_CRASH, start, noticed, pids, detail)
+        self.faults.append(fault)
+        bar = "!" * 78
+        print(
+            f"{bar}\nnemesis: WORKER CRASH (not injected: a Celery/kombu bug to report): "
+            f"{detail}\nnemesis: last lines of {worker.log_path}:\n{worker.log_tail(25)}\n{bar}",
+            flush=True,
+        )
 
     def _heal(self) -> None:
         for server in (self.store, self.broker):
@@ -569,6 +672,31 @@ class Nemesis:
             for e in started
             if now - int(e["start"]) < 10_000_000 and (e["task_id"], e["start"]) not in finished
         )
+
+    def _dump_store(self) -> None:
+        """The store's keys after the drain, in ``store.txt``: who still holds what (a
+        lease's owner names its task id and worker) for a post-mortem."""
+        lines = []
+        try:
+            with self.store.client() as r:
+                for key in sorted(r.scan_iter(count=1000))[:5000]:
+                    kind = r.type(key)
+                    if kind == "hash":
+                        value: Any = r.hgetall(key)
+                    elif kind == "string":
+                        value = r.get(key)
+                    elif kind == "zset":
+                        value = r.zrange(key, 0, 50, withscores=True)
+                    elif kind == "list":
+                        value = r.lrange(key, 0, 50)
+                    elif kind == "set":
+                        value = sorted(r.sscan_iter(key, count=100))[:50]
+                    else:
+                        value = "?"
+                    lines.append(f"{key} {kind} ttl={r.pttl(key)} {value}")
+        except redis.RedisError as exc:
+            lines.append(f"store unreadable: {exc!r}")
+        (self.root / "store.txt").write_text("\n".join(lines) + "\n")
 
     # -- the history -------------------------------------------------------------------
 
@@ -613,6 +741,16 @@ class Nemesis:
                 redelivery=self.module.VISIBILITY + 10.0,
             ),
         )
+
+
+def _in_group(pids: set[int], group: int) -> list[psutil.Process]:
+    """The processes among ``pids`` still alive in process group ``group``."""
+    found = []
+    for pid in sorted(pids):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(pid) == group:
+                found.append(psutil.Process(pid))
+    return found
 
 
 def _state(meta: dict[str, Any]) -> str:
@@ -675,6 +813,16 @@ def main(argv: list[str] | None = None) -> int:
     if faults:
         weights = {k: w for k, w in weights.items() if k in faults}
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    if args.runs > 1:
+        # The soak app binds this process to one run's servers: one process per run.
+        given = list(sys.argv[1:] if argv is None else argv)
+        failed = 0
+        for run in range(args.runs):
+            again = [*given, "--runs", "1", "--seed", str(seed + run)]
+            cmd = [sys.executable, "-m", "tests.soak.nemesis", *again]
+            failed += subprocess.run(cmd, check=False).returncode != 0
+        print(f"nemesis soak: {args.runs - failed} of {args.runs} runs OK", flush=True)
+        return 1 if failed else 0
     failed = 0
     for run in range(args.runs):
         config = SoakConfig(

@@ -3,6 +3,7 @@ on a history that keeps the promise (times in seconds here, microseconds in the 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.soak.checker import (
@@ -13,6 +14,7 @@ from tests.soak.checker import (
     Run,
     Skip,
     check,
+    crash_reason,
     lost_lease_task_ids,
     merge_runs,
 )
@@ -305,3 +307,119 @@ def test_a_unique_holder_whose_ack_waited_on_the_broker_still_holds_its_key() ->
     assert ok.ok, ok.summary()
     late = judge(holder, published=[sent("1"), _into("1", 20)], faults=pause, results=results)
     assert "no longer queued or running" in late.violations["accounting"][0], late.summary()
+
+
+def _crash(start: float, end: float, pids: tuple[int, ...] = (5, 7)) -> Fault:
+    """A worker (main pid 5, pool pid 7) found dead at ``end``, its consumer gone at
+    ``start``: what the nemesis records for a worker that died by itself."""
+    return Fault("worker_crash", int(start * S), int(end * S), pids, "soak1@vm exited 1")
+
+
+def test_a_worker_that_died_by_itself_is_judged_as_a_killed_worker() -> None:
+    """The 30-minute soak's seed 1101: a worker's consumer died on a broker restart (kombu's
+    hostname AttributeError) while runs were ending. Its runs are judged as a killed
+    worker's: an unfinished run ends at the crash and may run again; a run that finished
+    in its pool process before the crash but whose ack was not yet due was lost with its
+    worker, so its unique key is its own until the broker gives the message back. The
+    crash is no verdict on celery-baton, but it is counted and shown in the summary."""
+    # An unfinished guarded run of the crashed worker's pool ran again: allowed.
+    rerun = [run("guarded:1", "1", 0, None, pid=7), run("guarded:1", "1", 20, 21, pid=8)]
+    report = judge(rerun, faults=[_crash(1.5, 3)])
+    assert report.ok and not report.known["unfinished"], report.summary()
+    assert report.counts["worker crashes"] == 1
+    assert "WORKER CRASHES: 1 worker(s) died by themselves" in report.summary()
+    assert "soak1@vm exited 1" in report.summary()
+    # Without the crash the same run is unexplained (and its rerun not excused by a kill).
+    assert judge(rerun).known["unfinished"]
+
+    # A unique run that ended at 1 s, just before its worker's consumer died at 1.5 s: its
+    # ack never went out; a publish deduplicated into it at 10 s is judged as one into a
+    # killed run (its copy came back expired: the known window; or it ran again).
+    holder = [run("uq:a", "1", 0, 1, pid=7)]
+    pubs = [sent("1"), _into("1", 10)]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    lost = judge(holder, published=pubs, faults=[_crash(1.5, 3)], results=results)
+    assert lost.ok and lost.known["unique-expired-holder"], lost.summary()
+    assert "lost with its worker at 3000000" in lost.known["unique-expired-holder"][0]
+    copy = [*holder, run("uq:a", "1", 20, 21, pid=8)]
+    assert judge(copy, published=pubs, faults=[_crash(1.5, 3)], results=results).ok
+    # Later than the broker gives the message back, the key outlived its message.
+    late = judge(holder, published=[sent("1"), _into("1", 40)], faults=[_crash(1.5, 3)],
+                 results=results)  # fmt: skip
+    assert "gave its message back" in late.violations["accounting"][0], late.summary()
+    # No crash, or one long after the run's ack went out: the key was free at 10 s.
+    for faults in ([], [_crash(8, 9)], [_crash(1.5, 3, pids=(6, 8))]):
+        report = judge(holder, published=pubs, faults=faults, results=results)
+        assert "no longer queued or running" in report.violations["accounting"][0], faults
+
+    # A guarded run or a beat slot that finished before the crash is done (its pool
+    # process records the done marker): running it again is still a violation.
+    twice = [run("guarded:1", "1", 0, 1, pid=7), run("guarded:1", "1", 20, 21, pid=8)]
+    report = judge(twice, faults=[_crash(1.5, 3)])
+    assert report.failed_checks() == ["guard"], report.summary()
+
+
+def test_a_run_that_ends_in_the_pool_while_kill_worker_runs_is_lost_with_its_worker() -> None:
+    """kill_worker SIGKILLs the main process, then its pool: a pool process may end a run
+    in between (strict soak, seed 2202: a beat tick ended 23 ms into the kill). Its ack
+    never went out: for the accounting the run is lost with its worker, as in a crash."""
+    holder = [run("uq:a", "1", 0, 1.02, pid=7)]
+    kill = [Fault("kill_worker", int(1 * S), int(1.05 * S), pids=(5, 7))]
+    pubs = [sent("1"), _into("1", 6)]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "REVOKED"}
+    lost = judge(holder, published=pubs, faults=kill, results=results)
+    assert lost.ok and lost.known["unique-expired-holder"], lost.summary()
+    assert lost.counts["worker crashes"] == 0 and "WORKER CRASHES" not in lost.summary()
+    # A pool child killed alone: its main process recorded every run that ended.
+    child = [Fault("kill_child", int(1 * S), int(1.05 * S), pids=(7,))]
+    report = judge(holder, published=pubs, faults=child, results=results)
+    assert "no longer queued or running" in report.violations["accounting"][0]
+
+
+def test_crash_reason_reads_celerys_unrecoverable_error_line() -> None:
+    log = (
+        "[2025-11-23 14:57:01,100: INFO/MainProcess] Connected to redis://127.0.0.1:1/0\n"
+        "[2025-11-23 14:57:03,250: CRITICAL/MainProcess] Unrecoverable error: "
+        "AttributeError(\"'NoneType' object has no attribute 'hostname'\")\n"
+        "Traceback (most recent call last):\n"
+        "AttributeError: 'NoneType' object has no attribute 'hostname'\n"
+    )
+    reason, at = crash_reason(log)
+    assert reason.startswith("Unrecoverable error: AttributeError(")
+    assert at is not None
+    assert time.strftime("%H:%M:%S", time.localtime(at)) == "14:57:03"
+    assert round(at % 1, 3) == 0.25
+    assert crash_reason("Traceback:\nMemoryError: out\n") == ("MemoryError: out", None)
+    assert crash_reason("") == ("", None)
+
+
+def test_a_holder_that_ended_while_the_store_was_paused_holds_its_key_until_it_answers() -> None:
+    """A run that ended while the store was SIGSTOPped: its release (the unique claim
+    freed, its exclusive lease) reaches the store once it answers again, within the
+    worker's retry interval; until then the key is still its own (and no longer)."""
+    holder = [run("uq:a", "1", 0, 2)]
+    pause = [Fault("pause_store", int(1 * S), int(8.6 * S))]
+    results = {"d": "FAILURE:TaskDeduplicated"}
+    ok = judge(holder, published=[sent("1"), _into("1", 8.9)], faults=pause, results=results)
+    assert ok.ok, ok.summary()
+    late = judge(holder, published=[sent("1"), _into("1", 14)], faults=pause, results=results)
+    assert "no longer queued or running" in late.violations["accounting"][0], late.summary()
+
+    exclusive = [run("ex_skip:a", "1", 0, 2, fence=1)]
+    skipped = {"2": "FAILURE:TaskSkipped"}
+    soon = judge(
+        exclusive,
+        published=[sent("1"), sent("2", at=8.8)],
+        skips=[Skip("2", "exclusive", int(8.9 * S), holder="1")],
+        faults=pause,
+        results=skipped,
+    )
+    assert soon.ok, soon.summary()
+    later = judge(
+        exclusive,
+        published=[sent("1"), sent("2", at=13)],
+        skips=[Skip("2", "exclusive", int(14 * S), holder="1")],
+        faults=pause,
+        results=skipped,
+    )
+    assert "which was not running then" in later.violations["accounting"][0], later.summary()

@@ -1,7 +1,9 @@
 """The short nemesis soak: about two minutes of faults against real workers and beats.
 
 ``SOAK_SEED`` replays a seed (default: a new one each run, printed and named in the
-failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s).
+failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s);
+``SOAK_STRICT=1`` injects every fault (the broker's SIGKILL restart too) and tolerates no
+finding, as the long form does.
 The long form is ``python -m tests.soak.nemesis --minutes 30`` (docs/soak.md).
 
 Two edge windows the checker cannot yet tell from a bug of ours are open (issue 11):
@@ -17,7 +19,9 @@ Two edge windows the checker cannot yet tell from a bug of ours are open (issue 
 
 So the short form holds every guarantee exactly, and tolerates a few accounting
 findings (``ACCOUNTING_TOLERANCE`` of what was sent, printed): losing messages for real
-loses many, not one holder's handful.
+loses many, not one holder's handful. A worker that dies by itself is recorded as a
+``worker_crash`` fault, restarted, and its runs judged as a killed worker's; the summary
+counts such crashes (a Celery/kombu bug to report, not a verdict on celery-baton).
 """
 
 from __future__ import annotations
@@ -43,7 +47,13 @@ ACCOUNTING_TOLERANCE = 0.02
 def test_nemesis_soak() -> None:
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
     seconds = float(os.environ.get("SOAK_SECONDS", "100"))
-    print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
+    strict = os.environ.get("SOAK_STRICT", "") not in ("", "0")
+    weights = SoakConfig(seed=0).weights if strict else WEIGHTS
+    tolerance = 0.0 if strict else ACCOUNTING_TOLERANCE
+    print(
+        f"nemesis soak seed={seed} (replay: SOAK_SEED={seed}"
+        + (" SOAK_STRICT=1): every fault, no tolerance" if strict else ")")
+    )
     # Logs outside pytest's rotating temporary directories: a failure's post-mortem needs them.
     logs = Path(tempfile.mkdtemp(prefix=f"baton-soak-{seed}-"))
     # The soak points this process's app at its own servers through os.environ; tests
@@ -52,7 +62,7 @@ def test_nemesis_soak() -> None:
     try:
         report = soak(
             SoakConfig(
-                seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs, weights=WEIGHTS
+                seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs, weights=weights
             )
         )
     finally:
@@ -64,6 +74,6 @@ def test_nemesis_soak() -> None:
         sent = report.counts.get("published sent", 0)
         found = len(report.violations["accounting"])
         print(f"accounting: {found} finding(s) of {sent} sent (edge windows, issue 11)")
-        failed = [] if found <= ACCOUNTING_TOLERANCE * sent else failed
+        failed = [] if found <= tolerance * sent else failed
     assert not failed, f"seed={seed}, logs in {logs}\n{report.summary()}"
     shutil.rmtree(logs, ignore_errors=True)

@@ -24,8 +24,8 @@ def _claim(store_url: str) -> tuple[object, str]:
 def test_sent_calls_are_answered_in_order_whichever_is_read_first(store_url: str) -> None:
     store, key = _claim(store_url)
     scripts = store.scripts  # type: ignore[attr-defined]
-    first = scripts.send("unique_claim", [key], ["id-1", 60_000])
-    second = scripts.send("unique_claim", [key], ["id-2", 60_000])
+    first = scripts.send("unique_claim", [key, key + "-gb"], ["id-1", 60_000])
+    second = scripts.send("unique_claim", [key, key + "-gb"], ["id-2", 60_000])
     # Reading the second reads the first's reply on the way and keeps it for it.
     assert scripts.result(second) == "id-1"
     assert scripts.result(first) in ("", None)
@@ -36,8 +36,8 @@ def test_sent_calls_are_answered_in_order_whichever_is_read_first(store_url: str
 def test_an_error_reply_is_raised_to_its_own_caller_only(store_url: str) -> None:
     store, key = _claim(store_url)
     scripts = store.scripts  # type: ignore[attr-defined]
-    bad = scripts.send("unique_claim", [key], ["id-1", "not-a-number"])
-    good = scripts.send("unique_claim", [key], ["id-2", 60_000])
+    bad = scripts.send("unique_claim", [key, key + "-gb"], ["id-1", "not-a-number"])
+    good = scripts.send("unique_claim", [key, key + "-gb"], ["id-2", 60_000])
     with pytest.raises(ResponseError):
         scripts.result(bad)
     assert scripts.result(good) in ("", None)
@@ -48,9 +48,9 @@ def test_script_flush_between_sent_calls_reloads_and_keeps_the_order(store_url: 
     scripts = store.scripts  # type: ignore[attr-defined]
     scripts.call("unique_release", [key], ["nobody"])  # the connection exists
     redis.Redis.from_url(store_url).script_flush()
-    first = scripts.send("unique_claim", [key], ["id-1", 60_000])
+    first = scripts.send("unique_claim", [key, key + "-gb"], ["id-1", 60_000])
     second = scripts.send("unique_release", [key], ["id-1"])
-    third = scripts.send("unique_claim", [key], ["id-3", 60_000])
+    third = scripts.send("unique_claim", [key, key + "-gb"], ["id-3", 60_000])
     # NOSCRIPT for all three: each is sent again after a SCRIPT LOAD, in order.
     assert scripts.result(third) in ("", None)
     assert scripts.result(first) in ("", None)
@@ -65,7 +65,9 @@ def test_a_forked_child_uses_its_own_connection(store_url: str) -> None:
     gate = Gate(store)
     key = f"baton:{{t}}:ex:{os.urandom(4).hex()}"
     assert gate.decide([Condition.lease(key)], owner="parent|w|1").granted
-    in_flight = store.scripts.send("unique_claim", [key + ":uq"], ["parent", 60_000])
+    in_flight = store.scripts.send(
+        "unique_claim", [key + ":uq", key + ":uq" + "-gb"], ["parent", 60_000]
+    )
     pid = os.fork()
     if pid == 0:
         try:
@@ -90,13 +92,13 @@ def test_a_restarted_store_fails_the_calls_in_flight_then_reconnects(
     scripts.call("unique_release", [key], ["nobody"])
     store_server.pause()
     try:
-        pending = scripts.send("unique_claim", [key], ["id-1", 60_000])
+        pending = scripts.send("unique_claim", [key, key + "-gb"], ["id-1", 60_000])
     finally:
         store_server.restart(kill=True, down_for=0.2)
     with pytest.raises(STORE_ERRORS):
         scripts.result(pending)
     # The next call starts a new connection (the scripts are loaded again).
-    assert scripts.call("unique_claim", [key], ["id-2", 60_000]) in ("", None)
+    assert scripts.call("unique_claim", [key, key + "-gb"], ["id-2", 60_000]) in ("", None)
     with pytest.raises(StoreUnavailable):
         Gate(connect("redis://127.0.0.1:1/0")).decide([Condition.lease("k")], owner="o|w|1")
 
@@ -110,10 +112,12 @@ def test_the_first_call_after_the_store_restarted_goes_through(
     a unique publish raised StoreUnavailable, BrokenPipeError, with the store up)."""
     store, key = _claim(store_url)
     scripts = store.scripts  # type: ignore[attr-defined]
-    assert scripts.call("unique_claim", [key], ["id-1", 60_000]) in ("", None)
+    assert scripts.call("unique_claim", [key, key + "-gb"], ["id-1", 60_000]) in ("", None)
     store_server.restart(kill=kill)
     time.sleep(1.1)  # idle past the check interval, as a line between two publishes
-    assert scripts.result(scripts.send("unique_claim", [key + "x"], ["id-2", 60_000])) in (
+    assert scripts.result(
+        scripts.send("unique_claim", [key + "x", key + "x" + "-gb"], ["id-2", 60_000])
+    ) in (
         "",
         None,
     )

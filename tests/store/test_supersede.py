@@ -67,3 +67,25 @@ def test_unique_replace_supersedes_a_queued_holder_and_leaves_a_running_one(
     r.set(UQ, "x")
     r.set(NAMES.superseded("t", "x"), "q")
     assert supersede.replace("t", UQ, "d", 60) == ("superseded", "x")
+
+
+@pytest.mark.parametrize("kind", ["W", "P"])
+def test_a_named_limit_that_denies_still_returns_the_order_given(
+    parts: tuple[Gate, Supersede], r: redis.Redis, kind: str
+) -> None:
+    """A delivery without a publish order is given one by its "S" condition; a named
+    limit ("W" rate, "P" penalty) that denies it after must return that order too, or the
+    worker asks again without one and is given a newer order than a publish that came
+    between (superseding the newer message instead of being superseded by it)."""
+    gate, _ = parts
+    if kind == "W":
+        limit = Condition.weighted(NAMES.shared_rate("api"), 1_000_000, 1_000_000)
+        assert gate.decide([limit], owner="x|w|1").granted  # the slot of the next second
+    else:
+        limit = Condition.penalty(NAMES.shared_penalty("api"))
+        seconds, micros = r.time()
+        r.set(NAMES.shared_penalty("api"), (seconds + 60) * 1_000_000 + micros)
+    denied = gate.decide([Condition.supersede(SUP, None, "a"), limit], owner="a|w|1")
+    assert not denied.granted and denied.denied_by is not None
+    assert denied.denied_by.kind == kind
+    assert denied.seq == int(r.hget(SUP, "n") or 0) > 0

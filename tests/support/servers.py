@@ -181,6 +181,15 @@ class StoreServer:
             time.sleep(down_for)
         self.start()
 
+    def restart_empty(self) -> None:
+        """SIGKILL, delete the data files (append-only file, snapshot), start again: the
+        server as it comes back from a crash without persistence. Its other files stay
+        (a cluster node keeps its ``nodes.conf``, so it rejoins with its slots)."""
+        self.kill()
+        shutil.rmtree(self.data_dir / "appendonlydir", ignore_errors=True)
+        (self.data_dir / "dump.rdb").unlink(missing_ok=True)
+        self.start()
+
     def flushall(self) -> None:
         """FLUSHALL: every database of this server, then mark it known-new (as an operator
         who sets up a new store would): celery-baton's store-wide epoch is written, so the

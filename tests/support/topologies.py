@@ -45,6 +45,10 @@ CLUSTER_NODE_TIMEOUT_MS = 1000
 #: Sentinels declare a master down after this long without an answer (ms).
 SENTINEL_DOWN_AFTER_MS = 1000
 SERVICE = "baton"
+#: A cluster master that started less than this long ago (s) gives a task family
+#: without an epoch a grace (gate.lua, "E"): the longest lease_ttl the tests use on
+#: the cluster (30 s, the default) and a margin.
+YOUNG_S = 32
 
 
 def missing_binaries(*names: str) -> list[str]:
@@ -95,7 +99,19 @@ class ClusterNode(StoreServer):
         )  # fmt: skip
 
     def _command(self) -> list[str]:
-        return [*super()._command(), "--cluster-port", str(self.bus_port)]
+        extra = ["--enable-debug-command", "local"] if _debug_needs_enabling(self.binary) else []
+        return [*super()._command(), "--cluster-port", str(self.bus_port), *extra]
+
+    def uptime(self) -> int:
+        """Seconds since the server started."""
+        with _client(self.port) as r:
+            return int(r.info("server")["uptime_in_seconds"])
+
+    def promoted(self) -> bool:
+        """Whether it was promoted from a replica since it started (a second replication
+        id: the gate then gives a family without an epoch a grace, gate.lua "E")."""
+        with _client(self.port) as r:
+            return str(r.info("replication").get("master_replid2", "0")).strip("0") != ""
 
     def info(self) -> dict[str, str]:
         """``CLUSTER INFO`` as a dict."""
@@ -199,9 +215,33 @@ class ClusterTopology:
         _wait(self.healthy, timeout, "a healthy cluster")
 
     def flushall(self) -> None:
-        """FLUSHALL on every master (replicas follow)."""
-        for node in self.masters():
-            node.flushall()
+        """FLUSHALL on every master (replicas follow), and make the cluster look known new
+        to the gate, as StoreServer.flushall does for one server.
+
+        On Cluster the gate cannot tell a family never used from one its shard forgot,
+        so it asks the server (gate.lua, "E"): a master that started less than a
+        lease_ttl ago, or was promoted from a replica, gives every family without an
+        epoch a grace. So a young master hands its slots to its replica when that one
+        is older (``CLUSTER FAILOVER``, which waits for the replica to catch up), a
+        promoted master's second replication id is cleared (``DEBUG CHANGE-REPL-ID``,
+        a test-only command: the history starts over), and a cluster that only just
+        started waits until it is :data:`YOUNG_S` old.
+        """
+        for master in self.masters():
+            if master.uptime() < YOUNG_S:
+                replica = self.replica_of(master)
+                if replica.uptime() >= YOUNG_S:
+                    with _client(replica.port) as r:
+                        r.execute_command("CLUSTER", "FAILOVER")
+                    _wait(lambda m=master: m.role() == "slave", 30, "the failover to the replica")
+                    self.wait_healthy()
+        masters = self.masters()
+        time.sleep(max(0, YOUNG_S - min(m.uptime() for m in masters)))
+        for master in masters:
+            master.flushall()
+            if master.promoted():
+                with _client(master.port) as r:
+                    r.execute_command("DEBUG", "CHANGE-REPL-ID")
 
     def close(self) -> None:
         for node in self.nodes:
@@ -336,6 +376,18 @@ __all__ = [
     "SentinelTopology",
     "missing_binaries",
 ]
+
+
+def _debug_needs_enabling(binary: str) -> bool:
+    """Whether ``binary`` refuses DEBUG unless told (Redis 7+, Valkey: the option
+    ``enable-debug-command``; older Redis knows no such option)."""
+    found = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    text = found.stdout
+    if "Valkey" in text or "valkey" in binary:
+        return True
+    marker = text.find("v=")
+    major = text[marker + 2 :].split(".", 1)[0] if marker >= 0 else ""
+    return major.isdigit() and int(major) >= 7
 
 
 def _replica_usable(replicas: Any) -> bool:

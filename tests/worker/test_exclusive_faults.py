@@ -147,3 +147,31 @@ def test_guarded_tasks_keep_running_after_the_broker_connection_comes_back(
     assert len(runs) == 6
     assert_no_overlap(runs)
     assert worker.is_running
+
+
+def test_a_request_admitted_while_the_pool_was_full_frees_its_key_when_the_connection_drops(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A request the gate admitted waits for a pool slot in Celery's semaphore; when the
+    broker connection drops, Celery clears that queue (its message comes back from the
+    broker) and never calls the request again. Its lease must be given back: held (and
+    renewed) by a request that will never run, it kept the key for the worker's life,
+    and every later run of the key waited for ever."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=1)
+    busy = ex_wait.delay("busy", 4.0)
+    wait_until(lambda: observer.running("busy") == 1, 20, "the pool's only process to be busy")
+    queued = ex_wait.delay("queued", 0)
+    wait_until(lambda: f"[{queued.id}] received" in worker.log_text(), 20, "the second request")
+    time.sleep(0.5)  # admitted by the gate; waiting for the pool
+    broker_server.restart(down_for=1.0)
+    wait_until(
+        lambda: worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker reconnects to the broker",
+    )
+    assert busy.get(timeout=30)
+    later = ex_wait.delay("queued", 0)
+    assert later.get(timeout=45), "the key stayed with a request that will never run"
+    assert worker.is_running

@@ -230,3 +230,19 @@ def _assert_every_key_expires(store_url: str, ids: Iterable[str]) -> None:
     assert not forever, f"keys without a TTL: {forever}"
     # The guard did write here: one done marker per finished id.
     assert all(any(k.endswith(f":done:{i}") for k in keys) for i in ids), keys
+
+
+def test_a_guarded_task_that_retries_runs_each_retry(
+    workers: Workers, observer: Observer, store_url: str
+) -> None:
+    """A retry publishes the same task id again: it is not the id's end, so neither the
+    main process nor the pool process (which records a guarded run's end itself) marks
+    it done, and every retry runs (``self.retry()`` and ``autoretry_for`` alike)."""
+    from tests.apps import guard
+
+    workers.start(APP, concurrency=2)
+    manual = guard.retries_twice.delay()
+    auto = guard.autoretries_once.delay()
+    assert manual.get(timeout=30) == 2
+    assert auto.get(timeout=30) == 1
+    assert _starts_per_id(observer, [manual.id, auto.id]) == {manual.id: 3, auto.id: 2}

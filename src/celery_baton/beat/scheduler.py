@@ -125,6 +125,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         self._slots: dict[str, StoredSlots] = {}
         self._due: list[tuple[int, str]] = []
         self._triggers: list[str] = []
+        # What this process claimed last, per entry: (fingerprint, next slot after the
+        # claim, last slot fired, its task id); see _restore_lost_claims.
+        self._claimed: dict[str, tuple[str, int, int | None, str]] = {}
         self._leading = False
         self._standing_by_for: str | None = None
         self._fence = 0
@@ -376,6 +379,8 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             elif int(status) == -4:
                 logger.warning("beat: entry %r belongs to another app; left alone", name)
             stored.pop(name, None)
+        if not self._restore_lost_claims(stored, now):
+            return
         if full or self._refused != self._refused_stored:
             beat.set_refused(self._refused)
             self._refused_stored = dict(self._refused)
@@ -400,6 +405,70 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         self._version = version
         self._dirty = self._full_sync = False
         self._resend_outbox()
+
+    def _restore_lost_claims(self, stored: dict[str, dict[str, str]], now: int) -> bool:
+        """Write back the claims of this process that the store lost; False when it
+        turned out not to lead.
+
+        An entry's stored next slot behind the one this process claimed, under the same
+        definition, is moved back by nothing but lost writes: a master change to a
+        replica that was behind, or, after a planned Sentinel failover, a claim taken by
+        the old master in the moment before the switch was seen (it is writable until a
+        sentinel reconfigures it). The slots in between were published by this process,
+        and may have run already, their workers' done markers lost with the claim;
+        claiming them again would send them again (docs/failure.md). So the next slot
+        is written back, firing nothing. (Another beat that leads then has no such
+        memory: it claims those slots again.)
+        """
+        assert self._beat is not None
+        restores = []
+        for name, (fingerprint, mine, last_slot, last_id) in self._claimed.items():
+            fields = stored.get(name)
+            if not fields or fields.get("fp") != fingerprint or fields.get("paused") == "1":
+                continue
+            found = fields.get("next", "")
+            if not found or int(found) >= mine:
+                continue
+            line = {"at": now, "kind": "restored", "from": int(found), "next": mine}
+            restores.append(
+                Claim(
+                    name=name,
+                    expected_next=int(found),
+                    fingerprint=fingerprint,
+                    new_next=mine,
+                    trigger="",
+                    last_slot=last_slot,
+                    last_id=last_id,
+                    outbox=[],
+                    history=[json.dumps(line)],
+                    fired=0,
+                    missed=0,
+                    suppressed=0,
+                )
+            )
+        if not restores:
+            return True
+        pipe = self._beat.client.pipeline(transaction=False)
+        for claim in restores:
+            self._beat.claim(self.owner, self._fence, claim, self.settings.beat_history, pipe)
+        for claim, result in zip(restores, pipe.execute(), strict=True):
+            status = int(result[0])
+            if status == 0:
+                self._leading = False
+                return False
+            if status == 1:
+                logger.warning(
+                    "beat: the store lost entry %r's claims from slot %s (a master change "
+                    "to a replica that was behind?); wrote them back: this beat sent those "
+                    "slots already, next slot %s",
+                    claim.name,
+                    slot_time(claim.expected_next),
+                    slot_time(claim.new_next),
+                )
+                stored[claim.name]["next"] = str(claim.new_next)
+                if claim.last_id:
+                    stored[claim.name]["last_id"] = claim.last_id
+        return True
 
     def _compile_api(self, name: str, definition: str) -> None:
         try:
@@ -460,6 +529,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             metrics.beat_suppressed.labels(claim.name).inc(claim.suppressed)
             slots = self._slots[claim.name]
             if claim.new_next is not None:
+                self._claimed[claim.name] = (
+                    claim.fingerprint,
+                    claim.new_next,
+                    claim.last_slot,
+                    claim.last_id,
+                )
                 slots.next_ms = claim.new_next
                 heapq.heappush(self._due, (claim.new_next, claim.name))
             else:

@@ -197,6 +197,27 @@ def store_epoch_age(store: Store, prefix: str) -> float | None:
         raise store.unavailable(exc) from exc
 
 
+def family_graces(store: Store, prefix: str) -> dict[str, float]:
+    """Redis Cluster: the task families whose epoch holds a grace still in force (their
+    shard lost its data or changed master; gate.lua, kind "E"), seconds left by task."""
+    try:
+        now = server_now_ms(store)
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:{{*}}:epoch", count=1000))
+        pipe = store.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        values = pipe.execute() if keys else []
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    graces = {}
+    for key, value in zip(keys, values, strict=True):
+        # "<id> <replication id>[ <grace until, ms>]"
+        parts = str(value or "").split()
+        if len(parts) > 2 and parts[2].isdigit() and int(parts[2]) > now:
+            graces[_parse_key(key)[0]] = (int(parts[2]) - now) / 1000
+    return graces
+
+
 def end_grace(store: Store, prefix: str) -> None:
     """Declare that no lease from before a loss can be live (the store is new, or every
     worker was stopped): the store-wide epoch is set to the start of time."""

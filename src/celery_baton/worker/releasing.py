@@ -24,13 +24,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from celery_baton.gate import Release
 from celery_baton.gate_channel import GateChannel
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.worker.request import detach, reached_the_pool
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -67,6 +68,8 @@ class Releasing:
         self._unsent: list[Release] = []  # waiting for the store to answer again
         self._probe_armed = False
         self._loop_thread = threading.get_ident()  # consumers are built on their loop
+        # Admitted requests handed to Celery whose run has not ended (drop_unstarted).
+        self._handed: set[Any] = set()
 
     def attach(self, channel: GateChannel) -> None:
         self.channel = channel
@@ -85,12 +88,14 @@ class Releasing:
         """Give back a run's leases; when final, mark its id done and free its unique key.
 
         ``unacked``: the run ended but its ack failed, so its message comes back: the id
-        is done (the guard skips the copy, which then frees the key), and the unique key
-        is kept for the copy, for :meth:`unacked_claim_ttl` seconds."""
+        is done (the guard skips the copy) and the unique key freed; without the guard the
+        copy runs again, and the key is kept for it, for :meth:`unacked_claim_ttl` s."""
+        self._handed.discard(request)
         self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
         unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
-        keep = self.unacked_claim_ttl(policy) if unique_key and unacked else 0.0
+        # Under the guard the copy will not run (its id is done): nothing to keep it for.
+        keep = self.unacked_claim_ttl(policy) if unique_key and unacked and not done_key else 0.0
         if unacked:
             logger.warning(
                 "baton: %s[%s] ended but its ack failed: the broker delivers it again%s",
@@ -188,6 +193,37 @@ class Releasing:
 
         check()
         return end_now
+
+    def handed(self, request: Any) -> None:
+        """``request`` was admitted and handed to Celery (its pool, or the semaphore in
+        front of it): tracked until its run ends."""
+        self._handed.add(request)
+
+    def drop_unstarted(self, running: Collection[Any]) -> int:
+        """The broker connection was lost, and Celery dropped every request it had not
+        started (``Consumer.on_close``: the semaphore's queue, the pool's unsent jobs;
+        their messages come back from the broker) without calling any of them again.
+        Give back what they were granted: kept, their leases were renewed for the
+        worker's life, and every later run of their keys waited for ever. ``running``:
+        the requests a pool process accepted (Celery keeps those)."""
+        dropped = 0
+        for request in tuple(self._handed):
+            if request in running:
+                continue
+            self._handed.discard(request)
+            run = detach(request)
+            if run is None:  # ended meanwhile
+                continue
+            dropped += 1
+            plan = run[2]
+            if reached_the_pool(request):
+                # Perhaps already written to a pool process, which may run it after all
+                # (Celery no longer listens for it): its leases lapse within lease_ttl
+                # instead of being freed under a run that may start.
+                self.book.remove(plan.owner)
+            else:
+                self.give_back(plan)
+        return dropped
 
     def give_back(self, plan: RunPlan) -> None:
         """Free what the gate granted ``plan``'s owner, who will not run with it."""

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from celery_baton.policy import RunPlan, TaskPolicy
 
 RUN_ATTR = "_baton_run"
+POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaphore)
 COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
 ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends after all
 
@@ -124,6 +125,12 @@ class BatonRequestMixin:
             self._baton_comes_back("retried")
         return retried
 
+    def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:
+        # Past Celery's semaphore: a connection loss no longer drops it unseen, except
+        # from the pool's own queue (``Releasing.drop_unstarted``).
+        self.__dict__[POOLED_ATTR] = True
+        return super().execute_using_pool(pool, **kwargs)  # type: ignore[misc]
+
     # -- where a path ends: give the run back -----------------------------------------
 
     def _baton_finish(self, *, terminated: bool = False) -> None:
@@ -140,7 +147,11 @@ class BatonRequestMixin:
         # turns again must not take the done marker with it: its copy would run again).
         claim_at_stake = plan.unique_key is not None and policy.unique_until == "finished"
         if not (final and claim_at_stake and self._baton_unacked()):
-            self._baton_end(finisher, policy, plan, final=final, terminated=terminated)
+            # Whether a later ack fails matters to the unique claim alone: not read here
+            # (before the loop sent it, every ack would look failed).
+            self._baton_end(
+                finisher, policy, plan, final=final, terminated=terminated, ack_read=False
+            )
             return
         # Celery's ack may wait on the loop: decide once it was sent (or failed). A path
         # that ends the job meanwhile (a terminated run that returned after all) is kept.
@@ -151,7 +162,12 @@ class BatonRequestMixin:
             if self.__dict__.get(ENDED_ATTR) is not None:
                 self.__dict__.pop(ENDED_ATTR)
             self._baton_end(
-                finisher, policy, plan, final=final, terminated=terminated and not ended_early
+                finisher,
+                policy,
+                plan,
+                final=final,
+                terminated=terminated and not ended_early,
+                ack_read=True,
             )
 
         finisher.after_ack(after_ack)
@@ -164,8 +180,9 @@ class BatonRequestMixin:
         *,
         final: bool,
         terminated: bool,
+        ack_read: bool,
     ) -> None:
-        unacked = final and self._baton_unacked()
+        unacked = ack_read and final and self._baton_unacked()
         pid = self.worker_pid  # type: ignore[attr-defined]
         if terminated and pid and pid != os.getpid():  # a pool process was signalled
             self.__dict__[ENDED_ATTR] = finisher.finish_when_gone(
@@ -227,3 +244,14 @@ def attach(request: Any, finisher: Finisher, policy: TaskPolicy, plan: RunPlan) 
         request.__class__ = sub
     request.__dict__[RUN_ATTR] = (finisher, policy, plan)
     request.__dict__.pop(COMES_BACK_ATTR, None)
+    request.__dict__.pop(POOLED_ATTR, None)
+
+
+def detach(request: Any) -> tuple[Any, Any, RunPlan] | None:
+    """Take back what :func:`attach` gave ``request`` (None: its run already ended)."""
+    run: tuple[Any, Any, RunPlan] | None = request.__dict__.pop(RUN_ATTR, None)
+    return run
+
+
+def reached_the_pool(request: Any) -> bool:
+    return bool(request.__dict__.get(POOLED_ATTR))

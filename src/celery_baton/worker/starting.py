@@ -17,6 +17,7 @@ from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
+from celery_baton.worker.run_end import mark as mark_run_end
 from celery_baton.worker.verdict import Start
 
 logger = logging.getLogger("celery_baton.worker")
@@ -57,6 +58,7 @@ class Starting:
             )
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence
+            mark_run_end(request.request_dict, delivery.policy, delivery.plan)
         self.stats["admitted"] += 1
         metrics.admissions.labels(request.name).inc()
         if start.start_after > 0:
@@ -67,6 +69,8 @@ class Starting:
             )
             return
         self.holding.release(delivery)
+        if guarded:
+            self.releasing.handed(request)
         self.handle(request)
 
     def _dispatch(self, delivery: Delivery) -> None:
@@ -78,6 +82,7 @@ class Starting:
                     self.releasing.give_back(delivery.plan)
                     return
                 self.holding.release(delivery)
+                self.releasing.handed(delivery.request)
                 self.handle(delivery.request)
         except Exception:
             logger.exception(

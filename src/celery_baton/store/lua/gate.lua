@@ -61,7 +61,15 @@
 --             written back). Written before a promotion (as for "G"): a new id, so that
 --             holders write their leases back, and -- without "G" (Cluster, where each
 --             shard has its own history) -- a grace of one lease ttl for the family
---             (denied as condition n+1, and this key written).
+--             (denied as condition n+1, and this key written). Missing on a Cluster
+--             shard (without "G"; INFO server says cluster mode), where no key tells
+--             a family never used from one the shard forgot, the server is asked
+--             (INFO, on this rare path only): created with a grace when the server
+--             started less than one ttl ago (restarted empty, maybe: until its start
+--             + ttl, when every lease it had has run out) or was promoted from a
+--             replica (master_replid2 set: it may lack the family's first leases, its
+--             old master's last writes; one ttl from now). The price: a family's first
+--             lease on such a shard waits the grace once (the epoch is never deleted).
 --
 -- "G" and "E" are read only when the first lease key (E's family) does not carry the
 -- family's epoch already, written under this server's replication id (field "_epoch",
@@ -279,7 +287,7 @@ for i = 1, n do
     local allow_at = new_tat - tonumber(b)
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
-        return {0, i, allow_at - now_us, ''}
+        return {0, i, allow_at - now_us, '', assigned}
       end
       if allow_at > start_at then start_at = allow_at end
     end
@@ -287,7 +295,7 @@ for i = 1, n do
   elseif kind == 'P' then
     local until_us = tonumber(call('GET', key))
     if until_us and until_us > now_us then
-      return {0, i, until_us - now_us, ''}
+      return {0, i, until_us - now_us, '', assigned}
     end
   elseif kind == 'O' then
     local value = call('HGET', key, a)
@@ -377,6 +385,19 @@ if epoch_key then
     local grace_until = nil
     if not epoch then
       epoch = new_epoch_id() .. ' ' .. here
+      -- On a Cluster shard (no "G"), a grace if the server may have forgotten it ("E"
+      -- above): "redis_mode:cluster" (Valkey 8: "server_mode:cluster"); the uptime in
+      -- whole seconds, rounded down, gives a start never earlier than the real one.
+      local info = not grace_key and redis.pcall('INFO', 'server')
+      if type(info) == 'string' and string.find(info, '_mode:cluster', 1, true) then
+        local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+        if promoted then
+          grace_until = now_ms + ttl_ms
+        elseif up and up * 1000 < ttl_ms then
+          grace_until = now_ms - up * 1000 + ttl_ms
+        end
+        if grace_until then epoch = format('%s %d', epoch, grace_until) end
+      end
       call('SET', epoch_key, epoch)
     else
       local id, seen, until_ms = string.match(epoch, '^(%d+) ?(%w*) ?(%d*)')

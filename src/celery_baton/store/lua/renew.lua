@@ -15,7 +15,10 @@
 -- and master_replid2 set; it may have been behind: it can hold the epoch but not the
 -- lease) counts as replaced: it gets a new id, and (without a store-wide epoch, i.e. on
 -- Cluster) a grace of one ttl in which the gate grants the family no new lease, so
--- that the other holders write theirs back first.
+-- that the other holders write theirs back first. An epoch missing on a Cluster shard
+-- that started less than a ttl ago or was promoted from a replica is created with the
+-- grace the gate would give it (gate.lua, "E"), so that a renewal that comes first does
+-- not end it.
 --
 -- KEYS[2i-1]           lease key i
 -- KEYS[2i]             the epoch key of lease i's family (same {hash tag})
@@ -39,6 +42,20 @@ local function replication()
   if type(info) ~= 'string' then return '', nil end
   return string.match(info, 'master_replid:(%w+)') or '',
     string.match(info, 'master_replid2:(%w+)')
+end
+-- A missing epoch's grace (gate.lua, "E"): nil, or until when (ms); INFO read once.
+local info_server = nil
+local function forgotten_until(ttl_ms)
+  if info_server == nil then
+    info_server = redis.pcall('INFO', 'server')
+    if type(info_server) ~= 'string' then info_server = '' end
+  end
+  if not string.find(info_server, '_mode:cluster', 1, true) then return nil end
+  local _, second = replication()
+  if second ~= nil and second ~= string.rep('0', 40) then return now_ms + ttl_ms end
+  local up = tonumber(string.match(info_server, 'uptime_in_seconds:(%d+)'))
+  if up and up * 1000 < ttl_ms then return now_ms - up * 1000 + ttl_ms end
+  return nil
 end
 for i = 1, #KEYS / 2 do
   local key, epoch_key = KEYS[2 * i - 1], KEYS[2 * i]
@@ -74,6 +91,8 @@ for i = 1, #KEYS / 2 do
       -- The store forgot (or this holder never knew an epoch): re-assert if there is room.
       if not known then
         known = t[1] .. string.rep('0', 6 - #t[2]) .. t[2] .. ' ' .. (replication())
+        local grace_until = not store_wide and forgotten_until(ttl_ms)
+        if grace_until then known = string.format('%s %.0f', known, grace_until) end
         call('SET', epoch_key, known)
       end
       local live = 0

@@ -1,0 +1,65 @@
+"""Unique claims at publish time against a real server: a give-back undoes a claim that
+the store runs after it (issue 11; the 30-minute soak, seed 1102).
+
+A publish whose claim got no answer (the store was paused past the socket timeout)
+fails, and its claim is given back in the background; but the paused store still holds
+the claim in its input buffer and runs it when it resumes, possibly after the
+give-back (which came on another connection). The claim then sat on the key for its
+ttl, and the next publish of the key was deduplicated into a message that was never
+sent. The give-back now leaves a mark that the late claim finds: it writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_baton.store import connect
+from celery_baton.unique import UniqueClaims
+
+KEY = "baton:{tests.uq}:uq:abc"
+
+
+@pytest.fixture
+def claims(store_url: str) -> Iterator[UniqueClaims]:
+    store = connect(store_url)
+    store.client.delete(KEY)
+    yield UniqueClaims(store)
+    store.client.close()
+
+
+def _claim(claims: UniqueClaims, task_id: str, ttl: float = 60.0) -> str:
+    return claims.result(claims.send(KEY, task_id, ttl), KEY, task_id, ttl)
+
+
+def test_a_claim_run_after_its_give_back_writes_nothing(
+    claims: UniqueClaims, r: redis.Redis
+) -> None:
+    assert claims.give_back(KEY, "lost", 60.0) is False  # the claim was not written yet
+    assert _claim(claims, "lost") == ""  # the late claim: its publisher is gone
+    assert r.get(KEY) is None, "a claim given back before it ran took the key"
+    assert _claim(claims, "next") == "", "deduplicated into a message never sent"
+    assert r.get(KEY) == "next"
+
+
+def test_a_give_back_after_the_claim_frees_it_and_leaves_no_mark(
+    claims: UniqueClaims, r: redis.Redis
+) -> None:
+    assert _claim(claims, "first") == ""
+    assert claims.give_back(KEY, "first", 60.0) is True
+    assert r.get(KEY) is None
+    assert not r.keys("*given-back*")
+    assert _claim(claims, "first") == "", "a later publish of the same id claims again"
+    assert r.get(KEY) == "first"
+
+
+def test_a_give_back_of_another_ids_claim_frees_nothing(
+    claims: UniqueClaims, r: redis.Redis
+) -> None:
+    assert _claim(claims, "holder") == ""
+    assert claims.give_back(KEY, "lost", 60.0) is False
+    assert r.get(KEY) == "holder"
+    assert _claim(claims, "other") == "holder"
+    assert 55_000 < r.pttl("baton:{tests.uq}:uq-given-back:abc:lost") <= 60_000
