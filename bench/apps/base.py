@@ -57,3 +57,21 @@ def _mark_ready(sender: object = None, **kwargs: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if hostname:
         bench_redis().set(f"bench:ready:{hostname}", 1)
+
+
+if os.environ.get("BENCH_CPROFILE"):  # bench/worker_profile.py --cprofile FILE
+    import cProfile
+    import threading
+
+    _profile = cProfile.Profile()
+
+    @signals.worker_ready.connect(weak=False)
+    def _profile_start(**kwargs: object) -> None:
+        # The consumer's loop thread, from readiness on (the drain, not the start-up).
+        if threading.current_thread() is threading.main_thread():
+            _profile.enable()
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _profile_stop(**kwargs: object) -> None:
+        _profile.disable()
+        _profile.dump_stats(os.environ["BENCH_CPROFILE"])

@@ -121,11 +121,10 @@ class Baton:
         self._policies: dict[str, TaskPolicy | None] = {}
         self._lock = threading.Lock()
         _batons[app] = self
-        from celery_baton.worker import run_end, stand_ins
+        from celery_baton.worker import run_end
         from celery_baton.worker.step import BatonConsumer
 
         app.steps["consumer"].add(BatonConsumer)
-        stand_ins.install()
         run_end.install()
         app.send_task = guard_send_task(self, app.send_task)
         app.task = self._validating_task_decorator(app.task)

@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.store.scripts import STORE_REPLY_ERRORS, evalsha_command, script_source
+from celery_baton.store.scripts import STORE_REPLY_ERRORS, script_sha, script_source
 from celery_baton.store.wire import Wire
 
 logger = logging.getLogger("celery_baton.store")
@@ -116,24 +116,24 @@ class PipelinedChannel:
         self._attach(hub, timer)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
-        self._send(
-            *evalsha_command(name, keys, args), answer=answer, name=name, keys=keys, args=args
-        )
+        # evalsha_command, inline: two calls per admitted task come through here.
+        self._send(("EVALSHA", script_sha(name), len(keys), *keys, *args), answer, name, keys, args)
 
     def ping(self, answer: Answer) -> None:
         """PING, answered like a call: a reply proves the store is executing commands
         again (what was sent before it, on any connection, has been read by then)."""
-        self._send("PING", answer=answer)
+        self._send(("PING",), answer)
 
     def _send(
         self,
-        *command: Any,
+        command: tuple[Any, ...],
         answer: Answer,
         name: str = "",
         keys: Sequence[str] = (),
         args: Sequence[Any] = (),
     ) -> None:
-        self._master_changed()
+        if self.store.master_watch is not None:
+            self._master_changed()
         if self._wire is None:
             wait = self._down_until - time.monotonic()
             if wait > 0:
@@ -155,7 +155,7 @@ class PipelinedChannel:
         sides than a write per call or per loop turn."""
         if not self._out or self._wire is None:
             return
-        if self._master_changed():
+        if self.store.master_watch is not None and self._master_changed():
             return  # every queued call was answered with StoreUnavailable
         if len(self._pending) > len(self._out):
             return  # calls written earlier are unanswered (the queued ones are the last)
@@ -272,7 +272,7 @@ class PipelinedChannel:
             # Someone flushed the scripts. Replies to calls sent after this one are
             # still on their way, so load the script as one more pipelined command
             # (its reply comes back in order) and send this call after it.
-            self._send("SCRIPT", "LOAD", script_source(name), answer=_ignore)
+            self._send(("SCRIPT", "LOAD", script_source(name)), _ignore)
             self.call(name, keys, args, answer)
             return
         answer(reply)

@@ -7,6 +7,12 @@ wrappers, and lets one ``recv`` bring in every reply that has arrived, so a call
 send a command, do other work, and read the reply later (``send`` / ``read``), or let
 an event loop collect replies when the socket is readable (``read_ready``).
 
+A socket with a timeout makes CPython poll it before every ``send`` and ``recv`` (two
+system calls where one does): on a plain socket the hot path writes and reads its file
+descriptor directly instead, which never waits (it is non-blocking, or the event loop
+said it is readable), and falls back to the socket's own calls, with their timeout, only
+for what a write could not take at once. TLS sockets keep the socket's calls.
+
 Replies come back in the order the commands were sent. An error reply is returned as
 an exception *instance* (redis-py's class for it, e.g. ``NoScriptError``), never
 raised, so that one error cannot make a caller lose its place in the reply stream.
@@ -16,6 +22,7 @@ is then unusable and must be closed.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import ssl
@@ -41,12 +48,19 @@ _pack = hiredis.pack_command
 class Wire:
     """A connected redis-py ``Connection``'s socket, used directly."""
 
-    __slots__ = ("_reader", "_sock", "conn")
+    __slots__ = ("_fd", "_reader", "_sock", "conn")
 
     def __init__(self, conn: Any) -> None:
         conn.connect()  # a no-op when the pool handed out a connected one
         self.conn = conn
         self._sock: socket.socket = conn._sock
+        # The descriptor written and read directly (-1: use the socket's calls; TLS, or
+        # a system whose sockets are not file descriptors).
+        self._fd = (
+            self._sock.fileno()
+            if os.name == "posix" and not isinstance(self._sock, ssl.SSLSocket)
+            else -1
+        )
         encoder = conn.encoder
         self._reader = hiredis.Reader(
             replyError=_reply_error,
@@ -76,6 +90,15 @@ class Wire:
             else b"".join(_pack(tuple(command)) for command in commands)
         )
         try:
+            if self._fd >= 0:
+                try:
+                    sent = os.write(self._fd, data)  # no poll first (see the top)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            # What the kernel could not take at once: wait for room, up to the timeout.
             self._sock.sendall(data)
         except OSError as exc:
             raise _broken(exc) from exc
@@ -91,7 +114,19 @@ class Wire:
     def read_ready(self) -> list[Any]:
         """Every complete reply that has arrived; for an event loop whose poller said the
         socket is readable (reads once, so it never blocks)."""
-        self._receive()
+        if self._fd >= 0:
+            try:
+                data = os.read(self._fd, READ_SIZE)  # no poll first (see the top)
+            except BlockingIOError:
+                data = None  # nothing after all: the poller was early; no reply yet
+            except OSError as exc:
+                raise _broken(exc) from exc
+            if data is not None:
+                if not data:
+                    raise RedisConnectionError("the store closed the connection")
+                self._reader.feed(data)
+        else:
+            self._receive()
         # TLS: decrypted bytes can wait inside the SSL object while the socket itself
         # has nothing more to read, and the poller would not report them.
         while isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():

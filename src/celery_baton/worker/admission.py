@@ -151,7 +151,8 @@ class Admission:
             self._answered(delivery, StoreUnavailable("the store failed moments ago"))
             return
         if (
-            self.planner.replan(delivery)  # Celery's rate_limit changed while it was held
+            delivery.policy.rate_from_celery
+            and self.planner.replan(delivery)  # Celery's rate_limit changed while held
             and not delivery.plan.conditions  # lifted: nothing left to ask the gate
             and (delivery.plan.flow_passed or delivery.plan.flow_key is None)
         ):
@@ -176,7 +177,7 @@ class Admission:
             owner=delivery.plan.owner,
             ttl=delivery.policy.lease_ttl,
             reserve=delivery.plan.reserve,
-            answer=lambda reply: self._answered(delivery, reply),
+            answer=functools.partial(self._answered, delivery),
         )
 
     def _answered(

@@ -148,7 +148,8 @@ class Holding:
 
     def release(self, delivery: Delivery) -> None:
         """``delivery`` leaves (it starts, is skipped or handed back)."""
-        self.remove(delivery)
+        if delivery.queue_key is not None:
+            self.remove(delivery)
         if delivery.held:
             delivery.held = False
             self.held_count -= 1

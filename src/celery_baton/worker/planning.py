@@ -46,10 +46,12 @@ class Planner:
     def policy(self, request: Any) -> TaskPolicy | None:
         """The policy this delivery runs under (None: nothing to ask, run it as is)."""
         policy = self.policy_for(request.task)
-        call = CallOptions.from_header(request.request_dict.get(CALL_HEADER))
+        headers = request.request_dict
+        header = headers.get(CALL_HEADER)
+        call = CallOptions.from_header(header) if header is not None else None
         if call is not None:  # the caller's per-call options, for this delivery only
             policy = policy_for_call(policy, request.task.name, call, self.settings)
-        if request.request_dict.get(BEAT_SLOT_HEADER) is not None:
+        if headers.get(BEAT_SLOT_HEADER) is not None:
             # A beat slot may be sent twice (see run_once); it must run once.
             policy = run_once(policy, request.task.name, self.settings)
         return policy
@@ -65,7 +67,7 @@ class Planner:
         return policy.plan(
             self.names,
             task_id=request.id,
-            owner=self.new_owner(request),
+            owner=new_owner(request.id, self.hostname),
             args=request.args,
             kwargs=request.kwargs,
             celery_rate=celery_rate,
