@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tests.support.observer import Observer
-from tests.support.workers import BeatProcess
+from tests.support.workers import BeatProcess, Workers
 
 LEADER_KEY = "baton:{beat:beat_app}:leader"  # tests.apps.beat_app's beat
 
@@ -22,6 +22,15 @@ def beat_env(entries: dict[str, Any], **settings: Any) -> dict[str, str]:
     for name, value in settings.items():
         env[f"BATON_BEAT_{name.upper()}"] = json.dumps(value)
     return env
+
+
+def start_two_beats(workers: Workers, env: dict[str, str]) -> list[BeatProcess]:
+    """Two beats of ``tests.apps.beat_app``, started together (they race for the lease),
+    once both are up."""
+    beats = [workers.start_beat("tests.apps.beat_app", env=env, wait=False) for _ in "ab"]
+    for beat in beats:
+        beat.wait_started()
+    return beats
 
 
 def leader_pid(store: redis.Redis) -> int | None:

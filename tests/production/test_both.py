@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.beat.helpers import beat_env, wait_for_leader
+from tests.beat.helpers import beat_env, start_two_beats, wait_for_leader
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.production.conftest import ProdStore
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
@@ -65,9 +65,7 @@ def test_two_beats_leader_killed_each_slot_once(
 ) -> None:
     env = beat_env({"every1": {"every": 1}})
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
-    beats = [prod_workers.start_beat("tests.apps.beat_app", env=env, wait=False) for _ in "ab"]
-    for beat in beats:
-        beat.wait_started()
+    beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:
         leader = wait_for_leader(store, beats)
         time.sleep(8)

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.beat.helpers import beat_env, wait_for_leader
+from tests.beat.helpers import beat_env, start_two_beats, wait_for_leader
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.production.conftest import ProdStore
 from tests.support.observer import Observer, Run, assert_no_overlap, max_concurrent
@@ -220,9 +220,7 @@ def test_beat_master_killed_beats_recover(
     on the promoted replica; every slot after the failover runs; duplicates measured."""
     env = beat_env({"every1": {"every": 1}})
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
-    beats = [prod_workers.start_beat("tests.apps.beat_app", env=env, wait=False) for _ in "ab"]
-    for beat in beats:
-        beat.wait_started()
+    beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     time.sleep(5)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from celery_baton.store.connection import STORE_ERRORS, connect
-from tests.beat.helpers import beat_env, runs_per_slot, wait_for_leader
+from tests.beat.helpers import beat_env, runs_per_slot, start_two_beats, wait_for_leader
 from tests.production.conftest import ProdStore
 from tests.production.test_cluster import Stream, overlap_us
 from tests.support.observer import Observer, assert_no_overlap
@@ -109,11 +109,9 @@ def test_master_change_workers_and_beats_follow(
     pair.append(
         prod_workers.start("tests.apps.beat_app", env=env, concurrency=2, queues="beat", wait=False)
     )
-    beats = [prod_workers.start_beat("tests.apps.beat_app", env=env, wait=False) for _ in "ab"]
+    beats = start_two_beats(prod_workers, env)
     for worker in pair:
         worker.wait_ready()
-    for beat in beats:
-        beat.wait_started()
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     old = sentinel.master()

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.beat.helpers import beat_env, runs_per_slot, wait_for_leader
+from tests.beat.helpers import beat_env, runs_per_slot, start_two_beats, wait_for_leader
 from tests.beat.test_processes import drain
 from tests.production.conftest import ProdStore
 from tests.production.test_sentinel import _wait_new_master
@@ -37,9 +37,7 @@ def test_a_planned_failover_runs_each_beat_slot_once(
 ) -> None:
     env = beat_env({"every1": {"every": 1}})
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
-    beats = [prod_workers.start_beat("tests.apps.beat_app", env=env, wait=False) for _ in "ab"]
-    for beat in beats:
-        beat.wait_started()
+    beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     time.sleep(3)

@@ -99,16 +99,21 @@ def is_unique_claim(key: str) -> bool:
 def workers(store: Store, prefix: str) -> list[dict[str, Any]]:
     """The reports live workers publish every renewal interval."""
     try:
-        keys = sorted(store.client.scan_iter(match=f"{prefix}:worker:*", count=1000))
-        # One GET each, pipelined: each worker's report is on a slot of its own on
-        # Cluster, where one MGET of several slots is refused.
-        pipe = store.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
-        values = pipe.execute() if keys else []
+        _, values = _scan_values(store, f"{prefix}:worker:*")
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
     return [json.loads(v) for v in values if v]
+
+
+def _scan_values(store: Store, pattern: str) -> tuple[list[Any], list[Any]]:
+    """The keys matching ``pattern``, sorted, and their values: one GET each, pipelined
+    (on Cluster the keys are on slots of their own, where one MGET of several slots is
+    refused)."""
+    keys = sorted(store.client.scan_iter(match=pattern, count=1000))
+    pipe = store.client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    return keys, (pipe.execute() if keys else [])
 
 
 def limit_overrides(store: Store, key: str) -> dict[str, str]:
@@ -202,11 +207,7 @@ def family_graces(store: Store, prefix: str) -> dict[str, float]:
     shard lost its data or changed master; gate.lua, kind "E"), seconds left by task."""
     try:
         now = server_now_ms(store)
-        keys = sorted(store.client.scan_iter(match=f"{prefix}:{{*}}:epoch", count=1000))
-        pipe = store.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
-        values = pipe.execute() if keys else []
+        keys, values = _scan_values(store, f"{prefix}:{{*}}:epoch")
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
     graces = {}
