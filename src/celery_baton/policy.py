@@ -227,6 +227,11 @@ class TaskPolicy:
             return digest(self.call_exclusive)
         return digest(self.exclusive.material(args, kwargs))
 
+    def freed_at_end(self, plan: RunPlan) -> str | None:
+        """The unique key ``plan``'s run frees when it ends for good (None: it has none,
+        or ``unique_until="started"`` freed it at the start)."""
+        return plan.unique_key if self.unique_until == "finished" else None
+
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         assert self.unique is not None
         if self.call_unique is not None:

@@ -93,7 +93,7 @@ class Releasing:
         self._handed.discard(request)
         self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
-        unique_key = plan.unique_key if final and policy.unique_until == "finished" else None
+        unique_key = policy.freed_at_end(plan) if final else None
         # Under the guard the copy will not run (its id is done): nothing to keep it for.
         keep = self.unacked_claim_ttl(policy) if unique_key and unacked and not done_key else 0.0
         if unacked:

@@ -145,7 +145,7 @@ class BatonRequestMixin:
         # Only a unique claim waits for the ack: the done marker follows the run and the
         # leases are the run's, so both go at once (a consumer that dies before the loop
         # turns again must not take the done marker with it: its copy would run again).
-        claim_at_stake = plan.unique_key is not None and policy.unique_until == "finished"
+        claim_at_stake = policy.freed_at_end(plan) is not None
         if not (final and claim_at_stake and self._baton_unacked()):
             # Whether a later ack fails matters to the unique claim alone: not read here
             # (before the loop sent it, every ack would look failed).

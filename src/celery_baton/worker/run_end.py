@@ -46,7 +46,7 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
     """Main process, as the run starts: what its pool process records at its end."""
     if plan.done_key is None:  # no redelivery guard: a copy would run anyway
         return
-    unique_key = plan.unique_key if policy.unique_until == "finished" else None
+    unique_key = policy.freed_at_end(plan)
     request_dict[RUN_END_FIELD] = (
         os.getpid(),
         plan.owner,
