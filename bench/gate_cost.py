@@ -2,8 +2,9 @@
 
     python bench/gate_cost.py [--revs 98d55cd,main,.] [--quick]
 
-Each revision's ``gate.lua`` (``git show REV:src/...``; ``.`` is this checkout's file)
-is loaded into one private redis-server and called with the arguments a worker sends
+Each revision's ``gate.lua`` (``git show REV:src/...``; ``.`` is this checkout's file,
+and a name ending in ``.lua`` a file on disk: a change tried before it is committed) is
+loaded into one private redis-server and called with the arguments a worker sends
 on one server: the conditions of a rate + a concurrency cap + an exclusive lease, and,
 for a script that knows them, the store-wide epoch (the worker's ``grace_key``) and the
 family epoch, in that revision's layout. Two decisions:
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from celery_baton.gate import Condition, Release, gate_call
 from celery_baton.keys import KeyNames
@@ -47,6 +49,8 @@ def three(tag: str) -> list[Condition]:
 def source(rev: str) -> str:
     if rev == ".":
         return (REPO_DIR / SCRIPT).read_text()
+    if rev.endswith(".lua"):  # a variant on disk, to try a change before committing it
+        return Path(rev).read_text()
     return subprocess.run(
         ["git", "-C", str(REPO_DIR), "show", f"{rev}:{SCRIPT}"],
         capture_output=True,

@@ -33,6 +33,15 @@ def pair() -> Iterator[tuple[StoreServer, StoreServer]]:
     master.start()
     master.flushall()  # known new
     replica.start()
+    # In sync before the test's first grant, so that what it writes reaches the replica
+    # within milliseconds (and the promotion comes within the second gate.lua keeps the
+    # server's replication id: a promoted replica must not take its old master's).
+    with replica.client() as r:
+        wait_until(
+            lambda: r.info("replication").get("master_link_status") == "up",
+            30,
+            "the replica in sync",
+        )
     yield master, replica
     replica.close()
     master.close()

@@ -106,16 +106,38 @@ local reserve_us = tonumber(ARGV[3])
 -- started: a promoted replica takes a new id and keeps its old master's as
 -- master_replid2; a restarted master also takes a new id, but its second one is zeros
 -- (it kept what its persistence kept, as before).
+--
+-- INFO costs 7-12 us (the whole section is formatted), several times the rest of a
+-- grant, so what it says is kept for a second in a key beside the family's epoch
+-- ("<epoch key>:replid", same hash tag) written with replication off: it never reaches
+-- a replica nor the AOF. A promoted replica therefore never finds its old master's
+-- answer; it asks INFO itself. Only a server that kept its own key through a restart
+-- from an RDB file, or through being a replica and promoted again, all within that
+-- second, reads its old answer: a restart keeps what persistence kept (the old id is
+-- adopted the same way, without a grace), and a failover and a failback within one
+-- second do not happen (each waits out a node timeout). Once the key lapses, the next
+-- grant reads INFO and the epochs follow.
+local REPLID_CACHE_MS = 1000
 local replid, promoted = nil, false
-local function replication_id()
+local function replication_id(epoch_key)
   if not replid then
-    -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
-    -- behaviour without it: no promotion is ever seen.
-    local info = redis.pcall('INFO', 'replication')
-    if type(info) ~= 'string' then info = '' end
-    replid = string.match(info, 'master_replid:(%w+)') or ''
-    local second = string.match(info, 'master_replid2:(%w+)')
-    promoted = second ~= nil and second ~= string.rep('0', 40)
+    local cache_key = epoch_key .. ':replid'
+    local cached = call('GET', cache_key)
+    if cached then
+      replid = string.match(cached, '^(%w*)')
+      promoted = string.sub(cached, -1) == 'p'
+    else
+      -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
+      -- behaviour without it: no promotion is ever seen.
+      local info = redis.pcall('INFO', 'replication')
+      if type(info) ~= 'string' then info = '' end
+      replid = string.match(info, 'master_replid:(%w+)') or ''
+      local second = string.match(info, 'master_replid2:(%w+)')
+      promoted = second ~= nil and second ~= string.rep('0', 40)
+      redis.set_repl(redis.REPL_NONE)
+      call('SET', cache_key, replid .. (promoted and ' p' or ' -'), 'PX', REPLID_CACHE_MS)
+      redis.set_repl(redis.REPL_ALL)
+    end
   end
   return replid
 end
@@ -136,13 +158,13 @@ local start_at = now_us  -- a reserved rate slot may start later than now
 -- fairness ("F"): what the condition before it admits now, and, for a rate, when the
 -- slot after the next one comes (a key denied its turn asks again then)
 local free, fair_retry_us = 0, 0
-local worker = string.match(owner, '^[^|]*|([^|]*)') or owner
 
 local function fair_of(i)
   local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
   return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
     k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
-    presence = tonumber(presence)}
+    presence = tonumber(presence),
+    worker = string.match(owner, '^[^|]*|([^|]*)') or owner}  -- of the owner
 end
 
 -- The pass of the latest grant, read once per call.
@@ -189,7 +211,7 @@ end
 local function fair_present(f, pass)
   call('ZADD', f.q, pass, f.k)
   call('ZREM', f.s, f.k)
-  if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. worker) == 1 then
+  if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. f.worker) == 1 then
     call('HINCRBY', f.n, 'n:' .. f.k, 1)
   end
   fair_touch(f)
@@ -350,13 +372,13 @@ for i = 1, n do
 end
 
 -- Every condition passed: the store epochs, when a lease is asked for (see the top).
--- The server's replication id is read on every such grant (INFO, about 0.7 us): a busy
--- key's "_epoch" names the id it was written under, and is taken as the epoch only on
--- that same server history; on a promoted replica or a restarted server, G and E are
--- read and rewritten as below.
+-- The server's replication id is read on every such grant (replication_id: a GET, and
+-- INFO once a second): a busy key's "_epoch" names the id it was written under, and is
+-- taken as the epoch only on that same server history; on a promoted replica or a
+-- restarted server, G and E are read and rewritten as below.
 local epoch_key = KEYS[n + 1]
 if epoch_key then
-  local here = replication_id()
+  local here = replication_id(epoch_key)
   if known_epoch and string.match(known_epoch, '^%d+ (%w*)') == here then
     epoch = known_epoch
   else
@@ -502,7 +524,7 @@ for n_write = 1, #writes do
     if f.more then
       fair_present(f, pass)
     else
-      if call('ZREM', f.p, f.k .. '|' .. worker) == 1 then
+      if call('ZREM', f.p, f.k .. '|' .. f.worker) == 1 then
         call('HINCRBY', f.n, 'n:' .. f.k, -1)
       end
       if tonumber(call('HGET', f.n, 'n:' .. f.k) or '0') <= 0 then
