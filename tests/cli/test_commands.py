@@ -197,20 +197,37 @@ def test_limits_set_refuses_what_would_change_nothing(workers: Workers) -> None:
 
 @pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
+    # Unbuffered, so that the frames are read as they come; the fault handler, so that a
+    # process that does not stop on Ctrl-C shows where it is (SIGABRT below).
+    env = {**_process_env(workers.env), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--watch", "0.3"],
-        env=_process_env(workers.env),
+        env=env,
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    frames, out = 0, ""
     try:
-        time.sleep(4)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while frames < 2 and time.monotonic() < deadline:  # printed again: it watches
+            line = proc.stdout.readline()
+            if not line:
+                break
+            out += line
+            frames += line.startswith("store:")
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    assert out.count("store:") >= 2, out + err
+        try:
+            rest, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
+            rest, err = proc.communicate(timeout=20)
+            pytest.fail(f"status --watch went on after Ctrl-C; its threads:\n{err[-6000:]}")
+    assert frames >= 2, out + rest + err
+    assert proc.returncode == 0, err
 
 
 def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:

@@ -310,6 +310,28 @@ def _at_a_worker_kill(history: History, at: int) -> bool:
     )
 
 
+#: Seconds after a run's end within which its worker's main process acks it and sends
+#: the release of its unique claim (see ``unique-claim-after-ack``).
+ACK_RELEASE_WINDOW = 0.25
+
+
+def _death_right_after(history: History, run: Run) -> Fault | None:
+    """The death of ``run``'s worker that began within ``ACK_RELEASE_WINDOW`` of the run's
+    end (or during it: its pool outlives the main process for a moment), if any."""
+    assert run.end is not None
+    window = int(ACK_RELEASE_WINDOW * SECOND)
+    return next(
+        (
+            f
+            for f in history.faults
+            if f.kind in WORKER_DEATHS
+            and run.pid in f.pids
+            and f.start - window <= run.end <= f.end
+        ),
+        None,
+    )
+
+
 def _release_due(history: History, end: int) -> int:
     """When the release of a run that ended at ``end`` (its leases, its unique claim)
     reached the store at the latest: at once (``Limits.slack``); or, when the store was
@@ -616,6 +638,16 @@ def _judge_late_holder(
         report.violations["accounting"].append(what)
         return
     result = history.results.get(pub.into, "")
+    if last.run.end is not None and result.startswith(("SUCCESS", "FAILURE")):
+        death = _death_right_after(history, last.run)
+        if death is not None:
+            # Finished and acked (its message never came back: it did not run again),
+            # but its worker died before the claim's release went out (docs/soak.md).
+            report.known["unique-claim-after-ack"].append(
+                f"{what}; its worker died {(death.start - last.run.end) / SECOND:.3f} s after"
+                f" the run ended ({death.kind}), after its ack, before its claim's release"
+            )
+            return
     sent = next((p for p in history.published if p.task_id == pub.into), None)
     if sent is not None and "expires=" in sent.detail:
         # Its run held the claim while it lived: lost with its worker, the claim lapsed

@@ -433,3 +433,24 @@ def test_a_task_published_as_a_worker_was_killed_and_never_received_is_a_known_w
     assert at_kill.ok and at_kill.known["lost-in-transport"], at_kill.summary()
     later = judge([], published=[sent("1", at=12)], faults=kill)
     assert "never ran and is not accounted for" in later.violations["accounting"][0]
+
+
+def test_a_unique_run_acked_as_its_worker_died_keeps_its_claim_as_a_known_window() -> None:
+    """Without the guard a unique run's claim is released after its ack (a run whose ack
+    failed runs again, and keeps its key for that copy); a worker SIGKILLed between the
+    two leaves the claim to a finished task. Known, but only right at a worker's death."""
+    holder = [run("uq:a", "1", 0, 1.0, pid=7)]
+    pubs = [sent("1"), _into("1", 20)]
+    done = {"d": "FAILURE:TaskDeduplicated", "1": "SUCCESS"}
+    kill = [Fault("kill_worker", int(1.1 * S), int(1.15 * S), pids=(5, 7))]
+    at_kill = judge(holder, published=pubs, faults=kill, results=done)
+    assert at_kill.ok and at_kill.known["unique-claim-after-ack"], at_kill.summary()
+    assert "0.100 s after the run ended (kill_worker)" in at_kill.known["unique-claim-after-ack"][0]
+    # A second after its end, the release had gone out long before: a violation.
+    late_kill = [Fault("kill_worker", int(2.0 * S), int(2.05 * S), pids=(5, 7))]
+    report = judge(holder, published=pubs, faults=late_kill, results=done)
+    assert report.violations["accounting"], report.summary()
+    # Another worker's death says nothing about this run's claim.
+    other = [Fault("kill_worker", int(1.1 * S), int(1.15 * S), pids=(6, 8))]
+    report = judge(holder, published=pubs, faults=other, results=done)
+    assert report.violations["accounting"], report.summary()
