@@ -207,6 +207,10 @@ def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background of a shell without job
+        # control ignores SIGINT, and a process keeps an ignored SIGINT ignored (as
+        # Python does: a background job is not interrupted by Ctrl-C).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     frames, out = 0, ""
     try:
