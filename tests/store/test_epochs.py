@@ -1,9 +1,11 @@
-"""The store epochs in the gate script (gate.lua, kinds "G" and "E"): a busy key keeps its
-family's epoch ("_epoch", beside "_e"), so its grants read neither epoch key, and the
-answers are the ones the epoch keys give: the same epoch, the same grace."""
+"""The store epochs in the gate script (gate.lua, kinds "G" and "E"): a grant that
+passed them keeps the family's epoch for a second on this server ("<E's key>:here",
+never replicated), so the grants of that second read neither epoch key nor INFO, and
+the answers are the ones the epoch keys give: the same epoch, the same grace."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -28,30 +30,39 @@ def gate(store_url: str) -> Iterator[Gate]:
     store.client.close()
 
 
-def gets(r: redis.Redis) -> int:
-    """GET commands the server ran since its counters were reset (scripts' included)."""
-    return int(r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+def calls(r: redis.Redis) -> tuple[int, int]:
+    """GET and INFO commands the server ran since its counters were reset (scripts'
+    included; read in one INFO, which counts itself only after it answered)."""
+    stats = r.info("commandstats")
+
+    def count(command: str) -> int:
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    return count("get"), count("info")
 
 
-def test_a_busy_key_keeps_its_family_epoch_and_its_grants_read_no_epoch_key(
+def test_a_familys_grants_within_a_second_read_neither_epoch_key_nor_info(
     gate: Gate, r: redis.Redis
 ) -> None:
     first = gate.decide([Condition.lease(CONC, limit=5)], owner="a|w|1")
-    second = gate.decide([Condition.lease(CONC, limit=5)], owner="b|w|1")  # now busy
-    assert first.epoch == second.epoch == r.get(NAMES.epoch("t"))
-    assert r.hget(CONC, "_epoch") == first.epoch
+    assert first.granted and first.epoch == r.get(NAMES.epoch("t"))
+    assert r.get(f"{NAMES.epoch('t')}:here") == first.epoch
+    assert 0 < r.pttl(f"{NAMES.epoch('t')}:here") <= 1000
 
     r.config_resetstat()
-    third = gate.decide([Condition.lease(CONC, limit=5)], owner="c|w|1")
-    assert third.granted and third.epoch == first.epoch
-    # Neither the store-wide nor the family epoch was read: the one GET is the cached
-    # replication id (gate.lua, replication_id).
-    assert gets(r) == 1
-
+    second = gate.decide([Condition.lease(CONC, limit=5)], owner="b|w|1")
+    once = gate.decide([Condition.lease(EX)], owner="c|w|1")  # another key, same family
+    assert second.granted and once.granted and second.epoch == once.epoch == first.epoch
+    # One GET each (the verified epoch); neither the store-wide nor the family epoch.
+    assert calls(r) == (2, 0)
     # A key used once keeps no field of its own: it vanishes with its release.
-    once = gate.decide([Condition.lease(EX)], owner="d|w|1")
-    assert once.epoch == first.epoch and r.hget(EX, "_epoch") is None
-    assert gate.release([EX], owner="d|w|1") == 1 and not r.exists(EX)
+    assert gate.release([EX], owner="c|w|1") == 1 and not r.exists(EX)
+
+    time.sleep(1.1)  # the verified epoch lapsed: this server looks again
+    r.config_resetstat()
+    third = gate.decide([Condition.lease(CONC, limit=5)], owner="d|w|1")
+    assert third.granted and third.epoch == first.epoch
+    assert calls(r) == (3, 1)  # GETs: here, G, E
 
 
 def test_the_grace_holds_beside_a_lease_a_renewal_wrote_back(
@@ -77,17 +88,15 @@ def test_the_grace_holds_beside_a_lease_a_renewal_wrote_back(
     assert not busy.granted and busy.denied_by is not None and busy.denied_by.kind == "G"
 
 
-def test_only_the_first_lease_key_lends_its_epoch(gate: Gate, r: redis.Redis) -> None:
-    """Keys without a hash tag are families of their own: a busy key of another family in
-    the same call neither gives the call its epoch nor takes the call's."""
-    for owner in ("a|w|1", "b|w|1"):  # "k2" busy, under its own family's epoch
-        gate.decide([Condition.lease("k2", limit=5)], owner=owner)
-    own = r.hget("k2", "_epoch")
-    assert own == r.get(epoch_key("k2"))
+def test_a_call_takes_the_epoch_of_its_first_lease_keys_family(gate: Gate, r: redis.Redis) -> None:
+    """Keys without a hash tag are families of their own: a call's epoch is its first
+    lease key's family's, and another family's verified epoch is left as it is."""
+    alone = gate.decide([Condition.lease("k2", limit=5)], owner="a|w|1")
+    assert alone.granted and alone.epoch == r.get(epoch_key("k2"))
 
     both = [Condition.lease("k1", limit=5), Condition.lease("k2", limit=5)]
-    for owner in ("c|w|1", "d|w|1"):  # "k1" busy now too
+    for owner in ("c|w|1", "d|w|1"):
         decision = gate.decide(both, owner=owner)
         assert decision.granted and decision.epoch == r.get(epoch_key("k1"))
-    assert r.hget("k1", "_epoch") == r.get(epoch_key("k1"))
-    assert r.hget("k2", "_epoch") == own
+    assert r.get(f"{epoch_key('k1')}:here") == r.get(epoch_key("k1"))
+    assert r.get(f"{epoch_key('k2')}:here") == alone.epoch

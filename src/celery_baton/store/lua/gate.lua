@@ -71,14 +71,17 @@
 --             old master's last writes; one ttl from now). The price: a family's first
 --             lease on such a shard waits the grace once (the epoch is never deleted).
 --
--- "G" and "E" are read only when the first lease key (E's family) does not carry the
--- family's epoch already, written under this server's replication id (field "_epoch",
--- written beside "_e" on a busy key): a busy key is read anyway, so its grants cost no
--- extra read. The answer is the same. A script's writes reach a replica in order, and
--- "_epoch" is only written after "G" was read and passed (or copied from "_epoch"),
--- once "E" existed: a store that still has a key with "_epoch" has its "G" and "E"
--- too, and no grace started since, unless the server changed (promoted or restarted:
--- a new replication id, so "_epoch" no longer matches and "G" and "E" are read).
+-- "G" and "E" (and INFO, which costs 7-12 us: the whole section is formatted) are read
+-- once a second per family: a grant that passed them keeps the family's epoch for a
+-- second in "<E's key>:here" (same hash tag), written with replication off, so that
+-- it never reaches a replica nor the AOF. The key says "this server found no grace for
+-- the family within the last second"; the grants of that second take the epoch from it.
+-- A server that could need a grace does not have it: one that lost its data lost the
+-- key too; a promoted replica never had it (not replicated). Only a server that kept
+-- it through a restart from an RDB file, or through being demoted and promoted again,
+-- within that second, reads it: a restart keeps what persistence kept (no grace, the
+-- same as when G and E are read), and a failover and a failback within one second do
+-- not happen (each waits out a node timeout; a planned one loses nothing).
 -- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
 --                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
@@ -106,120 +109,101 @@ local reserve_us = tonumber(ARGV[3])
 -- started: a promoted replica takes a new id and keeps its old master's as
 -- master_replid2; a restarted master also takes a new id, but its second one is zeros
 -- (it kept what its persistence kept, as before).
---
--- INFO costs 7-12 us (the whole section is formatted), several times the rest of a
--- grant, so what it says is kept for a second in a key beside the family's epoch
--- ("<epoch key>:replid", same hash tag) written with replication off: it never reaches
--- a replica nor the AOF. A promoted replica therefore never finds its old master's
--- answer; it asks INFO itself. Only a server that kept its own key through a restart
--- from an RDB file, or through being a replica and promoted again, all within that
--- second, reads its old answer: a restart keeps what persistence kept (the old id is
--- adopted the same way, without a grace), and a failover and a failback within one
--- second do not happen (each waits out a node timeout). Once the key lapses, the next
--- grant reads INFO and the epochs follow.
-local REPLID_CACHE_MS = 1000
-local replid, promoted = nil, false
-local function replication_id(epoch_key)
-  if not replid then
-    local cache_key = epoch_key .. ':replid'
-    local cached = call('GET', cache_key)
-    if cached then
-      replid = string.match(cached, '^(%w*)')
-      promoted = string.sub(cached, -1) == 'p'
-    else
-      -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
-      -- behaviour without it: no promotion is ever seen.
-      local info = redis.pcall('INFO', 'replication')
-      if type(info) ~= 'string' then info = '' end
-      replid = string.match(info, 'master_replid:(%w+)') or ''
-      local second = string.match(info, 'master_replid2:(%w+)')
-      promoted = second ~= nil and second ~= string.rep('0', 40)
-      redis.set_repl(redis.REPL_NONE)
-      call('SET', cache_key, replid .. (promoted and ' p' or ' -'), 'PX', REPLID_CACHE_MS)
-      redis.set_repl(redis.REPL_ALL)
-    end
-  end
-  return replid
+local promoted = false
+local function replication_id()
+  -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
+  -- behaviour without it: no promotion is ever seen.
+  local info = redis.pcall('INFO', 'replication')
+  if type(info) ~= 'string' then info = '' end
+  local second = string.match(info, 'master_replid2:(%w+)')
+  promoted = second ~= nil and second ~= string.rep('0', 40)
+  return string.match(info, 'master_replid:(%w+)') or ''
 end
+-- How long a family's verified epoch is kept ("<E's key>:here", see the top).
+local VERIFIED_MS = 1000
 local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
---    latest deadline of the others, "_e" (key expires no earlier), key existed,
---    the first lease key (keeps "_epoch")}
+--    latest deadline of the others, "_e" (key expires no earlier), key existed}
 --   {'R', key, new TAT, stored TAT or nil}      {'U', key, task id}
 --   {'K', key, task id, ttl in ms}
 local writes = {}
 local override = nil
 local epoch = ''
-local known_epoch = nil  -- "_epoch" of the first lease key (E's family: see gate_call)
-local first_lease = nil
 local start_at = now_us  -- a reserved rate slot may start later than now
 -- fairness ("F"): what the condition before it admits now, and, for a rate, when the
 -- slot after the next one comes (a key denied its turn asks again then)
 local free, fair_retry_us = 0, 0
 
-local function fair_of(i)
-  local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
-  return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
-    k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
-    presence = tonumber(presence),
-    worker = string.match(owner, '^[^|]*|([^|]*)') or owner}  -- of the owner
-end
-
--- The pass of the latest grant, read once per call.
-local function fair_vt(f)
-  if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
-  return f.vt
-end
-
--- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
-local function fair_leave(f, k, pass)
-  call('HDEL', f.n, 'n:' .. k)
-  pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
-  call('ZREM', f.q, k)
-  if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
-end
-
--- Presences not renewed in time: their worker died, or its requests left unannounced.
-local function fair_sweep(f)
-  local gone = call('ZRANGEBYSCORE', f.p, '-inf', now_ms, 'LIMIT', 0, 64)
-  for _, member in ipairs(gone) do
-    call('ZREM', f.p, member)
-    local k = string.match(member, '^([^|]*)')
-    if call('HINCRBY', f.n, 'n:' .. k, -1) <= 0 then fair_leave(f, k) end
+-- The fairness functions (kind "F"), made on first use: most calls have no "F",
+-- and making a function costs every call that runs its definition.
+local fair_of, fair_vt, fair_leave, fair_sweep, fair_pass, fair_touch, fair_present
+local function load_fairness()
+  if fair_of then return end
+  fair_of = function(i)
+    local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
+    return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
+      k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
+      presence = tonumber(presence),
+      worker = string.match(owner, '^[^|]*|([^|]*)') or owner}  -- of the owner
   end
-end
 
--- The pass key f.k has, or would have if it started waiting now.
-local function fair_pass(f)
-  local pass = call('ZSCORE', f.q, f.k)
-  if pass then return tonumber(pass), true end
-  local vt = fair_vt(f)
-  local saved = tonumber(call('ZSCORE', f.s, f.k) or '0')
-  if saved > vt then return saved, false end
-  return vt, false
-end
-
-local function fair_touch(f)
-  local ms = 2 * f.presence
-  call('PEXPIRE', f.n, ms); call('PEXPIRE', f.q, ms)
-  call('PEXPIRE', f.p, ms); call('PEXPIRE', f.s, ms)
-end
-
--- This worker holds (other) requests of f.k: the key waits, at `pass`.
-local function fair_present(f, pass)
-  call('ZADD', f.q, pass, f.k)
-  call('ZREM', f.s, f.k)
-  if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. f.worker) == 1 then
-    call('HINCRBY', f.n, 'n:' .. f.k, 1)
+  -- The pass of the latest grant, read once per call.
+  fair_vt = function(f)
+    if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
+    return f.vt
   end
-  fair_touch(f)
+
+  -- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
+  fair_leave = function(f, k, pass)
+    call('HDEL', f.n, 'n:' .. k)
+    pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
+    call('ZREM', f.q, k)
+    if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
+  end
+
+  -- Presences not renewed in time: their worker died, or its requests left unannounced.
+  fair_sweep = function(f)
+    local gone = call('ZRANGEBYSCORE', f.p, '-inf', now_ms, 'LIMIT', 0, 64)
+    for _, member in ipairs(gone) do
+      call('ZREM', f.p, member)
+      local k = string.match(member, '^([^|]*)')
+      if call('HINCRBY', f.n, 'n:' .. k, -1) <= 0 then fair_leave(f, k) end
+    end
+  end
+
+  -- The pass key f.k has, or would have if it started waiting now.
+  fair_pass = function(f)
+    local pass = call('ZSCORE', f.q, f.k)
+    if pass then return tonumber(pass), true end
+    local vt = fair_vt(f)
+    local saved = tonumber(call('ZSCORE', f.s, f.k) or '0')
+    if saved > vt then return saved, false end
+    return vt, false
+  end
+
+  fair_touch = function(f)
+    local ms = 2 * f.presence
+    call('PEXPIRE', f.n, ms); call('PEXPIRE', f.q, ms)
+    call('PEXPIRE', f.p, ms); call('PEXPIRE', f.s, ms)
+  end
+
+  -- This worker holds (other) requests of f.k: the key waits, at `pass`.
+  fair_present = function(f, pass)
+    call('ZADD', f.q, pass, f.k)
+    call('ZREM', f.s, f.k)
+    if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. f.worker) == 1 then
+      call('HINCRBY', f.n, 'n:' .. f.k, 1)
+    end
+    fair_touch(f)
+  end
 end
 
 -- Condition i (an "L" or "R") denied: if an "F" follows, its key now waits.
 local function fair_wait(i)
   if ARGV[3 * (i + 1) + 1] ~= 'F' then return end
+  load_fairness()
   local f = fair_of(i + 1)
   fair_sweep(f)
   fair_present(f, (fair_pass(f)))
@@ -239,7 +223,6 @@ for i = 1, n do
   end
   if kind == 'L' then
     local limit = tonumber(a)
-    if not first_lease then first_lease = i end
     local flat = call('HGETALL', key)
     local live, mine, expired = 0, nil, nil
     local earliest, holder, latest, last_fence, expire_at = nil, '', 0, 0, 0
@@ -263,8 +246,6 @@ for i = 1, n do
         last_fence = tonumber(flat[j + 1])
       elseif field == '_e' then
         expire_at = tonumber(flat[j + 1])
-      elseif field == '_epoch' and i == first_lease then
-        known_epoch = flat[j + 1]
       end
     end
     if not mine and live >= limit then
@@ -276,7 +257,7 @@ for i = 1, n do
     free = limit - live
     if mine then free = 1e9 end  -- a retried call of the same owner keeps its lease
     writes[#writes + 1] = {'L', key, expired, b == '1', mine, last_fence, latest, expire_at,
-      #flat > 0, i == first_lease}
+      #flat > 0}
   elseif kind == 'R' then
     local interval = tonumber(a)
     local burst = tonumber(b)
@@ -325,6 +306,7 @@ for i = 1, n do
     if value then limit, extra = string.match(value, '^(%S+)%s*(%S*)$') end
     if limit then override = {limit, extra} end  -- (`limits set` validates what it writes)
   elseif kind == 'F' then
+    load_fairness()
     local f = fair_of(i)
     fair_sweep(f)
     local pass, waiting = fair_pass(f)
@@ -371,17 +353,14 @@ for i = 1, n do
   end
 end
 
--- Every condition passed: the store epochs, when a lease is asked for (see the top).
--- The server's replication id is read on every such grant (replication_id: a GET, and
--- INFO once a second): a busy key's "_epoch" names the id it was written under, and is
--- taken as the epoch only on that same server history; on a promoted replica or a
--- restarted server, G and E are read and rewritten as below.
+-- Every condition passed: the store epochs, when a lease is asked for (see the top):
+-- the family's verified epoch if this server kept it, else G and E as below.
 local epoch_key = KEYS[n + 1]
 if epoch_key then
-  local here = replication_id(epoch_key)
-  if known_epoch and string.match(known_epoch, '^%d+ (%w*)') == here then
-    epoch = known_epoch
-  else
+  local verified_key = epoch_key .. ':here'
+  epoch = call('GET', verified_key)
+  if not epoch then
+    local here = replication_id()
     local grace_key = KEYS[n + 2]
     if grace_key then
       local found = call('GET', grace_key)
@@ -440,6 +419,9 @@ if epoch_key then
     if grace_until and grace_until > now_ms then
       return {0, n + 1, (grace_until - now_ms) * 1000, '', assigned}
     end
+    redis.set_repl(redis.REPL_NONE)  -- this server's own finding (see the top)
+    call('SET', verified_key, epoch, 'PX', VERIFIED_MS)
+    redis.set_repl(redis.REPL_ALL)
   end
 end
 
@@ -488,18 +470,12 @@ for n_write = 1, #writes do
       expire_in = needed + ttl_ms - now_ms
       expire_field = format('%d', needed + ttl_ms)
     end
-    -- "_epoch" goes with "_e": on a key that outlives its leases anyway (a key that
-    -- vanishes with its release keeps no field of its own). Only the first lease key
-    -- keeps it (E is its family's); other keys, and a call without E, name "_e" twice.
-    local epoch_field, epoch_value = '_epoch', epoch
-    if epoch == '' or not w[10] then epoch_field, epoch_value = '_e', expire_field end
     if counter and expire_field then
-      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field,
-        epoch_field, epoch_value)
+      call('HSET', key, owner_field, value, '_fence', counter, '_e', expire_field)
     elseif counter then
       call('HSET', key, owner_field, value, '_fence', counter)
     elseif expire_field then
-      call('HSET', key, owner_field, value, '_e', expire_field, epoch_field, epoch_value)
+      call('HSET', key, owner_field, value, '_e', expire_field)
     else
       call('HSET', key, owner_field, value)
     end
