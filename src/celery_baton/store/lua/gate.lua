@@ -105,23 +105,6 @@ local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local owner_field = 'o:' .. owner
 local reserve_us = tonumber(ARGV[3])
--- The server's replication id, and whether it was promoted from a replica since it
--- started: a promoted replica takes a new id and keeps its old master's as
--- master_replid2; a restarted master also takes a new id, but its second one is zeros
--- (it kept what its persistence kept, as before).
-local promoted = false
-local function replication_id()
-  -- pcall: a server that refuses INFO in scripts (a renamed command) keeps the
-  -- behaviour without it: no promotion is ever seen.
-  local info = redis.pcall('INFO', 'replication')
-  if type(info) ~= 'string' then info = '' end
-  local second = string.match(info, 'master_replid2:(%w+)')
-  promoted = second ~= nil and second ~= string.rep('0', 40)
-  return string.match(info, 'master_replid:(%w+)') or ''
-end
--- How long a family's verified epoch is kept ("<E's key>:here", see the top).
-local VERIFIED_MS = 1000
-local function new_epoch_id() return t[1] .. string.rep('0', 6 - #t[2]) .. t[2] end
 -- What to write once every condition passed, one record per condition (positional: the
 -- script runs for every admitted task, and array tables are the cheapest):
 --   {'L', key, expired fields or nil, fence asked, my current value or nil, last fence,
@@ -269,8 +252,10 @@ for i = 1, n do
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
     -- Slots free within the reservation window (for an "F" after this condition).
-    free = math.floor((now_us + reserve_us - tat) / interval) + burst
-    fair_retry_us = math.max(allow_at + interval - now_us, 1)
+    if ARGV[base + 4] == 'F' then
+      free = math.floor((now_us + reserve_us - tat) / interval) + burst
+      fair_retry_us = math.max(allow_at + interval - now_us, 1)
+    end
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
         fair_wait(i)
@@ -355,12 +340,24 @@ end
 
 -- Every condition passed: the store epochs, when a lease is asked for (see the top):
 -- the family's verified epoch if this server kept it, else G and E as below.
+local VERIFIED_MS = 1000  -- how long a family's verified epoch is kept here
 local epoch_key = KEYS[n + 1]
 if epoch_key then
   local verified_key = epoch_key .. ':here'
   epoch = call('GET', verified_key)
   if not epoch then
-    local here = replication_id()
+    -- The server's replication id, and whether it was promoted from a replica since it
+    -- started: a promoted replica takes a new id and keeps its old master's as
+    -- master_replid2; a restarted master also takes a new id, but its second one is
+    -- zeros (it kept what its persistence kept, as before). pcall: a server that
+    -- refuses INFO in scripts (a renamed command) keeps the behaviour without it: no
+    -- promotion is ever seen.
+    local info = redis.pcall('INFO', 'replication')
+    if type(info) ~= 'string' then info = '' end
+    local here = string.match(info, 'master_replid:(%w+)') or ''
+    local second = string.match(info, 'master_replid2:(%w+)')
+    local promoted = second ~= nil and second ~= string.rep('0', 40)
+    local new_epoch_id = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
     local grace_key = KEYS[n + 2]
     if grace_key then
       local found = call('GET', grace_key)
@@ -385,7 +382,7 @@ if epoch_key then
     epoch = call('GET', epoch_key)
     local grace_until = nil
     if not epoch then
-      epoch = new_epoch_id() .. ' ' .. here
+      epoch = new_epoch_id .. ' ' .. here
       -- On a Cluster shard (no "G"), a grace if the server may have forgotten it ("E"
       -- above): "redis_mode:cluster" (Valkey 8: "server_mode:cluster"); the uptime in
       -- whole seconds, rounded down, gives a start never earlier than the real one.
@@ -406,7 +403,7 @@ if epoch_key then
         epoch = id .. ' ' .. here  -- an older version's, or restarted: adopted, same id
         call('SET', epoch_key, epoch)
       elseif seen ~= here then
-        epoch = new_epoch_id() .. ' ' .. here
+        epoch = new_epoch_id .. ' ' .. here
         if not grace_key then
           grace_until = now_ms + ttl_ms
           epoch = format('%s %d', epoch, grace_until)
