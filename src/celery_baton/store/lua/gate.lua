@@ -77,11 +77,13 @@
 -- it never reaches a replica nor the AOF. The key says "this server found no grace for
 -- the family within the last second"; the grants of that second take the epoch from it.
 -- A server that could need a grace does not have it: one that lost its data lost the
--- key too; a promoted replica never had it (not replicated). Only a server that kept
--- it through a restart from an RDB file, or through being demoted and promoted again,
--- within that second, reads it: a restart keeps what persistence kept (no grace, the
--- same as when G and E are read), and a failover and a failback within one second do
--- not happen (each waits out a node timeout; a planned one loses nothing).
+-- key too; a promoted replica never had it (not replicated). A snapshot of the dataset
+-- carries it (an RDB file, an AOF rewrite, a replica's full sync, a slot migrated on
+-- Cluster) with its expiry, so only within that second could another history read
+-- it: a restart keeps what persistence kept (no grace then, as when G and E are read);
+-- a migrated slot keeps its data; and no replica is promoted within a second of its
+-- sync, nor a master demoted and promoted again (a failover waits out a node timeout
+-- first, and a planned one loses nothing).
 -- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
 --                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
