@@ -29,6 +29,11 @@ from celery_baton.store.scripts import Pending
 #: claim runs as soon as the paused store resumes, but the give-back may come first.
 GIVE_BACK_MARK_MIN = 60.0
 
+#: Seconds at least that a give-back is retried while the store does not answer (a
+#: store paused longer still runs the claim it buffered: its key then lapses with the
+#: claim's ttl, and the loss is logged).
+GIVE_BACK_RETRY_FOR = 3600.0
+
 logger = logging.getLogger("celery_baton.unique")
 
 
@@ -83,9 +88,13 @@ class UniqueClaims:
             raise self.store.unavailable(exc) from exc
 
     def release_later(self, key: str, task_id: str, ttl: float) -> None:
-        """Give ``key`` back in the background until it works (at most ``ttl``: then the
-        claim has expired anyway), and once more after that, for a late claim."""
-        deadline = time.monotonic() + ttl
+        """Give ``key`` back in the background until it works, and once more after that.
+
+        Not only for ``ttl``: a store that answers nothing (paused) may still run the
+        claim when it resumes, and the claim's ttl starts then; the give-back must land
+        once the store answers, however long that took (its mark undoes a claim that
+        runs after it). Retried for ``GIVE_BACK_RETRY_FOR`` at least."""
+        deadline = time.monotonic() + max(ttl, GIVE_BACK_RETRY_FOR)
         state = {"done": 0}
 
         def attempt() -> bool:
@@ -153,6 +162,11 @@ class Retries:
                         (time.monotonic() + delay, next(self._order), delay, deadline, attempt),
                     )
             else:
+                if not finished:
+                    logger.warning(
+                        "a unique give-back still failed when its retries ran out; a claim"
+                        " the store runs later keeps its key until its ttl"
+                    )
                 self._forget(attempt)
 
     def _forget(self, attempt: Callable[[], bool]) -> None:

@@ -11,6 +11,7 @@ sent. The give-back now leaves a mark that the late claim finds: it writes nothi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,8 @@ import redis
 
 from celery_baton.store import connect
 from celery_baton.unique import UniqueClaims
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 
 KEY = "baton:{tests.uq}:uq:abc"
 
@@ -63,3 +66,30 @@ def test_a_give_back_of_another_ids_claim_frees_nothing(
     assert r.get(KEY) == "holder"
     assert _claim(claims, "other") == "holder"
     assert 55_000 < r.pttl("baton:{tests.uq}:uq-given-back:abc:lost") <= 60_000
+
+
+def test_a_claim_the_store_runs_after_a_pause_longer_than_its_ttl_is_given_back(
+    store_url: str, store_server: StoreServer, r: redis.Redis
+) -> None:
+    """The 30-minute soak, seed 1104: a publish with ``expires=2`` (claim ttl 2 s) failed
+    as the store paused for 8 s; its give-back was retried only until that ttl had
+    passed on the publisher's clock, and gave up while the store was still paused. The
+    store then ran the buffered claim, whose ttl starts when it runs: the key was held
+    by a message never sent, and a publish 1.1 s later was deduplicated into it."""
+    ttl = 8.0
+    store = connect(store_url, socket_timeout=1)
+    claims = UniqueClaims(store)
+    store_server.pause()
+    try:
+        claims.release_later(KEY, "never-sent", ttl)  # what a publish that failed does
+        time.sleep(ttl + 2)  # the store answers nothing for longer than the claim's ttl
+    finally:
+        store_server.resume()
+    # The store runs the claim it buffered (its connection's): its ttl starts now.
+    late = connect(store_url)
+    assert _claim(UniqueClaims(late), "never-sent", ttl) == ""
+    took = wait_until(lambda: r.get(KEY) is None, ttl, "the late claim given back")
+    assert took < ttl / 2, f"a claim whose message was never sent held the key {took:.1f} s"
+    assert _claim(claims, "next") == "", "deduplicated into a message never sent"
+    late.client.close()
+    store.client.close()
