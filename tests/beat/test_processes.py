@@ -14,7 +14,14 @@ import pytest
 import redis
 
 from celery_baton.beat import slot_task_id
-from tests.beat.helpers import beat_env, leader_pid, runs_per_slot, wait_for_leader
+from tests.beat.helpers import (
+    BEAT_KEYS,
+    assert_outbox_holds_only_unsent_tail,
+    beat_env,
+    leader_pid,
+    runs_per_slot,
+    wait_for_leader,
+)
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.workers import BeatProcess, Workers
@@ -95,8 +102,8 @@ def test_three_beats_leader_killed_twice_each_slot_once(
         assert all(n == 1 for n in runs_per_slot(observer, "minutely").values())
     assert_ids_derived_from_slots(observer)
     for name in ("every1", "minutely"):
-        assert store.hget(f"baton:{{beat:beat_app}}:entry:{name}", "missed") is None
-    assert store.hlen("baton:{beat:beat_app}:outbox") == 0
+        assert store.hget(BEAT_KEYS.entry(name), "missed") is None
+    assert_outbox_holds_only_unsent_tail(observer, store)
     # Default lease ttl is 6 s; the bound is loose for a loaded 2-core machine.
     assert max(failovers) < 12, failovers
     assert handover < 5, handover
@@ -132,7 +139,7 @@ def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
         log = beat.log_text()
         assert "refusing beat entry 'zero': interval must be > 0 s" in log
         assert "refusing beat entry 'ghost': unknown task 'no.such.task'" in log
-    refused = store.hgetall("baton:{beat:beat_app}:refused")
+    refused = store.hgetall(BEAT_KEYS.refused)
     assert set(refused) == {"zero", "ghost"}
 
 

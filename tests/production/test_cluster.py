@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.beat.helpers import beat_env, start_two_beats, wait_for_leader
+from tests.beat.helpers import BEAT_KEYS, beat_env, start_two_beats, wait_for_leader
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.production.conftest import ProdStore
 from tests.support.observer import Observer, Run, assert_no_overlap, max_concurrent
@@ -216,7 +216,7 @@ def test_master_killed_workers_recover_nothing_lost(
 def test_beat_master_killed_beats_recover(
     prod_workers: Workers, observer: Observer, cluster: ClusterTopology, prod_store: ProdStore
 ) -> None:
-    """SIGKILL the master serving the ``{beat}`` keys under two beats: the beats go on
+    """SIGKILL the master serving the beat's keys under two beats: the beats go on
     on the promoted replica; every slot after the failover runs; duplicates measured."""
     env = beat_env({"every1": {"every": 1}})
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
@@ -224,7 +224,7 @@ def test_beat_master_killed_beats_recover(
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     time.sleep(5)
-    cluster.master_of("baton:{beat}:leader").kill()
+    cluster.master_of(BEAT_KEYS.leader).kill()
     time.sleep(15)
     for beat in beats:
         beat.stop()
