@@ -5,9 +5,12 @@ A publish of a ``unique`` task first claims its key with the task id as owner
 not happen gives its claim back (unique_release.lua: delete if still ours). When the
 store does not answer, the claim may still be executed later (a paused store runs
 what it buffered when it resumes), even after the give-back, which goes on another
-connection: the give-back (unique_give_back.lua) then leaves a mark that makes the late
-claim write nothing, and it is retried in the background, by one thread per process
-(not one per failure), until the store answers.
+connection. So a claim carries the moment its publisher stops waiting for the answer,
+on the store's clock (learned once a minute with ``TIME``): run later, it writes
+nothing. One that still ran (the clocks' estimate is off by a round trip) is undone by
+the give-back (unique_give_back.lua), which leaves a mark that makes a later claim
+write nothing too, and is retried in the background, by one thread per process (not
+one per failure), until the store answers.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from celery_baton.errors import BatonError
+from celery_baton.errors import BatonError, StoreUnavailable
 from celery_baton.keys import given_back
 from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.store.inspect import server_now_ms
 from celery_baton.store.scripts import Pending
 
 #: Seconds at least that a give-back's mark waits for the late claim it undoes: the
@@ -34,6 +38,9 @@ GIVE_BACK_MARK_MIN = 60.0
 #: claim's ttl, and the loss is logged).
 GIVE_BACK_RETRY_FOR = 3600.0
 
+#: Seconds between two readings of the store's clock (``TIME``).
+CLOCK_EVERY = 60.0
+
 logger = logging.getLogger("celery_baton.unique")
 
 
@@ -43,6 +50,29 @@ class UniqueClaims:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._retries = Retries()
+        self._offset_ms: float | None = None  # the store's clock minus ours
+        self._offset_read = -CLOCK_EVERY  # monotonic time of the last reading
+
+    def _deadline_ms(self) -> int:
+        """When a claim sent now is answered too late for its publisher, on the store's
+        clock: a quarter of the socket timeout (at most 0.25 s) before the publisher gives
+        up, for the error of the clock reading. 0 (none) while the clock is unknown."""
+        if time.monotonic() - self._offset_read >= CLOCK_EVERY:
+            self._read_clock()
+        if self._offset_ms is None or not self.store.socket_timeout:
+            return 0
+        waits = self.store.socket_timeout - min(0.25, self.store.socket_timeout / 4)
+        return int(time.time() * 1000 + self._offset_ms + waits * 1000)
+
+    def _read_clock(self) -> None:
+        self._offset_read = time.monotonic()
+        try:
+            server_ms = server_now_ms(self.store)
+        except STORE_ERRORS:
+            return  # the claim will tell; keep the last reading
+        # Read as our clock after the reply: the store's time looks a round trip late at
+        # most, so deadlines come early, never late.
+        self._offset_ms = server_ms - time.time() * 1000
 
     def send(self, key: str, task_id: str, ttl: float) -> Pending:
         """Write the claim now; :meth:`result` reads its answer (the round trip overlaps
@@ -53,7 +83,9 @@ class UniqueClaims:
         self._retries.run_now(key)
         try:
             return self.store.scripts.send(
-                "unique_claim", [key, given_back(key, task_id)], [task_id, round(ttl * 1000)]
+                "unique_claim",
+                [key, given_back(key, task_id)],
+                [task_id, round(ttl * 1000), self._deadline_ms()],
             )
         except STORE_ERRORS as exc:
             self.release_later(key, task_id, ttl)  # part of it may have been written
@@ -68,6 +100,12 @@ class UniqueClaims:
             # it would block the key for ttl.
             self.release_later(key, task_id, ttl)
             raise self.store.unavailable(exc) from exc
+        if holder == -1:  # answered, but too late for the claim to count: nothing written
+            raise StoreUnavailable(
+                "store call failed: the unique claim reached the store after its publisher's "
+                "socket timeout (nothing was claimed)",
+                url=self.store.safe_url,
+            )
         return str(holder or "")
 
     def release(self, key: str, task_id: str) -> bool:

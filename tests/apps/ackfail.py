@@ -98,6 +98,22 @@ def uq_ack_guarded(self: Task, key: str) -> str:
     return "ran"
 
 
+def broker_pid_mark() -> str:
+    """The broker server's pid, set by a test whose task stops the broker itself."""
+    return "ackfail:broker-pid"
+
+
+@app.task(bind=True, unique="key")
+def uq_stops_broker(self: Task, key: str) -> str:
+    """Unique, acks_late: its first run stops (SIGSTOP) the broker as it returns, so the
+    ack that follows is the worker's first call to a stopped broker: it is written on
+    the connection kombu keeps open, and read by the broker when it goes on."""
+    observer().run(key, task_id=self.request.id)
+    if _marks().set(f"ackfail:broker-stopped:{key}", "1", nx=True):  # the key's first run
+        os.kill(int(_marks().get(broker_pid_mark()) or 0), signal.SIGSTOP)
+    return "ran"
+
+
 def unique_key(task: Task, *args: object, **kwargs: object) -> str:
     """The store key of ``task``'s unique claim for this call."""
     policy = baton.policy_for(task)

@@ -31,7 +31,11 @@ def prod_store(sentinel: SentinelTopology, sentinel_url: str) -> ProdStore:
     return ProdStore("sentinel", sentinel_url, sentinel)
 
 
-@pytest.mark.timeout(120)
+#: Failovers tried until one takes a claim from the leader (the case under test).
+FAILOVERS_MAX = 3
+
+
+@pytest.mark.timeout(240)
 def test_a_planned_failover_runs_each_beat_slot_once(
     prod_workers: Workers, observer: Observer, prod_store: ProdStore, sentinel: SentinelTopology
 ) -> None:
@@ -41,19 +45,26 @@ def test_a_planned_failover_runs_each_beat_slot_once(
     with prod_store.client() as store:
         wait_for_leader(store, beats)
     time.sleep(3)
-    old = sentinel.master()
-    changed_ms = int(time.time() * 1000)
-    sentinel.failover()
-    _wait_new_master(sentinel, old)
-    time.sleep(8)
+    # The leader's claim taken by the old master in the half second before the switch
+    # is seen is lost, and written back (not sent again). Sometimes the failover takes
+    # the leader's lease instead, and the other beat leads after it (no claim to write
+    # back: a new leader has no memory of it): then fail over again.
+    changes: list[int] = []
+    for _ in range(FAILOVERS_MAX):
+        old = sentinel.master()
+        changes.append(int(time.time() * 1000))
+        sentinel.failover()
+        _wait_new_master(sentinel, old)
+        time.sleep(8)
+        if any("wrote them back" in beat.log_text() for beat in beats):
+            break
+    else:
+        pytest.fail(f"{FAILOVERS_MAX} failovers, and none took a claim from the leader")
     for beat in beats:
         beat.stop()
     drain(observer, settle=2)
 
     counts = runs_per_slot(observer, "every1")
-    twice = {slot - changed_ms: n for slot, n in counts.items() if n > 1}
-    assert not twice, f"slots run more than once (ms from the failover: runs): {twice}"
-    assert len([s for s in counts if s > changed_ms + 2000]) >= 5, counts
-    # The leader's claim taken by the old master was lost, and written back (not sent
-    # again): the half second before the switch is seen always takes a slot of 1 s.
-    assert any("wrote them back" in beat.log_text() for beat in beats)
+    twice = {slot - changes[0]: n for slot, n in counts.items() if n > 1}
+    assert not twice, f"slots run more than once (ms from the first failover: runs): {twice}"
+    assert len([s for s in counts if s > changes[-1] + 2000]) >= 5, counts

@@ -136,6 +136,9 @@ class History:
     #: task ids whose worker logged that their lease was lost.
     lost_leases: set[str] = field(default_factory=set)
     limits: Limits = field(default_factory=Limits)
+    #: task ids some worker logged as received (Celery's strategy, before celery-baton
+    #: sees the message); None: not recorded (a history from before it was).
+    received: set[str] | None = None
 
 
 def load_history(data: dict[str, Any]) -> History:
@@ -148,6 +151,7 @@ def load_history(data: dict[str, Any]) -> History:
         results=dict(data["results"]),
         lost_leases=set(data["lost_leases"]),
         limits=Limits(**data["limits"]),
+        received=set(data["received"]) if "received" in data else None,
     )
 
 
@@ -223,6 +227,15 @@ def _identity(entry: dict[str, Any]) -> tuple[str, str, int, int]:
 
 
 _LOST = re.compile(r"lost its lease \S+ \(owner ([^|\s)]+)|lease lost: \S+ held by ([^|\s]+)\|")
+
+
+_RECEIVED = re.compile(r"\] Task [\w.]+\[([0-9a-f-]{36})\] received$", re.M)
+
+
+def received_task_ids(log_text: str) -> set[str]:
+    """Task ids a worker's log says it received (Celery's INFO line, logged before any
+    of celery-baton's consumer code sees the message)."""
+    return set(_RECEIVED.findall(log_text))
 
 
 def lost_lease_task_ids(log_text: str) -> set[str]:
@@ -303,10 +316,23 @@ RELEASE_RETRY = 1.0
 TRANSPORT_WINDOW = 0.25
 
 
-def _at_a_worker_kill(history: History, at: int) -> bool:
+def _lost_in_transport(history: History, pub: Published) -> Fault | None:
+    """The fault that may have lost ``pub`` in kombu's Redis transport before any worker
+    received it: a worker SIGKILLed as it was published (and taken off the queue), or the
+    broker SIGKILLed after it was published, while it may still have been waiting in
+    the queue. None if some worker logged it received (then it was ours to keep)."""
+    if history.received is not None and pub.task_id in history.received:
+        return None
     window = int(TRANSPORT_WINDOW * SECOND)
-    return any(
-        f.kind == "kill_worker" and f.start - window <= at <= f.end + window for f in history.faults
+    waited = int(history.limits.redelivery * SECOND)
+    return next(
+        (
+            f
+            for f in history.faults
+            if (f.kind == "kill_worker" and f.start - window <= pub.at <= f.end + window)
+            or (f.kind == "restart_broker" and pub.at <= f.start <= pub.at + waited)
+        ),
+        None,
     )
 
 
@@ -508,28 +534,44 @@ def check_unique(history: History, spans: list[_Span], report: Report) -> None:
                 )
 
 
-def _once(spans: list[_Span], prefix: str, name: str, report: Report) -> None:
+def _once(history: History, spans: list[_Span], prefix: str, name: str, report: Report) -> None:
     for key, group in sorted(_by_key(spans, (prefix,)).items()):
         for earlier, later in _overlaps(group):
             report.violations[name].append(
                 f"{key!r}: {_describe(earlier)} and {_describe(later)} at once"
             )
         finished = [s for s in group if not s.killed]
-        if len(finished) > 1:
-            report.violations[name].append(
-                f"{key!r} ran {len(finished)} times: " + "; ".join(_describe(s) for s in finished)
+        if len(finished) < 2:
+            continue
+        what = f"{key!r} ran {len(finished)} times: " + "; ".join(_describe(s) for s in finished)
+        # Its end is recorded (the done marker) by the pool process right after the body:
+        # a worker killed in that moment takes the record with it, and the copy runs.
+        # Only the last run may have been recorded.
+        unrecorded = [
+            (s, death)
+            for s in sorted(finished, key=lambda s: s.run.start)[:-1]
+            if (death := _death_right_after(history, s.run)) is not None
+        ]
+        if len(unrecorded) == len(finished) - 1:
+            span, death = unrecorded[0]
+            assert span.run.end is not None
+            report.known["run-end-unrecorded"].append(
+                f"{what}; the first's worker died {(death.start - span.run.end) / SECOND:+.3f} s"
+                f" from its end ({death.kind}), before its pool process recorded it"
             )
+        else:
+            report.violations[name].append(what)
 
 
 def check_guard(history: History, spans: list[_Span], report: Report) -> None:
-    _once(spans, "guarded:", "guard", report)
+    _once(history, spans, "guarded:", "guard", report)
 
 
 def check_beat(history: History, spans: list[_Span], report: Report) -> None:
     for span in spans:
         if span.run.key.startswith("beat:") and span.run.key.endswith("|None"):
             report.violations["beat"].append(f"a tick without its slot header: {_describe(span)}")
-    _once(spans, "beat:", "beat", report)
+    _once(history, spans, "beat:", "beat", report)
     report.counts["beat slots"] = len(_by_key(spans, ("beat:",)))
     # Two leaders (say, beats that do not share one store) fire every tick twice, each
     # under a slot of its own: one entry's slots closer than its period give that away.
@@ -722,14 +764,17 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
         if history.results.get(pub.task_id, "").startswith("REVOKED"):
             report.known["expired"].append(f"{pub.task} {pub.task_id}: expired before it ran")
             continue
-        if not history.results.get(pub.task_id) and _at_a_worker_kill(history, pub.at):
+        fault = None if history.results.get(pub.task_id) else _lost_in_transport(history, pub)
+        if fault is not None:
             # kombu's Redis transport takes a message off the queue (BRPOP) and only then
-            # records it as unacked: a worker SIGKILLed between the two loses it before
-            # Celery (or celery-baton) ever saw it. Not ours to close; RabbitMQ has no
-            # such window.
+            # records it as unacked (HSET), before Celery sees it: a worker SIGKILLed
+            # between the two, or a broker SIGKILLed after the first (its reply, or the
+            # record, lost), loses it before Celery or celery-baton saw it. Not ours to
+            # close; RabbitMQ has no such window.
             report.known["lost-in-transport"].append(
-                f"{pub.task} {pub.task_id} published at {pub.at}, as a worker was killed, "
-                "never received by any worker (kombu Redis: BRPOP, then the unacked record)"
+                f"{pub.task} {pub.task_id} published at {pub.at}, "
+                f"{(fault.start - pub.at) / SECOND:+.3f} s from a {fault.kind}, never received"
+                " by any worker (kombu Redis: BRPOP, then the unacked record)"
             )
             continue
         report.violations["accounting"].append(

@@ -65,6 +65,7 @@ from tests.soak.checker import (
     crash_reason,
     lost_lease_task_ids,
     merge_runs,
+    received_task_ids,
 )
 from tests.support import processes
 from tests.support.observer import RUNS, STARTED
@@ -723,8 +724,11 @@ class Nemesis:
             if raw:
                 results[task_id] = _state(json.loads(raw))
         lost: set[str] = set()
+        received: set[str] = set()
         for machine in self.machines:
-            lost |= lost_lease_task_ids(machine.logs())
+            logs = machine.logs()
+            lost |= lost_lease_task_ids(logs)
+            received |= received_task_ids(logs)
         return History(
             runs=merge_runs(started, finished),
             published=list(self.published),
@@ -732,6 +736,7 @@ class Nemesis:
             faults=list(self.faults),
             results=results,
             lost_leases=lost,
+            received=received,
             limits=Limits(
                 lease_ttl=self.config.lease_ttl,
                 cap=self.module.CAP,
@@ -766,6 +771,7 @@ def _dump(history: History) -> str:
 
     data = asdict(history)
     data["lost_leases"] = sorted(history.lost_leases)
+    data["received"] = sorted(history.received or ())
     return json.dumps(data, indent=1, default=str)
 
 

@@ -359,6 +359,31 @@ def test_a_worker_that_died_by_itself_is_judged_as_a_killed_worker() -> None:
     assert report.failed_checks() == ["guard"], report.summary()
 
 
+def test_a_run_whose_worker_was_killed_as_it_ended_may_run_again() -> None:
+    """Its pool process records a guarded run's (a beat slot's) end right after the body;
+    a worker killed in that moment takes the record with it (20-minute soak, seed 1105: a
+    beat tick ran in the pool 1 ms after kill_worker had SIGKILLed the main process, and
+    its copy ran 30 s later). The known window ``run-end-unrecorded``; a death a second
+    after the end, or another worker's, is still a violation."""
+    for key in ("guarded:1", "beat:every1|1000"):
+        twice = [run(key, "1", 0, 1.001, pid=7), run(key, "1", 30, 30.001, pid=8)]
+        kill = [Fault("kill_worker", int(0.9995 * S), int(1.03 * S), pids=(5, 7))]
+        report = judge(twice, faults=kill)
+        assert report.ok and report.known["run-end-unrecorded"], report.summary()
+        later = [Fault("kill_worker", int(2 * S), int(2.03 * S), pids=(5, 7))]
+        other = [Fault("kill_worker", int(0.9995 * S), int(1.03 * S), pids=(6, 9))]
+        for faults in (later, other, []):
+            assert not judge(twice, faults=faults).ok, faults
+    # Three runs: the second's end was recorded, so the third is a violation.
+    thrice = [
+        run("guarded:1", "1", 0, 1.001, pid=7),
+        run("guarded:1", "1", 30, 30.001, pid=8),
+        run("guarded:1", "1", 60, 60.001, pid=8),
+    ]
+    kill = [Fault("kill_worker", int(0.9995 * S), int(1.03 * S), pids=(5, 7))]
+    assert judge(thrice, faults=kill).failed_checks() == ["guard"]
+
+
 def test_a_run_that_ends_in_the_pool_while_kill_worker_runs_is_lost_with_its_worker() -> None:
     """kill_worker SIGKILLs the main process, then its pool: a pool process may end a run
     in between (strict soak, seed 2202: a beat tick ended 23 ms into the kill). Its ack
@@ -433,6 +458,24 @@ def test_a_task_published_as_a_worker_was_killed_and_never_received_is_a_known_w
     assert at_kill.ok and at_kill.known["lost-in-transport"], at_kill.summary()
     later = judge([], published=[sent("1", at=12)], faults=kill)
     assert "never ran and is not accounted for" in later.violations["accounting"][0]
+    # Only if no worker logged it received: one that did was celery-baton's to keep.
+    received = judge([], published=[sent("1", at=10.02)], faults=kill, received={"1"})
+    assert "never ran and is not accounted for" in received.violations["accounting"][0]
+
+
+def test_a_task_published_before_the_broker_was_killed_may_be_lost_in_transport() -> None:
+    """A broker SIGKILLed after the publish, as a worker had just taken the message off
+    the queue (BRPOP executed and logged, its reply or the unacked record lost): kombu
+    lost it before Celery saw it (20-minute soak, seed 1105: two tasks published 0.13 s
+    and 0.49 s before a restart_broker). Known only if no worker logged it received."""
+    restart = [Fault("restart_broker", int(10 * S), int(11 * S))]
+    lost = judge([], published=[sent("1", at=9.5)], faults=restart, received=set())
+    assert lost.ok and lost.known["lost-in-transport"], lost.summary()
+    assert "+0.500 s from a restart_broker" in lost.known["lost-in-transport"][0]
+    for published, received in ((9.5, {"1"}), (10.5, set()), (-30.0, set())):
+        report = judge([], published=[sent("1", at=published)], faults=restart,
+                       received=received)  # fmt: skip
+        assert "not accounted for" in report.violations["accounting"][0], (published, received)
 
 
 def test_a_unique_run_acked_as_its_worker_died_keeps_its_claim_as_a_known_window() -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from celery_baton.errors import StoreUnavailable
 from celery_baton.store import connect
 from celery_baton.unique import UniqueClaims
 from tests.support.servers import StoreServer
@@ -92,4 +93,29 @@ def test_a_claim_the_store_runs_after_a_pause_longer_than_its_ttl_is_given_back(
     assert took < ttl / 2, f"a claim whose message was never sent held the key {took:.1f} s"
     assert _claim(claims, "next") == "", "deduplicated into a message never sent"
     late.client.close()
+    store.client.close()
+
+
+def test_a_claim_the_store_runs_after_its_publisher_gave_up_writes_nothing(
+    store_url: str, store_server: StoreServer, r: redis.Redis
+) -> None:
+    """The 30-minute soak, seed 1106: a publish failed (its claim timed out: the store was
+    paused), and the store ran the buffered claim when it resumed; a publish from another
+    process in the moment before the give-back landed was deduplicated into the message
+    that was never sent. A claim carries the moment its publisher stops waiting (on the
+    store's clock): run later, it writes nothing."""
+    store = connect(store_url, socket_timeout=1)
+    claims = UniqueClaims(store)
+    _claim(claims, "warm-up")  # the publisher knows the store's clock
+    claims.release(KEY, "warm-up")
+    store_server.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            _claim(claims, "never-sent")  # gives up after 1 s; give-back in 0.5 s
+    finally:
+        store_server.resume()  # before the first give-back is sent
+    other = connect(store_url)  # another publisher: no give-back of its own to run first
+    assert _claim(UniqueClaims(other), "next") == "", "deduplicated into a message never sent"
+    assert r.get(KEY) == "next"
+    other.client.close()
     store.client.close()

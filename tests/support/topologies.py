@@ -5,7 +5,7 @@ Example::
     cluster = ClusterTopology()          # 3 masters, 1 replica each, node timeout 1 s
     cluster.start()
     cluster.url()                        # redis+cluster://127.0.0.1:PORT/0
-    victim = cluster.master_of("baton:{beat}:leader")
+    victim = cluster.master_of("baton:{beat:beat_app}:leader")
     victim.kill()                        # SIGKILL; its replica takes over in ~2 s
     cluster.wait_healthy()               # restarts what is down, waits for state ok
     cluster.close()

@@ -6,6 +6,12 @@ stays unacked on the broker and comes back (Redis: after ``visibility_timeout``)
 unique key must then stay with the task id whose copy will run again: a publish of the
 key meanwhile is deduplicated against it, and the copy frees the key when it ends.
 
+When the ack only timed out, the broker may have executed it after all: a redis-server
+that was SIGSTOPped reads the timed-out command when it goes on. Then no copy comes,
+and the key must be free as soon as the broker tells so, not held for the copy that
+never comes (the 20-minute soak of seed 1105: a key held 26 s after the broker answered,
+7 publishes deduplicated into a task that had ended).
+
 The broker here is the test's own redis-server, paused while a run returns.
 """
 
@@ -90,6 +96,46 @@ def test_a_run_whose_ack_failed_keeps_its_unique_key(
     third = task.delay("ka")
     assert third.id != first.id, "the key stayed claimed after the copy ended"
     wait_until(lambda: len(observer.runs_of("ka", n=1)) == 3, 30, "run")
+
+
+def test_a_run_whose_timed_out_ack_the_broker_executed_frees_its_unique_key(
+    workers: Workers,
+    observer: Observer,
+    store: redis.Redis,
+    broker_server: StoreServer,
+) -> None:
+    """The run stops the broker (SIGSTOP) as it returns: the ack is written to it, times
+    out ("Couldn't ack"), and the worker keeps the claim for a copy. The broker, resumed,
+    runs the ack it had read: nothing comes back, and the key is free within seconds
+    (not after the redelivery window, 21 s here); the next publish is queued and runs."""
+    from tests.apps import ackfail
+
+    task = ackfail.uq_stops_broker
+    observer._redis.set(ackfail.broker_pid_mark(), str(broker_server.pid))
+    worker = workers.start(APP, concurrency=2)
+    first = task.delay("kb")
+    key = ackfail.unique_key(task, "kb")
+    try:
+        wait_until(lambda: "Couldn't ack" in worker.log_text(), 40, "the ack to fail")
+    finally:
+        broker_server.resume()
+    with broker_server.client() as broker:
+        # The scenario: the timed-out ack ran when the broker went on (checked before the
+        # visibility_timeout of 10 s could restore the message).
+        broker.ping()
+        assert broker.hlen("unacked") == 0, "the ack did not run late: not this scenario"
+        assert broker.llen("celery") == 0, "the message came back: not this scenario"
+    wait_until(
+        lambda: store.get(key) is None,
+        8,
+        "the key freed once the broker showed the ack landed",
+    )
+    second = task.delay("kb")
+    assert second.id != first.id, "deduplicated into a run that ended and was acked"
+    runs = observer.runs_of("kb", n=2, timeout=30)
+    assert [r.task_id for r in runs] == [first.id, second.id]
+    time.sleep(1.0)
+    assert len(observer.started()) == 2, "the first task ran again"
 
 
 def test_under_the_guard_a_run_whose_ack_failed_frees_its_unique_key(

@@ -79,6 +79,8 @@ class Store:
     embedded: bool = False
     #: Sentinel only: counts master changes (see :class:`MasterWatch`).
     master_watch: MasterWatch | None = None
+    #: Seconds a call waits for its answer before it fails (None: for ever).
+    socket_timeout: float | None = None
     scripts: Scripts = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,16 +133,18 @@ def connect(
             )
         sock = ensure_embedded_server()
         url = f"unix://{sock}"
-        return Store(url, _redis_from_url(url, socket_timeout, client_name), embedded=True)
+        local = _redis_from_url(url, socket_timeout, client_name)
+        return Store(url, local, embedded=True, socket_timeout=socket_timeout)
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
         plain_client = _redis_from_url(url, socket_timeout, client_name)
         _check_database(plain_client, url)
-        return Store(url, plain_client)
+        return Store(url, plain_client, socket_timeout=socket_timeout)
     if scheme in ("sentinel", "sentinels"):
         master = _sentinel_client(url, socket_timeout, client_name)
         _check_database(master, url)
-        return Store(url, master, master_watch=MasterWatch(master.connection_pool))
+        watch = MasterWatch(master.connection_pool)
+        return Store(url, master, master_watch=watch, socket_timeout=socket_timeout)
     if scheme in ("redis+cluster", "rediss+cluster"):
         plain = url.replace("+cluster", "", 1)
         try:
@@ -153,7 +157,7 @@ def connect(
             )
         except CLUSTER_UNREACHABLE as exc:
             raise StoreUnavailable(f"cannot reach the cluster: {exc}", url=redact_url(url)) from exc
-        return Store(url, client)
+        return Store(url, client, socket_timeout=socket_timeout)
     raise ConfigError(
         "unsupported store URL scheme; use redis://, rediss://, unix://, sentinel://, "
         "redis+cluster:// or embedded://",

@@ -4,7 +4,8 @@ A run gives back its leases when it ends, whichever way (``worker/request.py`` c
 :meth:`Releasing.finish` from Celery's own completion paths); when its end is final it
 also marks its task id done (redelivery guard) and frees its unique key, unless its ack
 failed: then the message comes back, and the key is kept for that copy (for
-``redelivery_window``, which the copy's admission extends to ``unique_ttl``). A delivery
+``redelivery_window``, which the copy's admission extends to ``unique_ttl``), unless
+the broker shows that the ack ran after all (``worker/ack_fate.py``). A delivery
 that will not run here gives back what the gate *may* have granted it: an ask whose
 answer was lost (the store may still execute it), or a delivery forgotten when the
 broker connection dropped. Every release compares the owner, so giving back what was
@@ -27,10 +28,12 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from celery_baton.errors import BatonError
 from celery_baton.gate import Release
 from celery_baton.gate_channel import GateChannel
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.worker.ack_fate import AckFates
 from celery_baton.worker.request import detach, reached_the_pool
 
 logger = logging.getLogger("celery_baton.worker")
@@ -57,6 +60,7 @@ class Releasing:
         *,
         hub: Any = None,
         redelivery_window: float | None = None,
+        ack_fates: AckFates | None = None,
     ) -> None:
         self.book = book
         self.timer = timer
@@ -64,6 +68,8 @@ class Releasing:
         #: Seconds within which the broker delivers an unacked message again (None: not
         #: known, e.g. AMQP, where it comes back when the broker sees the channel close).
         self.redelivery_window = redelivery_window
+        #: Asks the broker whether a failed ack ran after all (the kept claim then goes).
+        self.ack_fates = ack_fates or AckFates()
         self.channel: GateChannel
         self._unsent: list[Release] = []  # waiting for the store to answer again
         self._probe_armed = False
@@ -105,6 +111,14 @@ class Releasing:
             )
         if not (plan.leases or done_key or unique_key):
             return
+        if keep and unique_key:
+            key, task_id = unique_key, request.id
+            self.ack_fates.check(
+                getattr(request, "message", None),
+                task_id,
+                keep,
+                lambda: self._free_unique_now(key, task_id),
+            )
         self.channel.release(
             Release(
                 tuple(lease.key for lease in plan.leases),
@@ -140,8 +154,8 @@ class Releasing:
         """How long the unique claim of a run whose ack failed is kept for its copy: until
         the broker delivers it again (then the copy's admission extends it, and its end
         frees it), bounded by ``unique_ttl``. The ack may have reached the broker after
-        all (it timed out after it was sent): then no copy comes, and the key is free
-        when this runs out."""
+        all (it timed out after it was sent): then no copy comes, and the key is freed as
+        soon as the broker shows it (``worker/ack_fate.py``), else when this runs out."""
         if self.redelivery_window is None:
             return policy.unique_ttl
         return max(1.0, min(policy.unique_ttl, self.redelivery_window))
@@ -243,6 +257,15 @@ class Releasing:
         """Free a unique claim if ``task_id`` still holds it (a skipped or revoked run),
         sent like a release: the consumer's loop never waits for it."""
         self.channel.release(Release((), "", unique_key=key, unique_owner=task_id))
+
+    def _free_unique_now(self, key: str, task_id: str) -> None:
+        """Off the loop (the ack fates' thread): free a claim kept for a copy that will
+        not come; sent again once the store answers, if it does not now."""
+        release = Release((), "", unique_key=key, unique_owner=task_id)
+        try:
+            self.channel.gate.release_many([release])
+        except BatonError:
+            self.retry_later(release)
 
     # -- when the store does not answer ---------------------------------------------------
 

@@ -4,14 +4,29 @@
 -- KEYS[2]  the give-back mark of this task id's claim (keys.given_back)
 -- ARGV[1]  task id of the message about to be published
 -- ARGV[2]  ttl in milliseconds (bounded: a message lost by the broker frees it eventually)
+-- ARGV[3]  (optional) the moment its publisher stops waiting for the reply, in ms of
+--          this server's clock (0 or absent: none)
 -- returns  '' when claimed (or already held by this task id, as when a task retries),
---          else the task id that holds it
+--          -1 when run after ARGV[3] (nothing written), else the task id that holds it
 --
--- A claim whose publisher gave up waiting for this reply (the store was paused, and ran
--- the call when it resumed) was given back already: unique_give_back left a mark, and
--- the late claim writes nothing, so no later publish is deduplicated into a message
--- that was never sent.
+-- A claim run after its publisher gave up (the store was paused with it in its input
+-- buffer) writes nothing: the publish failed, and its message is never sent. Without
+-- this, the claim held the key until the publisher's give-back landed, and a publish
+-- from another process in between was deduplicated into the message never sent (the
+-- 30-minute soak, seed 1106).
+--
+-- A claim whose publisher gave up waiting for this reply, and that the store still ran
+-- before ARGV[3] (the publisher's reading of this clock was off), was given back:
+-- unique_give_back left a mark, and the late claim writes nothing, so no later publish
+-- is deduplicated into a message that was never sent.
 
+local deadline = tonumber(ARGV[3] or '0') or 0
+if deadline > 0 then
+  local t = redis.call('TIME')
+  if t[1] * 1000 + math.floor(t[2] / 1000) > deadline then
+    return -1
+  end
+end
 if redis.call('DEL', KEYS[2]) == 1 then
   return ''
 end
