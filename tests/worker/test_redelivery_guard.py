@@ -57,8 +57,15 @@ def test_guard_runs_each_task_id_once_despite_visibility_timeout(
     workers: Workers, observer: Observer, broker_url: str, store_url: str
 ) -> None:
     """The same, with ``redelivery_guard=True`` on the task: each id runs exactly once;
-    the copies are held while it runs and dropped once it finished; no message is left
-    in the broker."""
+    the copies are held while it runs; no message is left in the broker.
+
+    A copy still held when its original is acked is not always dropped as "already
+    finished": kombu's Redis transport redelivers a message under its original delivery
+    tag, so the original's ack deletes the copy's unacked record too, and a copy handed
+    back at the hold horizon after that restores nothing (harmless: the id finished).
+    Which of the two happens is timing (CI at cb27ff3 saw the horizon fall within 10 ms
+    of the end); the drop itself is ``test_a_finished_task_id_published_again_is_not_run``.
+    """
     from tests.apps import guard
 
     started = _start(workers, 2, concurrency=3, env={**SHORT_VISIBILITY, "GUARD_ON": "0"})
@@ -71,8 +78,9 @@ def test_guard_runs_each_task_id_once_despite_visibility_timeout(
     assert _starts_per_id(observer, ids) == dict.fromkeys(ids, 1)
     assert all(observer.max_running(i) == 1 for i in ids)
     logs = "".join(w.log_text() for w in started)
-    # Copies did come (else this proves nothing), and were dropped, not run.
-    assert re.search(r"already finished", logs), logs[-3000:]
+    # Copies did come while the originals ran (else this proves nothing), and were
+    # held, not run.
+    assert re.search(r"slow_guarded\[[0-9a-f-]+\] held for \S+:run:", logs), logs[-3000:]
     _assert_every_key_expires(store_url, ids)
 
 
