@@ -307,7 +307,7 @@ def _ack_due(history: History, end: int) -> int:
 
 
 #: Seconds within which a worker sends again a release the store did not answer, once
-#: the store answers (``worker/releasing.py``: ``PROBE_INTERVAL``).
+#: the store answers (``worker/unsent.py``: ``PROBE_INTERVAL``).
 RELEASE_RETRY = 1.0
 
 

@@ -36,7 +36,7 @@ def test_amqp_has_no_window() -> None:
 def test_kept_claim_is_bounded_by_unique_ttl(
     window: float | None, unique_ttl: float, kept: float
 ) -> None:
-    releasing = Releasing(book=None, timer=None, redelivery_window=window)  # type: ignore[arg-type]
+    releasing = Releasing(book=None, timer=None, unsent=None, redelivery_window=window)  # type: ignore[arg-type]
     policy: Any = SimpleNamespace(unique_ttl=unique_ttl)
     assert releasing.unacked_claim_ttl(policy) == kept
 

@@ -11,19 +11,15 @@ answer was lost (the store may still execute it), or a delivery forgotten when t
 broker connection dropped. Every release compares the owner, so giving back what was
 never granted frees nothing of anyone else's.
 
-None of this waits on the consumer's loop. A release the store did not answer is kept
-until the store answers something (an ask, a release, or the PING sent every second
-meanwhile) and then sent again: never ahead of a call the store had buffered, which is
-what makes the give-back of a lost ask safe. Without an event loop (solo and threads
-pools), and at shutdown, the lease book's thread retries them instead.
+None of this waits on the consumer's loop. A release the store did not answer is sent
+again once the store answers (``worker/unsent.py``), never ahead of a call the store
+had buffered, which is what makes the give-back of a lost ask safe.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -35,10 +31,10 @@ from celery_baton.leases import LeaseBook
 from celery_baton.policy import RunPlan, TaskPolicy
 from celery_baton.worker.ack_fate import AckFates
 from celery_baton.worker.request import detach, reached_the_pool
+from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")
 
-PROBE_INTERVAL = 1.0  # seconds between PINGs while releases wait for the store
 GONE_POLL = 0.01  # seconds between looks at a terminated run's process
 #: Seconds a terminated run's leases are kept at most while its process still lives (a
 #: process stuck in the kernel; or a pid taken again): then released, logged. The fence
@@ -49,14 +45,14 @@ GONE_WAIT_MAX = 10.0
 class Releasing:
     """The Finisher of every admitted run, and the give-back of every lost grant.
 
-    Built before the gate channel it sends through (the channel reports back to it):
-    :meth:`attach` completes it.
+    Built before the gate channel it sends through: :meth:`attach` completes it.
     """
 
     def __init__(
         self,
         book: LeaseBook,
         timer: Any,
+        unsent: UnsentReleases,
         *,
         hub: Any = None,
         redelivery_window: float | None = None,
@@ -70,10 +66,8 @@ class Releasing:
         self.redelivery_window = redelivery_window
         #: Asks the broker whether a failed ack ran after all (the kept claim then goes).
         self.ack_fates = ack_fates or AckFates()
+        self.unsent = unsent  # releases waiting for the store to answer again
         self.channel: GateChannel
-        self._unsent: list[Release] = []  # waiting for the store to answer again
-        self._probe_armed = False
-        self._loop_thread = threading.get_ident()  # consumers are built on their loop
         # Admitted requests handed to Celery whose run has not ended (drop_unstarted).
         self._handed: set[Any] = set()
 
@@ -251,7 +245,7 @@ class Releasing:
         answers again, so that the release arrives after the lost call (harmless if
         nothing was granted). The caller asks again, if at all, as a new owner."""
         if plan.leases:
-            self._when_answered(Release(tuple(lease.key for lease in plan.leases), plan.owner))
+            self.unsent.add(Release(tuple(lease.key for lease in plan.leases), plan.owner))
 
     def free_unique(self, key: str, task_id: str) -> None:
         """Free a unique claim if ``task_id`` still holds it (a skipped or revoked run),
@@ -265,75 +259,12 @@ class Releasing:
         try:
             self.channel.gate.release_many([release])
         except BatonError:
-            self.retry_later(release)
-
-    # -- when the store does not answer ---------------------------------------------------
-
-    def retry_later(self, release: Release) -> None:
-        """A release the store did not confirm: send it again once the store answers."""
-        self._when_answered(release)
-
-    def _when_answered(self, release: Release) -> None:
-        if self.channel.pipelined and threading.get_ident() == self._loop_thread:
-            self._unsent.append(release)
-            self._arm_probe()
-            return
-        gate = self.channel.gate
-
-        def send() -> None:
-            # A reply to PING shows the store runs again and has read what it was sent
-            # before; the release then arrives after a lost call.
-            try:
-                gate.store.client.ping()
-            except Exception as exc:
-                raise gate.store.unavailable(exc) from exc
-            gate.release_many([release])
-
-        self.book.retry_later(send)
-
-    def store_answered(self) -> None:
-        """The store answered: send the releases that waited for it."""
-        if self._unsent:
-            unsent, self._unsent = self._unsent, []
-            for release in unsent:
-                self.channel.release(release)  # failing again: back into _unsent
-
-    def _arm_probe(self) -> None:
-        if not self._probe_armed:
-            self._probe_armed = True
-            self.timer.call_after(PROBE_INTERVAL, self._probe, priority=5)
-
-    def _probe(self) -> None:
-        # kombu's timer swallows exceptions: catch everything so no release is lost.
-        try:
-            self._probe_armed = False
-            if self._unsent:
-                self.channel.ping(self._probed)
-        except Exception:
-            logger.exception("baton: probing the store failed; trying again")
-            self._arm_probe()
-
-    def _probed(self, reply: Any) -> None:
-        if isinstance(reply, BaseException):
-            self._arm_probe()
-        else:
-            self.store_answered()
+            self.unsent.add(release)
 
     def restart(self, timer: Any) -> None:
         """The consumer restarted (a lost broker connection): its timers were reset."""
         self.timer = timer
-        self._loop_thread = threading.get_ident()
-        self._probe_armed = False
-        if self._unsent:
-            self._arm_probe()
-
-    def hand_over_unsent(self) -> None:
-        """At shutdown: releases still waiting for the store go to the lease book, which
-        sends them (blocking, from the shutdown) before it stops."""
-        unsent, self._unsent = self._unsent, []
-        gate = self.channel.gate
-        for release in unsent:
-            self.book.retry_later(functools.partial(gate.release_many, [release]))
+        self.unsent.restart(timer)
 
 
 def process_gone(pid: int) -> bool:

@@ -28,6 +28,7 @@ from celery_baton.wiring import parts_for
 from celery_baton.worker import stand_ins
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.unsent import UnsentReleases
 
 if TYPE_CHECKING:
     from celery_baton.baton import Baton
@@ -120,9 +121,11 @@ class BatonWorker:
             on_lost=baton.on_lease_lost,
             on_tick=lambda: self._report(parent),
         )
+        self.unsent = UnsentReleases(self.book, parent.timer)
         self.releasing = Releasing(
             self.book,
             parent.timer,
+            self.unsent,
             hub=getattr(parent, "hub", None),
             redelivery_window=_redelivery_window(parent.app),
         )
@@ -133,9 +136,10 @@ class BatonWorker:
             hub=getattr(parent, "hub", None),
             timer=parent.timer,
             timeout=baton.settings.socket_timeout,
-            on_release_failed=self.releasing.retry_later,
-            on_answered=self.releasing.store_answered,
+            on_release_failed=self.unsent.add,
+            on_answered=self.unsent.store_answered,
         )
+        self.unsent.attach(self.channel)
         self.releasing.attach(self.channel)
         self.admission = Admission(
             parent,
@@ -225,7 +229,7 @@ class BatonWorker:
         self.stop(parent)
         self.listener.stop()
         self.channel.close()  # sends what is queued, answers what was sent
-        self.releasing.hand_over_unsent()  # sent by the lease book, just below
+        self.unsent.hand_over()  # sent by the lease book, just below
         with contextlib.suppress(BatonError):
             self.book.renew_now()  # retries releases that failed
         self.book.stop()
