@@ -1,13 +1,14 @@
 """The gate script of two or more revisions side by side, on one server, in one run.
 
-    python bench/gate_cost.py [--revs 98d55cd,main,.] [--quick]
+    python bench/gate_cost.py [--revs 98d55cd,main,.] [--decision three|rate] [--quick]
 
 Each revision's ``gate.lua`` (``git show REV:src/...``; ``.`` is this checkout's file,
 and a name ending in ``.lua`` a file on disk: a change tried before it is committed) is
 loaded into one private redis-server and called with the arguments a worker sends
 on one server: the conditions of a rate + a concurrency cap + an exclusive lease, and,
 for a script that knows them, the store-wide epoch (the worker's ``grace_key``) and the
-family epoch, in that revision's layout. Two decisions:
+family epoch, in that revision's layout (``--decision rate``: one rate condition
+alone, no lease and so no epoch: the script's fixed cost per call). Two decisions:
 
 * **same owner**: the same owner asks again each time (as ``bench/limits.py``);
 * **worker-like**: a new owner each time, released after (the release is sent as
@@ -46,6 +47,14 @@ def three(tag: str) -> list[Condition]:
     ]
 
 
+def rate(tag: str) -> list[Condition]:
+    """One rate condition: no lease, so no store epoch either."""
+    return [Condition.rate(f"baton:{{{tag}}}:rate:one", interval_us(HIGH), 1)]
+
+
+DECISIONS = {"three": three, "rate": rate}
+
+
 def source(rev: str) -> str:
     if rev == ".":
         return (REPO_DIR / SCRIPT).read_text()
@@ -74,7 +83,12 @@ def call_args(text: str, conditions: list[Condition], owner: str) -> tuple[list[
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "", revs={"default": "98d55cd,main,."})
+    args = parse_args(
+        __doc__ or "",
+        revs={"default": "98d55cd,main,."},
+        decision={"default": "three", "choices": sorted(DECISIONS)},
+    )
+    conditions_of = DECISIONS[args.decision]
     run = SingleClientRun.start(args)
     revs = args.revs.split(",")
     calls = 500 if args.quick else 2_000
@@ -87,11 +101,11 @@ def main() -> None:
         nonce = iter(range(10**9))
 
         def same_owner(rev: str) -> Callable[[], object]:
-            keys, argv = call_args(texts[rev], three(f"same-{rev}"), "bench|same|1")
+            keys, argv = call_args(texts[rev], conditions_of(f"same-{rev}"), "bench|same|1")
             return lambda: r.evalsha(shas[rev], len(keys), *keys, *argv)
 
         def worker_like(rev: str) -> Callable[[], object]:
-            conditions = three(f"worker-{rev}")
+            conditions = conditions_of(f"worker-{rev}")
             lease_keys = tuple(c.key for c in conditions if c.kind == "L")
 
             def call() -> object:
@@ -100,6 +114,8 @@ def main() -> None:
                 reply = r.evalsha(shas[rev], len(keys), *keys, *argv)
                 if reply[0] != 1:
                     raise RuntimeError(f"{rev}: denied {reply}")
+                if not lease_keys:
+                    return reply
                 rk, ra = Release(lease_keys, owner).script_call("baton:released")
                 r.eval(release_src, len(rk), *rk, *ra)
                 return reply
@@ -142,7 +158,7 @@ def main() -> None:
                 _, us, cpu_us = measure(worker_like(rev), "evalsha")
                 usec.setdefault(("worker-like", rev), []).append(us)
                 usec.setdefault(("worker-like cpu", rev), []).append(cpu_us)
-    print("## gate.lua side by side\n")
+    print(f"## gate.lua side by side: {args.decision}\n")
     print(run.note())
     print(
         f"{calls} calls per measurement. Store µs per gate call: in the script (commandstats)"
