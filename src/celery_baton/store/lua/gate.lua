@@ -121,79 +121,82 @@ local start_at = now_us  -- a reserved rate slot may start later than now
 -- slot after the next one comes (a key denied its turn asks again then)
 local free, fair_retry_us = 0, 0
 
--- The fairness functions (kind "F"), made on first use: most calls have no "F",
--- and making a function costs every call that runs its definition.
-local fair_of, fair_vt, fair_leave, fair_sweep, fair_pass, fair_touch, fair_present
-local function load_fairness()
-  if fair_of then return end
-  fair_of = function(i)
-    local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
-    return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
-      k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
-      presence = tonumber(presence),
-      worker = string.match(owner, '^[^|]*|([^|]*)') or owner}  -- of the owner
-  end
-
-  -- The pass of the latest grant, read once per call.
-  fair_vt = function(f)
-    if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
-    return f.vt
-  end
-
-  -- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
-  fair_leave = function(f, k, pass)
-    call('HDEL', f.n, 'n:' .. k)
-    pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
-    call('ZREM', f.q, k)
-    if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
-  end
-
-  -- Presences not renewed in time: their worker died, or its requests left unannounced.
-  fair_sweep = function(f)
-    local gone = call('ZRANGEBYSCORE', f.p, '-inf', now_ms, 'LIMIT', 0, 64)
-    for _, member in ipairs(gone) do
-      call('ZREM', f.p, member)
-      local k = string.match(member, '^([^|]*)')
-      if call('HINCRBY', f.n, 'n:' .. k, -1) <= 0 then fair_leave(f, k) end
-    end
-  end
-
-  -- The pass key f.k has, or would have if it started waiting now.
-  fair_pass = function(f)
-    local pass = call('ZSCORE', f.q, f.k)
-    if pass then return tonumber(pass), true end
-    local vt = fair_vt(f)
-    local saved = tonumber(call('ZSCORE', f.s, f.k) or '0')
-    if saved > vt then return saved, false end
-    return vt, false
-  end
-
-  fair_touch = function(f)
-    local ms = 2 * f.presence
-    call('PEXPIRE', f.n, ms); call('PEXPIRE', f.q, ms)
-    call('PEXPIRE', f.p, ms); call('PEXPIRE', f.s, ms)
-  end
-
-  -- This worker holds (other) requests of f.k: the key waits, at `pass`.
-  fair_present = function(f, pass)
-    call('ZADD', f.q, pass, f.k)
-    call('ZREM', f.s, f.k)
-    if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. f.worker) == 1 then
-      call('HINCRBY', f.n, 'n:' .. f.k, 1)
-    end
-    fair_touch(f)
-  end
-end
-
--- Condition i (an "L" or "R") denied: if an "F" follows, its key now waits.
-local function fair_wait(i)
-  if ARGV[3 * (i + 1) + 1] ~= 'F' then return end
-  load_fairness()
-  local f = fair_of(i + 1)
-  fair_sweep(f)
-  fair_present(f, (fair_pass(f)))
-end
 local n = (#ARGV - 3) / 3
+-- The fairness functions (kind "F"), made only when a call has an "F": most calls have
+-- none, and a function definition run costs every call that runs it (a closure and its
+-- upvalues each time). The call sites test `fair_wait` (nil: no "F" in this call).
+local fair_of, fair_vt, fair_leave, fair_sweep, fair_pass, fair_touch, fair_present
+local fair_wait
+for fair_i = 1, n do
+  if ARGV[3 * fair_i + 1] == 'F' then
+    fair_of = function(i)
+      local stride, more, presence = string.match(ARGV[3 * i + 3], '^(%S+) (%S+) (%S+)$')
+      return {n = KEYS[i], q = KEYS[i + 1], p = KEYS[i + 2], s = KEYS[i + 3],
+        k = ARGV[3 * i + 2], stride = tonumber(stride), more = more == '1',
+        presence = tonumber(presence),
+        worker = string.match(owner, '^[^|]*|([^|]*)') or owner}  -- of the owner
+    end
+
+    -- The pass of the latest grant, read once per call.
+    fair_vt = function(f)
+      if not f.vt then f.vt = tonumber(call('HGET', f.n, 'vt') or '0') end
+      return f.vt
+    end
+
+    -- A key no worker holds any more leaves the queue; its pass is kept while ahead of vt.
+    fair_leave = function(f, k, pass)
+      call('HDEL', f.n, 'n:' .. k)
+      pass = pass or tonumber(call('ZSCORE', f.q, k) or '0')
+      call('ZREM', f.q, k)
+      if pass > fair_vt(f) then call('ZADD', f.s, pass, k) end
+    end
+
+    -- Presences not renewed in time: their worker died, or its requests left unannounced.
+    fair_sweep = function(f)
+      local gone = call('ZRANGEBYSCORE', f.p, '-inf', now_ms, 'LIMIT', 0, 64)
+      for _, member in ipairs(gone) do
+        call('ZREM', f.p, member)
+        local k = string.match(member, '^([^|]*)')
+        if call('HINCRBY', f.n, 'n:' .. k, -1) <= 0 then fair_leave(f, k) end
+      end
+    end
+
+    -- The pass key f.k has, or would have if it started waiting now.
+    fair_pass = function(f)
+      local pass = call('ZSCORE', f.q, f.k)
+      if pass then return tonumber(pass), true end
+      local vt = fair_vt(f)
+      local saved = tonumber(call('ZSCORE', f.s, f.k) or '0')
+      if saved > vt then return saved, false end
+      return vt, false
+    end
+
+    fair_touch = function(f)
+      local ms = 2 * f.presence
+      call('PEXPIRE', f.n, ms); call('PEXPIRE', f.q, ms)
+      call('PEXPIRE', f.p, ms); call('PEXPIRE', f.s, ms)
+    end
+
+    -- This worker holds (other) requests of f.k: the key waits, at `pass`.
+    fair_present = function(f, pass)
+      call('ZADD', f.q, pass, f.k)
+      call('ZREM', f.s, f.k)
+      if call('ZADD', f.p, now_ms + f.presence, f.k .. '|' .. f.worker) == 1 then
+        call('HINCRBY', f.n, 'n:' .. f.k, 1)
+      end
+      fair_touch(f)
+    end
+
+    -- Condition i (an "L" or "R") denied: if an "F" follows, its key now waits.
+    fair_wait = function(i)
+      if ARGV[3 * (i + 1) + 1] ~= 'F' then return end
+      local f = fair_of(i + 1)
+      fair_sweep(f)
+      fair_present(f, (fair_pass(f)))
+    end
+    break
+  end
+end
 local assigned = 0  -- the publish order an "S" condition was given here
 local SUPERSEDE_TTL_MS = 86400000
 
@@ -236,7 +239,7 @@ for i = 1, n do
     if not mine and live >= limit then
       -- A hint for release: someone waits for this key, so publish a notice.
       call('HSET', key, '_w', '1')
-      fair_wait(i)
+      if fair_wait then fair_wait(i) end
       return {0, i, (earliest - now_ms) * 1000, string.sub(holder, 3), assigned}
     end
     free = limit - live
@@ -254,13 +257,13 @@ for i = 1, n do
     local new_tat = tat + interval
     local allow_at = new_tat - burst * interval
     -- Slots free within the reservation window (for an "F" after this condition).
-    if ARGV[base + 4] == 'F' then
+    if fair_wait and ARGV[base + 4] == 'F' then
       free = math.floor((now_us + reserve_us - tat) / interval) + burst
       fair_retry_us = math.max(allow_at + interval - now_us, 1)
     end
     if now_us < allow_at then
       if allow_at - now_us > reserve_us then
-        fair_wait(i)
+        if fair_wait then fair_wait(i) end
         return {0, i, allow_at - now_us, '', assigned}
       end
       -- Reserve the slot: the schedule advances exactly one interval, however late
@@ -293,7 +296,6 @@ for i = 1, n do
     if value then limit, extra = string.match(value, '^(%S+)%s*(%S*)$') end
     if limit then override = {limit, extra} end  -- (`limits set` validates what it writes)
   elseif kind == 'F' then
-    load_fairness()
     local f = fair_of(i)
     fair_sweep(f)
     local pass, waiting = fair_pass(f)
