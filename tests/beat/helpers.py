@@ -88,7 +88,7 @@ def assert_outbox_holds_only_unsent_tail(observer: Observer, store: redis.Redis)
     claim and its publish (or between the publish and the outbox clear): the item stays
     for the next leader, by design. It must be a slot later than every slot that ran
     (claimed, not sent) or one that ran (sent, not yet cleared), never a hole.
-    (CI at 8584e84 stopped a leader in that moment.)
+    (A CI run of an earlier session, on a commit since lost, stopped a leader in that moment.)
     """
     for task_id, raw in store.hgetall(BEAT_KEYS.outbox).items():
         item = json.loads(raw)
