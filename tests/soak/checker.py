@@ -163,7 +163,7 @@ class Report:
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     known: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     counts: dict[str, int] = field(default_factory=dict)
-    #: Workers that died by themselves: no verdict on celery-baton, but a bug to report.
+    #: Workers that died by themselves: no verdict on the guarantees, but a bug to find.
     crashes: list[str] = field(default_factory=list)
 
     @property
@@ -179,7 +179,7 @@ class Report:
         if self.crashes:
             lines.append(
                 f"  WORKER CRASHES: {len(self.crashes)} worker(s) died by themselves, not "
-                "killed by the nemesis (a Celery/kombu bug to report upstream; their runs "
+                "killed by the nemesis (a bug to find: docs/soak.md; their runs "
                 "are judged as a killed worker's)"
             )
             lines += [f"    {line}" for line in self.crashes]

@@ -628,7 +628,7 @@ class Nemesis:
         self.faults.append(fault)
         bar = "!" * 78
         print(
-            f"{bar}\nnemesis: WORKER CRASH (not injected: a Celery/kombu bug to report): "
+            f"{bar}\nnemesis: WORKER CRASH (not injected: a bug to find): "
             f"{detail}\nnemesis: last lines of {worker.log_path}:\n{worker.log_tail(25)}\n{bar}",
             flush=True,
         )

@@ -6,7 +6,8 @@ Every fault of the long form is injected (the broker's SIGKILL restart too) and 
 finding is tolerated: the checker's known windows (docs/soak.md) are the only runs it
 excuses, each with its recorded reason. A worker that dies by itself is recorded as a
 ``worker_crash`` fault, restarted, and its runs judged as a killed worker's; the summary
-counts such crashes (a Celery/kombu bug to report, not a verdict on celery-baton).
+counts such crashes: not a verdict on the guarantees, but each one is a bug to find
+(docs/soak.md).
 The long form is ``python -m tests.soak.nemesis --minutes 30`` (docs/soak.md).
 """
 

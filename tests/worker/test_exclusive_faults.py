@@ -175,3 +175,39 @@ def test_a_request_admitted_while_the_pool_was_full_frees_its_key_when_the_conne
     later = ex_wait.delay("queued", 0)
     assert later.get(timeout=45), "the key stayed with a request that will never run"
     assert worker.is_running
+
+
+def test_a_worker_holding_a_request_lives_through_a_broker_crash(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A worker whose broker is SIGKILLed while it polls for messages with an unacked one
+    in hand died: kombu's Redis transport (5.7) reads the pending BRPOP first when Celery
+    closes the channel; with the broker gone that read raises before the channel is
+    marked closed, Celery then detaches the transport, and its second close restores the
+    unacked messages through a transport with no client: ``Unrecoverable error:
+    AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1. Plain
+    Celery does the same with one acks_late task running; a request held by celery-baton
+    (waiting for a busy key costs no prefetch slot, so the worker keeps polling) made it
+    happen on nearly every broker restart: 42 worker deaths in a 30-minute soak. The
+    worker lives on and runs the key again; the held message, which the dead broker could
+    not take back, comes back after the visibility timeout (as a killed worker's would)."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    ex_wait.delay("broker-crash", 4.0)
+    wait_until(lambda: observer.running("broker-crash") == 1, 20, "the first run")
+    second = ex_wait.delay("broker-crash", 0)
+    wait_until(lambda: f"[{second.id}] held for" in worker.log_text(), 20, "the second held")
+    broker_server.restart(kill=True, down_for=1.0)
+    wait_until(
+        lambda: not worker.is_running or worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker to reconnect to the broker (or die)",
+    )
+    assert worker.is_running, f"the worker died:\n{worker.log_text()[-2500:]}"
+    assert "Unrecoverable error" not in worker.log_text()
+    assert "1 held requests left to the broker" in worker.log_text()
+    observer.runs_of("broker-crash", 1, timeout=30)  # the first run ended
+    ex_wait.delay("broker-crash", 0)  # and the key runs again
+    assert_no_overlap(observer.runs_of("broker-crash", 2, timeout=45))
+    assert worker.is_running

@@ -25,7 +25,7 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.leases import LeaseBook
 from celery_baton.notices import NoticeListener, WorkerReports
 from celery_baton.wiring import parts_for
-from celery_baton.worker import stand_ins
+from celery_baton.worker import broker_close, stand_ins
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.unsent import UnsentReleases
@@ -39,8 +39,9 @@ VISIBILITY_TRANSPORTS = ("redis", "rediss", "sqs", "sentinel")
 REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
 
 
-def _lower_priority_first(app: Any) -> bool:
-    """kombu's Redis transport runs priority 0 first; AMQP brokers the highest."""
+def _kombu_redis(app: Any) -> bool:
+    """Whether the broker is kombu's Redis transport (it runs priority 0 first; AMQP
+    brokers run the highest first)."""
     transport = app.connection_for_read().transport_cls
     return isinstance(transport, str) and transport.split("+")[0] in REDIS_TRANSPORTS
 
@@ -105,6 +106,8 @@ class BatonWorker:
 
     def __init__(self, baton: Baton, parent: Any) -> None:
         baton.validate_all_tasks()  # a bad option stops the worker at start
+        if _kombu_redis(baton.app):
+            broker_close.finish_interrupted_closes()  # a broker crash must not kill it
         if any(
             policy is not None and policy.flow is not None
             for policy in map(baton.policy_for, list(baton.app.tasks.values()))
@@ -151,7 +154,7 @@ class BatonWorker:
             releasing=self.releasing,
             settings=baton.settings,
             horizon=baton.hold_horizon,
-            lower_priority_first=_lower_priority_first(parent.app),
+            lower_priority_first=_kombu_redis(parent.app),
         )
         parent.on_task_request = self.admission
         self.listener = NoticeListener(
