@@ -180,17 +180,12 @@ def test_a_request_admitted_while_the_pool_was_full_frees_its_key_when_the_conne
 def test_a_worker_holding_a_request_lives_through_a_broker_crash(
     workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
-    """A worker whose broker is SIGKILLed while it polls for messages with an unacked one
-    in hand died: kombu's Redis transport (5.7) reads the pending BRPOP first when Celery
-    closes the channel; with the broker gone that read raises before the channel is
-    marked closed, Celery then detaches the transport, and its second close restores the
-    unacked messages through a transport with no client: ``Unrecoverable error:
-    AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1. Plain
-    Celery does the same with one acks_late task running; a request held by celery-baton
-    (waiting for a busy key costs no prefetch slot, so the worker keeps polling) made it
-    happen on nearly every broker restart: 42 worker deaths in a 30-minute soak. The
-    worker lives on and runs the key again; the held message, which the dead broker could
-    not take back, comes back after the visibility timeout (as a killed worker's would)."""
+    """A worker whose broker is SIGKILLed while it polls with an unacked message in hand
+    (here a request held for a busy key) died: ``Unrecoverable error:
+    AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1, in kombu's
+    interrupted channel close (worker/broker_close.py says how). The worker lives on and
+    runs the key again; the held message, which the dead broker could not take back,
+    comes back after the visibility timeout (as a killed worker's would)."""
     from tests.apps.exclusive import ex_wait
 
     worker = workers.start(APP, concurrency=2)

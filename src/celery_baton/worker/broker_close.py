@@ -33,21 +33,18 @@ logger = logging.getLogger("celery_baton.worker")
 _MARK = "_baton_finishes_close"
 
 
-def finish_interrupted_closes() -> bool:
-    """Make kombu's Redis channels finish a close that a dead broker interrupted.
-    Returns whether it is installed (kombu's Redis transport as this module knows it)."""
+def finish_interrupted_closes() -> None:
+    """Make kombu's Redis channels finish a close that a dead broker interrupted (once
+    per process; nothing when kombu's Redis channel is not shaped as described above)."""
     try:
         from kombu.transport import redis as kombu_redis
     except ImportError:  # redis-py missing: no Redis transport in this worker
-        return False
+        return
     channel_class = kombu_redis.Channel
     close = channel_class.__dict__.get("close")
-    if close is None or not hasattr(channel_class, "_brpop_read"):
-        return False  # a kombu whose channel is not shaped as described above
-    if getattr(close, _MARK, False):
-        return True
+    if close is None or not hasattr(channel_class, "_brpop_read") or hasattr(close, _MARK):
+        return
     setattr(channel_class, "close", _finishing(close))  # noqa: B010 (a method of kombu's)
-    return True
 
 
 def _finishing(close: Callable[[Any], None]) -> Callable[[Any], None]:

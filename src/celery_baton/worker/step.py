@@ -106,7 +106,8 @@ class BatonWorker:
 
     def __init__(self, baton: Baton, parent: Any) -> None:
         baton.validate_all_tasks()  # a bad option stops the worker at start
-        if _kombu_redis(baton.app):
+        kombu_redis = _kombu_redis(baton.app)
+        if kombu_redis:
             broker_close.finish_interrupted_closes()  # a broker crash must not kill it
         if any(
             policy is not None and policy.flow is not None
@@ -154,7 +155,7 @@ class BatonWorker:
             releasing=self.releasing,
             settings=baton.settings,
             horizon=baton.hold_horizon,
-            lower_priority_first=_kombu_redis(parent.app),
+            lower_priority_first=kombu_redis,
         )
         parent.on_task_request = self.admission
         self.listener = NoticeListener(
