@@ -16,19 +16,29 @@ fresh worker; a ratio is the median of the per-round ratios:
 
 Publish: ``apply_async`` per second of a plain task vs a ``unique="i"`` task with
 distinct keys, from one process, interleaved.
+
+``--before SRC`` (another revision's ``src/``, e.g. a ``git worktree`` of it): every
+celery-baton variant is drained twice per round, by workers running that revision and
+by workers running this checkout (in alternating order), and a table gives this
+checkout's rate over the other's, paired per round: before and after in the same run.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from pathlib import Path
 
 from common import (
+    BENCH_DIR,
+    REPO_DIR,
     RedisServer,
     Sample,
     Worker,
     compare,
     machine_note,
     paired_ratio,
+    paired_ratios,
     parse_args,
     ratio_table,
     table,
@@ -46,6 +56,24 @@ VARIANTS = [
     ('global_rate_limit="1000000/s"', "noop_rate", {}),
     ("redelivery guard on", "noop", {"BENCH_GUARD": "1"}),
 ]
+
+
+def with_revisions(
+    variants: list[tuple[str, str, dict[str, str]]], before_src: Path
+) -> tuple[list[tuple[str, str, dict[str, str]]], list[tuple[int, int]]]:
+    """Each celery-baton variant twice, its workers on ``before_src`` and on this
+    checkout's ``src/`` (next to each other, so a round measures them back to back);
+    plain Celery once. Returns the variants and the (before, after) index pairs."""
+    after_src = REPO_DIR / "src"
+    out = [variants[0]]
+    pairs = []
+    for label, task, env in variants[1:]:
+        for tag, src in (("before", before_src), ("after", after_src)):
+            # Workers read PYTHONPATH (bench/common.py): bench/ first, then the revision.
+            path = os.pathsep.join([str(BENCH_DIR), str(src)])
+            out.append((f"{label} [{tag}]", task, {**env, "PYTHONPATH": path}))
+        pairs.append((len(out) - 2, len(out) - 1))
+    return out, pairs
 
 
 def drain_once(
@@ -115,11 +143,15 @@ def main() -> None:
         tasks={"type": int, "default": None},
         only={"default": None, "help": "drain only these variants (numbers 3-5, comma-separated)"},
         no_publish={"action": "store_true", "help": "skip the publish comparison"},
+        before={"default": None, "help": "another revision's src/: drain it beside this one"},
     )
     variants = VARIANTS
     if args.only:
         # The baselines (plain Celery, celery-baton without options) always run.
         variants = VARIANTS[:2] + [VARIANTS[int(i) - 1] for i in args.only.split(",")]
+    pairs: list[tuple[int, int]] = []  # (before, after) indexes into variants
+    if args.before:
+        variants, pairs = with_revisions(variants, Path(args.before).resolve())
     n = args.tasks or (600 if args.quick else 3000)
     rounds = args.rounds or (1 if args.quick else 5)
     seconds = args.seconds or 0.1
@@ -131,7 +163,9 @@ def main() -> None:
             # Every other round runs the variants in reverse order: a drain's position
             # in the round (the first one after flushing, say) must not favour a variant.
             order = list(zip(samples, variants, strict=True))
-            for sample, (_, task, env) in order if round_no % 2 == 0 else order[::-1]:
+            if round_no % 2:
+                order = order[::-1]
+            for sample, (_, task, env) in order:
                 sample.values.append(drain_once(broker, store, task, env, n))
         pub = (
             []
@@ -155,6 +189,14 @@ def main() -> None:
             ]
         )
     print(table(["variant", "x plain Celery", "x celery-baton, no option"], rows))
+    if pairs:
+        print(f"\n## this checkout / {args.before} (same run, paired per round)\n")
+        rows = []
+        for before, after in pairs:
+            ratios = paired_ratios(samples[after], samples[before])
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
+            rows.append([variants[after][0], f"{statistics.median(ratios):.3f}", spread])
+        print(table(["variant", "after / before", "range"], rows))
     if not pub:
         return
     print("\n## publish rate: unique vs plain apply_async\n")
