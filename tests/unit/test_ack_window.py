@@ -9,8 +9,12 @@ import pytest
 from celery import Celery
 
 from celery_baton.gate import Release
+from celery_baton.worker.broker import read_broker
 from celery_baton.worker.releasing import Releasing
-from celery_baton.worker.step import _redelivery_window
+
+
+def _redelivery_window(app: Celery) -> float | None:
+    return read_broker(app).redelivery_window
 
 
 def _app(broker: str, **options: Any) -> Celery:

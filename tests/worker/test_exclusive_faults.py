@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 from celery_baton import KeySpecError
@@ -184,8 +185,10 @@ def test_a_worker_holding_a_request_lives_through_a_broker_crash(
     (here a request held for a busy key) died: ``Unrecoverable error:
     AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1, in kombu's
     interrupted channel close (worker/broker_close.py says how). The worker lives on and
-    runs the key again; the held message, which the dead broker could not take back,
-    comes back after the visibility timeout (as a killed worker's would)."""
+    runs the key again. The held message, which the dead broker could not take back, is
+    put back in its queue once the worker reconnects (worker/held_return.py), and runs:
+    before, it stayed in the broker's unacked index for the visibility timeout (an hour
+    in this app)."""
     from tests.apps.exclusive import ex_wait
 
     worker = workers.start(APP, concurrency=2)
@@ -202,7 +205,55 @@ def test_a_worker_holding_a_request_lives_through_a_broker_crash(
     assert worker.is_running, f"the worker died:\n{worker.log_text()[-2500:]}"
     assert "Unrecoverable error" not in worker.log_text()
     assert "1 held requests left to the broker" in worker.log_text()
-    observer.runs_of("broker-crash", 1, timeout=30)  # the first run ended
-    ex_wait.delay("broker-crash", 0)  # and the key runs again
-    assert_no_overlap(observer.runs_of("broker-crash", 2, timeout=45))
+    runs = observer.runs_of("broker-crash", 2, timeout=45)  # the first, and the held one
+    assert second.id in {run.task_id for run in runs}
+    assert "1 held messages put back in their queues" in worker.log_text()
+    third = ex_wait.delay("broker-crash", 0)  # and the key runs again
+    runs = observer.runs_of("broker-crash", 3, timeout=45)
+    assert [run.task_id for run in runs].count(second.id) == 1
+    assert third.id in {run.task_id for run in runs}
+    assert_no_overlap(runs)
     assert worker.is_running
+
+
+def test_a_held_message_the_broker_took_back_is_not_put_back_again(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """The broker lives; only one worker's connections to it are cut (``CLIENT KILL``).
+    That worker's channel close gives its held message back to the queue and another
+    worker takes it, under the same delivery tag. When the first reconnects it must not
+    put that message back again (worker/held_return.py: only what the close could not
+    restore): it would be delivered twice, and the held request would run twice."""
+    from tests.apps.exclusive import ex_wait
+
+    first_worker = workers.start(APP, concurrency=2)
+    ex_wait.delay("cut", 4.0)
+    wait_until(lambda: observer.running("cut") == 1, 20, "the first run")
+    second = ex_wait.delay("cut", 0)
+    wait_until(lambda: f"[{second.id}] held for" in first_worker.log_text(), 20, "held")
+    other = workers.start(APP, concurrency=2)
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(first_worker.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == broker_server.port
+    }
+    assert ports, "the first worker's broker connections"
+    with broker_server.client() as broker:
+        for port in ports:
+            broker.execute_command("CLIENT", "KILL", "ADDR", f"127.0.0.1:{port}")
+    wait_until(
+        lambda: f"[{second.id}] held for" in other.log_text(),
+        30,
+        "the other worker to receive the message the close gave back",
+    )
+    wait_until(
+        lambda: first_worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the first worker to reconnect",
+    )
+    runs = observer.runs_of("cut", 2, timeout=30)
+    time.sleep(3.0)  # a second copy would wait for the key, then run
+    runs = [run for run in observer.runs() if run.key == "cut"]
+    assert [run.task_id for run in runs].count(second.id) == 1
+    assert "held messages put back" not in first_worker.log_text()
+    assert_no_overlap(runs)

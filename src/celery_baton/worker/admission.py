@@ -276,7 +276,7 @@ class Admission:
         self.stats["handed_back"] += 1
         outcomes.hand_back(delivery.request, why)
 
-    def forget_held(self) -> int:
+    def forget_held(self) -> list[Delivery]:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self.holding.lock:
             self.generation += 1

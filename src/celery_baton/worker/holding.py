@@ -83,6 +83,7 @@ class Holding:
         self.lock = threading.RLock()
         self.held_count = 0
         self.counted = 0  # held deliveries that raised the prefetch count
+        self._held: dict[int, Delivery] = {}  # by id(): what a lost connection leaves
         self._queues = WaitQueues(rank)
         self._timers: dict[str, tuple[float, Any]] = {}
         self._wake_pipe = WakePipe(consumer, self._on_release)
@@ -133,6 +134,7 @@ class Holding:
     def _count(self, delivery: Delivery) -> None:
         delivery.held = True
         self.held_count += 1
+        self._held[id(delivery)] = delivery
         metrics.held_now.set(self.held_count)
         if self.counted < self.hold_max:
             # Like an ETA task: a held request must not use up the prefetch window, or
@@ -153,6 +155,7 @@ class Holding:
         if delivery.held:
             delivery.held = False
             self.held_count -= 1
+            self._held.pop(id(delivery), None)
             metrics.held_now.set(self.held_count)
             metrics.hold_seconds.labels(delivery.request.name).observe(
                 time.monotonic() - delivery.since
@@ -180,15 +183,17 @@ class Holding:
             # not recursively from inside this answer.
             self.consumer.timer.call_after(0, self._on_timer, (key,))
 
-    def forget(self) -> int:
-        """Drop every held delivery (the connection is gone: the broker redelivers)."""
+    def forget(self) -> list[Delivery]:
+        """Drop every held delivery (the connection is gone: the broker redelivers);
+        returns them."""
         with self.lock:
-            count, self.held_count, self.counted = self.held_count, 0, 0
+            forgotten, self._held = list(self._held.values()), {}
+            self.held_count, self.counted = 0, 0
             for _, entry in self._timers.values():
                 entry.cancel()
             self._timers.clear()
             self._queues.clear()
-            return count
+            return forgotten
 
     def held_by_key(self, top: int = 20) -> dict[str, int]:
         with self.lock:

@@ -27,6 +27,8 @@ from celery_baton.notices import NoticeListener, WorkerReports
 from celery_baton.wiring import parts_for
 from celery_baton.worker import broker_close, stand_ins
 from celery_baton.worker.admission import Admission
+from celery_baton.worker.broker import read_broker, warn_long_tasks
+from celery_baton.worker.held_return import HeldReturn
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -35,34 +37,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_baton.worker")
 
-VISIBILITY_TRANSPORTS = ("redis", "rediss", "sqs", "sentinel")
-REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
 
-
-def _kombu_redis(app: Any) -> bool:
-    """Whether the broker is kombu's Redis transport (it runs priority 0 first; AMQP
-    brokers run the highest first)."""
-    transport = app.connection_for_read().transport_cls
-    return isinstance(transport, str) and transport.split("+")[0] in REDIS_TRANSPORTS
-
-
-def _redelivery_window(app: Any) -> float | None:
-    """Seconds within which a transport with a visibility timeout delivers an unacked
-    message again: the timeout, once more for the copy's wait in the queue, and kombu's
-    Redis restore scan period. None for brokers that redeliver when the channel closes
-    (AMQP): nothing bounds that tighter than ``unique_ttl``."""
-    transport = app.connection_for_read().transport_cls
-    if not isinstance(transport, str) or transport.split("+")[0] not in VISIBILITY_TRANSPORTS:
-        return None
-    options = app.conf.broker_transport_options or {}
-    try:
-        visibility = float(options.get("visibility_timeout", 3600))
-        scan = float(options.get("unacked_restore_interval", 10)) * float(
-            options.get("unacked_restore_throttle", 10)
-        )
-    except (TypeError, ValueError):
-        return None
-    return 2 * visibility + max(0.0, scan)
+def _task_channel(consumer: Any) -> Any:
+    """The channel the consumer receives tasks on (None before the Tasks step made it)."""
+    return getattr(getattr(consumer, "task_consumer", None), "channel", None)
 
 
 def _baton(parent: Any) -> Baton | None:
@@ -106,8 +84,12 @@ class BatonWorker:
 
     def __init__(self, baton: Baton, parent: Any) -> None:
         baton.validate_all_tasks()  # a bad option stops the worker at start
-        kombu_redis = _kombu_redis(baton.app)
-        if kombu_redis:
+        self.broker = broker = read_broker(baton.app)
+        # Held messages a crashed broker could not take back (kombu's Redis transport).
+        self.held_return = (
+            HeldReturn(broker.visibility) if broker.kombu_redis and broker.visibility else None
+        )
+        if broker.kombu_redis:
             broker_close.finish_interrupted_closes()  # a broker crash must not kill it
         if any(
             policy is not None and policy.flow is not None
@@ -131,7 +113,7 @@ class BatonWorker:
             parent.timer,
             self.unsent,
             hub=getattr(parent, "hub", None),
-            redelivery_window=_redelivery_window(parent.app),
+            redelivery_window=broker.redelivery_window,
         )
         self.channel = GateChannel(
             baton.gate,
@@ -155,7 +137,7 @@ class BatonWorker:
             releasing=self.releasing,
             settings=baton.settings,
             horizon=baton.hold_horizon,
-            lower_priority_first=kombu_redis,
+            lower_priority_first=broker.kombu_redis,
         )
         parent.on_task_request = self.admission
         self.listener = NoticeListener(
@@ -197,7 +179,7 @@ class BatonWorker:
                     "machines.",
                     baton.store.safe_url,
                 )
-            self._warn_visibility(parent)
+            warn_long_tasks(parent.app, self.broker.visibility)
             metrics.serve(baton.settings.metrics_port)
             self.book.start()
             self.listener.start()
@@ -206,6 +188,8 @@ class BatonWorker:
             # was reset, so register on it again.
             self.channel.rebind(getattr(parent, "hub", None), parent.timer)
             self.releasing.restart(parent.timer)
+            if self.held_return is not None:
+                self.held_return.put_back(_task_channel(parent))
         self.admission.holding.install_wakeup(parent)
         try:
             self._report(parent)
@@ -214,10 +198,12 @@ class BatonWorker:
 
     def stop(self, parent: Any) -> None:
         # The connection is going away: the broker gives held messages to others again.
-        dropped = self.admission.forget_held()
-        if dropped:
-            logger.info("baton: %d held requests left to the broker", dropped)
+        forgotten = self.admission.forget_held()
+        if forgotten:
+            logger.info("baton: %d held requests left to the broker", len(forgotten))
         if parent.blueprint.state == bootsteps.RUN:  # a restart: the connection was lost
+            if self.held_return is not None:
+                self.held_return.remember(forgotten, _task_channel(parent))
             unstarted = self.releasing.drop_unstarted(worker_state.active_requests)
             if unstarted:
                 logger.info(
@@ -276,29 +262,3 @@ class BatonWorker:
             "losses": self.book.losses,
         }
         self.reports.write(consumer.hostname, report, ttl=max(1.0, self.baton.renew_interval * 3))
-
-    def _warn_visibility(self, consumer: Any) -> None:
-        """Warn about tasks that can outlive the broker's visibility timeout."""
-        app = consumer.app
-        transport = app.connection_for_read().transport_cls
-        if isinstance(transport, str) and transport.split("+")[0] not in VISIBILITY_TRANSPORTS:
-            return
-        options = app.conf.broker_transport_options or {}
-        visibility = float(options.get("visibility_timeout", 3600))
-        for name, task in sorted(app.tasks.items()):
-            if name.startswith("celery."):
-                continue
-            expected = getattr(task, "expected_runtime", None)
-            limit = task.time_limit or app.conf.task_time_limit
-            longest = max(x for x in (expected, limit, 0) if x is not None)
-            if longest > visibility:
-                logger.warning(
-                    "task %s may run %ss, longer than the broker's visibility_timeout (%ss): "
-                    "its message would be redelivered to another worker while it runs. Raise "
-                    "broker_transport_options['visibility_timeout'] above %ss, and/or set "
-                    "baton_redelivery_guard = True so the copy never runs twice.",
-                    name,
-                    longest,
-                    visibility,
-                    longest,
-                )

@@ -1,0 +1,71 @@
+"""What the broker's transport means for the worker, read once from the app's settings.
+
+kombu's Redis transport (``redis``, ``rediss``, ``sentinel``) and SQS keep a delivered
+message unacknowledged for ``visibility_timeout`` and then deliver it again; AMQP
+brokers give a message back when its channel closes. Redis also runs priority 0 first
+(AMQP the highest first), and only its channel needs the help of ``broker_close`` (a
+crash must not kill the worker) and ``held_return`` (held messages a crash left
+behind).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("celery_baton.worker")
+
+VISIBILITY_TRANSPORTS = ("redis", "rediss", "sqs", "sentinel")
+REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
+
+
+@dataclass(frozen=True)
+class Broker:
+    kombu_redis: bool
+    #: Seconds an unacked message stays with its consumer (None: the broker gives it
+    #: back when the channel closes, as AMQP does, or the setting is not a number).
+    visibility: float | None
+    #: Seconds within which such a message is delivered again: the timeout, once more
+    #: for the copy's wait in the queue, and kombu's Redis restore scan period.
+    redelivery_window: float | None
+
+
+def read_broker(app: Any) -> Broker:
+    transport = app.connection_for_read().transport_cls
+    scheme = transport.split("+")[0] if isinstance(transport, str) else None
+    options = app.conf.broker_transport_options or {}
+    visibility = window = None
+    if scheme in VISIBILITY_TRANSPORTS:
+        try:
+            visibility = float(options.get("visibility_timeout", 3600))
+            scan = float(options.get("unacked_restore_interval", 10)) * float(
+                options.get("unacked_restore_throttle", 10)
+            )
+            window = 2 * visibility + max(0.0, scan)
+        except (TypeError, ValueError):
+            pass
+    return Broker(scheme in REDIS_TRANSPORTS, visibility, window)
+
+
+def warn_long_tasks(app: Any, visibility: float | None) -> None:
+    """Warn about tasks that can outlive the broker's visibility timeout."""
+    if visibility is None:
+        return
+    for name, task in sorted(app.tasks.items()):
+        if name.startswith("celery."):
+            continue
+        expected = getattr(task, "expected_runtime", None)
+        limit = task.time_limit or app.conf.task_time_limit
+        longest = max(x for x in (expected, limit, 0) if x is not None)
+        if longest > visibility:
+            logger.warning(
+                "task %s may run %ss, longer than the broker's visibility_timeout (%ss): "
+                "its message would be redelivered to another worker while it runs. Raise "
+                "broker_transport_options['visibility_timeout'] above %ss, and/or set "
+                "baton_redelivery_guard = True so the copy never runs twice.",
+                name,
+                longest,
+                visibility,
+                longest,
+            )
