@@ -69,7 +69,7 @@ class HeldReturn:
 
     def put_back(self, channel: Any) -> int:
         """At the consumer's start, connected again, before it consumes: put back what
-        may be (through ``channel``, the new one); returns how many were asked."""
+        may be (through ``channel``, the new one); returns how many were put back."""
         dropped, self._dropped = self._dropped, []
         old, self._old_channel = self._old_channel, None
         unrestored = getattr(getattr(old, "qos", None), "_delivered", None)
