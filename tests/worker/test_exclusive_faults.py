@@ -251,7 +251,7 @@ def test_a_held_message_the_broker_took_back_is_not_put_back_again(
         60,
         "the first worker to reconnect",
     )
-    runs = observer.runs_of("cut", 2, timeout=30)
+    observer.runs_of("cut", 2, timeout=30)
     time.sleep(3.0)  # a second copy would wait for the key, then run
     runs = [run for run in observer.runs() if run.key == "cut"]
     assert [run.task_id for run in runs].count(second.id) == 1

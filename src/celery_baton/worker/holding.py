@@ -81,7 +81,6 @@ class Holding:
         self.hold_max = hold_max
         self.horizon = horizon
         self.lock = threading.RLock()
-        self.held_count = 0
         self.counted = 0  # held deliveries that raised the prefetch count
         self._held: dict[int, Delivery] = {}  # by id(): what a lost connection leaves
         self._queues = WaitQueues(rank)
@@ -89,6 +88,10 @@ class Holding:
         self._wake_pipe = WakePipe(consumer, self._on_release)
         self._released = ReleaseLog()
         self._cap_warned = -1e9
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
 
     # -- holding and letting go -------------------------------------------------------
 
@@ -133,7 +136,6 @@ class Holding:
 
     def _count(self, delivery: Delivery) -> None:
         delivery.held = True
-        self.held_count += 1
         self._held[id(delivery)] = delivery
         metrics.held_now.set(self.held_count)
         if self.counted < self.hold_max:
@@ -154,7 +156,6 @@ class Holding:
             self.remove(delivery)
         if delivery.held:
             delivery.held = False
-            self.held_count -= 1
             self._held.pop(id(delivery), None)
             metrics.held_now.set(self.held_count)
             metrics.hold_seconds.labels(delivery.request.name).observe(
@@ -188,7 +189,7 @@ class Holding:
         returns them."""
         with self.lock:
             forgotten, self._held = list(self._held.values()), {}
-            self.held_count, self.counted = 0, 0
+            self.counted = 0
             for _, entry in self._timers.values():
                 entry.cancel()
             self._timers.clear()
