@@ -41,6 +41,7 @@ from celery_baton.policy import TaskPolicy
 from celery_baton.worker import flow, outcomes
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
+from celery_baton.worker.pool_slots import pool_slots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import Replacing, keep_order
 from celery_baton.worker.request import attach
@@ -90,9 +91,11 @@ class Admission:
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
+        # A delivery asks only while a pool process can start it now (issue 24 §1).
+        self.slots = pool_slots(consumer, handle)
         self.starting = Starting(
             consumer,
-            handle,
+            self.slots,
             holding=self.holding,
             releasing=releasing,
             book=book,
@@ -113,12 +116,12 @@ class Admission:
     def __call__(self, request: Any) -> Any:
         policy = self.planner.policy(request)
         if policy is None:
-            return self.handle(request)
+            return self.slots.plain(request)
         celery_rate = None
         if policy.rate_from_celery:
             celery_rate = self.planner.celery_rate(request.task)
             if celery_rate is None and policy.celery_rate_only:
-                return self.handle(request)  # no rate_limit now: nothing to ask
+                return self.slots.plain(request)  # no rate_limit now: nothing to ask
         try:
             plan = self.planner.plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
@@ -126,7 +129,7 @@ class Admission:
             return None
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
-            return self.handle(request)
+            return self.slots.plain(request)
         with self.holding.lock:
             self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))
         return None
@@ -134,8 +137,49 @@ class Admission:
     # -- one decision ---------------------------------------------------------------
 
     def _ask(self, delivery: Delivery) -> None:
-        """Ask the gate for ``delivery``. The answer may come later (the channel is
-        pipelined on the event loop): a delivery is never asked twice at once."""
+        """Ask the gate for ``delivery`` once a pool process can start it now: a token
+        spent or a lease granted while the request waits behind other work would be
+        judged at the wrong moment (worker/pool_slots.py)."""
+        if delivery.slot:
+            self._decide(delivery)
+        elif not delivery.waiting_slot:
+            delivery.waiting_slot = True
+            self.slots.acquire(functools.partial(self._slot_free, delivery))
+
+    def _slot_free(self, delivery: Delivery) -> None:
+        # Called on the loop (or the timer) when a slot is reserved for ``delivery``;
+        # kombu swallows exceptions there, so none may escape: never lose a request.
+        try:
+            with self.holding.lock:
+                delivery.waiting_slot = False
+                delivery.slot = True
+                try:
+                    if delivery.generation == self.generation:
+                        self._decide(delivery)
+                    # else forgotten meanwhile (the connection was lost): it goes.
+                finally:
+                    self._settle_slot(delivery)
+        except Exception:
+            logger.exception(
+                "baton: deciding %s[%s] failed; holding it",
+                delivery.request.name,
+                delivery.request.id,
+            )
+            with self.holding.lock:
+                self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
+
+    def _settle_slot(self, delivery: Delivery) -> None:
+        """Give back the pool slot of a delivery that will not start on it now (held,
+        skipped, handed back, forgotten); kept while its ask is in flight or its
+        reserved rate slot is due."""
+        if delivery.slot and not delivery.asking and not delivery.reserved_start:
+            delivery.slot = False
+            self.slots.give_back()
+
+    def _decide(self, delivery: Delivery) -> None:
+        """Ask the gate for ``delivery``, which holds a pool slot. The answer may come
+        later (the channel is pipelined on the event loop): a delivery is never asked
+        twice at once."""
         request = delivery.request
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
             self.holding.release(delivery)
@@ -212,6 +256,9 @@ class Admission:
             )
             with self.holding.lock:
                 self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
+        finally:
+            with self.holding.lock:
+                self._settle_slot(delivery)
 
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request

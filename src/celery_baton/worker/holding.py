@@ -54,6 +54,10 @@ class Delivery:
     asked_at: float = 0.0  # when the last gate call for it was sent
     queue_key: str | None = None  # the wait queue it sits in
     celery_rate: float | None = None  # Celery's rate_limit its plan was made with
+    # Pool slots (worker/pool_slots.py): asked only while one is reserved for it.
+    waiting_slot: bool = False  # waits for a pool process to come free
+    slot: bool = False  # a pool slot is reserved for it
+    reserved_start: bool = False  # granted a rate slot for later: keeps its pool slot
 
 
 class Holding:

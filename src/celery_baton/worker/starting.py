@@ -2,7 +2,9 @@
 
 Its leases are attached to the request (given back by ``worker/request.py`` when it
 ends, whichever way) and kept alive by the lease book; its fence is put in the request.
-A reserved rate slot (``Start.start_after``) is held, on no pool slot, until its instant.
+It goes on the pool slot it was asked on (``worker/pool_slots.py``); a reserved rate
+slot (``Start.start_after``, at most one interval ahead) keeps that pool slot until its
+instant, so that the run starts then, not whenever a process frees up.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from celery_baton import metrics
 from celery_baton.leases import LeaseBook
 from celery_baton.worker.context import FENCE_FIELD
 from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.pool_slots import PoolSlots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
 from celery_baton.worker.run_end import mark as mark_run_end
@@ -24,13 +27,13 @@ logger = logging.getLogger("celery_baton.worker")
 
 
 class Starting:
-    """Hands admitted deliveries to ``handle`` (the pool); ``generation()`` is the
+    """Hands admitted deliveries to the pool through ``slots``; ``generation()`` is the
     admission's current generation (a delivery of an older one was forgotten)."""
 
     def __init__(
         self,
         consumer: Any,
-        handle: Callable[[Any], Any],
+        slots: PoolSlots,
         *,
         holding: Holding,
         releasing: Releasing,
@@ -39,7 +42,7 @@ class Starting:
         generation: Callable[[], int],
     ) -> None:
         self.consumer = consumer
-        self.handle = handle
+        self.slots = slots
         self.holding = holding
         self.releasing = releasing
         self.book = book
@@ -62,8 +65,9 @@ class Starting:
         self.stats["admitted"] += 1
         metrics.admissions.labels(request.name).inc()
         if start.start_after > 0:
-            # A reserved rate slot: hold it (no pool slot) until the slot's instant.
+            # A reserved rate slot: hold it, and its pool slot, until the slot's instant.
             self.holding.hold_reserved(delivery)
+            delivery.reserved_start = True
             self.consumer.timer.call_after(
                 start.start_after, self._dispatch, (delivery,), priority=5
             )
@@ -71,19 +75,30 @@ class Starting:
         self.holding.release(delivery)
         if guarded:
             self.releasing.handed(request)
-        self.handle(request)
+        self._to_pool(delivery)
+
+    def _to_pool(self, delivery: Delivery) -> None:
+        if delivery.slot:
+            delivery.slot = False
+            self.slots.run(delivery.request)
+        else:  # never asked on a slot of its own: through Celery's own path
+            self.slots.plain(delivery.request)
 
     def _dispatch(self, delivery: Delivery) -> None:
         try:
             with self.holding.lock:
+                delivery.reserved_start = False
                 if delivery.generation != self.generation():
                     # Forgotten (the connection was lost; the broker redelivers it): it
                     # will not run here, so give back what it was granted.
                     self.releasing.give_back(delivery.plan)
+                    if delivery.slot:
+                        delivery.slot = False
+                        self.slots.give_back()
                     return
                 self.holding.release(delivery)
                 self.releasing.handed(delivery.request)
-                self.handle(delivery.request)
+                self._to_pool(delivery)
         except Exception:
             logger.exception(
                 "baton: dispatching %s[%s] failed", delivery.request.name, delivery.request.id

@@ -1,0 +1,150 @@
+"""Pool slots: a request is asked of the gate only when a pool process can start it now.
+
+The gate spends a rate token and grants a lease at the moment it answers; the user meets
+the limit when the task body starts. If the two moments are apart (the request waits in
+the pool's queue behind other work), a limit is judged at the wrong moment: a 2/s rate
+admitted on schedule while every process is busy starts all at once when they free up,
+and a lease is held by a request that cannot run while another worker could. So a
+guarded request first takes a pool slot, then asks; granted, it goes to the pool on
+that slot; refused, the slot goes back to the next waiter.
+
+Two ways to know that a process is free, chosen once per worker:
+
+* ``SemaphoreSlots``: the prefork pool on the event loop (Celery's default). Celery
+  puts a ``LaxBoundedSemaphore`` of the pool's size in front of the pool
+  (``WorkController._process_task_sem``), released when a job ends. Guarded requests
+  wait in the same FIFO as plain ones, so neither overtakes the other, and a granted
+  request goes to ``_process_task`` on the slot it already holds.
+* ``CountedSlots``: pools that queue inside themselves (threads, gevent, eventlet,
+  solo, prefork without the event loop). Requests handed to the pool are counted until
+  Celery calls them ready (``worker.state.reserved_requests``); the waiters are looked
+  at again on a short timer while any wait.
+
+Waiting for a slot costs no prefetch beyond what a plain request waiting for the pool
+costs: the message stays unacknowledged and counts in the window, as Celery's own
+requests in the semaphore do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from celery.worker import state as worker_state
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: How often ``CountedSlots`` looks for a free slot while requests wait for one.
+POLL_INTERVAL = 0.02
+
+
+class PoolSlots(Protocol):
+    def acquire(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once a pool slot is reserved for the caller (now, or later
+        on the consumer's loop or timer)."""
+
+    def give_back(self) -> None:
+        """A reserved slot the caller will not use (the gate refused for now)."""
+
+    def run(self, request: Any) -> None:
+        """Hand ``request`` to the pool on the slot reserved for it."""
+
+    def plain(self, request: Any) -> None:
+        """Hand a request that asks nothing to Celery, as without celery-baton."""
+
+
+class SemaphoreSlots:
+    """The prefork pool's own semaphore (see the module docstring)."""
+
+    def __init__(self, semaphore: Any, process_task: Callable[[Any], Any], handle: Any) -> None:
+        self.semaphore = semaphore
+        self.process_task = process_task
+        self.handle = handle
+
+    def acquire(self, callback: Callable[[], None]) -> None:
+        self.semaphore.acquire(callback)
+
+    def give_back(self) -> None:
+        # Lax: a release after Celery cleared the semaphore (lost connection) is
+        # bounded by the pool's size.
+        self.semaphore.release()
+
+    def run(self, request: Any) -> None:
+        self.process_task(request)
+
+    def plain(self, request: Any) -> None:
+        self.handle(request)
+
+
+class CountedSlots:
+    """Slots counted against the pool's size (see the module docstring)."""
+
+    def __init__(self, limit: int, handle: Callable[[Any], Any], timer: Any) -> None:
+        self.limit = max(1, limit)
+        self.handle = handle
+        self.timer = timer
+        self._in_pool: list[Any] = []
+        self._reserved = 0  # slots given to waiters, not yet run or given back
+        self._waiters: deque[Callable[[], None]] = deque()
+        self._polling = False
+
+    def _free(self) -> int:
+        ready = worker_state.reserved_requests
+        self._in_pool = [request for request in self._in_pool if request in ready]
+        return self.limit - len(self._in_pool) - self._reserved
+
+    def acquire(self, callback: Callable[[], None]) -> None:
+        if not self._waiters and self._free() > 0:
+            self._reserved += 1
+            callback()
+            return
+        self._waiters.append(callback)
+        self._poll()
+
+    def give_back(self) -> None:
+        self._reserved = max(0, self._reserved - 1)
+        self._serve()
+
+    def run(self, request: Any) -> None:
+        self._reserved = max(0, self._reserved - 1)
+        self._in_pool.append(request)
+        self.handle(request)
+
+    def plain(self, request: Any) -> None:
+        self._in_pool.append(request)
+        self.handle(request)
+
+    def _serve(self) -> None:
+        while self._waiters and self._free() > 0:
+            self._reserved += 1
+            self._waiters.popleft()()
+
+    def _poll(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self.timer.call_after(POLL_INTERVAL, self._on_poll, priority=5)
+
+    def _on_poll(self) -> None:
+        # kombu's timer swallows exceptions: a waiter must never be lost.
+        self._polling = False
+        try:
+            self._serve()
+        except Exception:
+            logger.exception("baton: handing a pool slot to a waiting request failed")
+        if self._waiters:
+            self._poll()
+
+
+def pool_slots(consumer: Any, handle: Callable[[Any], Any]) -> PoolSlots:
+    """The slots of ``consumer``'s pool; ``handle`` is Celery's ``on_task_request``."""
+    controller: Any = getattr(consumer, "controller", None)
+    semaphore = getattr(controller, "semaphore", None)
+    # Celery guards the pool with its semaphore only when it hands requests through
+    # _process_task_sem (prefork on the event loop, with pool_putlocks).
+    if semaphore is not None and handle == getattr(controller, "_process_task_sem", None):
+        return SemaphoreSlots(semaphore, controller._process_task, handle)
+    pool = getattr(consumer, "pool", None)
+    limit = getattr(pool, "limit", None) or getattr(controller, "concurrency", None) or 1
+    return CountedSlots(int(limit), handle, consumer.timer)
