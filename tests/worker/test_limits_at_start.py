@@ -46,24 +46,28 @@ def _fill_pool(observer: Observer, concurrency: int, sleep: float) -> None:
 
 @pytest.mark.parametrize(
     ("pool", "prefetch"),
-    [("prefork", 4), ("prefork", 1), ("threads", 4), ("threads", 1)],
+    [("prefork", 4), ("prefork", 1), ("threads", 4), ("threads", 1), ("solo", 4)],
 )
 def test_every_rate_kind_holds_at_task_start_on_a_saturated_pool(
     workers: Workers, observer: Observer, pool: str, prefetch: int
 ) -> None:
     from tests.apps import busy_pool
 
-    workers.start("tests.apps.busy_pool", pool=pool, concurrency=2, prefetch_multiplier=prefetch)
-    _fill_pool(observer, 2, sleep=3.0)
-    # While no pool process is free: every kind of rate limit, 6 calls each.
+    concurrency = 1 if pool == "solo" else 2
+    workers.start(
+        "tests.apps.busy_pool", pool=pool, concurrency=concurrency, prefetch_multiplier=prefetch
+    )
+    _fill_pool(observer, concurrency, sleep=3.0)
+    # While no pool process is free: every kind of rate limit, 6 calls each; half of
+    # the single-rate calls with a countdown that comes due while the pool is busy.
     for n in range(EACH):
-        busy_pool.rated.delay(n)
+        busy_pool.rated.apply_async((n,), countdown=1.0 if n % 2 else None)
         busy_pool.two_rates.delay(n)
         busy_pool.named.delay(n)
         busy_pool.per_key.delay("a", n)
         busy_pool.fair.delay("ab"[n % 2], n)
     kinds = ("rated", "two_rates", "named", "per_key:a", "fair:")
-    observer.wait_for(2 + EACH * len(kinds), timeout=60)
+    observer.wait_for(concurrency + EACH * len(kinds), timeout=60)
 
     breaches: list[str] = []
     for kind in kinds:
@@ -113,3 +117,21 @@ def _wait_received(worker: object, n: int) -> None:
         what=f"{n} capped tasks received",
     )
 
+
+def test_a_named_limit_holds_at_task_start_across_two_busy_workers(
+    workers: Workers, observer: Observer
+) -> None:
+    """Two workers, both pools busy: a named limit with a cost (2 units of a 4/s bucket
+    of 2: 2 starts a second) is met at the starts of both workers together."""
+    from tests.apps import busy_pool
+
+    for _ in range(2):
+        workers.start("tests.apps.busy_pool", concurrency=2)
+    _fill_pool(observer, 4, sleep=3.0)
+    for n in range(10):
+        busy_pool.named.delay(n)
+    observer.wait_for(4 + 10, timeout=60)
+    starts = _starts(observer, "named")
+    assert len(starts) == 10
+    assert len({s["pid"] for s in observer.started() if s["key"] == "named"}) >= 2
+    assert_gcra_bound(starts, PER_SECOND, burst=1, tolerance_us=START_JITTER_US)
