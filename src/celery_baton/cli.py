@@ -212,12 +212,15 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
             ],
         }
         data["grace"] = _grace(c)
+        eviction = store_inspect.eviction_warning(store_inspect.eviction_policy(store))
+        data["warnings"] = [eviction] if eviction else []
         embedded = " (embedded: this machine only)" if store.embedded else ""
         text = [
             f"store:    {data['store']}{embedded}",
             f"server:   {data['server']}",
             f"rtt:      {data['rtt_ms']} ms",
             *([f"grace:    {data['grace']}"] if data["grace"] else []),
+            *[f"WARNING:  {warning}" for warning in data["warnings"]],
             f"leases:   {data['leases']}"
             + (f" ({stale} stale: their workers stopped reporting)" if stale else ""),
             "",
@@ -245,12 +248,16 @@ def _grace(c: Context) -> str:
         )
     age = store_inspect.store_epoch_age(c.store, c.names.prefix)
     if age is None:
-        return "no store epoch: the next lease waits one lease_ttl (store new or emptied)"
+        return (
+            "no store epoch: the next lease waits until the store's start + lease_ttl "
+            "(none if it started longer ago; store new or emptied)"
+        )
     longest = max([p.lease_ttl for _, p in c.policies().values() if p.gates_runs] or [0.0])
     if age < longest:
         return (
-            f"the store lost its data or changed master {age:.1f}s ago: no new lease "
-            f"until each task's lease_ttl has passed since (up to {longest - age:.1f}s more)"
+            f"the store started, lost its data or changed master {age:.1f}s ago: no new "
+            f"lease until each task's lease_ttl has passed since (up to "
+            f"{longest - age:.1f}s more; `end-grace` ends it if the store is new)"
         )
     return ""
 

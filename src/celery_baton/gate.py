@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from celery_baton.keys import epoch_key
+from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import STORE_ERRORS, Store
 
 
@@ -226,7 +227,7 @@ class Gate:
         conditions: Sequence[Condition],
         *,
         owner: str,
-        ttl: float = 30.0,
+        ttl: float = 10.0,
         reserve: float = 0.0,
     ) -> Decision:
         """Grant all ``conditions`` to ``owner`` or none; raises StoreUnavailable.
@@ -331,6 +332,12 @@ class Gate:
             return [bool(kept) for kept in self.store.scripts.call_many("unique_keep", calls)]
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
+
+    def eviction_warning(self) -> str:
+        """What the worker says at start about the store's ``maxmemory-policy``: '' for
+        ``noeviction``, a warning for a policy that may evict leases, or that it
+        cannot be checked (store/inspect.py)."""
+        return store_inspect.eviction_warning(store_inspect.eviction_policy(self.store))
 
     def release_many(self, releases: Sequence[Release]) -> list[int]:
         """Several releases in one round trip (a pipeline of release scripts)."""

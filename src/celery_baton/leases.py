@@ -68,7 +68,7 @@ class Lease:
     """
 
     def __init__(
-        self, gate: Gate, key: str, *, ttl: float = 30.0, limit: int = 1, owner: str | None = None
+        self, gate: Gate, key: str, *, ttl: float = 10.0, limit: int = 1, owner: str | None = None
     ) -> None:
         self.gate = gate
         self.key = key

@@ -88,6 +88,10 @@ SUPERSEDING = ("replace", "keep_last")
 ORDER_HEADER = "baton_order"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
+#: A scheduled beat slot's misfire policy, for a worker that held it past the grace:
+#: ``{"misfire": "skip"|"latest"|"all", "grace": seconds, "next": the entry's next slot
+#: (ms)}`` (worker/misfire.py).
+MISFIRE_HEADER = "baton_beat_misfire"
 #: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
 #: twice only when a leader's publish stalled past its lease, and its copy lands when
 #: the broker comes back: a day covers any such stall, at one small key per slot.

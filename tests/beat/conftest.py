@@ -37,7 +37,7 @@ class RecordingScheduler(Scheduler):
 
     sent: list[tuple[str, int, str]]
 
-    def publish(self, compiled: CompiledEntry, slot_ms: int, task_id: str) -> Any:
+    def publish(self, compiled: CompiledEntry, slot_ms: int, task_id: str, **options: Any) -> Any:
         self.sent.append((compiled.name, slot_ms, task_id))
         return None
 

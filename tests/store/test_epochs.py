@@ -76,14 +76,17 @@ def test_the_grace_holds_beside_a_lease_a_renewal_wrote_back(
     other = gate.decide([Condition.lease(EX2)], owner="c|w|1")
     assert held.granted and other.granted
 
-    store_server.forget()  # as after a restart without persistence
+    store_server.restart_empty()  # a restart without persistence
+    gate.store.client.close()
+    gate = Gate(connect(store_server.url(0), socket_timeout=2), grace_key=NAMES.store_epoch)
     (renewal,) = gate.renew([HeldLease(CONC, "a|w|1", 5, 30, held.epoch)])
     assert renewal.status == 2 and renewal.epoch not in ("", held.epoch)  # re-asserted
 
     # c's lease on EX2 is forgotten and c has not renewed yet: nobody may take EX2.
     late = gate.decide([Condition.lease(EX2)], owner="d|w|1")
     assert not late.granted and late.denied_by is not None
-    assert late.denied_by.kind == "G" and 29 < late.retry_after <= 30
+    # Until the server's start + ttl (10 s): its uptime, rounded down, is under a second.
+    assert late.denied_by.kind == "G" and 8 < late.retry_after <= 10
     busy = gate.decide([Condition.lease(CONC, limit=5)], owner="e|w|1")
     assert not busy.granted and busy.denied_by is not None and busy.denied_by.kind == "G"
 
@@ -100,3 +103,22 @@ def test_a_call_takes_the_epoch_of_its_first_lease_keys_family(gate: Gate, r: re
         assert decision.granted and decision.epoch == r.get(epoch_key("k1"))
     assert r.get(f"{epoch_key('k1')}:here") == r.get(epoch_key("k1"))
     assert r.get(f"{epoch_key('k2')}:here") == alone.epoch
+
+
+def test_no_grace_on_a_store_up_longer_than_a_ttl(gate: Gate, r: redis.Redis) -> None:
+    """No store-wide epoch on a server up longer than the ttl: every lease granted before
+    it started has run out, so none is missing; the first lease is granted at once. The
+    grace's start is the server's (its uptime, rounded down), written for the next."""
+    while int(r.info("server")["uptime_in_seconds"]) < 3:
+        time.sleep(0.2)
+    r.delete(NAMES.store_epoch, f"{NAMES.epoch('t')}:here")
+    up = int(r.info("server")["uptime_in_seconds"])
+    decision = gate.decide([Condition.lease(EX)], owner="a|w|1", ttl=1.0)
+    assert decision.granted
+    since = int(str(r.get(NAMES.store_epoch)).split()[0])
+    now_ms = int(r.time()[0]) * 1000
+    assert now_ms - (up + 1) * 1000 <= since <= now_ms - up * 1000 + 1000
+    # A task (another family) with a longer lease_ttl waits until the start + its ttl.
+    long = gate.decide([Condition.lease("baton:{u}:ex:b")], owner="b|w|1", ttl=up + 20)
+    assert not long.granted and long.denied_by is not None and long.denied_by.kind == "G"
+    assert 17 < long.retry_after <= 21

@@ -3,9 +3,9 @@
 A store that restarts empty (no persistence), or a failover to a replica that was
 behind, loses every lease. Before: a new arrival for a key whose holder still ran was
 granted at once, beside it (4 overlaps for 4 keys). Now the gate sees the store-wide
-epoch missing and grants no new lease for one lease ttl, while live holders write
-theirs back at their next renewal; the arrivals wait (nothing lost) and run after the
-holders, with higher fences.
+epoch missing and grants no new lease until the server's start + one lease ttl (from
+now after a promotion), while live holders write theirs back at their next renewal;
+the arrivals wait (nothing lost) and run after the holders, with higher fences.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_new_arrivals_wait_while_live_holders_write_their_leases_back(
     from tests.apps.exclusive import ex_long
 
     # lease_ttl 9 s: holders renew every 3 s, so arrivals right after the restart come
-    # before the holders' next renewal (as in production, with 30 s and 10 s).
+    # before the holders' next renewal (as in production, with 10 s and 3.3 s).
     worker = workers.start(
         APP,
         concurrency=8,  # a free pool slot for every arrival: admission alone decides
@@ -95,11 +95,13 @@ def test_a_known_new_store_grants_at_once(
 def test_an_operator_ends_the_grace_of_a_store_emptied_with_no_worker_running(
     workers: Workers, observer: Observer, forgetful: StoreServer
 ) -> None:
-    from tests.apps.exclusive import ex_wait
+    from tests.apps.first_run import guarded
 
-    forgetful.forget()  # FLUSHALL, as in development: the next lease would wait 30 s
+    # FLUSHALL of a store that started moments ago, as in development: with lease_ttl
+    # 60 s the next lease would wait until the store's start + 60 s.
+    forgetful.forget()
     done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "baton", "end-grace"],
+        [sys.executable, "-m", "celery", "-A", "tests.apps.first_run", "baton", "end-grace"],
         env=_process_env({**workers.env, "BATON_URL": forgetful.url(0)}),
         cwd=REPO_ROOT,
         capture_output=True,
@@ -107,7 +109,8 @@ def test_an_operator_ends_the_grace_of_a_store_emptied_with_no_worker_running(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    workers.start(APP, concurrency=2, env={"BATON_URL": forgetful.url(0)})
+    env = {"BATON_URL": forgetful.url(0), "FIRST_RUN_LEASE_TTL": "60"}
+    workers.start("tests.apps.first_run", concurrency=2, env=env)
     began = time.monotonic()
-    assert ex_wait.delay("after-end-grace", 0).get(timeout=60) is not None
-    assert time.monotonic() - began < 25  # ex_wait's lease_ttl is 30 s: no grace waited
+    assert guarded.delay("after-end-grace", 0).get(timeout=60) is not None
+    assert time.monotonic() - began < 25  # no grace waited

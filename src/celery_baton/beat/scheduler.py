@@ -52,7 +52,7 @@ from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
 from celery_baton.errors import BatonError
-from celery_baton.policy import BEAT_SLOT_HEADER
+from celery_baton.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.wiring import parts_for
 
@@ -543,7 +543,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 slots.last_id = claim.last_id
             for task_id, payload in claim.outbox:
                 item = json.loads(payload)
-                if self._publish_slot(claim.name, int(item["slot"]), task_id):
+                if self._publish_slot(claim.name, int(item["slot"]), task_id, item.get("kind")):
                     published.append(task_id)
         if published:
             self._beat.sent(published)
@@ -649,15 +649,15 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             logger.info(
                 "beat: re-sending %r slot %s as %s", name, slot_time(item.get("slot")), task_id
             )
-            if self._publish_slot(name, int(item["slot"]), task_id):
+            if self._publish_slot(name, int(item["slot"]), task_id, item.get("kind")):
                 published.append(task_id)
         self._beat.sent(published + dropped)
 
-    def _publish_slot(self, name: str, slot_ms: int, task_id: str) -> bool:
+    def _publish_slot(self, name: str, slot_ms: int, task_id: str, kind: Any = "fired") -> bool:
         """Publish one slot's message; False (and the item stays in the outbox) on error."""
         c = self._compiled[name]
         try:
-            self.publish(c, slot_ms, task_id)
+            self.publish(c, slot_ms, task_id, scheduled=kind == "fired")
         except Exception as exc:
             logger.error(
                 "beat: could not publish %r slot %s (%s), will retry: %r",
@@ -669,9 +669,13 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             return False
         return True
 
-    def publish(self, compiled: CompiledEntry, slot_ms: int, task_id: str) -> Any:
+    def publish(
+        self, compiled: CompiledEntry, slot_ms: int, task_id: str, *, scheduled: bool = True
+    ) -> Any:
         """Send the message like Celery's beat does (``apply_async``/``send_task``), with
-        the slot's task id and headers naming the entry and the slot."""
+        the slot's task id and headers naming the entry and the slot; a ``scheduled``
+        slot (not a trigger) also carries its misfire policy and the entry's next slot,
+        which a worker that held it past the grace follows (worker/misfire.py)."""
         entry = compiled.entry
         logger.info(
             "Scheduler: Sending due task %s (%s) slot %s",
@@ -688,6 +692,13 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         # The slot header makes workers admit this slot's id once (policy.run_once).
         headers.update(celery_beat_task=True, baton_beat_entry=entry.name)
         headers[BEAT_SLOT_HEADER] = slot_ms
+        if scheduled:
+            policy = compiled.policy
+            headers[MISFIRE_HEADER] = {
+                "misfire": policy.misfire,
+                "grace": policy.grace,
+                "next": compiled.rule.following(slot_ms),
+            }
         options.update(task_id=task_id, headers=headers, producer=self.producer)
         task = self.app.tasks.get(entry.task)
         if task is not None:

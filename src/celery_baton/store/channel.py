@@ -135,6 +135,11 @@ class PipelinedChannel:
         if self.store.master_watch is not None:
             self._master_changed()
         if self._wire is None:
+            watch = self.store.master_watch
+            if watch is not None and watch.generation() != self._generation:
+                # Sentinel named a new master since the last attempt: the back-off was
+                # for the old one; connect to the new one now.
+                self._down_until, self._backoff = 0.0, BACKOFF_START
             wait = self._down_until - time.monotonic()
             if wait > 0:
                 # On the event loop: answer, never raise, and never wait.

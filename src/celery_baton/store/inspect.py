@@ -226,3 +226,53 @@ def end_grace(store: Store, prefix: str) -> None:
         store.client.set(f"{prefix}:epoch", 0)
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
+
+
+#: The only maxmemory-policy that never drops a key: under any other, a full server
+#: may evict leases (volatile-*: they have a TTL), limits and beat slots, silently.
+SAFE_EVICTION = "noeviction"
+
+
+def eviction_policy(store: Store) -> str | None:
+    """The server's ``maxmemory-policy``; None when it cannot be read (a managed store
+    may refuse ``CONFIG``)."""
+    try:
+        reply = store.client.config_get("maxmemory-policy")
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    except Exception:  # CONFIG refused or renamed (ResponseError), or an odd reply
+        return None
+    if isinstance(reply, dict) and len(reply) == 1 and not store.cluster:
+        return str(next(iter(reply.values())))
+    if isinstance(reply, dict):  # Cluster: every node's reply; the first one that evicts
+        values = [str(v) for v in _config_values(reply)]
+        risky = [v for v in values if v != SAFE_EVICTION]
+        return risky[0] if risky else (values[0] if values else None)
+    return None
+
+
+def _config_values(reply: dict[Any, Any]) -> list[Any]:
+    values: list[Any] = []
+    for value in reply.values():
+        if isinstance(value, dict):
+            values.extend(value.values())
+        else:
+            values.append(value)
+    return values
+
+
+def eviction_warning(policy: str | None) -> str:
+    """What an operator is told about ``policy`` ('' when nothing to say)."""
+    if policy is None:
+        return (
+            "cannot check the store's maxmemory-policy (CONFIG refused): it must be "
+            "noeviction, or a full store drops leases and limits silently"
+        )
+    if policy == SAFE_EVICTION:
+        return ""
+    return (
+        f"the store's maxmemory-policy is {policy!r}: when it is full it evicts keys, and "
+        "celery-baton's leases, limits and beat slots are lost without a trace (two runs "
+        "of an exclusive key, a limit exceeded); set maxmemory-policy noeviction, or give "
+        "celery-baton a store of its own"
+    )

@@ -38,7 +38,7 @@ from celery_baton.gate_channel import GateChannel
 from celery_baton.keys import KeyNames
 from celery_baton.leases import LeaseBook
 from celery_baton.policy import TaskPolicy
-from celery_baton.worker import flow, outcomes
+from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool_slots import pool_slots
@@ -276,7 +276,11 @@ class Admission:
             wait_timeout=delivery.policy.exclusive_wait_timeout,
         )
         if isinstance(outcome, Start):
-            self.starting.start(delivery, outcome)
+            late = misfire.follow(delivery, decision, self.releasing)  # a held beat slot
+            if late is not None:
+                self._skip(delivery, late)
+            else:
+                self.starting.start(delivery, outcome)
         elif isinstance(outcome, Skip):
             self._skip(delivery, outcome)
         else:
@@ -330,4 +334,4 @@ class Admission:
             return self.holding.forget()
 
 
-FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN)
+FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN, Reason.MISFIRE)

@@ -233,11 +233,14 @@ class Releasing:
                 self.give_back(plan)
         return dropped
 
-    def give_back(self, plan: RunPlan) -> None:
-        """Free what the gate granted ``plan``'s owner, who will not run with it."""
+    def give_back(self, plan: RunPlan, *, done_ttl: float = 0.0) -> None:
+        """Free what the gate granted ``plan``'s owner, who will not run with it; with
+        ``done_ttl``, its id is also marked done for that long (the guard skips a copy)."""
         self.book.remove(plan.owner)
-        if plan.leases:
-            self.channel.release(Release(tuple(lease.key for lease in plan.leases), plan.owner))
+        done_key = plan.done_key if done_ttl > 0 else None
+        if plan.leases or done_key:
+            lease_keys = tuple(lease.key for lease in plan.leases)
+            self.channel.release(Release(lease_keys, plan.owner, done_key, done_ttl))
 
     def give_back_lost(self, plan: RunPlan) -> None:
         """``plan``'s ask got no answer, but the store may still execute it and grant its

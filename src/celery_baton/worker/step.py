@@ -30,6 +30,7 @@ from celery_baton.worker.admission import Admission
 from celery_baton.worker.broker import read_broker, warn_long_tasks
 from celery_baton.worker.held_return import HeldReturn
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.unsent import UnsentReleases
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class BatonWorker:
                     baton.store.safe_url,
                 )
             warn_long_tasks(parent.app, self.broker.visibility)
+            warn_eviction(baton.gate)
             metrics.serve(baton.settings.metrics_port)
             self.book.start()
             self.listener.start()

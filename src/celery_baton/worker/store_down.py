@@ -6,8 +6,14 @@ runs it unguarded, logged. For one back-off after a failure, new deliveries do n
 on the store again: they queue behind the delivery that is probing it. Whatever an
 unanswered ask may have granted is given back.
 
+The back-off is only a bound: while requests are held for the store, a PING every
+``PROBE_INTERVAL`` asks whether it answers again, and as soon as it answers anything (a
+probe, or an ask of another delivery) they are asked again. After a failover the new
+master is used within a second of answering, not after the back-off (up to 10 s, and
+the channel's own before it: a minute in the issue 24 measurement).
+
 Also here: the warning that the store is new or lost its data (the grace of
-``verdict.Reason.GRACE``), at most every 10 s.
+``verdict.Reason.GRACE``), at most every 10 s, with the command that ends it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton.errors import StoreUnavailable
+from celery_baton.errors import BatonError, StoreUnavailable
+from celery_baton.gate import Gate
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.verdict import Reason, Wait
@@ -26,6 +33,21 @@ logger = logging.getLogger("celery_baton.worker")
 
 STORE_KEY = "<store>"  # the wait queue of requests held because the store is down
 BACKOFF_MAX = 10.0
+PROBE_INTERVAL = 1.0  # seconds between PINGs while requests are held for the store
+
+
+def warn_eviction(gate: Gate) -> None:
+    """At worker start: a store whose ``maxmemory-policy`` may evict keys loses leases
+    silently when it is full; say so (and say when it cannot be checked)."""
+    try:
+        warning = gate.eviction_warning()
+    except BatonError as exc:  # down at start: the start's own report says so
+        logger.info("baton: could not check the store's maxmemory-policy: %s", exc)
+        return
+    if warning.startswith("cannot check"):
+        logger.info("baton: %s", warning)
+    elif warning:
+        logger.warning("baton: %s", warning)
 
 
 class StoreDown:
@@ -51,6 +73,8 @@ class StoreDown:
         self.run_unguarded = run_unguarded
         self._down_until = 0.0
         self._grace_logged = -1e9
+        self._held_for_store = False  # requests wait in STORE_KEY's queue
+        self._probe_due = 0.0  # when the armed probe fires (0: none armed)
 
     def failed_moments_ago(self, now: float) -> bool:
         """Whether a new delivery should not wait on the store now (it just failed)."""
@@ -66,8 +90,16 @@ class StoreDown:
 
     def answered(self, delivery: Delivery) -> None:
         """The store answered ``delivery``: it is up again."""
-        self._down_until = 0.0
         delivery.backoff = BACKOFF_START
+        self.store_answered()
+
+    def store_answered(self) -> None:
+        """The store answered a call: the requests held for it are asked again now."""
+        self._down_until = 0.0
+        if self._held_for_store:
+            self._held_for_store = False
+            with self.holding.lock:
+                self.holding.arm(STORE_KEY, 0.0, jitter=False)
 
     def failed(self, delivery: Delivery, error: BaseException) -> None:
         """The ask for ``delivery`` failed with ``error``: hold it, or run it unguarded."""
@@ -96,14 +128,51 @@ class StoreDown:
             error,
         )
         self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, delay))
+        self._held_for_store = True
+        self._arm_probe(now)
+
+    def _arm_probe(self, now: float) -> None:
+        # Pipelined channels only: without an event loop an ask is answered at once,
+        # and the back-off alone paces them. A probe whose timer a consumer restart
+        # dropped (overdue) is armed again.
+        channel = self.releasing.channel
+        if not channel.pipelined or (self._probe_due and now < self._probe_due + PROBE_INTERVAL):
+            return
+        self._probe_due = now + PROBE_INTERVAL
+        self.holding.consumer.timer.call_after(PROBE_INTERVAL, self._probe, priority=5)
+
+    def _probe(self) -> None:
+        # kombu's timer swallows exceptions: a probe that fails is armed again.
+        self._probe_due = 0.0
+        if not self._held_for_store:
+            return
+        try:
+            self.releasing.channel.ping(self._probed)
+        except Exception:
+            logger.exception("baton: probing the store failed; trying again")
+            self._arm_probe(time.monotonic())
+
+    def _probed(self, reply: Any) -> None:
+        try:
+            if isinstance(reply, BaseException):
+                if self._held_for_store:
+                    self._arm_probe(time.monotonic())
+            else:
+                self.store_answered()
+        except Exception:
+            logger.exception("baton: waking the requests held for the store failed")
 
     def warn_grace(self, delay: float, now: float) -> None:
         """The gate refused for the grace of a new (or emptied) store."""
         if now - self._grace_logged > 10:
             self._grace_logged = now
+            app = getattr(getattr(self.holding.consumer, "app", None), "main", None)
             logger.warning(
-                "baton: the store is new or lost its data (no store epoch, or a "
-                "replica was promoted): no new lease for %.1fs, while running tasks "
-                "write theirs back (grace)",
+                "baton: the store is new or lost its data (it started less than a "
+                "lease_ttl ago, or was emptied, or a replica was promoted): no new lease "
+                "for %.1fs, while running tasks write theirs back (grace). If no worker "
+                "can hold a lease from before it (a new store, or every worker was "
+                "stopped), end it now: celery -A %s baton end-grace",
                 delay,
+                app or "proj",
             )

@@ -51,6 +51,7 @@ class Reason(enum.Enum):
     DEBOUNCE = "debounce"  # not quiet yet, or a throttle's trailing run waits its window
     COALESCED = "coalesced"  # a later publish of its debounce/throttle key runs for it
     THROTTLED = "throttled"  # dropped: another run of its key ran within the window
+    MISFIRE = "misfire"  # a beat slot held past its misfire grace (worker/misfire.py)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,12 @@
 --             behind, and lack leases the old master granted). Live holders write their
 --             leases back at their next renewal (renew.lua); until each had the chance
 --             (one lease ttl, ARGV[2], since that moment) no new lease is granted:
---             denied (as condition n+2) with retry_after = the rest of the grace. A value
+--             denied (as condition n+2) with retry_after = the rest of the grace. A
+--             store found new or emptied (no key) dates the moment from the server's
+--             start (INFO server, on this rare path only): a lease from before then
+--             cannot outlive its start + ttl, so a server up longer than a ttl gets no
+--             grace (nor does one emptied by FLUSHALL while up: docs/failure.md); a
+--             promoted replica dates it from now (its old master's leases live on). A value
 --             without a replication id (declared new, `celery baton end-grace`), or
 --             written before a restart (the server kept what its persistence kept), is
 --             adopted without a grace. The one write a denial may make: this key.
@@ -370,8 +375,18 @@ if epoch_key then
         since, seen = string.match(found, '^(%d+) ?(%w*)')
         since = tonumber(since)
       end
-      if not since or (seen ~= '' and seen ~= here and promoted) then
-        since = now_ms  -- new, emptied, or a promoted replica: the grace starts now
+      if not since and not promoted then
+        -- New or emptied: a lease from before can only have been granted before the
+        -- server started, so none outlives its start + ttl. The uptime in whole
+        -- seconds, rounded down, gives a start never earlier than the real one; a
+        -- server up longer than a ttl needs no grace. (FLUSHALL of a live server
+        -- looks the same and gets none: docs/failure.md.)
+        local info = redis.pcall('INFO', 'server')
+        local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+        since = up and now_ms - up * 1000 or now_ms
+        call('SET', grace_key, format('%d %s', since, here))
+      elseif not since or (seen ~= '' and seen ~= here and promoted) then
+        since = now_ms  -- a promoted replica (it may have been behind): from now
         call('SET', grace_key, format('%d %s', since, here))
       elseif seen ~= here then
         call('SET', grace_key, format('%d %s', since, here))  -- declared new, or restarted

@@ -1,0 +1,40 @@
+"""worker/misfire.py: what a held beat slot admitted past its misfire grace does."""
+
+from __future__ import annotations
+
+from celery_baton.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.worker.misfire import late_slot
+
+SLOT = 1_780_000_000_000
+
+
+def headers(misfire: str, grace: float = 2.0, next_ms: int = SLOT + 1000) -> dict[str, object]:
+    return {
+        BEAT_SLOT_HEADER: SLOT,
+        "baton_beat_entry": "every1",
+        MISFIRE_HEADER: {"misfire": misfire, "grace": grace, "next": next_ms},
+    }
+
+
+def test_on_time_or_not_a_scheduled_slot_runs_as_usual() -> None:
+    assert late_slot(headers("skip"), SLOT + 2000) is None  # within the grace
+    assert late_slot({BEAT_SLOT_HEADER: SLOT}, SLOT + 60_000) is None  # a trigger
+    assert late_slot({}, SLOT + 60_000) is None  # no beat slot
+
+
+def test_past_the_grace_each_policy_decides() -> None:
+    skipped = late_slot(headers("skip"), SLOT + 2001)
+    assert skipped is not None and not skipped.run
+    assert "'every1'" in skipped.message and "misfire grace (2s)" in skipped.message
+    ran = late_slot(headers("all"), SLOT + 60_000)
+    assert ran is not None and ran.run
+    # latest: runs while no later slot of the entry is due, else skipped
+    latest = late_slot(headers("latest", next_ms=SLOT + 10_000), SLOT + 5000)
+    assert latest is not None and latest.run
+    stale = late_slot(headers("latest", next_ms=SLOT + 10_000), SLOT + 10_000)
+    assert stale is not None and not stale.run
+
+
+def test_an_unreadable_header_runs_the_slot() -> None:
+    bad = {BEAT_SLOT_HEADER: SLOT, MISFIRE_HEADER: {"misfire": "skip"}}
+    assert late_slot(bad, SLOT + 60_000) is None
