@@ -98,8 +98,12 @@ def _env_vars(store: StoreServer, broker: StoreServer) -> dict[str, str]:
 
 @pytest.fixture
 def store_url(store_server: StoreServer, app_environ: None) -> str:
-    """``redis://127.0.0.1:PORT/0`` of the store server: running, and flushed (all dbs)."""
-    _up(store_server).flushall()
+    """``redis://127.0.0.1:PORT/0`` of the store server: running, and emptied (all dbs).
+
+    Never declared new, as a deployment's store is not: celery-baton finds it without
+    its epoch and judges it by the server's uptime (a store started less than
+    ``lease_ttl`` ago, by an earlier test's restart, gets the rest of that grace)."""
+    _up(store_server).forget()
     return store_server.url(0)
 
 

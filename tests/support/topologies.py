@@ -362,7 +362,8 @@ class SentinelTopology:
         _wait(self.healthy, timeout, "a healthy sentinel setup")
 
     def flushall(self) -> None:
-        self.master().flushall()
+        """Empty the master, not declared new (a deployment's store never is)."""
+        self.master().forget()
 
     def close(self) -> None:
         for server in (*self.sentinels, *self.data):
