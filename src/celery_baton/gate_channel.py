@@ -34,7 +34,10 @@ class GateChannel:
     ``on_release_failed(release)`` gets every release the store did not confirm, to be
     retried later; none is dropped. ``on_answered()`` is called whenever the store
     answered a call: it is executing commands again (what was sent before, on any
-    connection, has been read by then).
+    connection, has been read by then). ``on_recovered()`` (set after construction) is
+    called once when the store answers after a call failed for want of it: a release
+    notice may have been lost meanwhile (a new master, a broken subscription), so
+    whatever waits should ask again.
     """
 
     def __init__(
@@ -50,6 +53,8 @@ class GateChannel:
         self.gate = gate
         self.on_release_failed = on_release_failed
         self.on_answered = on_answered
+        self.on_recovered: Callable[[], None] = lambda: None
+        self._failed = False  # a call failed since the store last answered
         self.pipelined = hub is not None and not gate.store.cluster
         self._channel: PipelinedChannel | BlockingChannel
         self._releaser: Releaser | None = None
@@ -80,13 +85,16 @@ class GateChannel:
             except Exception as exc:
                 decided = exc
             if isinstance(decided, Decision):
-                self.on_answered()
+                self._ok()
+            else:
+                self._failed = True
             answer(decided)
             return
         keys, args = self.gate.call(conditions, owner, ttl, reserve)
 
         def answered(reply: Any) -> None:
             if isinstance(reply, BaseException):
+                self._failed = True
                 answer(reply)
                 return
             try:
@@ -94,7 +102,7 @@ class GateChannel:
             except Exception as exc:  # a reply we cannot read: answer with it, never raise
                 answer(exc)
                 return
-            self.on_answered()
+            self._ok()
             answer(decision)
 
         self._channel.call("gate", keys, args, answered)
@@ -107,7 +115,9 @@ class GateChannel:
 
         def answered(reply: Any) -> None:
             if not isinstance(reply, BaseException):
-                self.on_answered()
+                self._ok()
+            else:
+                self._failed = True
             answer(reply)
 
         self._channel.call(script, keys, args, answered)
@@ -122,16 +132,32 @@ class GateChannel:
         def answered(reply: Any) -> None:
             if isinstance(reply, BaseException):
                 logger.warning("release failed, retrying in the background: %s", reply)
+                self._failed = True
                 self.on_release_failed(release)
             else:
-                self.on_answered()
+                self._ok()
 
         self._channel.call("release", keys, args, answered)
 
     def ping(self, answer: Callable[[Any], None]) -> None:
         """PING the store (pipelined only): a reply proves it executes commands again."""
         if isinstance(self._channel, PipelinedChannel):
-            self._channel.ping(answer)
+
+            def answered(reply: Any) -> None:
+                if isinstance(reply, BaseException):
+                    self._failed = True
+                else:
+                    self._ok()
+                answer(reply)
+
+            self._channel.ping(answered)
+
+    def _ok(self) -> None:
+        """The store answered a call."""
+        self.on_answered()
+        if self._failed:
+            self._failed = False
+            self.on_recovered()
 
     def rebind(self, hub: Any, timer: Any) -> None:
         """The consumer restarted (lost broker connection): its event loop was reset."""

@@ -216,6 +216,12 @@ class Holding:
                 self.hold_max,
             )
 
+    def wake_all(self) -> None:
+        """Ask the head of every queue again now: the store answers again after a
+        failure, and a release notice may have been lost meanwhile."""
+        for _, key in self._queues.sizes():
+            self.arm(key, 0.0)
+
     # -- timers -----------------------------------------------------------------------
 
     def arm(self, key: str, delay: float, *, jitter: bool = True) -> None:

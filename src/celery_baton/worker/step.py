@@ -141,6 +141,7 @@ class BatonWorker:
             lower_priority_first=broker.kombu_redis,
         )
         parent.on_task_request = self.admission
+        self.channel.on_recovered = self.admission.store_down.recovered
         self.listener = NoticeListener(
             baton.store, baton.names.notice_channel, self.admission.holding.wake
         )

@@ -101,6 +101,17 @@ class StoreDown:
             with self.holding.lock:
                 self.holding.arm(STORE_KEY, 0.0, jitter=False)
 
+    def recovered(self) -> None:
+        """The store answers again after a call failed (``GateChannel.on_recovered``):
+        every held request asks again now, not only those held for the store. One held
+        for a key may wait for a release notice that was lost meanwhile (the release
+        itself was re-sent to a new master, where nobody was marked waiting), and its
+        timer may be a whole lease away."""
+        self._down_until = 0.0
+        self._held_for_store = False
+        with self.holding.lock:
+            self.holding.wake_all()
+
     def failed(self, delivery: Delivery, error: BaseException) -> None:
         """The ask for ``delivery`` failed with ``error``: hold it, or run it unguarded."""
         if not isinstance(error, StoreUnavailable):
