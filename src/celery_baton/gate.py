@@ -62,8 +62,11 @@ class Condition:
         return cls("O", key, field)
 
     @classmethod
-    def not_done(cls, key: str) -> Condition:
-        return cls("D", key)
+    def not_done(cls, key: str, stamp: str = "", task_id: str = "") -> Condition:
+        """Denies a copy of a publish of ``task_id`` that already finished: one whose
+        ``stamp`` (its publish, policy.PUBLISH_HEADER) is recorded in ``key``; with no
+        stamp (a message sent without celery-baton), any finished run of the id."""
+        return cls("D", key, stamp, task_id)
 
     @classmethod
     def free_unique(cls, key: str, task_id: str) -> Condition:
@@ -128,6 +131,9 @@ class Release:
     # > 0: keep the unique claim this many seconds instead of freeing it (the run ended,
     # but its message is still the broker's and comes back: worker/request.py)
     unique_keep: float = 0.0
+    # The publish whose run finished (policy.PUBLISH_HEADER; '': unstamped), recorded
+    # in the done marker: a copy of that publish is refused, another publish runs.
+    done_stamp: str = ""
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
@@ -143,6 +149,8 @@ class Release:
             if self.unique_keep > 0:
                 keep_ms = max(1, round(self.unique_keep * 1000))
         args = [self.owner, len(self.lease_keys), done_ms, unique_owner, channel, keep_ms]
+        if done_ms:
+            args.append(self.done_stamp)
         return keys, args
 
 
@@ -312,10 +320,17 @@ class Gate:
         done_ttl: float = 0.0,
         unique_key: str | None = None,
         unique_owner: str = "",
+        done_stamp: str = "",
     ) -> int:
         """Free ``owner``'s leases (never another owner's); mark done; free a unique key."""
         keys, args = Release(
-            tuple(lease_keys), owner, done_key, done_ttl, unique_key, unique_owner
+            tuple(lease_keys),
+            owner,
+            done_key,
+            done_ttl,
+            unique_key,
+            unique_owner,
+            done_stamp=done_stamp,
         ).script_call(self.notice_channel)
         try:
             return int(self.store.scripts.call("release", keys, args))

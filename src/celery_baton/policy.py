@@ -92,6 +92,11 @@ BEAT_SLOT_HEADER = "baton_beat_slot"
 #: ``{"misfire": "skip"|"latest"|"all", "grace": seconds, "next": the entry's next slot
 #: (ms)}`` (worker/misfire.py).
 MISFIRE_HEADER = "baton_beat_misfire"
+#: The header that names one publish of a message (publish.py stamps it on every publish
+#: path; a retry keeps its run's): a copy the broker redelivers carries the same value,
+#: a new publish of the same task id (``Task.replace``, a frozen signature sent again,
+#: ``apply_async(task_id=...)``) another. The redelivery guard refuses the first only.
+PUBLISH_HEADER = "baton_publish"
 #: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
 #: twice only when a leader's publish stalled past its lease, and its copy lands when
 #: the broker comes back: a day covers any such stall, at one small key per slot.
@@ -129,6 +134,7 @@ class RunPlan:
     run_key: str | None = None  # the redelivery guard's lease on this task id
     unique_key: str | None = None
     done_key: str | None = None
+    done_stamp: str = ""  # the publish this delivery is (PUBLISH_HEADER; '': unstamped)
     labels: dict[str, str] = field(default_factory=dict)
     supersede_key: str | None = None  # the publish order of a superseding exclusive key
     superseded_key: str | None = None  # this task id's unique replace marker
@@ -255,6 +261,7 @@ class TaskPolicy:
         redelivered: bool = False,
         now: float | None = None,
         order: int | None = None,
+        stamp: str = "",
     ) -> RunPlan:
         """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
@@ -268,13 +275,16 @@ class TaskPolicy:
         ``redelivered``: a copy the broker gave back (after a failed ack its claim was kept
         for the redelivery window only, Releasing.unacked_claim_ttl): its run extends it.
         ``order``: a superseding publish's order (its header; None: the gate gives one).
+        ``stamp``: the publish this delivery is (``PUBLISH_HEADER``; '': a message sent
+        without celery-baton, judged by its task id alone).
         """
         plan = RunPlan(owner, [], [])
         if self.flow is not None:
             plan.flow_key = self.flow.store_key(names, self.name, args, kwargs)
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
-            plan.conditions.append(Condition.not_done(plan.done_key))
+            plan.done_stamp = stamp
+            plan.conditions.append(Condition.not_done(plan.done_key, stamp, task_id))
             plan.run_key = names.lease(self.name, "run", task_id)
             self._lease(plan, plan.run_key, 1, fence=False)
         if self.exclusive is not None:

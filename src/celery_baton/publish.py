@@ -9,11 +9,18 @@ step before the broker, so nothing is sent until the claim is known.
 Superseding publishes (supersede.py) are handled here too: an exclusive task under
 ``exclusive_conflict="replace"``/``"keep_last"`` gets its publish order in a header, and
 a ``unique_conflict="replace"`` publish is sent first and then takes the key.
+
+Every publish is stamped with a header of its own (``PUBLISH_HEADER``), which a copy
+the broker redelivers carries unchanged: the redelivery guard refuses a copy of a
+publish that ran, and runs a new publish of the same task id (``Task.replace``, a frozen
+signature sent again, ``apply_async(task_id=...)``). A retry keeps its run's stamp: it
+continues that publish, and a copy of the message it retried must not run after it.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +39,13 @@ from celery_baton.errors import (
     TaskDeduplicated,
     TaskSuperseded,
 )
-from celery_baton.policy import ORDER_HEADER, TaskPolicy, policy_for_call
+from celery_baton.policy import (
+    BEAT_SLOT_HEADER,
+    ORDER_HEADER,
+    PUBLISH_HEADER,
+    TaskPolicy,
+    policy_for_call,
+)
 from celery_baton.supersede import SUPERSEDED
 
 if TYPE_CHECKING:
@@ -104,6 +117,7 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
     """
 
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        _stamp_publish(options)
         policy = baton.policy_for_name(name)
         per_call = options.pop(CALL_OPTION, None)
         if per_call is not None:
@@ -150,6 +164,34 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _stamp_publish(options: dict[str, Any]) -> None:
+    """Name this publish in its headers (``PUBLISH_HEADER``), unless it is named already
+    (the caller's own headers), or is a beat slot, which must run once whatever sends
+    it: the beat may send one slot twice (policy.run_once)."""
+    headers = options.get("headers") or {}
+    if PUBLISH_HEADER in headers or BEAT_SLOT_HEADER in headers:
+        return
+    stamp = _retried_stamp(options) or secrets.token_hex(8)
+    options["headers"] = {**headers, PUBLISH_HEADER: stamp}
+
+
+def _retried_stamp(options: dict[str, Any]) -> str | None:
+    """The running task's stamp when this publish is its retry (``Task.retry``: its own
+    id, one retry more, at the same replacement depth; ``Task.replace`` sends the same id
+    one level deeper, as a new publish)."""
+    task_id = options.get("task_id")
+    task = current_task
+    if not task_id or not task:  # (a proxy: falsy outside a task)
+        return None
+    request = task.request
+    if request.id != task_id or (options.get("retries") or 0) <= (request.retries or 0):
+        return None
+    if (options.get("replaced_task_nesting") or 0) != (request.replaced_task_nesting or 0):
+        return None
+    stamp = getattr(request, PUBLISH_HEADER, None)
+    return stamp if isinstance(stamp, str) else None
 
 
 def _stamp_order(

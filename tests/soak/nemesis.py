@@ -13,7 +13,8 @@ nemesis draws a fault every few seconds from ``random.Random(seed)``: SIGKILL a 
 child, SIGKILL a worker (restarted after a moment), SIGSTOP the store or the broker for a
 while (sometimes longer than ``lease_ttl``), SIGKILL and restart the store or the broker,
 SIGKILL the beat leader (restarted), edit the runtime schedule (add, update, pause,
-resume, remove an entry) and re-publish a redelivery-guarded task id. Each fault is
+resume, remove an entry) and re-publish a copy of a redelivery-guarded message (its
+task id and publish stamp, as a broker delivers it again). Each fault is
 recorded with the observer server's clock. A watcher thread samples each worker's pool
 pids and records a worker that died by itself as a ``worker_crash`` fault (printed, with
 its log's tail, and restarted). Then everything comes back, the backlog drains, and
@@ -36,6 +37,7 @@ import importlib
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -53,6 +55,7 @@ from typing import Any
 import psutil
 import redis
 
+from celery_baton.policy import PUBLISH_HEADER
 from tests.soak.checker import (
     WORKER_CRASH,
     Fault,
@@ -206,7 +209,8 @@ class Nemesis:
         self.machines: list[Machine] = []
         self.faults: list[Fault] = []
         self.published: list[Published] = []
-        self.guarded_ids: list[tuple[str, float]] = []
+        # Guarded messages sent: task id, sleep, publish stamp (a copy carries the same).
+        self.guarded_ids: list[tuple[str, float, str]] = []
         self._stop_publishing = threading.Event()
         self._stop_watching = threading.Event()
         self._lock = threading.Lock()
@@ -486,9 +490,10 @@ class Nemesis:
         with self._lock:
             if not self.guarded_ids:
                 return
-            task_id, sleep = self.rng.choice(self.guarded_ids)
+            task_id, sleep, stamp = self.rng.choice(self.guarded_ids)
         start = self.clock.now()
-        self._send("guarded", (sleep,), task_id=task_id, detail="republished")
+        copy = {PUBLISH_HEADER: stamp}  # the same message again, as a redelivery
+        self._send("guarded", (sleep,), task_id=task_id, detail="republished", headers=copy)
         self._record("republish", start, detail=f"guarded {task_id}")
 
     # -- publishing ----------------------------------------------------------------------
@@ -518,10 +523,11 @@ class Nemesis:
                     self._send(kind, args)
             elif kind == "guarded":
                 sleep = round(rng.uniform(0.2, 1.0), 2)
-                task_id = self._send(kind, (sleep,))
+                stamp = secrets.token_hex(8)  # not from rng: the seeded stream is kept
+                task_id = self._send(kind, (sleep,), headers={PUBLISH_HEADER: stamp})
                 if task_id:
                     with self._lock:
-                        self.guarded_ids.append((task_id, sleep))
+                        self.guarded_ids.append((task_id, sleep, stamp))
             else:
                 for _ in range(rng.randint(1, 6)):
                     n += 1

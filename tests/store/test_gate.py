@@ -86,14 +86,69 @@ def test_expired_owners_are_swept_when_the_key_is_taken(gate: Gate, r: redis.Red
     assert owner_fields(r, EX) == [f"o:{live}"]
 
 
-def test_done_marker_denies_for_good(gate: Gate, r: redis.Redis) -> None:
-    r.set(DONE, "task-1")
-    decision = gate.decide(
-        [Condition.not_done(DONE), Condition.lease(EX)], owner=new_owner("task-1", "w")
-    )
-    assert not decision.granted
+def _not_done(gate: Gate, stamp: str) -> bool:
+    """Whether a delivery of task-1 published as ``stamp`` passes the done marker."""
+    condition = Condition.not_done(DONE, stamp, "task-1")
+    decision = gate.decide([condition, Condition.lease(EX)], owner=new_owner("task-1", "w"))
+    if decision.granted:
+        r = gate.store.client
+        r.delete(EX)
+        return True
     assert decision.retry_after == -1 and decision.holder == "task-1"
+    return False
+
+
+def test_done_marker_refuses_a_copy_of_a_publish_that_ran_not_a_new_publish(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """The marker records the publishes of the id that finished: a copy of one (same
+    stamp) is refused for good, another publish of the same id runs; a message without a
+    stamp (sent without celery-baton) is refused once any run of its id finished."""
+    assert _not_done(gate, "") and _not_done(gate, "a")  # nothing finished yet
+    gate.release([], owner="task-1|w|1", done_key=DONE, done_ttl=60, done_stamp="a")
+    assert not _not_done(gate, "a")  # a copy of the publish that ran
+    assert _not_done(gate, "b")  # a new publish of task-1
+    assert not _not_done(gate, "")  # unstamped: judged by the id
     assert not r.exists(EX)
+    gate.release([], owner="task-1|w|2", done_key=DONE, done_ttl=60, done_stamp="b")
+    assert not _not_done(gate, "a") and not _not_done(gate, "b")  # both remembered
+
+
+def test_an_unstamped_run_refuses_unstamped_copies_only(gate: Gate, r: redis.Redis) -> None:
+    gate.release([], owner="task-1|w|1", done_key=DONE, done_ttl=60)
+    assert not _not_done(gate, "")
+    assert _not_done(gate, "a")  # a stamped message is another publish than that run
+
+
+def test_an_older_versions_done_marker_refuses_every_delivery(gate: Gate, r: redis.Redis) -> None:
+    """A marker written before publishes were stamped (a string: the task id) refuses any
+    delivery of the id, as it did; a release over it records the stamp instead."""
+    r.set(DONE, "task-1", px=60_000)
+    assert not _not_done(gate, "") and not _not_done(gate, "a")
+    gate.release([], owner="task-1|w|1", done_key=DONE, done_ttl=60, done_stamp="a")
+    assert r.type(DONE) == "zset" and r.zrange(DONE, 0, -1) == ["a"]
+    assert not _not_done(gate, "a") and _not_done(gate, "b")
+
+
+def test_done_marker_forgets_each_stamp_after_its_retention(gate: Gate, r: redis.Redis) -> None:
+    """Each stamp is forgotten after its own retention; the key lives as long as its
+    latest stamp, and keeps the latest MAX_STAMPS (a task replacing itself in a loop)."""
+    gate.release([], owner="task-1|w|1", done_key=DONE, done_ttl=0.2, done_stamp="a")
+    gate.release([], owner="task-1|w|2", done_key=DONE, done_ttl=60, done_stamp="b")
+    assert 59_000 < r.pttl(DONE) <= 60_000
+    time.sleep(0.3)
+    assert _not_done(gate, "a") and not _not_done(gate, "b")
+    gate.release([], owner="task-1|w|3", done_key=DONE, done_ttl=1, done_stamp="c")
+    assert r.zrange(DONE, 0, -1) == ["c", "b"]  # "a" swept; the ttl not shortened
+    assert 58_000 < r.pttl(DONE) <= 60_000
+    r.delete(DONE)
+    seconds, micros = r.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    r.zadd(DONE, {f"s{n:04d}": now_ms + 30_000 + n for n in range(1005)})
+    gate.release([], owner="task-1|w|4", done_key=DONE, done_ttl=60, done_stamp="d")
+    assert r.zcard(DONE) == 1000
+    assert _not_done(gate, "s0005")  # the six oldest went
+    assert not _not_done(gate, "s0006") and not _not_done(gate, "d")
 
 
 def test_free_unique_frees_only_its_own_claim(gate: Gate, r: redis.Redis) -> None:
@@ -150,7 +205,7 @@ def test_release_marks_done_and_frees_only_its_unique_key(gate: Gate, r: redis.R
         [EX], owner=owner, done_key=DONE, done_ttl=60, unique_key=UQ, unique_owner="task-1"
     )
     assert freed == 1
-    assert r.get(DONE) == "task-1" and 0 < r.pttl(DONE) <= 60_000
+    assert r.zrange(DONE, 0, -1) == [""] and 0 < r.pttl(DONE) <= 60_000
     assert r.get(UQ) == "task-2"
     r.set(UQ, "task-1")
     assert gate.release([EX], owner=owner, unique_key=UQ, unique_owner="task-1") == 0

@@ -14,7 +14,7 @@ from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
 from celery_baton.errors import KeySpecError
 from celery_baton.keys import KeyNames
-from celery_baton.policy import BEAT_SLOT_HEADER, TaskPolicy, compile_policy
+from celery_baton.policy import BEAT_SLOT_HEADER, PUBLISH_HEADER, TaskPolicy, compile_policy
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.planning import Planner
 
@@ -70,6 +70,25 @@ def test_a_call_header_gives_a_plain_task_a_policy_for_that_delivery() -> None:
 def test_a_beat_slot_runs_under_the_redelivery_guard() -> None:
     policy = planner({}).policy(Request(request_dict={BEAT_SLOT_HEADER: "1700000000000"}))
     assert policy is not None and policy.redelivery_guard
+
+
+def test_the_guard_asks_about_the_publish_a_delivery_is() -> None:
+    """The done marker is asked about this delivery's publish (its stamp), or about its
+    task id alone when it has none (sent without celery-baton) or is a beat slot (the
+    beat may send a slot twice: it runs once)."""
+    policy = declared(redelivery_guard=True)
+    assert policy is not None
+
+    def done_condition(headers: dict[str, Any]) -> tuple[str, str, str]:
+        plan = planner({}).plan(policy, Request(request_dict=headers), None)
+        (condition,) = [c for c in plan.conditions if c.kind == "D"]
+        assert plan.done_stamp == condition.a
+        return condition.key, condition.a, condition.b
+
+    assert done_condition({PUBLISH_HEADER: "5eed"}) == ("baton:{t.feed}:done:id-1", "5eed", "id-1")
+    assert done_condition({})[1] == ""
+    assert done_condition({PUBLISH_HEADER: 7})[1] == ""  # not ours
+    assert done_condition({PUBLISH_HEADER: "5eed", BEAT_SLOT_HEADER: 1})[1] == ""
 
 
 def test_every_plan_has_an_owner_of_its_own() -> None:

@@ -8,6 +8,7 @@ once (``max_running``), independently of the library.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -20,6 +21,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_baton.policy import PUBLISH_HEADER
 from tests.support.observer import Observer
 from tests.support.workers import WorkerProcess, Workers
 
@@ -64,7 +66,7 @@ def test_guard_runs_each_task_id_once_despite_visibility_timeout(
     tag, so the original's ack deletes the copy's unacked record too, and a copy handed
     back at the hold horizon after that restores nothing (harmless: the id finished).
     Which of the two happens is timing (CI at cb27ff3 saw the horizon fall within 10 ms
-    of the end); the drop itself is ``test_a_finished_task_id_published_again_is_not_run``.
+    of the end); the drop itself is ``test_a_copy_of_a_finished_message_is_not_run``.
     """
     from tests.apps import guard
 
@@ -113,30 +115,48 @@ def test_pool_child_killed_task_runs_again_once(
     _assert_every_key_expires(store_url, [task_id])
 
 
-def test_a_finished_task_id_published_again_is_not_run(
-    workers: Workers, observer: Observer, store_url: str
+def test_a_copy_of_a_finished_message_is_not_run(
+    workers: Workers, observer: Observer, broker_url: str, store_url: str
 ) -> None:
-    """``apply_async(task_id=<an id that finished>)``: dropped, logged, not run; after a
-    success and after a failure alike. The done marker lives for the retention time."""
+    """The broker delivers a message again after its run finished (the same message: its
+    id, headers and publish stamp): dropped, logged, not run; after a success and after a
+    failure alike. The done marker keeps the stamp of the publish that ran for the
+    retention time. A message sent without celery-baton carries no stamp and is judged by
+    its task id: once the id finished, it is dropped too. (A new publish of a finished
+    id by celery-baton runs: tests/worker/test_guard_republish.py.)"""
     from tests.apps import guard
 
-    worker = workers.start(APP, concurrency=2)
     ok = guard.slow.delay(0.1)
     failed = guard.fails.delay()
+    with redis.Redis.from_url(broker_url) as broker:  # no worker yet: both still queued
+        copies = broker.lrange("celery", 0, -1)
+    assert len(copies) == 2
+    stamps = {json.loads(raw)["headers"]["id"]: json.loads(raw)["headers"] for raw in copies}
+    stamp = stamps[ok.id][PUBLISH_HEADER]
+
+    worker = workers.start(APP, concurrency=2)
     assert ok.get(timeout=20) is None
     with pytest.raises(ValueError):
         failed.get(timeout=20, propagate=True)
 
-    guard.slow.apply_async((0.1,), task_id=ok.id)
-    guard.fails.apply_async(task_id=failed.id)
+    with redis.Redis.from_url(broker_url) as broker:  # as kombu restores an unacked one
+        broker.lpush("celery", *copies)
     for task_id in (ok.id, failed.id):
         pattern = rf"\[{task_id}\] skipped: task id {task_id} already finished"
         _wait_until(lambda p=pattern: re.search(p, worker.log_text()), 20, pattern)
 
+    plain = Celery("plain", broker=broker_url, set_as_current=False)  # no celery-baton
+    try:
+        plain.send_task(guard.slow.name, args=(0.1,), task_id=ok.id)
+        pattern = rf"\[{ok.id}\] skipped: task id {ok.id} already finished"
+        _wait_until(lambda: len(re.findall(pattern, worker.log_text())) == 2, 20, "2 skips")
+    finally:
+        plain.close()
+
     assert _starts_per_id(observer, [ok.id, failed.id]) == {ok.id: 1, failed.id: 1}
     with redis.Redis.from_url(store_url, decode_responses=True) as r:
         done = f"baton:{{{guard.slow.name}}}:done:{ok.id}"
-        assert r.get(done) == ok.id
+        assert r.zrange(done, 0, -1) == [stamp]
         assert (RETENTION - 120) * 1000 < r.pttl(done) <= RETENTION * 1000
         assert not r.exists(f"baton:{{{guard.slow.name}}}:run:{ok.id}")  # released
     _assert_every_key_expires(store_url, [ok.id, failed.id])
@@ -254,3 +274,25 @@ def test_a_guarded_task_that_retries_runs_each_retry(
     assert manual.get(timeout=30) == 2
     assert auto.get(timeout=30) == 1
     assert _starts_per_id(observer, [manual.id, auto.id]) == {manual.id: 3, auto.id: 2}
+
+
+def test_a_copy_of_a_message_that_retried_is_not_run_once_its_retries_finished(
+    workers: Workers, observer: Observer, broker_url: str
+) -> None:
+    """A retry continues its message: it keeps the publish stamp. So once the last retry
+    ran to its end, a copy of the first message (as the broker delivers it again after
+    a failed ack, or a visibility timeout) is not run."""
+    from tests.apps import guard
+
+    result = guard.retries_twice.delay()
+    with redis.Redis.from_url(broker_url) as broker:  # no worker yet: still queued
+        copies = broker.lrange("celery", 0, -1)
+    assert len(copies) == 1
+
+    worker = workers.start(APP, concurrency=2)
+    assert result.get(timeout=30) == 2
+    with redis.Redis.from_url(broker_url) as broker:
+        broker.lpush("celery", *copies)
+    pattern = rf"\[{result.id}\] skipped: task id {result.id} already finished"
+    _wait_until(lambda: re.search(pattern, worker.log_text()), 20, pattern)
+    assert _starts_per_id(observer, [result.id]) == {result.id: 3}

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import redis
 
+from celery_baton.policy import PUBLISH_HEADER
 from celery_baton.store.connection import ensure_embedded_server, stop_embedded_server
 
 WORKERS = 2
@@ -266,9 +267,12 @@ class Demo:
 
         say("\n[6/6] redelivery guard: one charge, then its message delivered again")
         task_id = str(uuid.uuid4())
-        charge.apply_async((1,), task_id=task_id)
+        # The same message twice, as a broker redelivers it: its id and its publish
+        # stamp (a new publish of the id, with a stamp of its own, would run again).
+        copy = {"task_id": task_id, "headers": {PUBLISH_HEADER: uuid.uuid4().hex[:16]}}
+        charge.apply_async((1,), **copy)
         self.wait_for("the charge", lambda: len(self.runs("charge")) >= 1, 15)
-        charge.apply_async((1,), task_id=task_id)  # the same message id again
+        charge.apply_async((1,), **copy)  # the same message again
         time.sleep(2.0)
         runs = len(self.runs("charge"))
         self.record("redelivery: runs of one task id delivered twice", str(runs), runs == 1)

@@ -20,7 +20,14 @@ from celery_baton.config import Settings
 from celery_baton.errors import CostError, KeySpecError
 from celery_baton.keys import KeyNames
 from celery_baton.leases import new_owner
-from celery_baton.policy import BEAT_SLOT_HEADER, RunPlan, TaskPolicy, policy_for_call, run_once
+from celery_baton.policy import (
+    BEAT_SLOT_HEADER,
+    PUBLISH_HEADER,
+    RunPlan,
+    TaskPolicy,
+    policy_for_call,
+    run_once,
+)
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.replacing import order_of
@@ -76,6 +83,7 @@ class Planner:
             # redelivery window only (Releasing.unacked_claim_ttl): its run extends it.
             redelivered=_redelivered(request),
             order=order_of(request),
+            stamp=publish_stamp(request),
         )
 
     def replan(self, delivery: Delivery) -> bool:
@@ -97,6 +105,18 @@ class Planner:
     def new_owner(self, request: Any) -> str:
         """A fresh owner token for ``request`` (a new one for every ask that was lost)."""
         return new_owner(request.id, self.hostname)
+
+
+def publish_stamp(request: Any) -> str:
+    """The publish this delivery is (publish.py's header; a copy the broker redelivers
+    carries the same), or '' for a message sent without celery-baton, and for a beat
+    slot: the beat may send one slot twice (policy.run_once), and it must run once, so
+    the slot is judged by its task id."""
+    headers = request.request_dict
+    if headers.get(BEAT_SLOT_HEADER) is not None:
+        return ""
+    stamp = headers.get(PUBLISH_HEADER)
+    return stamp if isinstance(stamp, str) else ""
 
 
 def _redelivered(request: Any) -> bool:

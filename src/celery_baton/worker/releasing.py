@@ -122,6 +122,7 @@ class Releasing:
                 unique_key,
                 request.id,
                 keep,
+                plan.done_stamp,
             )
         )
 

@@ -53,6 +53,7 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         plan.done_key,
         policy.redelivery_retention,
         unique_key or "",
+        plan.done_stamp,
     )
 
 
@@ -63,10 +64,12 @@ def record_run_end(sender: Any = None, task: Any = None, state: str = "", **_: A
     fields = getattr(task.request, RUN_END_FIELD, None)
     if not fields:
         return
-    main_pid, owner, done_key, retention, unique_key = fields
+    main_pid, owner, done_key, retention, unique_key, stamp = fields
     if main_pid == os.getpid():  # no pool: the main process records it itself
         return
-    release = Release((), owner, done_key, retention, unique_key or None, task.request.id)
+    release = Release(
+        (), owner, done_key, retention, unique_key or None, task.request.id, done_stamp=stamp
+    )
     try:
         parts_for(task.app).gate.release_many([release])
     except Exception as exc:  # the main process records it too, when it learns of the end

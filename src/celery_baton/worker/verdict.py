@@ -7,7 +7,9 @@ clock of its own, so every case has a unit test (tests/unit/test_verdict.py):
 
 * granted: **Start** (holding the leases; a reserved rate slot starts ``start_after``
   seconds from now);
-* the task id already finished (redelivery guard's done marker): **Skip**, never run;
+* a copy of a publish of this task id that already finished (the redelivery guard's
+  done marker; a message sent without celery-baton: any finished run of its id):
+  **Skip**, never run;
 * the exclusive key is held by another run and the policy is ``"skip"``: **Skip**, after
   a short grace (the holder's release may be in flight: a caller that waited for the
   first result and publishes again at once must not be skipped);
@@ -42,7 +44,7 @@ class Reason(enum.Enum):
     CONCURRENCY = "concurrency"  # the cap is reached
     RATE = "rate"  # no rate slot yet
     RUNNING_COPY = "running-copy"  # a copy of this very task id runs (redelivery)
-    ALREADY_RUN = "already-run"  # this task id finished (redelivery guard)
+    ALREADY_RUN = "already-run"  # this message's run finished (redelivery guard)
     FAIR = "fair"  # a free slot, but other keys of a fair_key limit go first
     PENALTY = "penalty"  # a named limit is penalized (penalize: a 429's Retry-After)
     SUPERSEDED = "superseded"  # a newer publish of the same key replaces this one
@@ -173,9 +175,10 @@ def _verdict(
             f"{task_name}[{task_id}] was superseded by a newer publish, task {holder}; "
             "it is not run",
         )
-    # A lease held by a copy of this very task id (its own retry, or a redelivery while
-    # the first copy still runs) always waits: it is freed in milliseconds, or the first
-    # copy finishes and this one is then refused as already run.
+    # A lease held by a run of this very task id (its own retry, a redelivery while the
+    # first copy still runs, or the run a Task.replace() replaces) always waits: it is
+    # freed in milliseconds, or that run finishes and this delivery then runs (a new
+    # publish) or is refused as already run (a copy of the publish that ran).
     own_copy = owner_task_id(decision.holder) == task_id
     if why is Reason.EXCLUSIVE and conflict == "skip" and not own_copy:
         grace = SKIP_GRACE if denied_since is None else denied_since + SKIP_GRACE - now

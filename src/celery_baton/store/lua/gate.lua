@@ -16,7 +16,13 @@
 --             microseconds (burst x emission interval); a <= b (checked by the caller)
 --   kind "P"  a named limit's penalty (`penalize`): denied while the key holds an instant
 --             (us, server clock) still to come; retry_after = the rest of the penalty
---   kind "D"  done marker: denied while the key exists (a task id that already finished)
+--   kind "D"  done marker of a task id: a sorted set of the publishes whose run finished
+--             (member: the publish stamp, '' for a message sent without one; score: when
+--             it is forgotten, ms), release.lua. a = this delivery's stamp, b = its task
+--             id. Denied (retry_after -1, holder = b) when a is recorded (a copy of a
+--             publish that ran), or a is '' and the key exists (an unstamped message is
+--             judged by its id: any finished run), or the key is an older version's
+--             marker (a string: any finished run)
 --   kind "U"  unique claim to free on start: deleted if its value is a (the task id)
 --   kind "K"  unique claim to keep for the run: if its value is a (the task id), it
 --             expires b milliseconds from now (never denies)
@@ -318,10 +324,15 @@ for i = 1, n do
     end
     writes[#writes + 1] = {'F', f, pass}
   elseif kind == 'D' then
-    local done_by = call('GET', key)
-    if done_by then
-      return {0, i, -1, done_by, assigned}
+    local done
+    if a == '' then
+      done = call('EXISTS', key) == 1
+    else
+      local until_ms = redis.pcall('ZSCORE', key, a)
+      -- an error: an older version's marker (a string), which refuses any run of the id
+      done = type(until_ms) == 'table' or (until_ms and tonumber(until_ms) > now_ms)
     end
+    if done then return {0, i, -1, b, assigned} end
   elseif kind == 'S' then
     local order = call('HMGET', key, 'n', 'top', 'id')
     local seq = tonumber(a)

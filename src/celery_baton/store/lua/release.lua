@@ -13,7 +13,14 @@
 -- ARGV[4]     task id owning the unique key ('' : leave it)
 -- ARGV[5]     notice channel
 -- ARGV[6]     (optional) > 0: keep the unique claim this many ms instead of freeing it
+-- ARGV[7]     (with ARGV[3] > 0) the stamp of the publish whose run finished ('' : none)
 -- returns     number of leases this owner actually held and freed
+--
+-- The done marker is a sorted set of the task id's publishes that finished: member the
+-- publish stamp, score when it is forgotten (ms, the server's clock); the key lives as
+-- long as its latest member (gate.lua, "D", reads it). At most MAX_STAMPS are kept (a
+-- task that replaces itself in a loop publishes its id again and again): the oldest go.
+local MAX_STAMPS = 1000
 
 local owner_field = 'o:' .. ARGV[1]
 local n = tonumber(ARGV[2])
@@ -31,8 +38,18 @@ for i = 1, n do
 end
 local next_key = n + 1
 if done_ttl > 0 then
-  local task_id = string.match(ARGV[1], '^([^|]*)')
-  redis.call('SET', KEYS[next_key], task_id, 'PX', done_ttl)
+  local key, stamp = KEYS[next_key], ARGV[7] or ''
+  local t = redis.call('TIME')
+  local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+  local forget_at = string.format('%d', now_ms + done_ttl)
+  if type(redis.pcall('ZADD', key, forget_at, stamp)) == 'table' then
+    redis.call('DEL', key)  -- an older version's marker (a string)
+    redis.call('ZADD', key, forget_at, stamp)
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
+  local count = redis.call('ZCARD', key)
+  if count > MAX_STAMPS then redis.call('ZREMRANGEBYRANK', key, 0, count - MAX_STAMPS - 1) end
+  if redis.call('PTTL', key) < done_ttl then redis.call('PEXPIRE', key, done_ttl) end
   next_key = next_key + 1
 end
 if unique_owner ~= '' and redis.call('GET', KEYS[next_key]) == unique_owner then
