@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.support.observer import Observer, assert_no_overlap, max_concurrent
-from tests.support.servers import STORE_EPOCH, StoreServer
+from tests.support.servers import StoreServer
 from tests.support.workers import Workers
 
 
@@ -106,8 +106,8 @@ def test_store_server_pause_and_fixture_recovery(store_server: StoreServer) -> N
 def test_store_url_brings_the_server_back(store_server: StoreServer, store_url: str) -> None:
     assert store_server.is_running
     with redis.Redis.from_url(store_url, decode_responses=True) as r:
-        # Flushed: nothing but the mark that says the store is known to be new.
-        assert set(r.keys("*")) == {STORE_EPOCH}
+        # Emptied, and not declared new (no store epoch): as a deployment's store.
+        assert set(r.keys("*")) == set()
 
 
 def test_observer_records_a_run_that_raises(observer: Observer) -> None:

@@ -89,7 +89,7 @@ def test_already_queued_carries_the_first_id_and_nothing_reaches_kwargs(
     assert report.apply_async((7,)).id == first.id  # the default still returns the first
     assert first.get(timeout=30)
 
-    received = job.apply_async(("kwargs",), baton={"exclusive": "k", "lease_ttl": 60}).get(30)
+    received = job.apply_async(("kwargs",), baton={"exclusive": "k", "lease_ttl": 5}).get(30)
     assert json.loads(received) == ["label"]  # no "baton", nothing of ours
 
 
