@@ -15,6 +15,7 @@ Redis is the store (tests/worker/test_store_default.py).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import pytest
 import redis
 
 from tests.support.observer import Observer, assert_no_overlap
-from tests.support.servers import StoreServer
+from tests.support.servers import STORE_EPOCH, StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Machine, Workers
 
@@ -139,6 +140,39 @@ def test_a_worker_starts_its_embedded_store_again(
     assert [p.pid for p in _servers(machine)] == [second], "one server, and only one"
     assert_no_overlap(runs)
     assert "started it again" in worker.log_text()
+
+
+@pytest.mark.timeout(150)
+def test_an_embedded_store_started_again_without_its_data_is_not_taken_for_new(
+    workers: Workers, observer: Observer, machine: Machine
+) -> None:
+    """Its files are gone too (the runtime directory was cleaned): the store forgot a
+    lease that a run still holds. Started again, it gets the grace of a store that lost
+    its data; declared new, it would grant the key to a second run at once."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, env=_env(machine), cwd=machine.cwd, concurrency=2)
+    ex_wait.delay("held", 12)
+    observer.starts_of("held", 1, timeout=30)
+    rdir = _runtime(machine)
+    pid = _server_pid(machine)
+    assert pid is not None
+    with open(rdir / "start.lock", "w") as lock:
+        # The lock the processes start it under: none starts it before its files are gone.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _kill(pid)
+        shutil.rmtree(rdir / "appendonlydir")
+    ex_wait.delay("held", 0.2)
+
+    runs = observer.runs_of("held", 2, timeout=90)
+    with redis.Redis(unix_socket_path=str(rdir / "valkey.sock"), decode_responses=True) as r:
+        epoch = r.get(STORE_EPOCH)
+    assert_no_overlap(runs)
+    assert "started it again" in worker.log_text()
+    assert "lease re-asserted after the store lost it" in worker.log_text()
+    # Declared new is an epoch of 0 (servers.flushall writes the same; the gate may add
+    # the server's replication id): never after a loss.
+    assert epoch and epoch.split()[0] != "0", f"the store was declared new: epoch {epoch!r}"
 
 
 @pytest.mark.timeout(120)
