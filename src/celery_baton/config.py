@@ -195,7 +195,7 @@ def _positive_int(value: Any, name: str) -> int:
 #: Brokers whose server is a Redis: with no store URL, that server is the store.
 REDIS_BROKERS = ("redis", "rediss")
 #: kombu's Redis over a unix socket: ``redis+socket:///path.sock?virtual_host=0``.
-REDIS_SOCKET_BROKERS = ("redis+socket", "socket")
+REDIS_SOCKET_BROKER = "redis+socket"
 #: Brokers that live in the process or on this machine's disk.
 LOCAL_BROKERS = ("memory", "filesystem")
 #: Brokers whose URL without a host means localhost (kombu's default host).
@@ -245,8 +245,8 @@ def resolve_store_url(
             query["ssl_cert_reqs"] = query["ssl_cert_reqs"].lower().removeprefix("cert_")
         kept = f"?{urlencode(query)}" if query else ""
         return f"{parts.scheme}://{parts.netloc}{parts.path}{kept}", "broker_url"
-    if scheme in REDIS_SOCKET_BROKERS:
-        path = parts.path if scheme == "socket" else parts.netloc + parts.path
+    if scheme == REDIS_SOCKET_BROKER:
+        path = parts.netloc + parts.path
         db = parse_qs(parts.query).get("virtual_host", ["0"])[-1] or "0"
         return f"unix://{path}?db={db}", "broker_url"
     if _on_this_machine(scheme, parts.hostname or ""):

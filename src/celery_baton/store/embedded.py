@@ -112,10 +112,25 @@ def _ensure(rdir: Path, timeout: float, *, again: bool) -> tuple[Path, bool]:
     sock = rdir / SOCKET
     if answers(sock):
         return sock, False
+    rdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it may have been cleaned away
     with open(rdir / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if answers(sock):
             return sock, False
+        running = _server_running(rdir)
+        if running is not None:
+            # Still loading its data, or paused: a second server on the same files would
+            # corrupt them. Wait for this one instead (or until it is gone).
+            deadline = time.monotonic() + timeout
+            while _alive(running) and not answers(sock):
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(
+                        f"the embedded store's server (pid {running}) runs but does not "
+                        f"answer on {sock} within {timeout:g} s (paused, or loading its data)"
+                    )
+                time.sleep(0.02)
+            if answers(sock):
+                return sock, False
         binary = server_binary()
         # Left by a server that died: a pid there now can only be the one started here.
         for stale in (sock, rdir / PIDFILE):
@@ -147,6 +162,19 @@ def _ensure(rdir: Path, timeout: float, *, again: bool) -> tuple[Path, bool]:
         if new:
             mark_new(redis.Redis(unix_socket_path=str(sock)))
     return sock, True
+
+
+def _server_running(rdir: Path) -> int | None:
+    """The pid of a server of this directory that runs but does not answer, if any: its
+    pid file names a live process whose title names this socket (a server names its
+    socket there; a pid of a server long gone may be another process's by now). Where
+    processes cannot be read (no /proc), None."""
+    try:
+        pid = int((rdir / PIDFILE).read_text().strip())
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) and str(rdir / SOCKET) in title else None
 
 
 def _data(rdir: Path) -> Path | None:
