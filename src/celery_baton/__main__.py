@@ -24,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--keep-store", action="store_true", help="leave the embedded server running afterwards"
     )
-    sub.add_parser("stop-embedded", help="stop the shared embedded Valkey server")
+    sub.add_parser(
+        "stop-embedded",
+        help="stop the shared embedded Valkey server",
+        description="Stops this user's embedded Valkey server (its data stays on disk). "
+        "A worker or beat still using it starts it again when it next needs it: stop "
+        "them first to stop it for good.",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from celery_baton.demo.run import main as demo_main

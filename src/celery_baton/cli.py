@@ -197,6 +197,7 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
         data: dict[str, Any] = {
             "store": store.safe_url,
             "embedded": store.embedded,
+            "store_from": c.settings.url_source,
             "server": f"{info.get('server_name', 'redis')} {version}",
             "rtt_ms": round(statistics.median(rtts) * 1000, 3),
             "leases": len(rows),
@@ -214,9 +215,11 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
         data["grace"] = _grace(c)
         eviction = store_inspect.eviction_warning(store_inspect.eviction_policy(store))
         data["warnings"] = [eviction] if eviction else []
-        embedded = " (embedded: this machine only)" if store.embedded else ""
+        where = " (embedded: this machine only)" if store.embedded else ""
+        if c.settings.url_source == "broker_url":
+            where = " (the broker's Redis: no baton_url is set)"
         text = [
-            f"store:    {data['store']}{embedded}",
+            f"store:    {data['store']}{where}",
             f"server:   {data['server']}",
             f"rtt:      {data['rtt_ms']} ms",
             *([f"grace:    {data['grace']}"] if data["grace"] else []),

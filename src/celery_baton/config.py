@@ -6,11 +6,12 @@ Every key is documented in docs/configuration.md. Celery-free: takes any mapping
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from celery_baton.errors import ConfigError
 
@@ -33,6 +34,9 @@ class Settings:
     """Resolved settings. All durations are in seconds."""
 
     url: str | None = None
+    #: Where ``url`` came from (not a setting): "Baton(url=)", "baton_url", "$BATON_URL",
+    #: "broker_url" (the broker's Redis), or "embedded" (no URL: the embedded store).
+    url_source: str = field(default="embedded", metadata={"setting": False})
     on_store_error: str = "hold"
     socket_timeout: float = 2.0
     lease_ttl: float = 10.0
@@ -96,7 +100,7 @@ def suggest(word: str, known: Iterable[str]) -> str:
 
 def check_setting_names(conf: Mapping[str, Any]) -> None:
     """An unknown ``baton_*`` key is a typo (``baton_uri``): refuse it, never ignore it."""
-    known = {f.name for f in fields(Settings)}
+    known = {f.name for f in fields(Settings) if f.metadata.get("setting", True)}
     for key in list(conf.keys()):
         if not isinstance(key, str) or not key.lower().startswith("baton_"):
             continue
@@ -135,9 +139,14 @@ def check_url(url: str) -> None:
 def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
     """Settings from a Celery ``app.conf``; ``url`` (from ``Baton(app, url=...)``) wins."""
     check_setting_names(conf)
-    store_url = url or _get(conf, "url", None) or os.environ.get("BATON_URL") or None
+    store_url, source = resolve_store_url(
+        given=url,
+        setting=_get(conf, "url", None),
+        environ=os.environ.get("BATON_URL"),
+        broker=_broker_url(conf),
+    )
     if store_url:
-        check_url(str(store_url))
+        check_url(store_url)
     policy = str(_get(conf, "on_store_error", "hold"))
     if policy not in ON_STORE_ERROR:
         raise ConfigError(
@@ -148,6 +157,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         raise ConfigError("must be >= 0", subject="baton_hold_max")
     return Settings(
         url=store_url,
+        url_source=source,
         on_store_error=policy,
         socket_timeout=_seconds(_get(conf, "socket_timeout", 2.0), "socket_timeout"),
         lease_ttl=_seconds(_get(conf, "lease_ttl", 10.0), "lease_ttl"),
@@ -178,3 +188,105 @@ def _positive_int(value: Any, name: str) -> int:
     if number < 1:
         raise ConfigError(f"must be >= 1, got {value!r}", subject=f"baton_{name}")
     return number
+
+
+# -- where the store is when no URL names it -----------------------------------------
+
+#: Brokers whose server is a Redis: with no store URL, that server is the store.
+REDIS_BROKERS = ("redis", "rediss")
+#: kombu's Redis over a unix socket: ``redis+socket:///path.sock?virtual_host=0``.
+REDIS_SOCKET_BROKER = "redis+socket"
+#: Brokers that live in the process or on this machine's disk.
+LOCAL_BROKERS = ("memory", "filesystem")
+#: Brokers whose URL without a host means localhost (kombu's default host).
+LOCALHOST_BY_DEFAULT = ("amqp", "amqps", "pyamqp", "librabbitmq", "sentinel")
+#: Host names that are this machine by definition (no DNS is asked).
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+#: TLS options of a ``rediss://`` broker URL that redis-py reads from the URL too.
+_SSL_QUERY = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _broker_url(conf: Mapping[str, Any]) -> Any:
+    """The broker URL Celery connects to: ``app.conf.broker_url`` (which also reads
+    ``$CELERY_BROKER_URL``), or the key of a plain mapping."""
+    value = getattr(conf, "broker_url", None)
+    if value is None and isinstance(conf, Mapping):
+        value = conf.get("broker_url")
+    return value
+
+
+def resolve_store_url(
+    *, given: Any = None, setting: Any = None, environ: Any = None, broker: Any = None
+) -> tuple[str | None, str]:
+    """``(store URL, where it came from)``; ``None`` is the embedded store.
+
+    A URL named anywhere wins: ``Baton(app, url=...)``, then ``baton_url``, then
+    ``$BATON_URL``. With none, the store follows the broker, so that workers on several
+    machines never coordinate each on its own without a word:
+
+    * a Redis broker (``redis://``, ``rediss://``, ``redis+socket://``): its server is
+      the store, as celery-singleton and celery-redbeat do;
+    * a broker on this machine (``memory://``, ``filesystem://``, a loopback host, no
+      host), or none (Celery's default, ``amqp://localhost``): the embedded store;
+    * any other broker (RabbitMQ, SQS, Sentinel... on another host): refused, naming
+      ``baton_url``: each machine's embedded store would coordinate that machine alone.
+    """
+    for value, source in ((given, "Baton(url=)"), (setting, "baton_url"), (environ, "$BATON_URL")):
+        if value:
+            return str(value), source
+    first = _first_broker(broker)
+    if first is None:
+        return None, "embedded"
+    parts = urlsplit(first)
+    scheme = parts.scheme.lower()
+    if scheme in REDIS_BROKERS:
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items() if k in _SSL_QUERY}
+        if "ssl_cert_reqs" in query:  # kombu takes CERT_REQUIRED, redis-py "required"
+            query["ssl_cert_reqs"] = query["ssl_cert_reqs"].lower().removeprefix("cert_")
+        kept = f"?{urlencode(query)}" if query else ""
+        return f"{parts.scheme}://{parts.netloc}{parts.path}{kept}", "broker_url"
+    if scheme == REDIS_SOCKET_BROKER:
+        path = parts.netloc + parts.path
+        db = parse_qs(parts.query).get("virtual_host", ["0"])[-1] or "0"
+        return f"unix://{path}?db={db}", "broker_url"
+    if _on_this_machine(scheme, parts.hostname or ""):
+        return None, "embedded"
+    raise ConfigError(
+        f"no store URL is set and the broker {_shown(first)} is not on this machine: "
+        "workers on several machines would each coordinate on their own machine's "
+        "embedded store. Set baton_url (or $BATON_URL) to a Redis or Valkey that every "
+        "machine reaches, or to 'embedded://' to coordinate each machine on its own",
+        subject="baton_url",
+    )
+
+
+def _first_broker(broker: Any) -> str | None:
+    """The first URL of a broker setting (a list, or ``;``-separated failover URLs)."""
+    if not broker:
+        return None
+    first = broker[0] if isinstance(broker, list | tuple) else str(broker).split(";")[0]
+    return str(first).strip() or None
+
+
+def _on_this_machine(scheme: str, host: str) -> bool:
+    """Judged from the URL alone (no DNS): a name another machine would read the same."""
+    if scheme in LOCAL_BROKERS:
+        return True
+    if not host:
+        return scheme in LOCALHOST_BY_DEFAULT
+    host = host.lower().rstrip(".")
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _shown(url: str) -> str:
+    """The URL without its password, for an error message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, host = parts.netloc.rsplit("@", 1)
+    return urlunsplit(parts._replace(netloc=f"{user.split(':')[0]}:***@{host}"))

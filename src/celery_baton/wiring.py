@@ -14,6 +14,7 @@ is anything with a ``conf`` mapping.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from typing import Any
@@ -26,6 +27,8 @@ from celery_baton.keys import KeyNames
 from celery_baton.store.connection import Store, connect, redact_url
 from celery_baton.supersede import Supersede
 from celery_baton.unique import UniqueClaims
+
+logger = logging.getLogger("celery_baton")
 
 
 class AppParts:
@@ -41,7 +44,15 @@ class AppParts:
 
     @functools.cached_property
     def settings(self) -> Settings:
-        return read_settings(self._conf, self.url_given)
+        settings = read_settings(self._conf, self.url_given)
+        if settings.url_source == "broker_url" and settings.url:
+            # Said once per process: the store was chosen, not named.
+            logger.info(
+                "celery-baton: no store URL is set (baton_url / $BATON_URL): the store is "
+                "the broker's Redis (%s)",
+                redact_url(settings.url),
+            )
+        return settings
 
     @functools.cached_property
     def names(self) -> KeyNames:

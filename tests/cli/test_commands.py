@@ -237,7 +237,9 @@ def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
 def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
     env.update(XDG_RUNTIME_DIR=str(tmp_path), TMPDIR=str(tmp_path))
-    env["TEST_BROKER_URL"] = "redis://127.0.0.1:1/0"
+    # A broker on this machine that is not Redis: with no store URL, the embedded store
+    # (a Redis broker's server would be the store).
+    env["TEST_BROKER_URL"] = "amqp://guest:guest@127.0.0.1:1//"
     done = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.apps.no_baton", "baton", "status"],
         env=_process_env(env),

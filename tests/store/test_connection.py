@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from celery_baton.errors import ConfigError, StoreUnavailable
@@ -114,3 +117,29 @@ def test_embedded_default_starts_once_and_is_shared(
         assert stop_embedded_server()
     assert not (tmp_path / "valkey.sock").exists()
     assert stop_embedded_server() is False  # nothing left to stop
+
+
+def test_a_server_that_runs_but_does_not_answer_is_never_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused (or loading its data): a second server on the same files would corrupt
+    them. The caller waits for it, and says so if it does not answer in time."""
+    monkeypatch.setenv("BATON_RUNTIME_DIR", str(tmp_path))
+    ensure_embedded_server()
+    pid = int((tmp_path / "valkey.pid").read_text().strip())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(StoreUnavailable, match=f"pid {pid}.* does not answer"):
+            ensure_embedded_server(timeout=1)
+        servers = [p.pid for p in psutil.process_iter() if _cwd(p) == str(tmp_path)]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        assert stop_embedded_server()
+    assert servers == [pid], "a second server was started on the same files"
+
+
+def _cwd(proc: psutil.Process) -> str | None:
+    try:
+        return proc.cwd()
+    except psutil.Error:
+        return None

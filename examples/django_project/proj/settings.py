@@ -17,7 +17,7 @@ TIME_ZONE = "UTC"
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/1")
-# The coordination store. Unset: $BATON_URL, else celery-baton's embedded server.
+# The coordination store. Unset: $BATON_URL, else the broker's Redis (the broker above).
 CELERY_BATON_URL = os.environ.get("CELERY_BATON_URL")
 CELERY_BATON_LEASE_TTL = 15  # a killed worker's feeds are free again within 15 s
 CELERY_BEAT_SCHEDULER = "celery_baton.beat:Scheduler"

