@@ -19,10 +19,10 @@ import click
 
 from celery_baton.config import Settings, suggest
 from celery_baton.errors import BatonError
+from celery_baton.parts import parts_for
 from celery_baton.rates import interval_us, parse_burst, parse_rate
 from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
-from celery_baton.wiring import parts_for
 
 
 class Context:
@@ -53,11 +53,9 @@ class Context:
         return rows + store_inspect.unique_claims(self.store, self.names.prefix)
 
     def policies(self) -> dict[str, Any]:
-        from celery_baton.policy import compile_policy
-
         result = {}
         for name, task in sorted(self.app.tasks.items()):
-            policy = compile_policy(name, _reader(task), task.run, self.settings)
+            policy = self.parts.policy_for(task)
             if policy is not None:
                 result[name] = (task, policy)
         return result
@@ -72,12 +70,6 @@ def describe_overrides(overrides: dict[str, str]) -> str:
     if "concurrency" in overrides:
         parts.append(f"concurrency {overrides['concurrency']}")
     return ", ".join(parts)
-
-
-def _reader(task: Any) -> Any:
-    from celery_baton.baton import _task_option
-
-    return functools.partial(_task_option, task)
 
 
 def table(
