@@ -12,23 +12,23 @@ from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
 from celery_baton.config import Settings
-from celery_baton.debounce import Debounces
-from celery_baton.errors import BatonError
-from celery_baton.gate import Gate
-from celery_baton.keys import KeyNames
-from celery_baton.parts import AppParts, installed_parts, parts_for
-from celery_baton.policy import (
+from celery_baton.core.debounce import Debounces
+from celery_baton.core.gate import Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import (
     TASK_OPTIONS,
     TaskPolicy,
     check_option_names,
     compile_policy,
     declares_options,
 )
+from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
+from celery_baton.core.unique import UniqueClaims
+from celery_baton.errors import BatonError
+from celery_baton.parts import AppParts, installed_parts, parts_for
 from celery_baton.publish import guard_send_task
-from celery_baton.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.store.connection import Store
-from celery_baton.unique import UniqueClaims
-from celery_baton.worker import run_end
+from celery_baton.worker.pool import run_end
 from celery_baton.worker.step import BatonConsumer
 
 logger = logging.getLogger("celery_baton")

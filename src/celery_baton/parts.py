@@ -22,14 +22,14 @@ import weakref
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
-from celery_baton.debounce import Debounces
+from celery_baton.core.debounce import Debounces
+from celery_baton.core.gate import Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import TaskPolicy, compile_policy
+from celery_baton.core.supersede import Supersede
+from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import ConfigError
-from celery_baton.gate import Gate
-from celery_baton.keys import KeyNames
-from celery_baton.policy import TaskPolicy, compile_policy
 from celery_baton.store.connection import Store, connect, redact_url
-from celery_baton.supersede import Supersede
-from celery_baton.unique import UniqueClaims
 
 logger = logging.getLogger("celery_baton")
 

@@ -29,9 +29,18 @@ from typing import TYPE_CHECKING, Any
 from celery import current_task, states
 from kombu.utils.uuid import uuid
 
-from celery_baton import call_options, signals
-from celery_baton.call_options import HEADER
-from celery_baton.debounce import FlowKind
+from celery_baton import signals
+from celery_baton.core import call_options
+from celery_baton.core.call_options import HEADER
+from celery_baton.core.debounce import FlowKind
+from celery_baton.core.policy import (
+    BEAT_SLOT_HEADER,
+    ORDER_HEADER,
+    PUBLISH_HEADER,
+    TaskPolicy,
+    policy_for_call,
+)
+from celery_baton.core.supersede import SUPERSEDED
 from celery_baton.errors import (
     AlreadyQueued,
     KeySpecError,
@@ -39,18 +48,10 @@ from celery_baton.errors import (
     TaskDeduplicated,
     TaskSuperseded,
 )
-from celery_baton.policy import (
-    BEAT_SLOT_HEADER,
-    ORDER_HEADER,
-    PUBLISH_HEADER,
-    TaskPolicy,
-    policy_for_call,
-)
-from celery_baton.supersede import SUPERSEDED
 
 if TYPE_CHECKING:
+    from celery_baton.core.policy import TaskPolicy
     from celery_baton.parts import AppParts
-    from celery_baton.policy import TaskPolicy
     from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")

@@ -20,17 +20,18 @@ from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
 from celery_baton import metrics
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.leases import LeaseBook
+from celery_baton.core.notices import NoticeListener, WorkerReports
 from celery_baton.errors import BatonError
-from celery_baton.gate_channel import GateChannel
-from celery_baton.leases import LeaseBook
-from celery_baton.notices import NoticeListener, WorkerReports
 from celery_baton.parts import AppParts, installed_parts
-from celery_baton.worker import broker_close, stand_ins
 from celery_baton.worker.admission import Admission
-from celery_baton.worker.broker import read_broker, warn_long_tasks
-from celery_baton.worker.held_return import HeldReturn
+from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.store_down import warn_eviction
+from celery_baton.worker.transport import broker_close
+from celery_baton.worker.transport.broker import read_broker, warn_long_tasks
+from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")

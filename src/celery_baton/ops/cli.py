@@ -18,9 +18,9 @@ from typing import Any
 import click
 
 from celery_baton.config import Settings, suggest
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import BatonError
 from celery_baton.parts import parts_for
-from celery_baton.rates import interval_us, parse_burst, parse_rate
 from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
 
@@ -376,7 +376,7 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
 
 def _named_limits(c: Context, policies: dict[str, Any]) -> list[dict[str, Any]]:
     """``baton_limits``: each limit, its penalty left, and the tasks that draw from it."""
-    from celery_baton.shared_limits import parse_limits
+    from celery_baton.core.shared_limits import parse_limits
 
     rows = []
     for name, limit in parse_limits(c.settings.limits).items():
@@ -586,7 +586,7 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
     """Serve the web view: workers, leases, unique claims, limits, schedule; the CLI's
     actions behind --token; /api/state (JSON) and /metrics (Prometheus, every worker)."""
     from celery_baton.beat.api import ScheduleStore
-    from celery_baton.web import TOKEN_CHARS, serve
+    from celery_baton.ops.web import TOKEN_CHARS, serve
 
     c = _ctx(ctx)
     if token is not None and not TOKEN_CHARS.fullmatch(token):
