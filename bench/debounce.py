@@ -21,8 +21,8 @@ import itertools
 import time
 from collections.abc import Callable
 
-from celery_baton.debounce import Debounces, FlowKind, FlowPolicy, debounce_keys
-from celery_baton.keys import KeyNames
+from celery_baton.core.debounce import Debounces, FlowKind, FlowPolicy, debounce_keys
+from celery_baton.core.keys import KeyNames
 from celery_baton.store import connect
 from common import SingleClientRun, compare, paired_ratio, parse_args, ratio_table
 

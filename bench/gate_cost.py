@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from celery_baton.gate import Condition, Release, gate_call
-from celery_baton.keys import KeyNames
-from celery_baton.rates import interval_us
+from celery_baton.core.gate import Condition, Release, gate_call
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.rates import interval_us
 from celery_baton.store.scripts import script_source
 from common import REPO_DIR, SingleClientRun, parse_args
 

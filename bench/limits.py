@@ -20,10 +20,10 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 
-from celery_baton.gate import Condition, Gate
-from celery_baton.keys import KeyNames
-from celery_baton.rates import RateLimit, interval_us
-from celery_baton.shared_limits import SharedLimit
+from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.rates import RateLimit, interval_us
+from celery_baton.core.shared_limits import SharedLimit
 from celery_baton.store import connect
 from common import (
     SingleClientRun,

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import redis
 
-from celery_baton.gate import Gate
-from celery_baton.leases import Lease
+from celery_baton.core.gate import Gate
+from celery_baton.core.leases import Lease
 from celery_baton.store import connect
 from common import (
     SingleClientRun,

@@ -45,9 +45,9 @@ import redis
 from redis.crc import key_slot
 
 from celery_baton.beat.state import BeatState, Claim
-from celery_baton.gate import Condition, Gate, Release, gate_call
-from celery_baton.keys import KeyNames, KeySpec
-from celery_baton.policy import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.gate import Condition, Gate, Release, gate_call
+from celery_baton.core.keys import KeyNames, KeySpec
+from celery_baton.core.policy import ConcurrencyPolicy, RatePolicy, TaskPolicy
 from celery_baton.store import connect
 from celery_baton.store.scripts import SCRIPT_NAMES, evalsha_command, script_source
 from common import free_port, import_package, machine_note, parse_args, table

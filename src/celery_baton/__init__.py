@@ -9,6 +9,7 @@
 """
 
 from celery_baton.baton import Baton
+from celery_baton.core.policy import TaskOptions
 from celery_baton.errors import (
     AlreadyQueued,
     BatonError,
@@ -22,8 +23,7 @@ from celery_baton.errors import (
     TaskSkipped,
     TaskSuperseded,
 )
-from celery_baton.policy import TaskOptions
-from celery_baton.worker.context import fence
+from celery_baton.worker.pool.context import fence
 
 __all__ = [
     "AlreadyQueued",

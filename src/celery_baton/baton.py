@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,26 +12,26 @@ from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
 from celery_baton.config import Settings
-from celery_baton.debounce import Debounces
-from celery_baton.errors import BatonError
-from celery_baton.gate import Gate
-from celery_baton.keys import KeyNames
-from celery_baton.policy import (
+from celery_baton.core.debounce import Debounces
+from celery_baton.core.gate import Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import (
     TASK_OPTIONS,
     TaskPolicy,
     check_option_names,
     compile_policy,
     declares_options,
 )
+from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
+from celery_baton.core.unique import UniqueClaims
+from celery_baton.errors import BatonError
+from celery_baton.parts import AppParts, installed_parts, parts_for
 from celery_baton.publish import guard_send_task
-from celery_baton.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.store.connection import Store
-from celery_baton.unique import UniqueClaims
-from celery_baton.wiring import parts_for
+from celery_baton.worker.pool import run_end
+from celery_baton.worker.step import BatonConsumer
 
 logger = logging.getLogger("celery_baton")
-
-_batons: weakref.WeakKeyDictionary[Any, Baton] = weakref.WeakKeyDictionary()
 
 #: Names that are Celery's, not ours: a task option among them is never a typo of ours.
 CELERY_NAMES = frozenset(
@@ -62,26 +59,18 @@ def _checked_later(decorate: Callable[..., Any], options: dict[str, Any]) -> Cal
     return decorator
 
 
-def _task_option(task: Any, option: str) -> Any:
-    """A task option as declared. A function given as an option (``cost=lambda ...``,
-    a callable key spec) is a class attribute of the task, so reading it from the task
-    binds it: the task would come first, before the call's own arguments."""
-    value = getattr(task, option, None)
-    if inspect.ismethod(value) and value.__self__ is task:
-        return value.__func__
-    return value
-
-
 def baton_for(app: Any) -> Baton | None:
     """The Baton installed on ``app``, if any."""
-    return _batons.get(app)
+    parts = installed_parts(app)
+    baton = None if parts is None else parts.installed_by
+    return baton if isinstance(baton, Baton) else None
 
 
 def _warn_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
     """A worker of an app whose tasks declare celery-baton options but that never called
     ``Baton(app)``: those options do nothing (``unique`` would be a silent no-op)."""
     app = getattr(sender, "app", None)
-    if app is None or app in _batons:
+    if app is None or installed_parts(app) is not None:
         return
     names = sorted(
         name
@@ -113,26 +102,22 @@ class Baton:
     """
 
     def __init__(self, app: Celery, *, url: str | None = None) -> None:
-        if app in _batons:
+        if installed_parts(app) is not None:
             raise BatonError(f"celery-baton is already installed on app {app.main!r}")
         self.app = app
-        self.parts = parts_for(app, url=url)
-        self.parts.installed = self
-        self._policies: dict[str, TaskPolicy | None] = {}
-        self._lock = threading.Lock()
-        _batons[app] = self
-        from celery_baton.worker import run_end
-        from celery_baton.worker.step import BatonConsumer
-
+        self.parts: AppParts = parts_for(app, url=url)
+        self.parts.installed_by = self
+        # Celery builds the consumer bootstep from the app alone: it finds the parts
+        # through parts_for(app).
         app.steps["consumer"].add(BatonConsumer)
         run_end.install()
-        app.send_task = guard_send_task(self, app.send_task)
+        app.send_task = guard_send_task(self.parts, app.send_task)
         app.task = self._validating_task_decorator(app.task)
 
-    # -- lazily built parts -----------------------------------------------------------
+    # -- the app's parts (celery_baton.parts) -----------------------------------------
 
-    # Resolved in one place for the whole app (celery_baton.wiring): beat, the schedule
-    # API, the CLI and metrics read the very same settings and store.
+    # Resolved in one place for the whole app: the worker, beat, the schedule API, the
+    # CLI and metrics are handed the very same settings, store and policies.
 
     @property
     def settings(self) -> Settings:
@@ -153,41 +138,23 @@ class Baton:
     @property
     def hold_horizon(self) -> float:
         """How long a request may be held: below the broker's visibility timeout."""
-        options = self.app.conf.broker_transport_options or {}
-        visibility = options.get("visibility_timeout")
-        horizon = self.settings.hold_horizon
-        if visibility:
-            horizon = min(horizon, float(visibility) / 2)
-        return horizon
+        return self.parts.hold_horizon
 
     @property
     def renew_interval(self) -> float:
-        ttls = [p.lease_ttl for p in self._policies.values() if p is not None]
-        return min([self.settings.lease_ttl, *ttls]) / 3
+        return self.parts.renew_interval
 
     # -- policies ---------------------------------------------------------------------
 
     def policy_for(self, task: Any) -> TaskPolicy | None:
-        name = task.name
-        try:
-            return self._policies[name]
-        except KeyError:
-            pass
-        with self._lock:
-            if name not in self._policies:
-                self._policies[name] = compile_policy(
-                    name, functools.partial(_task_option, task), task.run, self.settings
-                )
-            return self._policies[name]
+        return self.parts.policy_for(task)
 
     def policy_for_name(self, name: str) -> TaskPolicy | None:
-        task = self.app.tasks.get(name)
-        return None if task is None else self.policy_for(task)
+        return self.parts.policy_for_name(name)
 
     def validate_all_tasks(self) -> None:
         """Compile every registered task's policy: a bad option stops the worker at start."""
-        for task in list(self.app.tasks.values()):
-            self.policy_for(task)
+        self.parts.validate_all_tasks()
 
     def _validating_task_decorator(self, task_decorator: Callable[..., Any]) -> Callable[..., Any]:
         """``@app.task(exclusive="missing")`` raises at declaration, not at 3 a.m."""
@@ -247,12 +214,7 @@ class Baton:
         return self.parts.debounces
 
     def on_lease_lost(self, owner: str, key: str) -> None:
-        logger.error(
-            "a running task lost its lease %s (owner %s): another run may have "
-            "started; use fence() to refuse its late writes",
-            key,
-            owner,
-        )
+        self.parts.on_lease_lost(owner, key)
 
 
 __all__ = ["TASK_OPTIONS", "Baton", "baton_for"]

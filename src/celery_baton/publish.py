@@ -29,9 +29,18 @@ from typing import TYPE_CHECKING, Any
 from celery import current_task, states
 from kombu.utils.uuid import uuid
 
-from celery_baton import call_options, signals
-from celery_baton.call_options import HEADER
-from celery_baton.debounce import FlowKind
+from celery_baton import signals
+from celery_baton.core import call_options
+from celery_baton.core.call_options import HEADER
+from celery_baton.core.debounce import FlowKind
+from celery_baton.core.policy import (
+    BEAT_SLOT_HEADER,
+    ORDER_HEADER,
+    PUBLISH_HEADER,
+    TaskPolicy,
+    policy_for_call,
+)
+from celery_baton.core.supersede import SUPERSEDED
 from celery_baton.errors import (
     AlreadyQueued,
     KeySpecError,
@@ -39,18 +48,10 @@ from celery_baton.errors import (
     TaskDeduplicated,
     TaskSuperseded,
 )
-from celery_baton.policy import (
-    BEAT_SLOT_HEADER,
-    ORDER_HEADER,
-    PUBLISH_HEADER,
-    TaskPolicy,
-    policy_for_call,
-)
-from celery_baton.supersede import SUPERSEDED
 
 if TYPE_CHECKING:
-    from celery_baton.baton import Baton
-    from celery_baton.policy import TaskPolicy
+    from celery_baton.core.policy import TaskPolicy
+    from celery_baton.parts import AppParts
     from celery_baton.store.scripts import Pending
 
 logger = logging.getLogger("celery_baton.publish")
@@ -68,7 +69,7 @@ class _Duplicate(Exception):  # control flow inside one publish; never escapes i
 class _Claim:
     """A unique claim written before the message is built, read before it is sent."""
 
-    baton: Baton
+    parts: AppParts
     key: str
     task_id: str
     ttl: float
@@ -79,7 +80,7 @@ class _Claim:
     def settle(self) -> str:
         if self.holder is None:
             try:
-                self.holder = self.baton.unique.result(
+                self.holder = self.parts.unique.result(
                     self.pending, self.key, self.task_id, self.ttl
                 )
             except BaseException:
@@ -97,10 +98,10 @@ class _Claim:
         except StoreUnavailable:
             return  # no answer: already being given back in the background
         try:
-            self.baton.unique.release(self.key, self.task_id)
+            self.parts.unique.release(self.key, self.task_id)
         except StoreUnavailable as exc:
             logger.warning("freeing unique key %s later: %s", self.key, exc)
-            self.baton.unique.release_later(self.key, self.task_id, self.ttl)
+            self.parts.unique.release_later(self.key, self.task_id, self.ttl)
 
 
 #: The keyword of apply_async/send_task/signature options that carries per-call options.
@@ -109,7 +110,7 @@ CALL_OPTION = "baton"
 _claims = threading.local()  # .by_id: claims of publishes in progress on this thread
 
 
-def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[..., Any]:
+def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``app.send_task`` so that a unique task already queued is not queued again.
 
     The claim is written first and read just before the message goes to the broker
@@ -118,33 +119,33 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
 
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         _stamp_publish(options)
-        policy = baton.policy_for_name(name)
+        policy = parts.policy_for_name(name)
         per_call = options.pop(CALL_OPTION, None)
         if per_call is not None:
             # Validated here, before anything is sent; carried in a header, never in
             # the task's kwargs; overriding the task's options for this call only.
             call = call_options.parse(name, per_call)
             call_options.check_against(name, call, policy)
-            policy = policy_for_call(policy, name, call, baton.settings)
+            policy = policy_for_call(policy, name, call, parts.settings)
             options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
         if policy is not None and policy.supersedes:
-            _stamp_order(baton, name, policy, args, kwargs, options)
+            _stamp_order(parts, name, policy, args, kwargs, options)
         if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
-            return _send_debounced(baton, policy, send_task, name, args, kwargs, options)
+            return _send_debounced(parts, policy, send_task, name, args, kwargs, options)
         if policy is None or policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
         task_id = preassigned or uuid()
         options["task_id"] = task_id
-        key = policy.unique_key(baton.names, args or (), kwargs or {})
+        key = policy.unique_key(parts.names, args or (), kwargs or {})
         ttl = policy.unique_ttl
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
         if policy.unique_conflict == "replace":
-            return _send_replacing(baton, send_task, name, args, kwargs, options, key, ttl)
-        claim = _Claim(baton, key, task_id, ttl, baton.unique.send(key, task_id, ttl))
-        if not _guard_sender(baton.app):
+            return _send_replacing(parts, send_task, name, args, kwargs, options, key, ttl)
+        claim = _Claim(parts, key, task_id, ttl, parts.unique.send(key, task_id, ttl))
+        if not _guard_sender(parts.app):
             claim.settle()  # no hook before the broker: know the answer before sending
         by_id = _claims.__dict__.setdefault("by_id", {})
         by_id[task_id] = claim
@@ -154,7 +155,7 @@ def guard_send_task(baton: Baton, send_task: Callable[..., Any]) -> Callable[...
             return send_task(name, args, kwargs, **options)
         except _Duplicate as dup:
             return _deduplicated(
-                baton, name, task_id, dup.holder, key, preassigned, options, policy.unique_conflict
+                parts, name, task_id, dup.holder, key, preassigned, options, policy.unique_conflict
             )
         except BaseException:
             claim.give_back()  # the message was not sent: nothing may keep its key
@@ -195,7 +196,7 @@ def _retried_stamp(options: dict[str, Any]) -> str | None:
 
 
 def _stamp_order(
-    baton: Baton,
+    parts: AppParts,
     name: str,
     policy: TaskPolicy,
     args: Any,
@@ -215,7 +216,7 @@ def _stamp_order(
             options["headers"] = {**headers, ORDER_HEADER: kept}
             return
     try:
-        order = baton.parts.supersede.stamp(name, policy.exclusive_digest(args or (), kwargs or {}))
+        order = parts.supersede.stamp(name, policy.exclusive_digest(args or (), kwargs or {}))
     except KeySpecError:
         return  # the worker refuses the message, with the reason
     except StoreUnavailable as exc:
@@ -227,7 +228,7 @@ def _stamp_order(
 
 
 def _send_replacing(
-    baton: Baton,
+    parts: AppParts,
     send_task: Callable[..., Any],
     name: str,
     args: Any,
@@ -242,7 +243,7 @@ def _send_replacing(
     result = send_task(name, args, kwargs, **options)
     task_id = options["task_id"]
     try:
-        replaced = baton.parts.supersede.replace(name, key, task_id, ttl)
+        replaced = parts.supersede.replace(name, key, task_id, ttl)
     except StoreUnavailable as exc:
         logger.warning("%s[%s] sent without replacing the queued one: %s", name, task_id, exc)
         return result
@@ -254,14 +255,14 @@ def _send_replacing(
             task_id,
         )
         try:  # a caller waiting on the old id is told at once (the worker says it too)
-            baton.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
+            parts.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
         except Exception:  # the result backend is optional
             logger.exception("could not record %s as superseded", replaced.holder)
     return result
 
 
 def _send_debounced(
-    baton: Baton,
+    parts: AppParts,
     policy: TaskPolicy,
     send_task: Callable[..., Any],
     name: str,
@@ -273,11 +274,11 @@ def _send_debounced(
     never names a message that was not sent, so a publisher killed in between loses
     nothing (the worker adopts the unrecorded message on arrival)."""
     assert policy.flow is not None
-    key = policy.flow.store_key(baton.names, name, args or (), kwargs or {})
+    key = policy.flow.store_key(parts.names, name, args or (), kwargs or {})
     options["task_id"] = options.get("task_id") or uuid()
     result = send_task(name, args, kwargs, **options)
     try:
-        baton.debounces.record(policy.flow, key, options["task_id"])
+        parts.debounces.record(policy.flow, key, options["task_id"])
     except StoreUnavailable as exc:
         # Sent already: the worker adopts it as the latest when it arrives.
         logger.warning("%s[%s] sent but not recorded for debounce: %s", name, result.id, exc)
@@ -316,7 +317,7 @@ def _message_id(message: Any) -> Any:
 
 
 def _deduplicated(
-    baton: Baton,
+    parts: AppParts,
     name: str,
     task_id: str,
     holder: str,
@@ -334,19 +335,19 @@ def _deduplicated(
         sender=name, name=name, task_id=task_id, existing_id=holder, key=key
     )
     if preassigned:
-        _settle_preassigned(baton, name, task_id, holder, options)
+        _settle_preassigned(parts, name, task_id, holder, options)
     if conflict == "raise":  # celery-once's default: the caller is told, not handed a result
         raise AlreadyQueued(
             f"{name} not queued: task {holder} with the same unique key is queued or running",
             existing_id=holder,
             key=key,
         )
-    result_cls = options.get("result_cls") or baton.app.AsyncResult
+    result_cls = options.get("result_cls") or parts.app.AsyncResult
     return result_cls(holder)
 
 
 def _settle_preassigned(
-    baton: Baton, name: str, task_id: str, holder: str, options: dict[str, Any]
+    parts: AppParts, name: str, task_id: str, holder: str, options: dict[str, Any]
 ) -> None:
     """Give ids that will never run a final state, so nothing waits on them forever.
 
@@ -366,6 +367,6 @@ def _settle_preassigned(
     )
     for dead_id in ids:
         try:
-            baton.app.backend.mark_as_failure(dead_id, exc, call_errbacks=False)
+            parts.app.backend.mark_as_failure(dead_id, exc, call_errbacks=False)
         except Exception:  # the result backend is optional; its failure must not hide ours
             logger.exception("could not record %s as deduplicated", dead_id)

@@ -137,7 +137,7 @@ def use_store() -> Iterator[Callable[[ModuleType, str], None]]:
 
 def _forget(baton: Any) -> None:
     """Drop the app's lazily built store, settings and gate (kept by its parts, see
-    celery_baton.wiring), so they follow the conf."""
+    celery_baton.parts), so they follow the conf."""
     parts = baton.parts
     for name in ("settings", "store", "gate", "names", "unique", "debounces"):
         if name in parts.__dict__:
@@ -145,4 +145,4 @@ def _forget(baton: Any) -> None:
             if name == "store":
                 with contextlib.suppress(Exception):
                     store.client.close()
-    baton._policies.clear()
+    parts._policies.clear()

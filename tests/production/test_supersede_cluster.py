@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from celery_baton.gate import Condition, Gate
-from celery_baton.keys import KeyNames
+from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.supersede import Supersede
 from celery_baton.store.connection import connect
-from celery_baton.supersede import Supersede
 
 NAMES = KeyNames("baton")
 

@@ -55,7 +55,7 @@ from typing import Any
 import psutil
 import redis
 
-from celery_baton.policy import PUBLISH_HEADER
+from celery_baton.core.policy import PUBLISH_HEADER
 from tests.soak.checker import (
     WORKER_CRASH,
     Fault,

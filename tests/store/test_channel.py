@@ -16,7 +16,7 @@ import pytest
 import redis
 from kombu.asynchronous import Hub
 
-from celery_baton.gate import Condition, gate_call, parse_decision
+from celery_baton.core.gate import Condition, gate_call, parse_decision
 from celery_baton.store.channel import PipelinedChannel
 from celery_baton.store.connection import Store, connect
 

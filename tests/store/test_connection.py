@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from celery_baton.core.gate import Gate
+from celery_baton.core.leases import Lease
 from celery_baton.errors import ConfigError, StoreUnavailable
-from celery_baton.gate import Gate
-from celery_baton.leases import Lease
 from celery_baton.store import connect, redact_url
 from celery_baton.store.connection import ensure_embedded_server, stop_embedded_server
 from tests.support.servers import StoreServer, find_binary, free_port

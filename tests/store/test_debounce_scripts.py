@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.debounce import (
+from celery_baton.core.debounce import (
     Debounces,
     FlowDecision,
     FlowKind,
@@ -17,7 +17,7 @@ from celery_baton.debounce import (
     Outcome,
     parse_decision,
 )
-from celery_baton.keys import KeyNames
+from celery_baton.core.keys import KeyNames
 from celery_baton.store.connection import Store, connect
 
 KEY = "baton:{t}:db:k"

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.gate import Condition, Gate, HeldLease
-from celery_baton.keys import KeyNames, epoch_key
+from celery_baton.core.gate import Condition, Gate, HeldLease
+from celery_baton.core.keys import KeyNames, epoch_key
 from celery_baton.store.connection import connect
 from tests.support.servers import StoreServer
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton import fairness
-from celery_baton.gate import Condition, Decision, Gate
-from celery_baton.leases import new_owner
+from celery_baton.core import fairness
+from celery_baton.core.gate import Condition, Decision, Gate
+from celery_baton.core.leases import new_owner
 
 CC = "baton:{t}:cc:shared"
 RATE = "baton:{t}:rate:shared"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.gate import Condition, Gate, HeldLease, owner_task_id
-from celery_baton.keys import KeyNames
-from celery_baton.leases import new_owner
+from celery_baton.core.gate import Condition, Gate, HeldLease, owner_task_id
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.leases import new_owner
 from celery_baton.store.connection import connect
 
 EX = "baton:{t}:ex:k"

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from celery_baton import BatonError, LeaseNotOwned, StoreUnavailable
-from celery_baton.gate import Gate, HeldClaim, HeldLease, Renewal
-from celery_baton.keys import KeyNames
-from celery_baton.leases import Lease, LeaseBook, new_owner
+from celery_baton.core.gate import Gate, HeldClaim, HeldLease, Renewal
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.leases import Lease, LeaseBook, new_owner
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import Store, connect
 from tests.support.servers import StoreServer

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_baton.gate import Gate, HeldLease
-from celery_baton.keys import KeyNames
-from celery_baton.leases import Lease
+from celery_baton.core.gate import Gate, HeldLease
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.leases import Lease
 from celery_baton.store.connection import connect
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until

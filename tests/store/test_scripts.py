@@ -9,8 +9,8 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
+from celery_baton.core.gate import Condition, Gate
 from celery_baton.errors import StoreUnavailable
-from celery_baton.gate import Condition, Gate
 from celery_baton.store import connect
 from celery_baton.store.connection import STORE_ERRORS
 from tests.support.servers import StoreServer

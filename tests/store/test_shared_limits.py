@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import redis
 
+from celery_baton.core.gate import Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.shared_limits import NamedLimit, SharedLimit
 from celery_baton.errors import CostError, LimitTimeout
-from celery_baton.gate import Gate
-from celery_baton.keys import KeyNames
-from celery_baton.shared_limits import NamedLimit, SharedLimit
 from celery_baton.store.connection import connect
 
 NAMES = KeyNames("bt")

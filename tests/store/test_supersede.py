@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.gate import Condition, Gate
-from celery_baton.keys import KeyNames
+from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.supersede import Supersede
 from celery_baton.store.connection import connect
-from celery_baton.supersede import Supersede
 
 NAMES = KeyNames("baton")
 EX = NAMES.lease("t", "ex", "k")

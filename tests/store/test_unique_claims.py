@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import StoreUnavailable
 from celery_baton.store import connect
-from celery_baton.unique import UniqueClaims
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 

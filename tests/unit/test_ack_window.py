@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_baton.gate import Release
-from celery_baton.worker.broker import read_broker
+from celery_baton.core.gate import Release
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.transport.broker import read_broker
 
 
 def _redelivery_window(app: Celery) -> float | None:

@@ -11,9 +11,9 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
-from celery_baton.debounce import FlowKind, Outcome, parse_decision
-from celery_baton.keys import KeyNames
-from celery_baton.policy import compile_policy
+from celery_baton.core.debounce import FlowKind, Outcome, parse_decision
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import compile_policy
 
 NAMES = KeyNames()
 
@@ -124,10 +124,10 @@ def test_the_store_remembers_a_run_long_enough_for_a_redelivery() -> None:
 def test_a_decision_becomes_a_verdict() -> None:
     from types import SimpleNamespace
 
-    from celery_baton.debounce import FlowDecision
+    from celery_baton.core.debounce import FlowDecision
     from celery_baton.worker import flow
     from celery_baton.worker.holding import Delivery
-    from celery_baton.worker.stand_ins import STANDS_FOR_FIELD
+    from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD
     from celery_baton.worker.verdict import Reason, Skip, Start, Wait
 
     def delivery(**options: Any) -> Delivery:

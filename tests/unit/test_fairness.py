@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_baton import Baton, ConfigError, fairness
+from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
-from celery_baton.gate import Condition, Decision
-from celery_baton.keys import KeyNames, digest
-from celery_baton.policy import RunPlan, compile_policy
+from celery_baton.core import fairness
+from celery_baton.core.gate import Condition, Decision
+from celery_baton.core.keys import KeyNames, digest
+from celery_baton.core.policy import RunPlan, compile_policy
 from celery_baton.worker.verdict import Reason, Wait, verdict
 
 NAMES = KeyNames("baton")

@@ -4,7 +4,7 @@ tested against a real server in tests/store/test_gate.py."""
 
 from __future__ import annotations
 
-from celery_baton.gate import Condition, Release, gate_call, owner_task_id, parse_decision
+from celery_baton.core.gate import Condition, Release, gate_call, owner_task_id, parse_decision
 
 RATE = Condition.rate("baton:{t}:rate", 1_000, 2)
 EX = Condition.lease("baton:{t}:ex:k", fence=True)

@@ -1,6 +1,6 @@
-"""Which held messages a worker puts back after its broker crashed (worker/held_return.py),
-without a broker: the channels are stand-ins that record what is asked of them. The
-same code runs against a SIGKILLed broker in
+"""Which held messages a worker puts back after its broker crashed
+(worker/transport/held_return.py), without a broker: the channels are stand-ins that
+record what is asked of them. The same code runs against a SIGKILLed broker in
 tests/worker/test_exclusive_faults.py::test_a_worker_holding_a_request_lives_through_a_broker_crash.
 """
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from celery_baton.policy import RunPlan, TaskPolicy
-from celery_baton.worker.held_return import HeldReturn, returnable
+from celery_baton.core.policy import RunPlan, TaskPolicy
 from celery_baton.worker.holding import Delivery
+from celery_baton.worker.transport.held_return import HeldReturn, returnable
 
 
 def test_only_tags_the_old_channel_could_not_restore_and_received_recently() -> None:

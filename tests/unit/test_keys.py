@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_baton import KeySpecError
-from celery_baton.keys import KeyNames, KeySpec, digest
+from celery_baton.core.keys import KeyNames, KeySpec, digest
 
 
 def fetch(host: str, path: str = "/", *, tenant: str = "t0") -> None: ...

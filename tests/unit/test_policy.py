@@ -10,9 +10,9 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError
 from celery_baton.config import Settings
-from celery_baton.gate import Condition
-from celery_baton.keys import KeyNames, digest
-from celery_baton.policy import compile_policy, declares_options
+from celery_baton.core.gate import Condition
+from celery_baton.core.keys import KeyNames, digest
+from celery_baton.core.policy import compile_policy, declares_options
 
 NAMES = KeyNames()
 
@@ -204,8 +204,8 @@ def test_plain_decorator_forms(app: Celery) -> None:
 
 def test_several_rates_are_conditions_of_one_call() -> None:
     from celery_baton.config import Settings
-    from celery_baton.keys import KeyNames
-    from celery_baton.policy import compile_policy
+    from celery_baton.core.keys import KeyNames
+    from celery_baton.core.policy import compile_policy
 
     def fetch(host: str) -> None: ...
 

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError, RateSpecError
-from celery_baton.rates import interval_us, parse_burst, parse_rate
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
+from celery_baton.core.gate import Condition, slot_groups, spans_slots
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import compile_policy
+from celery_baton.core.shared_limits import SharedLimit, call_cost, parse_limits
 from celery_baton.errors import CostError
-from celery_baton.gate import Condition, slot_groups, spans_slots
-from celery_baton.keys import KeyNames
-from celery_baton.policy import compile_policy
-from celery_baton.shared_limits import SharedLimit, call_cost, parse_limits
 
 NAMES = KeyNames()
 LIMITS = {"openai": "90000/m", "db": {"rate": "10/s", "burst": 2}}

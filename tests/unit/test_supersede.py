@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from celery_baton import ConfigError
-from celery_baton.call_options import parse
 from celery_baton.config import Settings
-from celery_baton.gate import Condition, Decision, parse_decision
-from celery_baton.keys import KeyNames
-from celery_baton.policy import RunPlan, TaskPolicy, compile_policy
+from celery_baton.core.call_options import parse
+from celery_baton.core.gate import Condition, Decision, parse_decision
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import RunPlan, TaskPolicy, compile_policy
 from celery_baton.worker.replacing import keep_order
 from celery_baton.worker.verdict import REVOKE_AGAIN, Reason, Skip, Start, Wait, verdict
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from celery_baton.config import Settings
-from celery_baton.gate import Condition, Decision
-from celery_baton.keys import KeyNames
-from celery_baton.policy import RunPlan, compile_policy
+from celery_baton.core.gate import Condition, Decision
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.policy import RunPlan, compile_policy
 from celery_baton.worker.verdict import SKIP_GRACE, Reason, Skip, Start, Wait, verdict
 
 NAMES = KeyNames("baton")

@@ -145,7 +145,7 @@ def test_under_the_guard_a_run_whose_ack_failed_frees_its_unique_key(
     broker_server: StoreServer,
 ) -> None:
     """Under the redelivery guard the copy of a run that ended will not run (its pool
-    process recorded the end: worker/run_end.py), so the key is free at the run's end,
+    process recorded the end: worker/pool/run_end.py), so the key is free at the run's end,
     whatever became of the ack: a publish meanwhile is queued and runs, and the copy is
     acked without a run."""
     from tests.apps import ackfail

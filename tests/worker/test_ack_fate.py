@@ -1,4 +1,4 @@
-"""Where a message whose ack failed went, asked of a real broker (worker/ack_fate.py).
+"""Where a message whose ack failed went, asked of a real broker (worker/transport/ack_fate.py).
 
 kombu's own Redis transport moves the message (delivered, restored, acked); the
 question is put to the broker the way the worker puts it."""
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import kombu
 import pytest
 
-from celery_baton.worker.ack_fate import Fate, where_is
+from celery_baton.worker.transport.ack_fate import Fate, where_is
 
 
 @pytest.fixture

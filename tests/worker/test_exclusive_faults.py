@@ -184,9 +184,9 @@ def test_a_worker_holding_a_request_lives_through_a_broker_crash(
     """A worker whose broker is SIGKILLed while it polls with an unacked message in hand
     (here a request held for a busy key) died: ``Unrecoverable error:
     AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1, in kombu's
-    interrupted channel close (worker/broker_close.py says how). The worker lives on and
+    interrupted channel close (worker/transport/broker_close.py says how). The worker lives on and
     runs the key again. The held message, which the dead broker could not take back, is
-    put back in its queue once the worker reconnects (worker/held_return.py), and runs:
+    put back in its queue once the worker reconnects (worker/transport/held_return.py), and runs:
     before, it stayed in the broker's unacked index for the visibility timeout (an hour
     in this app)."""
     from tests.apps.exclusive import ex_wait
@@ -222,7 +222,7 @@ def test_a_held_message_the_broker_took_back_is_not_put_back_again(
     """The broker lives; only one worker's connections to it are cut (``CLIENT KILL``).
     That worker's channel close gives its held message back to the queue and another
     worker takes it, under the same delivery tag. When the first reconnects it must not
-    put that message back again (worker/held_return.py: only what the close could not
+    put that message back again (worker/transport/held_return.py: only what the close could not
     restore): it would be delivered twice, and the held request would run twice."""
     from tests.apps.exclusive import ex_wait
 

@@ -204,7 +204,7 @@ def test_a_dead_workers_key_stops_holding_slots_within_its_presence(
     come back after their ``lease_ttl`` (3 s), and B's place in the turn, which no live
     worker renews, lapses within ``fairness.PRESENCE`` (6 s): then A uses the whole cap
     again. Without the lapse a dead key would keep its slot reserved for good."""
-    from celery_baton import fairness
+    from celery_baton.core import fairness
     from tests.apps import fair
 
     task = fair.fair_capped_short

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from celery_baton.gate import Gate
-from celery_baton.rates import RateLimit
+from celery_baton.core.gate import Gate
+from celery_baton.core.rates import RateLimit
 from celery_baton.store.connection import connect
 
 

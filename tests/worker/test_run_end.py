@@ -6,7 +6,7 @@ between (SIGKILLed; or its consumer lost on an unrecoverable error, as Celery 5.
 kombu can on a broker restart: the 30-minute soak saw guarded ids run twice, 15 s
 apart) never acks the message, and the broker delivers it again. Under the redelivery
 guard that copy must not run: the pool process records the end itself
-(``worker/run_end.py``), and a unique key is then free for the next publish.
+(``worker/pool/run_end.py``), and a unique key is then free for the next publish.
 
 The task stops its own main process (SIGSTOP) as its body returns; the test SIGKILLs
 that worker a moment later and starts another, which receives the copy once the

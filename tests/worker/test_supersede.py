@@ -234,7 +234,7 @@ def test_the_replacing_worker_killed_mid_replace_the_newest_still_runs(
 
 PUBLISHER = """
 import os, signal, sys
-from celery_baton.supersede import Supersede
+from celery_baton.core.supersede import Supersede
 from tests.apps.supersede import uq_replace
 
 from tests.apps.supersede import ex_keep

@@ -23,8 +23,8 @@ from celery_baton.beat.entries import compile_entry, definition_json, entry_from
 from celery_baton.beat.state import UNNAMED_APP, BeatState, schedule_name
 from celery_baton.config import Settings
 from celery_baton.errors import BeatEntryError
+from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.wiring import parts_for
 
 _DEFINE_ERRORS = {
     -1: "already exists",

@@ -51,10 +51,10 @@ from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_d
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
+from celery_baton.core.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.errors import BatonError
-from celery_baton.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.wiring import parts_for
 
 logger = get_logger(__name__)
 

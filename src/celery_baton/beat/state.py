@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_baton.keys import digest
+from celery_baton.core.keys import digest
 from celery_baton.store.connection import Store
 
 #: The schedule name of an app created without a name (``Celery()``).

@@ -30,14 +30,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton import fairness
 from celery_baton.config import Settings
+from celery_baton.core import fairness
+from celery_baton.core.gate import Decision
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.leases import LeaseBook
+from celery_baton.core.policy import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
-from celery_baton.gate import Decision
-from celery_baton.gate_channel import GateChannel
-from celery_baton.keys import KeyNames
-from celery_baton.leases import LeaseBook
-from celery_baton.policy import TaskPolicy
 from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton.debounce import FlowDecision, FlowKind, Outcome, parse_decision
-from celery_baton.gate_channel import GateChannel
-from celery_baton.keys import KeyNames
+from celery_baton.core.debounce import FlowDecision, FlowKind, Outcome, parse_decision
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.keys import KeyNames
 from celery_baton.worker.holding import Delivery
-from celery_baton.worker.stand_ins import STANDS_FOR_FIELD
+from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD
 from celery_baton.worker.verdict import Reason, Skip, Start, Wait
 
 logger = logging.getLogger("celery_baton.worker")

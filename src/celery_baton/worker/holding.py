@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_baton import metrics, signals
-from celery_baton.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
 from celery_baton.worker.wait_queues import WaitQueues
@@ -87,7 +87,7 @@ class Holding:
         self.lock = threading.RLock()
         self.counted = 0  # held deliveries that raised the prefetch count
         self._held: dict[int, Delivery] = {}  # by id(): what a lost connection leaves
-        self._queues = WaitQueues(rank)
+        self._queues: WaitQueues[Delivery] = WaitQueues(rank)
         self._timers: dict[str, tuple[float, Any]] = {}
         self._wake_pipe = WakePipe(consumer, self._on_release)
         self._released = ReleaseLog()

@@ -33,7 +33,7 @@ def skip(request: Any, skip: Skip) -> None:
     )
     task = request.task
     # A coalesced one gets no state here: the run that stands for it writes its outcome
-    # to this id too (worker/stand_ins.py).
+    # to this id too (worker/pool/stand_ins.py).
     if skip.reason in (Reason.EXCLUSIVE, Reason.THROTTLED) and not task.ignore_result:
         task.backend.mark_as_failure(
             request.id,

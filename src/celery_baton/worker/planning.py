@@ -14,13 +14,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton.call_options import HEADER as CALL_HEADER
-from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings
-from celery_baton.errors import CostError, KeySpecError
-from celery_baton.keys import KeyNames
-from celery_baton.leases import new_owner
-from celery_baton.policy import (
+from celery_baton.core.call_options import HEADER as CALL_HEADER
+from celery_baton.core.call_options import CallOptions
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.leases import new_owner
+from celery_baton.core.policy import (
     BEAT_SLOT_HEADER,
     PUBLISH_HEADER,
     RunPlan,
@@ -28,6 +27,7 @@ from celery_baton.policy import (
     policy_for_call,
     run_once,
 )
+from celery_baton.errors import CostError, KeySpecError
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.replacing import order_of

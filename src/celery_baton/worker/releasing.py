@@ -5,7 +5,7 @@ A run gives back its leases when it ends, whichever way (``worker/request.py`` c
 also marks its task id done (redelivery guard) and frees its unique key, unless its ack
 failed: then the message comes back, and the key is kept for that copy (for
 ``redelivery_window``, which the copy's admission extends to ``unique_ttl``), unless
-the broker shows that the ack ran after all (``worker/ack_fate.py``). A delivery
+the broker shows that the ack ran after all (``worker/transport/ack_fate.py``). A delivery
 that will not run here gives back what the gate *may* have granted it: an ask whose
 answer was lost (the store may still execute it), or a delivery forgotten when the
 broker connection dropped. Every release compares the owner, so giving back what was
@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from celery_baton.core.gate import Release
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.leases import LeaseBook
+from celery_baton.core.policy import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
-from celery_baton.gate import Release
-from celery_baton.gate_channel import GateChannel
-from celery_baton.leases import LeaseBook
-from celery_baton.policy import RunPlan, TaskPolicy
-from celery_baton.worker.ack_fate import AckFates
 from celery_baton.worker.request import detach, reached_the_pool
+from celery_baton.worker.transport.ack_fate import AckFates
 from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")
@@ -150,7 +150,7 @@ class Releasing:
         the broker delivers it again (then the copy's admission extends it, and its end
         frees it), bounded by ``unique_ttl``. The ack may have reached the broker after
         all (it timed out after it was sent): then no copy comes, and the key is freed as
-        soon as the broker shows it (``worker/ack_fate.py``), else when this runs out."""
+        soon as the broker shows it (``worker/transport/ack_fate.py``), else when this runs out."""
         if self.redelivery_window is None:
             return policy.unique_ttl
         return max(1.0, min(policy.unique_ttl, self.redelivery_window))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_baton.gate import Condition
-from celery_baton.policy import ORDER_HEADER, RunPlan
+from celery_baton.core.gate import Condition
+from celery_baton.core.policy import ORDER_HEADER, RunPlan
 from celery_baton.worker.verdict import REVOKE_AGAIN
 
 logger = logging.getLogger("celery_baton.worker")

@@ -46,10 +46,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from celery_baton.worker.stand_ins import STANDS_FOR_FIELD, after_lost_run
+from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 
 if TYPE_CHECKING:
-    from celery_baton.policy import RunPlan, TaskPolicy
+    from celery_baton.core.policy import RunPlan, TaskPolicy
 
 RUN_ATTR = "_baton_run"
 POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaphore)

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_baton import metrics
-from celery_baton.leases import LeaseBook
-from celery_baton.worker.context import FENCE_FIELD
+from celery_baton.core.leases import LeaseBook
 from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.pool.context import FENCE_FIELD
+from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import PoolSlots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
-from celery_baton.worker.run_end import mark as mark_run_end
 from celery_baton.worker.verdict import Start
 
 logger = logging.getLogger("celery_baton.worker")

@@ -1,7 +1,7 @@
 """The consumer bootstep: builds the worker's parts and puts admission before the pool.
 
-Installed by ``Baton(app)``; Celery builds it from the app alone, so it finds its Baton
-through ``wiring.parts_for(app)``, the one app -> parts lookup. Following Celery's
+Installed by ``Baton(app)``; Celery builds it from the app alone, so it finds the app's
+parts through ``parts.installed_parts(app)``, the one app -> parts lookup. Following Celery's
 contract: ``include_if`` says whether the app uses celery-baton at all, ``create``
 builds every part once (the gate channel, the lease book, releasing, admission, the
 notice listener), ``start`` runs at every consumer start (also after a lost broker
@@ -13,28 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import bootsteps
 from celery import signals as celery_signals
 from celery.worker import state as worker_state
 
 from celery_baton import metrics
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.leases import LeaseBook
+from celery_baton.core.notices import NoticeListener, WorkerReports
 from celery_baton.errors import BatonError
-from celery_baton.gate_channel import GateChannel
-from celery_baton.leases import LeaseBook
-from celery_baton.notices import NoticeListener, WorkerReports
-from celery_baton.wiring import parts_for
-from celery_baton.worker import broker_close, stand_ins
+from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
-from celery_baton.worker.broker import read_broker, warn_long_tasks
-from celery_baton.worker.held_return import HeldReturn
+from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.store_down import warn_eviction
+from celery_baton.worker.transport import broker_close
+from celery_baton.worker.transport.broker import read_broker, warn_long_tasks
+from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
-
-if TYPE_CHECKING:
-    from celery_baton.baton import Baton
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -44,9 +42,8 @@ def _task_channel(consumer: Any) -> Any:
     return getattr(getattr(consumer, "task_consumer", None), "channel", None)
 
 
-def _baton(parent: Any) -> Baton | None:
-    installed: Baton | None = parts_for(parent.app).installed
-    return installed
+def _parts(parent: Any) -> AppParts | None:
+    return installed_parts(parent.app)
 
 
 class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -58,12 +55,12 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def include_if(self, parent: Any) -> bool:
-        return _baton(parent) is not None
+        return _parts(parent) is not None
 
     def create(self, parent: Any) -> BatonWorker:
-        baton = _baton(parent)
-        assert baton is not None  # include_if
-        return BatonWorker(baton, parent)
+        parts = _parts(parent)
+        assert parts is not None  # include_if
+        return BatonWorker(parts, parent)
 
     # Celery calls these with the consumer; the parts need it (its loop is new after a
     # lost broker connection).
@@ -83,9 +80,9 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 class BatonWorker:
     """The worker side of one consumer: its parts, built once, started at every start."""
 
-    def __init__(self, baton: Baton, parent: Any) -> None:
-        baton.validate_all_tasks()  # a bad option stops the worker at start
-        self.broker = broker = read_broker(baton.app)
+    def __init__(self, parts: AppParts, parent: Any) -> None:
+        parts.validate_all_tasks()  # a bad option stops the worker at start
+        self.broker = broker = read_broker(parts.app)
         # Held messages a crashed broker could not take back (kombu's Redis transport).
         self.held_return = (
             HeldReturn(broker.visibility) if broker.kombu_redis and broker.visibility else None
@@ -94,18 +91,18 @@ class BatonWorker:
             broker_close.finish_interrupted_closes()  # a broker crash must not kill it
         if any(
             policy is not None and policy.flow is not None
-            for policy in map(baton.policy_for, list(baton.app.tasks.values()))
+            for policy in map(parts.policy_for, list(parts.app.tasks.values()))
         ):
             # Only a debounced (or throttle-trailing) run stands for other publishes.
             # Built before the pool starts, so its processes inherit the receiver.
             # Every task_postrun receiver is called after every task in every pool
             # process (4-12 us each on a small machine), so only when it can matter.
             stand_ins.install()
-        self.baton = baton
+        self.parts = parts
         self.book = LeaseBook(
-            baton.gate,
-            interval=baton.renew_interval,
-            on_lost=baton.on_lease_lost,
+            parts.gate,
+            interval=parts.renew_interval,
+            on_lost=parts.on_lease_lost,
             on_tick=lambda: self._report(parent),
         )
         self.unsent = UnsentReleases(self.book, parent.timer)
@@ -117,12 +114,12 @@ class BatonWorker:
             redelivery_window=broker.redelivery_window,
         )
         self.channel = GateChannel(
-            baton.gate,
+            parts.gate,
             # The consumer runs an event loop: gate and release calls are pipelined on
             # it and never make it wait for the store.
             hub=getattr(parent, "hub", None),
             timer=parent.timer,
-            timeout=baton.settings.socket_timeout,
+            timeout=parts.settings.socket_timeout,
             on_release_failed=self.unsent.add,
             on_answered=self.unsent.store_answered,
         )
@@ -131,28 +128,28 @@ class BatonWorker:
         self.admission = Admission(
             parent,
             parent.on_task_request,
-            policy_for=baton.policy_for,
-            names=baton.names,
+            policy_for=parts.policy_for,
+            names=parts.names,
             channel=self.channel,
             book=self.book,
             releasing=self.releasing,
-            settings=baton.settings,
-            horizon=baton.hold_horizon,
+            settings=parts.settings,
+            horizon=parts.hold_horizon,
             lower_priority_first=broker.kombu_redis,
         )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
         self.listener = NoticeListener(
-            baton.store, baton.names.notice_channel, self.admission.holding.wake
+            parts.store, parts.names.notice_channel, self.admission.holding.wake
         )
-        self.reports = WorkerReports(baton.store, baton.names)
+        self.reports = WorkerReports(parts.store, parts.names)
         self._started = False
         self._shut = False
-        if baton.settings.global_rate_limits:
-            self._take_over_rate_limits(parent, baton)
+        if parts.settings.global_rate_limits:
+            self._take_over_rate_limits(parent, parts)
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
-    def _take_over_rate_limits(self, consumer: Any, baton: Baton) -> None:
+    def _take_over_rate_limits(self, consumer: Any, parts: AppParts) -> None:
         """Celery's per-worker bucket would throttle a second time: switch it off for the
         tasks whose ``rate_limit`` the gate enforces across all workers. That is every
         task without a declared ``global_rate_limit``, whether it has a ``rate_limit``
@@ -163,27 +160,27 @@ class BatonWorker:
         original = consumer.bucket_for_task
 
         def bucket_for_task(task: Any) -> Any:
-            policy = baton.policy_for(task)
+            policy = parts.policy_for(task)
             return None if policy is not None and policy.rate_from_celery else original(task)
 
         consumer.bucket_for_task = bucket_for_task
         consumer.reset_rate_limits()
 
     def start(self, parent: Any) -> None:
-        baton = self.baton
+        parts = self.parts
         if not self._started:
             self._started = True
-            if baton.store.embedded:
+            if parts.store.embedded:
                 logger.warning(
                     "celery-baton is using its embedded store (%s): coordination holds "
                     "only between processes on this machine. Set app.conf.baton_url (or "
                     "$BATON_URL) to a shared Redis/Valkey to coordinate workers on several "
                     "machines.",
-                    baton.store.safe_url,
+                    parts.store.safe_url,
                 )
             warn_long_tasks(parent.app, self.broker.visibility)
-            warn_eviction(baton.gate)
-            metrics.serve(baton.settings.metrics_port)
+            warn_eviction(parts.gate)
+            metrics.serve(parts.settings.metrics_port)
             self.book.start()
             self.listener.start()
         else:
@@ -234,13 +231,13 @@ class BatonWorker:
         the consumer's loop, so through the gate channel, never a blocking call."""
         if sender is None or request is None:
             return
-        if self.baton.app.tasks.get(sender.name) is not sender:
+        if self.parts.app.tasks.get(sender.name) is not sender:
             return
-        policy = self.baton.policy_for(sender)
+        policy = self.parts.policy_for(sender)
         if policy is None or policy.unique is None:
             return
         try:
-            key = policy.unique_key(self.baton.names, request.args or (), request.kwargs or {})
+            key = policy.unique_key(self.parts.names, request.args or (), request.kwargs or {})
         except BatonError as exc:
             logger.warning(
                 "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
@@ -264,4 +261,4 @@ class BatonWorker:
             "renewals": self.book.renewals,
             "losses": self.book.losses,
         }
-        self.reports.write(consumer.hostname, report, ttl=max(1.0, self.baton.renew_interval * 3))
+        self.reports.write(consumer.hostname, report, ttl=max(1.0, self.parts.renew_interval * 3))

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery_baton.core.gate import Gate
 from celery_baton.errors import BatonError, StoreUnavailable
-from celery_baton.gate import Gate
 from celery_baton.worker.holding import BACKOFF_START, Delivery, Holding
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.verdict import Reason, Wait

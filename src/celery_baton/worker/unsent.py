@@ -15,9 +15,9 @@ import logging
 import threading
 from typing import Any
 
-from celery_baton.gate import Release
-from celery_baton.gate_channel import GateChannel
-from celery_baton.leases import LeaseBook
+from celery_baton.core.gate import Release
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.leases import LeaseBook
 
 logger = logging.getLogger("celery_baton.worker")
 

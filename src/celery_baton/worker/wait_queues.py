@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the type only: holding.py builds the queues
-    from celery_baton.worker.holding import Delivery
+from typing import Any, Generic, Protocol, TypeVar
 
 
-class WaitQueues:
+class Waiting(Protocol):
+    """What a queue reads of a held delivery (holding.py's ``Delivery``, which builds
+    the queues: named here by its shape, so that this module needs nothing of it)."""
+
+    request: Any
+    asking: bool
+
+
+Delivery = TypeVar("Delivery", bound=Waiting)
+
+
+class WaitQueues(Generic[Delivery]):
     """Queue key -> its held deliveries; limit key -> its fair queues.
 
     ``rank(request)`` is a request's urgency (higher first; None: no priority).

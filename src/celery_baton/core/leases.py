@@ -29,10 +29,10 @@ from collections.abc import Callable
 from types import TracebackType
 
 from celery_baton import metrics
+from celery_baton.core.gate import LOST, REASSERTED, Condition, Gate, HeldClaim, HeldLease, Release
 from celery_baton.errors import BatonError, LeaseNotOwned
-from celery_baton.gate import LOST, REASSERTED, Condition, Gate, HeldClaim, HeldLease, Release
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("celery_baton.core.leases")
 
 
 class _Nonces:

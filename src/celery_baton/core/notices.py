@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton.keys import KeyNames
+from celery_baton.core.keys import KeyNames
 from celery_baton.store.connection import STORE_ERRORS, Store
 
-logger = logging.getLogger("celery_baton.notices")
+logger = logging.getLogger("celery_baton.core.notices")
 
 
 class NoticeListener(threading.Thread):

@@ -29,16 +29,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from celery_baton.core.rates import parse_rate
 from celery_baton.errors import BatonError
-from celery_baton.rates import parse_rate
 from celery_baton.store import inspect as store_inspect
 
 if TYPE_CHECKING:
-    from celery_baton.keys import KeyNames
-    from celery_baton.policy import TaskPolicy
+    from celery_baton.core.keys import KeyNames
+    from celery_baton.core.policy import TaskPolicy
     from celery_baton.store import Store
 
-logger = logging.getLogger("celery_baton.web")
+logger = logging.getLogger("celery_baton.ops.web")
 
 COOKIE = "baton_token"
 ACTIONS = ("unlock", "pause", "resume", "trigger")

@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from celery_baton.keys import KeyNames
+from celery_baton.core.keys import KeyNames
 from celery_baton.store.connection import STORE_ERRORS, Store
 
-logger = logging.getLogger("celery_baton.supersede")
+logger = logging.getLogger("celery_baton.core.supersede")
 
 #: How many times a replace follows a key that moved to yet another holder meanwhile.
 MAX_MOVES = 10

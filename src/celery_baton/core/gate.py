@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from celery_baton.keys import epoch_key
+from celery_baton.core.keys import epoch_key
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import STORE_ERRORS, Store
 

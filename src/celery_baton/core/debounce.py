@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_baton.core.keys import KeyNames, KeySpec, digest
 from celery_baton.errors import ConfigError
-from celery_baton.keys import KeyNames, KeySpec, digest
 from celery_baton.store.connection import STORE_ERRORS, Store
 
 #: Every option this module reads (policy.py adds them to the task options).

@@ -7,7 +7,7 @@ and threads pools) asks are answered at once and releases go out from a backgrou
 thread, batched. Which of the two is chosen once, when the worker starts; the worker
 never sees the difference, and never imports ``store/``. Celery-free.
 
-Every call is answered exactly once: a :class:`~celery_baton.gate.Decision` (or the
+Every call is answered exactly once: a :class:`~celery_baton.core.gate.Decision` (or the
 number a release freed), or the exception that stopped it (``StoreUnavailable`` when
 the store did not answer: a call may still have been executed by the store then, so
 whatever an ask may have granted must be given back; see ``worker/releasing.py``).
@@ -19,11 +19,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_baton.gate import Condition, Decision, Gate, Release, spans_slots
-from celery_baton.leases import Releaser
+from celery_baton.core.gate import Condition, Decision, Gate, Release, spans_slots
+from celery_baton.core.leases import Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 
-logger = logging.getLogger("celery_baton.gate")
+logger = logging.getLogger("celery_baton.core.gate")
 
 AskAnswer = Callable[["Decision | BaseException"], None]
 

@@ -33,11 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from celery_baton.core.gate import Condition
+from celery_baton.core.keys import KeySpec, digest
 from celery_baton.errors import ConfigError
-from celery_baton.gate import Condition
-from celery_baton.keys import KeySpec, digest
 
-logger = logging.getLogger("celery_baton.fairness")
+logger = logging.getLogger("celery_baton.core.fairness")
 
 #: A weight-1 key's pass moves this much per grant (a weight-w key's: STRIDE / w).
 STRIDE = 1_000_000

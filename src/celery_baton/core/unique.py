@@ -23,8 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from celery_baton.core.keys import given_back
 from celery_baton.errors import BatonError, StoreUnavailable
-from celery_baton.keys import given_back
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.inspect import server_now_ms
 from celery_baton.store.scripts import Pending
@@ -41,7 +41,7 @@ GIVE_BACK_RETRY_FOR = 3600.0
 #: Seconds between two readings of the store's clock (``TIME``).
 CLOCK_EVERY = 60.0
 
-logger = logging.getLogger("celery_baton.unique")
+logger = logging.getLogger("celery_baton.core.unique")
 
 
 class UniqueClaims:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from celery_baton.core.gate import Condition, Decision, Gate
 from celery_baton.errors import RateSpecError
-from celery_baton.gate import Condition, Decision, Gate
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNIT_NAMES = {

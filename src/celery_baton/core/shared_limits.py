@@ -26,10 +26,10 @@ from types import TracebackType
 from typing import Any
 
 from celery_baton.config import suggest
+from celery_baton.core.gate import Condition, Decision, Gate
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import ConfigError, CostError, LimitTimeout
-from celery_baton.gate import Condition, Decision, Gate
-from celery_baton.keys import KeyNames
-from celery_baton.rates import interval_us, parse_burst, parse_rate
 
 #: The keys of a named limit given as a mapping.
 LIMIT_FIELDS = ("rate", "burst")

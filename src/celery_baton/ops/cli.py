@@ -18,11 +18,11 @@ from typing import Any
 import click
 
 from celery_baton.config import Settings, suggest
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import BatonError
-from celery_baton.rates import interval_us, parse_burst, parse_rate
+from celery_baton.parts import parts_for
 from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
-from celery_baton.wiring import parts_for
 
 
 class Context:
@@ -53,11 +53,9 @@ class Context:
         return rows + store_inspect.unique_claims(self.store, self.names.prefix)
 
     def policies(self) -> dict[str, Any]:
-        from celery_baton.policy import compile_policy
-
         result = {}
         for name, task in sorted(self.app.tasks.items()):
-            policy = compile_policy(name, _reader(task), task.run, self.settings)
+            policy = self.parts.policy_for(task)
             if policy is not None:
                 result[name] = (task, policy)
         return result
@@ -72,12 +70,6 @@ def describe_overrides(overrides: dict[str, str]) -> str:
     if "concurrency" in overrides:
         parts.append(f"concurrency {overrides['concurrency']}")
     return ", ".join(parts)
-
-
-def _reader(task: Any) -> Any:
-    from celery_baton.baton import _task_option
-
-    return functools.partial(_task_option, task)
 
 
 def table(
@@ -387,7 +379,7 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
 
 def _named_limits(c: Context, policies: dict[str, Any]) -> list[dict[str, Any]]:
     """``baton_limits``: each limit, its penalty left, and the tasks that draw from it."""
-    from celery_baton.shared_limits import parse_limits
+    from celery_baton.core.shared_limits import parse_limits
 
     rows = []
     for name, limit in parse_limits(c.settings.limits).items():
@@ -597,7 +589,7 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
     """Serve the web view: workers, leases, unique claims, limits, schedule; the CLI's
     actions behind --token; /api/state (JSON) and /metrics (Prometheus, every worker)."""
     from celery_baton.beat.api import ScheduleStore
-    from celery_baton.web import TOKEN_CHARS, serve
+    from celery_baton.ops.web import TOKEN_CHARS, serve
 
     c = _ctx(ctx)
     if token is not None and not TOKEN_CHARS.fullmatch(token):

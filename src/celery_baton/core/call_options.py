@@ -27,8 +27,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from celery_baton.config import suggest
+from celery_baton.core.keys import _canonical_json
 from celery_baton.errors import ConfigError
-from celery_baton.keys import _canonical_json
 
 #: The message header that carries a call's options (JSON).
 HEADER = "baton_call"

@@ -12,16 +12,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
-from celery_baton import debounce, fairness
-from celery_baton.call_options import CallOptions
 from celery_baton.config import Settings, suggest
-from celery_baton.debounce import FlowPolicy
+from celery_baton.core import debounce, fairness
+from celery_baton.core.call_options import CallOptions
+from celery_baton.core.debounce import FlowPolicy
+from celery_baton.core.fairness import FairPolicy, check_weights
+from celery_baton.core.gate import Condition, HeldClaim, HeldLease
+from celery_baton.core.keys import KeyNames, KeySpec, KeySpecValue, digest
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate
+from celery_baton.core.shared_limits import Cost, SharedLimit, call_cost, parse_limits, resolve
 from celery_baton.errors import ConfigError
-from celery_baton.fairness import FairPolicy, check_weights
-from celery_baton.gate import Condition, HeldClaim, HeldLease
-from celery_baton.keys import KeyNames, KeySpec, KeySpecValue, digest
-from celery_baton.rates import interval_us, parse_burst, parse_rate
-from celery_baton.shared_limits import Cost, SharedLimit, call_cost, parse_limits, resolve
 
 #: Every task option celery-baton reads (documented in docs/configuration.md).
 TASK_OPTIONS = (

@@ -1,0 +1,1 @@
+"""The operators' side: ``celery -A proj baton ...`` (cli.py) and the web view (web.py)."""

@@ -1,0 +1,2 @@
+"""What runs in the pool process, around the task body: the run's end recorded there,
+the results of the publishes a run stands for, and ``fence()``."""
