@@ -109,7 +109,7 @@ class SoakConfig:
     #: while faults take workers away.
     busy_sleep: tuple[float, float] = (0.2, 2.0)
     busy_surge: tuple[float, float] = (3.0, 8.0)
-    busy_surge_gap: tuple[float, float] = (0.15, 0.45)
+    busy_surge_gap: tuple[float, float] = (0.1, 0.35)
     busy_calm: tuple[float, float] = (5.0, 12.0)
     busy_calm_gap: tuple[float, float] = (1.5, 3.0)
     lease_ttl: float = 6.0
