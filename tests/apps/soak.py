@@ -12,6 +12,10 @@ Run by workers and beats as ``celery -A tests.apps.soak worker|beat`` (see
 * ``SOAK_LEASE_TTL`` -- the ``lease_ttl`` of every task (default 6 s: a killed worker's
   keys come back within seconds).
 
+The deployment a user runs, not a tidy one: prefetch as Celery ships it (4 per pool
+process), and a plain task, :func:`busy`, that the nemesis publishes in surges so that
+guarded requests often meet pools with no free process (issue 24, section 4).
+
 Every task is ``acks_late`` with ``reject_on_worker_lost`` (except the beat tick), so a
 killed pool child or worker loses no message: the broker gives it back (at once for a
 lost child, after ``visibility_timeout`` for a killed worker) and it runs again. Each run
@@ -55,7 +59,8 @@ app.conf.update(
     baton_hold_horizon=VISIBILITY / 3,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
+    # worker_prefetch_multiplier as Celery ships it (4): each worker reserves 4 messages
+    # per pool process, so guarded requests wait behind plain ones as in production.
     worker_lost_wait=1.0,
     result_expires=None,
     broker_connection_retry_on_startup=True,
@@ -142,8 +147,9 @@ def capped(self: Task, n: int, sleep: float) -> None:
 
 
 # ``exclusive="n"`` with a distinct ``n`` per publish is a lease that is always free, whose
-# fence is the store's TIME (microseconds) in the gate call that admitted the run: the
-# checker judges the rate on admission instants, free of the pool's start delay.
+# fence is the store's TIME (microseconds) in the gate call that admitted the run. The
+# checker judges the rate twice: on these admission instants, and on the runs' starts
+# (the observer's stamp at the body's first line), where the user meets the limit.
 @app.task(
     bind=True,
     global_rate_limit=f"{RATE:g}/s",
@@ -166,6 +172,13 @@ def uq(self: Task, key: str, sleep: float) -> None:
 def guarded(self: Task, sleep: float) -> None:
     """Redelivery guard: one task id never runs twice (the nemesis re-publishes ids)."""
     observer().run(f"guarded:{self.request.id}", sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True)
+def busy(self: Task, sleep: float) -> None:
+    """Plain work, no celery-baton option: occupies a pool process for ``sleep`` seconds,
+    so that guarded requests arrive while every process is busy (as on a real worker)."""
+    observer().run("busy", sleep=sleep, task_id=self.request.id)
 
 
 @app.task(bind=True)

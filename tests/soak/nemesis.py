@@ -4,11 +4,18 @@ Three servers on free ports: the **store** under test and the **broker** (both w
 fsynced append-only file, so a SIGKILL loses nothing acknowledged), which the nemesis
 pauses and restarts; and the **observer** server (results and the observer's records),
 which it never touches. Two "machines" each run a ``celery worker`` and a ``celery beat``
-of :mod:`tests.apps.soak`; they share nothing local (each its own ``TMPDIR``,
+of :mod:`tests.apps.soak`; they share nothing local (each its own ``HOME``, ``TMPDIR``,
 ``XDG_RUNTIME_DIR`` and working directory), only the store and broker URLs.
 
+The deployment profile (issue 24, section 4): prefetch as Celery ships it, pools busy
+with other work, and a store that nothing ever declares new (the soak never calls
+``StoreServer.flushall()``, which writes the known-new mark: the store starts empty and
+unmarked, as a user's fresh ``redis-server`` does, and the gate treats it so).
+
 A publisher thread sends every kind of task at a moderate rate and records what it sent
-and what it was told (deduplicated into which id, or the publish failed). Meanwhile the
+and what it was told (deduplicated into which id, or the publish failed). A second one
+sends plain ``busy`` tasks in surges that take every pool process for seconds at a
+time, so that guarded requests meet saturated pools, as on a real worker. Meanwhile the
 nemesis draws a fault every few seconds from ``random.Random(seed)``: SIGKILL a pool
 child, SIGKILL a worker (restarted after a moment), SIGSTOP the store or the broker for a
 while (sometimes longer than ``lease_ttl``), SIGKILL and restart the store or the broker,
@@ -78,7 +85,7 @@ from tests.support.workers import BeatProcess, WorkerProcess
 APP = "tests.apps.soak"
 SKIPPED = "soak:skipped"  # tests.apps.soak.SKIPPED, without importing the app here
 #: What the publisher sends (each a task of tests.apps.soak); ``--only`` picks some.
-PUBLISH_KINDS = ("ex_skip", "ex_wait", "capped", "uq", "guarded", "rated")
+PUBLISH_KINDS = ("ex_skip", "ex_wait", "capped", "uq", "guarded", "rated", "busy")
 #: Seconds between two looks at the workers (alive? which pool pids?).
 WATCH_INTERVAL = 0.2
 
@@ -97,6 +104,17 @@ class SoakConfig:
     gap: tuple[float, float] = (2.0, 5.0)
     #: Seconds between two publishes (uniform).
     publish_gap: tuple[float, float] = (0.2, 0.45)
+    #: Plain ``busy`` tasks: how long each sleeps (uniform, seconds), and their surges:
+    #: for ``busy_surge`` seconds one every ``busy_surge_gap`` (with the other kinds, more
+    #: work than both pools can take: every process busy, guarded requests wait), then
+    #: for ``busy_calm`` seconds one every ``busy_calm_gap`` (the backlog drains). Surges
+    #: rather than a steady stream at the pools' capacity, whose backlog would only grow
+    #: while faults take workers away.
+    busy_sleep: tuple[float, float] = (0.2, 2.0)
+    busy_surge: tuple[float, float] = (3.0, 8.0)
+    busy_surge_gap: tuple[float, float] = (0.1, 0.35)
+    busy_calm: tuple[float, float] = (5.0, 12.0)
+    busy_calm_gap: tuple[float, float] = (1.5, 3.0)
     lease_ttl: float = 6.0
     log_dir: Path | None = None
     #: Also export the store's URL as ``$BATON_URL``: a part that ignores
@@ -126,11 +144,12 @@ class Machine:
     def __init__(self, index: int, root: Path, env: dict[str, str], concurrency: int) -> None:
         self.index = index
         self.root = root / f"machine{index}"
-        for sub in ("tmp", "run", "cwd", "logs"):
+        for sub in ("home", "tmp", "run", "cwd", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").chmod(0o700)
         self.env = {
             **env,
+            "HOME": str(self.root / "home"),
             "TMPDIR": str(self.root / "tmp"),
             "XDG_RUNTIME_DIR": str(self.root / "run"),
             "PYTHONUNBUFFERED": "1",
@@ -201,6 +220,7 @@ class Nemesis:
         self.config = config
         self.rng = random.Random(config.seed)
         self.publish_rng = random.Random(config.seed * 7919 + 1)
+        self.busy_rng = random.Random(config.seed * 7919 + 2)
         self.root = config.log_dir or Path(tempfile.mkdtemp(prefix=f"baton-soak-{config.seed}-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = StoreServer(name="soak-store")
@@ -309,13 +329,21 @@ class Nemesis:
         self._setup()
         watcher = threading.Thread(target=self._watch_loop, name="soak-watcher", daemon=True)
         watcher.start()
-        publisher = threading.Thread(target=self._publish_loop, name="soak-publisher", daemon=True)
-        publisher.start()
+        publishers = [
+            threading.Thread(target=self._publish_loop, name="soak-publisher", daemon=True)
+        ]
+        if not self.config.only or "busy" in self.config.only:
+            publishers.append(
+                threading.Thread(target=self._busy_loop, name="soak-busy", daemon=True)
+            )
+        for publisher in publishers:
+            publisher.start()
         try:
             self._fault_loop()
         finally:
             self._stop_publishing.set()
-            publisher.join(timeout=30)
+            for publisher in publishers:
+                publisher.join(timeout=30)
             self._heal()
         try:
             self._drain()
@@ -500,8 +528,10 @@ class Nemesis:
 
     def _publish_loop(self) -> None:
         rng = self.publish_rng
-        weighted = dict(zip(PUBLISH_KINDS, (2, 2, 2, 2, 1.5, 1), strict=True))
-        kinds = [k for k in PUBLISH_KINDS if not self.config.only or k in self.config.only]
+        weighted = {"ex_skip": 2, "ex_wait": 2, "capped": 2, "uq": 2, "guarded": 1.5, "rated": 1.5}
+        kinds = [k for k in weighted if not self.config.only or k in self.config.only]
+        if not kinds:
+            return  # --only busy
         weights = [weighted[k] for k in kinds]
         n = 0
         while not self._stop_publishing.wait(rng.uniform(*self.config.publish_gap)):
@@ -529,9 +559,25 @@ class Nemesis:
                     with self._lock:
                         self.guarded_ids.append((task_id, sleep, stamp))
             else:
-                for _ in range(rng.randint(1, 6)):
+                # Groups of up to 8 (admitted over up to 1.5 s at 4/s, burst 2): a group
+                # that meets a saturated pool shows whether the limit holds at the start.
+                for _ in range(rng.randint(1, 8)):
                     n += 1
                     self._send(kind, (n,))
+
+    def _busy_loop(self) -> None:
+        """Plain ``busy`` tasks in surges and calms (``SoakConfig.busy_*``)."""
+        rng, config = self.busy_rng, self.config
+        surge = True
+        while not self._stop_publishing.is_set():
+            length = config.busy_surge if surge else config.busy_calm
+            until = time.monotonic() + rng.uniform(*length)
+            gap = config.busy_surge_gap if surge else config.busy_calm_gap
+            while time.monotonic() < until:
+                if self._stop_publishing.wait(rng.uniform(*gap)):
+                    return
+                self._send("busy", (round(rng.uniform(*config.busy_sleep), 2),))
+            surge = not surge
 
     def _send(
         self,
@@ -750,6 +796,7 @@ class Nemesis:
                 burst=self.module.BURST,
                 # visibility_timeout, then a restore each second under a 5 s mutex.
                 redelivery=self.module.VISIBILITY + 10.0,
+                pool_size=self.config.machines * self.config.concurrency,
             ),
         )
 

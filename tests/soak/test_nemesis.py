@@ -4,7 +4,10 @@
 failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s).
 Every fault of the long form is injected (the broker's SIGKILL restart too) and no
 finding is tolerated: the checker's known windows (docs/soak.md) are the only runs it
-excuses, each with its recorded reason. A worker that dies by itself is recorded as a
+excuses, each with its recorded reason. The workload is the deployment's, not a tidy
+one (issue 24): prefetch as Celery ships it, plain ``busy`` tasks in surges that take
+every pool process, a store never declared new; the rate is judged at the runs' starts.
+A worker that dies by itself is recorded as a
 ``worker_crash`` fault, restarted, and its runs judged as a killed worker's; the summary
 counts such crashes: not a verdict on the guarantees, but each one is a bug to find
 (docs/soak.md).
