@@ -199,3 +199,10 @@ def test_a_declared_infinite_wait_timeout_is_refused(app: Celery) -> None:
             shared=False,
         )
         def import_feed(url: str) -> None: ...
+
+
+def test_every_documented_error_is_importable_from_the_package() -> None:
+    import celery_baton
+
+    for name in ("CostError", "LimitTimeout", "TaskSuperseded", "TaskSkipped"):
+        assert issubclass(getattr(celery_baton, name), celery_baton.BatonError), name
