@@ -206,3 +206,11 @@ def test_every_documented_error_is_importable_from_the_package() -> None:
 
     for name in ("CostError", "LimitTimeout", "TaskSuperseded", "TaskSkipped"):
         assert issubclass(getattr(celery_baton, name), celery_baton.BatonError), name
+
+
+def test_every_misspelt_per_call_option_is_reported_at_once(feed: Any) -> None:
+    import_feed, _ = feed
+    with pytest.raises(ConfigError) as error:
+        import_feed.apply_async(("x",), baton={"exclusiv": "k", "conflit": "wait"})
+    message = str(error.value)
+    assert "did you mean `exclusive`" in message and "did you mean `conflict`" in message

@@ -93,11 +93,10 @@ def parse(task: str, value: object) -> CallOptions:
     subject = f"{task} baton="
     if not isinstance(value, Mapping):
         raise ConfigError(f"expected a dict of options, got {value!r}", subject=subject)
-    for name in value:
-        if name not in NAMES:
-            raise ConfigError(
-                f"unknown per-call option {name!r}{suggest(str(name), NAMES)}", subject=subject
-            )
+    unknown = [f"{name!r}{suggest(str(name), NAMES)}" for name in value if name not in NAMES]
+    if unknown:  # every typo at once
+        plural = "s" if len(unknown) > 1 else ""
+        raise ConfigError(f"unknown per-call option{plural} {'; '.join(unknown)}", subject=subject)
 
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         option = value.get(name)
