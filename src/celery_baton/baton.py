@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,15 +46,39 @@ CELERY_NAMES = frozenset(
 )  # fmt: skip
 
 
+#: Other extensions' task classes, by module: their attributes are their options
+#: (celery-singleton's ``unique_on``, celery-once's ``once``), never a typo of ours, even
+#: on a task that does not name that class as its base (``app.Task`` may be set to it).
+#: Read only when the user's code imported that module.
+EXTENSION_TASKS = {"celery_singleton": "Singleton", "celery_once": "QueueOnce"}
+
+
+def others_names(options: dict[str, Any], app_task: Any) -> frozenset[str]:
+    """The names a task declaration may use that are not ours: Celery's, the attributes
+    of the task's base class (``base=`` or the app's Task class, where another extension
+    declares its options) and those of the installed extensions' task classes."""
+    names = set(CELERY_NAMES)
+    bases = [options.get("base"), app_task]
+    for module, attr in EXTENSION_TASKS.items():
+        if module in sys.modules:
+            bases.append(getattr(sys.modules[module], attr, None))
+    for base in bases:
+        if isinstance(base, type):
+            names.update(n for n in dir(base) if not n.startswith("_"))
+    return frozenset(names)
+
+
 def _name_of(fun: Callable[..., Any], options: dict[str, Any]) -> str:
     return str(options.get("name") or f"{fun.__module__}.{fun.__qualname__}")
 
 
-def _checked_later(decorate: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+def _checked_later(
+    decorate: Callable[..., Any], options: dict[str, Any], others: frozenset[str]
+) -> Callable[..., Any]:
     """``@app.task(exclusiv=...)``: the function is known only when the decorator runs."""
 
     def decorator(fun: Callable[..., Any]) -> Any:
-        check_option_names(_name_of(fun, options), options, CELERY_NAMES)
+        check_option_names(_name_of(fun, options), options, others)
         return decorate(fun)
 
     return decorator
@@ -161,16 +186,17 @@ class Baton:
 
         @functools.wraps(task_decorator)
         def task(*args: Any, **options: Any) -> Any:
+            others = others_names(options, self.app.Task) if options else CELERY_NAMES
             if len(args) == 1 and callable(args[0]):
-                check_option_names(_name_of(args[0], options), options, CELERY_NAMES)
+                check_option_names(_name_of(args[0], options), options, others)
             if not declares_options(options):
                 if options and not (len(args) == 1 and callable(args[0])):
-                    return _checked_later(task_decorator(*args, **options), options)
+                    return _checked_later(task_decorator(*args, **options), options, others)
                 return task_decorator(*args, **options)
 
             def validate(fun: Callable[..., Any]) -> None:
                 name = _name_of(fun, options)
-                check_option_names(name, options, CELERY_NAMES)
+                check_option_names(name, options, others)
                 # Named limits are checked now when the app's conf already has them.
                 conf = self.app.conf
                 known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))

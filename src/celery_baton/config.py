@@ -101,15 +101,18 @@ def suggest(word: str, known: Iterable[str]) -> str:
 def check_setting_names(conf: Mapping[str, Any]) -> None:
     """An unknown ``baton_*`` key is a typo (``baton_uri``): refuse it, never ignore it."""
     known = {f.name for f in fields(Settings) if f.metadata.get("setting", True)}
+    unknown = []
     for key in list(conf.keys()):
         if not isinstance(key, str) or not key.lower().startswith("baton_"):
             continue
         name = key[len("baton_") :].lower()
         if name not in known:
-            raise ConfigError(
-                "unknown celery-baton setting" + suggest(f"baton_{name}", _setting_keys(known)),
-                subject=key,
-            )
+            unknown.append(f"`{key}`" + suggest(f"baton_{name}", _setting_keys(known)))
+    if unknown:  # every typo at once: fixing them one run at a time wastes an afternoon
+        raise ConfigError(
+            f"unknown celery-baton setting{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+            subject=unknown[0].split("`")[1] if len(unknown) == 1 else "settings",
+        )
 
 
 def _setting_keys(known: Iterable[str]) -> list[str]:
@@ -126,6 +129,8 @@ def check_url(url: str) -> None:
             f"of {', '.join(s + '://' for s in URL_SCHEMES)}",
             subject="baton_url",
         )
+    if parts.scheme != "unix":
+        _check_ports(parts.netloc.rsplit("@", 1)[-1], shown)
     if parts.scheme in ("redis", "rediss", "unix"):
         db = parse_qs(parts.query).get("db", [""])[0]
         if parts.scheme != "unix" and parts.path.strip("/"):
@@ -133,6 +138,18 @@ def check_url(url: str) -> None:
         if db and not (db.isdigit() and int(db) < 1_000_000):
             raise ConfigError(
                 f"{shown!r}: the database must be a number, got {db!r}", subject="baton_url"
+            )
+
+
+def _check_ports(hosts: str, shown: str) -> None:
+    """Every ``host:port`` of a URL's host list (Sentinel and cluster URLs name several)
+    has a port that is a number: redis-py raises a bare ValueError deep in a publish."""
+    for host in hosts.split(","):
+        port = host.rsplit("]", 1)[-1].rpartition(":")[2] if ":" in host.rsplit("]", 1)[-1] else ""
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(
+                f"{shown!r}: the port must be a number from 1 to 65535, got {port!r}",
+                subject="baton_url",
             )
 
 

@@ -104,8 +104,7 @@ class _Claim:
             self.parts.unique.release_later(self.key, self.task_id, self.ttl)
 
 
-#: The keyword of apply_async/send_task/signature options that carries per-call options.
-CALL_OPTION = "baton"
+CALL_OPTION = call_options.CALL_OPTION
 
 _claims = threading.local()  # .by_id: claims of publishes in progress on this thread
 
@@ -125,6 +124,9 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
             # Validated here, before anything is sent; carried in a header, never in
             # the task's kwargs; overriding the task's options for this call only.
             call = call_options.parse(name, per_call)
+            task = parts.app.tasks.get(name)
+            if task is not None:  # a task of another app's code: its arguments are unknown
+                call_options.check_arguments(name, per_call, task.run)
             call_options.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, parts.settings)
             options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}

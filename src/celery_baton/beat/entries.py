@@ -26,10 +26,44 @@ from typing import Any
 from celery.beat import ScheduleEntry
 
 from celery_baton.beat.slots import Policy, SlotRule, fingerprint, rule_for, zone
-from celery_baton.config import Settings
-from celery_baton.errors import BeatEntryError
+from celery_baton.config import Settings, suggest
+from celery_baton.core import call_options
+from celery_baton.errors import BatonError, BeatEntryError
 
 OPTION_PREFIX = "baton_"
+#: The ``baton_*`` options an entry may have (see above); ``baton`` is a call's options.
+ENTRY_OPTIONS = (
+    "baton_misfire",
+    "baton_misfire_grace",
+    "baton_misfire_max",
+    "baton_overlap",
+    "baton_timezone",
+)
+
+
+def check_entry_options(name: str, task: str, options: Mapping[str, Any]) -> None:
+    """A ``baton_*`` option we do not have (``baton_misfir``), or one of ours without its
+    prefix (``misfire``), is a typo that would leave the entry on the default policy:
+    refuse it, every one at once, as task options are refused. The per-call options of
+    ``baton={...}`` are checked as a publish checks them."""
+    bare = [option[len(OPTION_PREFIX) :] for option in ENTRY_OPTIONS]
+    typos = []
+    for option in options:
+        if not isinstance(option, str) or option in ENTRY_OPTIONS:
+            continue
+        if option.startswith(OPTION_PREFIX):
+            typos.append(f"`{option}`{suggest(option, ENTRY_OPTIONS)}")
+        elif option in bare or suggest(option, bare):
+            close = option if option in bare else suggest(option, bare).split("`")[1]
+            typos.append(f"`{option}` (did you mean `{OPTION_PREFIX}{close}`?)")
+    if typos:
+        plural = "s" if len(typos) > 1 else ""
+        raise BeatEntryError(f"unknown option{plural} {'; '.join(typos)}", entry=name)
+    if options.get(call_options.CALL_OPTION) is not None:
+        try:
+            call_options.parse(task, options[call_options.CALL_OPTION])
+        except BatonError as exc:
+            raise BeatEntryError(str(exc), entry=name) from exc
 
 
 @dataclass(frozen=True)
@@ -72,6 +106,7 @@ def compile_entry(
     """Validate ``entry``; raise :class:`BeatEntryError` naming it if it cannot run."""
     name = str(entry.name)
     options = entry.options or {}
+    check_entry_options(name, str(entry.task or ""), options)
     try:
         tz_opt = options.get("baton_timezone")
         rule = rule_for(entry.schedule, tz=zone(str(tz_opt)) if tz_opt else None)

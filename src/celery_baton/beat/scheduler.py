@@ -52,7 +52,7 @@ from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
 from celery_baton.core.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
-from celery_baton.errors import BatonError
+from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
 
@@ -112,7 +112,11 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         self.parts = parts_for(app)
-        self.settings: Settings = self.parts.settings
+        try:
+            self.settings: Settings = self.parts.settings
+        except ConfigError as exc:
+            # One line naming the setting, not a traceback through Celery's beat.
+            raise SystemExit(f"celery_baton.errors.{type(exc).__name__}: {exc}") from None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._store = store

@@ -22,14 +22,18 @@ the worker from the header.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from celery_baton.config import suggest
-from celery_baton.core.keys import _canonical_json
+from celery_baton.core.keys import KeySpec, _canonical_json
 from celery_baton.errors import ConfigError
 
+#: The keyword of apply_async/send_task/signature options (and of a beat entry's
+#: ``options``) that carries per-call options.
+CALL_OPTION = "baton"
 #: The message header that carries a call's options (JSON).
 HEADER = "baton_call"
 CONFLICTS = ("skip", "wait", "replace", "keep_last")
@@ -89,11 +93,10 @@ def parse(task: str, value: object) -> CallOptions:
     subject = f"{task} baton="
     if not isinstance(value, Mapping):
         raise ConfigError(f"expected a dict of options, got {value!r}", subject=subject)
-    for name in value:
-        if name not in NAMES:
-            raise ConfigError(
-                f"unknown per-call option {name!r}{suggest(str(name), NAMES)}", subject=subject
-            )
+    unknown = [f"{name!r}{suggest(str(name), NAMES)}" for name in value if name not in NAMES]
+    if unknown:  # every typo at once
+        plural = "s" if len(unknown) > 1 else ""
+        raise ConfigError(f"unknown per-call option{plural} {'; '.join(unknown)}", subject=subject)
 
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         option = value.get(name)
@@ -108,18 +111,26 @@ def parse(task: str, value: object) -> CallOptions:
         option = value.get(name)
         if option is None:
             return None
-        if isinstance(option, bool) or not isinstance(option, int | float) or not option > 0:
-            raise ConfigError(f"{name} must be seconds > 0, got {option!r}", subject=subject)
+        if (
+            isinstance(option, bool)
+            or not isinstance(option, int | float)
+            or not option > 0
+            or math.isinf(option)  # "wait forever" is no wait_timeout at all: leave it out
+        ):
+            raise ConfigError(
+                f"{name} must be seconds > 0 and finite, got {option!r}",
+                subject=subject,
+            )
         return float(option)
 
     def key(name: str) -> str | None:
         option = value.get(name)
         return None if option is None else key_material(option, subject=f"{subject}{name}")
 
-    if value.get("conflict") == "replace" and value.get("wait_timeout") is not None:
+    if value.get("conflict") in ("replace", "skip") and value.get("wait_timeout") is not None:
         raise ConfigError(
-            'wait_timeout does nothing with conflict="replace" (the old run is stopped); '
-            'use "wait" or "keep_last" for a bounded wait',
+            f'wait_timeout does nothing with conflict="{value.get("conflict")}" (nothing '
+            'waits); use "wait" or "keep_last" for a bounded wait',
             subject=subject,
         )
     return CallOptions(
@@ -133,6 +144,15 @@ def parse(task: str, value: object) -> CallOptions:
     )
 
 
+def check_arguments(task: str, value: Mapping[str, Any], fun: Callable[..., Any]) -> None:
+    """A per-call key given as a mapping names arguments of the task, as a declared key
+    does: one that the task does not take (``{"urll": ...}``) is refused as there."""
+    for name in ("exclusive", "unique"):
+        option = value.get(name)
+        if isinstance(option, Mapping) and option:
+            KeySpec.build(list(option), fun, subject=f"{task} baton={name}")
+
+
 def check_against(task: str, options: CallOptions, declared: Any) -> None:
     """Refuse per-call options that qualify what the task does not have (a ``conflict``
     for a task that is not exclusive and names no per-call key): they would do nothing.
@@ -140,6 +160,13 @@ def check_against(task: str, options: CallOptions, declared: Any) -> None:
     subject = f"{task} baton="
     exclusive = options.exclusive is not None or getattr(declared, "exclusive", None)
     unique = options.unique is not None or getattr(declared, "unique", None)
+    conflict = options.conflict or getattr(declared, "exclusive_conflict", None) or "skip"
+    if options.wait_timeout is not None and conflict in ("skip", "replace"):
+        raise ConfigError(
+            f'wait_timeout does nothing with exclusive_conflict="{conflict}" (nothing '
+            'waits); add conflict="wait" (or "keep_last") to this call',
+            subject=subject,
+        )
     for name, needs, present in (
         ("conflict", "exclusive", exclusive),
         ("wait_timeout", "exclusive", exclusive),

@@ -7,6 +7,7 @@ class), validates them, and turns one call into the gate's conditions.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -450,21 +451,26 @@ NEEDS = {
 
 def check_option_names(name: str, options: Mapping[str, Any], others: Iterable[str]) -> None:
     """A task option that is not ours but close to one of ours is a typo
-    (``exclusiv="feed_url"``): refuse it with a suggestion. ``others``: names that are
-    somebody else's (Celery's own task attributes and publish options)."""
+    (``exclusiv="feed_url"``): refuse it with a suggestion, every such option at once.
+    ``others``: names that are somebody else's (Celery's own task attributes and publish
+    options, the task's base class's attributes, other extensions' options)."""
     others = set(others)
+    typos = []
     for option in options:
-        if option == "fair":  # fair=True says fair, but not by what
-            raise ConfigError(
-                "unknown task option `fair`: name the key that shares the limit fairly, "
-                "e.g. fair_key='tenant' (did you mean `fair_key`?)",
-                subject=name,
-            )
         if option in TASK_OPTIONS or option in others:
+            continue
+        if option == "fair":  # fair=True says fair, but not by what
+            typos.append(
+                "`fair`: name the key that shares the limit fairly, e.g. fair_key='tenant' "
+                "(did you mean `fair_key`?)"
+            )
             continue
         hint = suggest(option, TASK_OPTIONS)
         if hint:
-            raise ConfigError(f"unknown task option `{option}`{hint}", subject=name)
+            typos.append(f"`{option}`{hint}")
+    if typos:
+        plural = "s" if len(typos) > 1 else ""
+        raise ConfigError(f"unknown task option{plural} {'; '.join(typos)}", subject=name)
 
 
 def compile_policy(
@@ -501,9 +507,15 @@ def compile_policy(
         value = options(option)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not value > 0
+            or math.isinf(value)  # forever is leaving the option out, or a bug
+        ):
             raise ConfigError(
-                f"must be a number of seconds > 0, got {value!r}", subject=f"{name}.{option}"
+                f"must be a number of seconds > 0 and finite, got {value!r}",
+                subject=f"{name}.{option}",
             )
         return float(value)
 
@@ -545,11 +557,14 @@ def compile_policy(
     shared = _shared_limits(name, options, settings)
     flow = debounce.compile_flow(name, options, spec)
 
-    if options("exclusive_conflict") == "replace" and options("exclusive_wait_timeout"):
+    if options("exclusive_wait_timeout") is not None and (
+        options("exclusive_conflict") or "skip"
+    ) in ("replace", "skip"):
+        # "skip" drops a duplicate at once, "replace" stops the old run: nothing waits.
         raise ConfigError(
-            'exclusive_wait_timeout does nothing with exclusive_conflict="replace" (the new '
-            'run never gives up: the old one is stopped); use "wait" or "keep_last" for a '
-            "bounded wait",
+            "exclusive_wait_timeout does nothing with exclusive_conflict="
+            f'"{options("exclusive_conflict") or "skip"}" (nothing waits); use "wait" or '
+            '"keep_last" for a bounded wait',
             subject=name,
         )
     conflict = options("exclusive_conflict")

@@ -575,7 +575,13 @@ def _holders(owners: list[str], live_workers: set[str]) -> str:
 
 @baton.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8765, show_default=True, help="0: any free port.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="0: any free port.",
+)
 @click.option(
     "--token",
     envvar="BATON_WEB_TOKEN",

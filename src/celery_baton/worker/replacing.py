@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import states
+
 from celery_baton.core.gate import Condition
 from celery_baton.core.policy import ORDER_HEADER, RunPlan
+from celery_baton.errors import TaskSuperseded
 from celery_baton.worker.verdict import REVOKE_AGAIN
 
 logger = logging.getLogger("celery_baton.worker")
@@ -42,6 +45,42 @@ def keep_order(request: Any, plan: RunPlan, order: int) -> None:
     ]
 
 
+def record_superseded(request: Any, holder: str) -> None:
+    """The run about to be stopped resolves to ``TaskSuperseded`` naming ``request``:
+    written BEFORE the revoke, so that it is the first ready state a waiting caller
+    sees, and Celery's own ``TaskRevokedError`` is never written over it (a worker's
+    revoke leaves a ready state alone; the holder's worker keeps it: ``keeps_superseded``).
+    A run that already has a result (it just ended) keeps it."""
+    task = request.task
+    if task.ignore_result:
+        return
+    try:
+        if task.backend.get_state(holder) in states.READY_STATES:
+            return
+        task.backend.store_result(
+            holder,
+            TaskSuperseded(
+                f"{request.name}[{holder}] was replaced by a newer publish, task "
+                f"{request.id}; it was terminated",
+                request.id,
+            ),
+            states.REVOKED,
+        )
+    except Exception:  # the result backend is optional; the revoke goes out regardless
+        logger.exception("baton: could not record %s as superseded", holder)
+
+
+def keeps_superseded(request: Any) -> bool:
+    """Whether the revoked ``request`` already resolved to ``TaskSuperseded`` (its
+    replacing worker wrote it): then Celery must not overwrite it with its own
+    ``TaskRevokedError``. A read on a rare path (a run revoked while admitted)."""
+    try:
+        meta = request.task.backend.get_task_meta(request.id)
+    except Exception:
+        return False
+    return meta.get("status") == states.REVOKED and isinstance(meta.get("result"), TaskSuperseded)
+
+
 class Replacing:
     """Sends the terminate requests of ``"replace"`` deliveries, at most one per holder
     every ``REVOKE_AGAIN`` seconds (the holder's release wakes the waiting delivery; a
@@ -64,6 +103,7 @@ class Replacing:
             holder,
             label,
         )
+        record_superseded(request, holder)
         try:
             # A broadcast: it reaches the holder's worker wherever it runs (this one too),
             # and marks the id revoked everywhere, so a redelivered copy is discarded.

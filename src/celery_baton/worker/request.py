@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
+from celery_baton.worker.replacing import keeps_superseded
 
 if TYPE_CHECKING:
     from celery_baton.core.policy import RunPlan, TaskPolicy
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 RUN_ATTR = "_baton_run"
 POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaphore)
 COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
+SUPERSEDED_ATTR = "_baton_superseded"  # its result is TaskSuperseded: Celery keeps it
 ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends after all
 
 
@@ -215,9 +217,19 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
+    @property
+    def store_errors(self) -> bool:
+        if self.__dict__.get(SUPERSEDED_ATTR):
+            return False  # its result is TaskSuperseded already (_announce_revoked)
+        return bool(super().store_errors)  # type: ignore[misc]
+
     def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
         # (reason, terminated, signum, expired)
         terminated = bool(args[1] if len(args) > 1 else kwargs.get("terminated"))
+        # A replaced run: its replacing worker recorded TaskSuperseded naming the new
+        # task; Celery would write its own TaskRevokedError over it.
+        if super().store_errors and keeps_superseded(self):  # type: ignore[misc]
+            self.__dict__[SUPERSEDED_ATTR] = True
         try:
             return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:

@@ -23,7 +23,7 @@ from celery_baton import metrics
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.notices import NoticeListener, WorkerReports
-from celery_baton.errors import BatonError
+from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.pool import stand_ins
@@ -60,7 +60,12 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
     def create(self, parent: Any) -> BatonWorker:
         parts = _parts(parent)
         assert parts is not None  # include_if
-        return BatonWorker(parts, parent)
+        try:
+            return BatonWorker(parts, parent)
+        except ConfigError as exc:
+            # A bad setting or task option stops the worker with one line naming it, not a
+            # traceback through Celery's bootsteps that ends in that line.
+            raise SystemExit(f"celery_baton.errors.{type(exc).__name__}: {exc}") from None
 
     # Celery calls these with the consumer; the parts need it (its loop is new after a
     # lost broker connection).
