@@ -255,3 +255,38 @@ def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:
     assert done.returncode != 0 and "no embedded store runs" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not started, "status started an embedded server"
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_holder_is_stale_within_seconds_even_with_a_long_lease_ttl(
+    workers: Workers, observer: Observer
+) -> None:
+    """An operator must tell a dead holder from a live one before reaching for --force:
+    the lease lives on for its lease_ttl (60 s here), but it is marked STALE, and the
+    dead worker leaves `status`, within seconds of a SIGKILL (issue 28 §1)."""
+    from tests.apps.exclusive import ex_skip
+
+    env = {"BATON_TEST_APP_LEASE_TTL": "60", "BATON_TEST_LEASE_TTL": "60"}
+    # The test's store started less than 60 s ago: no grace, no worker ran before it.
+    assert baton(workers, "end-grace").returncode == 0
+    worker = workers.start(APP, concurrency=1, env=env)
+    ex_skip.delay("stale-60", 120.0)
+    observer.starts_of("stale-60")
+    [live] = as_json(workers, "locks")
+    assert live["stale"] is False and live["ttl_left"] > 30, live
+    assert [w["hostname"] for w in as_json(workers, "status")["workers"]] == [worker.hostname]
+    worker.kill()
+    killed = time.monotonic()
+    wait_until(
+        lambda: as_json(workers, "locks")[0]["stale"] is True,
+        timeout=10,
+        what="the lease of a SIGKILLed worker marked stale within 10 s",
+    )
+    wait_until(
+        lambda: as_json(workers, "status")["workers"] == [],
+        timeout=max(1.0, 10 - (time.monotonic() - killed)),
+        what="the SIGKILLed worker gone from status within 10 s",
+    )
+    [lock] = as_json(workers, "locks")
+    assert lock["ttl_left"] > 20, lock  # the lease itself still lives: only seen as dead
+    assert as_json(workers, "status")["stale_leases"] == 1

@@ -17,6 +17,7 @@ freeing B's lock; C takes it and now B and C run together. Here:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -130,11 +131,17 @@ class LeaseBook:
         interval: float,
         on_lost: Callable[[str, str], None] | None = None,
         on_tick: Callable[[], None] | None = None,
+        heartbeat: float | None = None,
+        on_heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.gate = gate
         self.interval = interval
         self.on_lost = on_lost
         self.on_tick = on_tick  # e.g. the worker's status report, on the same schedule
+        # A sign of life more often than renewals (a long lease_ttl renews seldom): the
+        # operator sees a dead holder within seconds, not within its lease_ttl.
+        self.heartbeat = heartbeat if on_heartbeat is not None else None
+        self.on_heartbeat = on_heartbeat
         self._held: dict[str, list[HeldLease]] = {}
         self._claims: dict[str, HeldClaim] = {}  # owner -> its run's unique claim
         self._pending_releases: list[Callable[[], object]] = []
@@ -252,8 +259,21 @@ class LeaseBook:
             )
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        due = time.monotonic() + self.interval
+        while True:
+            wait = due - time.monotonic()
+            if self.heartbeat is not None:
+                wait = min(wait, self.heartbeat)
+            if self._stop.wait(max(0.0, wait)):
+                return
             try:
+                if time.monotonic() < due:
+                    if self.on_heartbeat is not None:
+                        # The store down: the next renewal says so, once per interval.
+                        with contextlib.suppress(BatonError):
+                            self.on_heartbeat()
+                    continue
+                due = time.monotonic() + self.interval
                 self.renew_now()
                 if self.on_tick is not None:
                     self.on_tick()
