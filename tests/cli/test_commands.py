@@ -290,3 +290,30 @@ def test_a_killed_holder_is_stale_within_seconds_even_with_a_long_lease_ttl(
     [lock] = as_json(workers, "locks")
     assert lock["ttl_left"] > 20, lock  # the lease itself still lives: only seen as dead
     assert as_json(workers, "status")["stale_leases"] == 1
+
+
+def test_locks_and_unlock_say_the_key_in_words(workers: Workers, observer: Observer) -> None:
+    """A stored key is a digest; beside it the operator reads the arguments it was built
+    from, bounded in length (issue 28 §2)."""
+    from tests.apps.exclusive import ex_skip
+
+    worker = workers.start(APP, concurrency=1)
+    long_value = "https://feeds.example.org/" + "x" * 500
+    ex_skip.delay(long_value, 40.0)
+    observer.starts_of(long_value)
+
+    def labelled() -> Any:
+        rows = as_json(workers, "locks")
+        return rows if rows and rows[0].get("label") else None
+
+    wait_until(labelled, timeout=10, what="the lease's key in words")
+    [row] = as_json(workers, "locks")
+    assert row["label"].startswith("ex_skip(key='https://feeds.example.org/xxx"), row
+    assert row["label"].endswith("…')") and len(row["label"]) < 200, row
+    text = baton(workers, "locks").stdout
+    assert row["key"] in text.splitlines() and row["label"] in text, text
+    refused = baton(workers, "unlock", row["key"])
+    assert refused.returncode != 0 and row["label"] in refused.stderr, refused.stderr
+    forced = baton(workers, "unlock", row["key"], "--force")
+    assert forced.returncode == 0 and row["label"] in forced.stdout, forced.stdout
+    worker.kill()

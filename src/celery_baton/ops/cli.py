@@ -289,6 +289,8 @@ def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None)
         lines = []
         for r in rows:
             lines.append(r.key)
+            if r.label:  # the key in words: which feed, which user
+                lines.append(f"    {r.label}")
             lines.append(f"    {r.kind}  task {r.task_id}  ttl {r.ttl_left:.1f}s")
             if r.worker:
                 fence = f"  fence {r.fence}" if r.fence else ""
@@ -537,18 +539,22 @@ def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> 
         if not store_inspect.exists(c.store, key):
             raise click.ClickException(f"{key}: no such lease or unique claim (see `locks`)")
         live_workers = c.live_workers()
+        words = store_inspect.label(c.store, key)
         removed, live = store_inspect.unlock(
             c.store, key, force=force, channel=c.names.notice_channel
         )
     except BatonError as exc:
         _fail(exc)
         return
+    named = f"{key} ({words})" if words else key
     if live and not force:
-        raise click.ClickException(f"{key} {_holders(live, live_workers)}. Use --force to free it.")
+        raise click.ClickException(
+            f"{named} {_holders(live, live_workers)}. Use --force to free it."
+        )
     emit(
         ctx,
-        {"key": key, "removed": removed, "was_live": live},
-        f"{key}: {removed} holder(s) removed",
+        {"key": key, "label": words, "removed": removed, "was_live": live},
+        f"{named}: {removed} holder(s) removed",
     )
 
 

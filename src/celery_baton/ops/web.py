@@ -325,6 +325,7 @@ h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.05em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.25em .6em;
 border-bottom:1px solid #ddd;vertical-align:top} th{background:#f4f4f4}
 code{font-size:12px;word-break:break-all} .muted{color:#777}
+.words{font-size:12px;color:#335}
 .stale{background:#fff1e0} .tag{font-weight:bold;color:#b35c00}
 .note{padding:.5em .8em;background:#eef6ff;border:1px solid #9cc3ee;margin:.6em 0}
 .note.error{background:#fff0f0;border-color:#e3a0a0}
@@ -462,7 +463,8 @@ def _leases(leases: list[dict[str, Any]], *, actions: bool) -> str:
         rows.append(
             f"<tr class='{'stale' if stale else 'live'}' data-key='{e(r['key'])}'>"
             + _cells(
-                f"<code>{e(r['key'])}</code>",
+                f"<code>{e(r['key'])}</code>"
+                + (f"<div class='words'>{e(r['label'])}</div>" if r.get("label") else ""),
                 e(r["kind"]),
                 f"<code>{e(r['task_id'])}</code>",
                 worker,
