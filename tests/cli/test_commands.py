@@ -317,3 +317,17 @@ def test_locks_and_unlock_say_the_key_in_words(workers: Workers, observer: Obser
     forced = baton(workers, "unlock", row["key"], "--force")
     assert forced.returncode == 0 and row["label"] in forced.stdout, forced.stdout
     worker.kill()
+
+
+def test_under_json_an_error_is_json_too(workers: Workers) -> None:
+    """A script that asked for JSON gets JSON when a command fails (issue 28 §3)."""
+    key = "baton:{tests.apps.exclusive.ex_skip}:ex:nothing"
+    for args in (("--json", "unlock", key), ("unlock", key, "--json")):
+        done = baton(workers, *args)
+        assert done.returncode == 1, done
+        error = json.loads(done.stdout)["error"]
+        assert "no such lease" in error, done.stdout
+    usage = baton(workers, "limits", "set", "nodots", "--rate", "5/s", "--json")
+    assert usage.returncode == 2, usage
+    assert "not a full task name" in json.loads(usage.stdout)["error"], usage.stdout
+    assert "Traceback" not in usage.stderr
