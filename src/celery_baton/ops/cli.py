@@ -22,6 +22,7 @@ import click
 from celery_baton.config import Settings, suggest
 from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import BatonError
+from celery_baton.ops.web import holders_in_words
 from celery_baton.parts import parts_for
 from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
@@ -389,7 +390,6 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
                     for t in tasks
                 ],
                 ["task", "rate", "conc", "override", "running"],
-                keep=(0,),
             )
             if tasks
             else "no task has a global limit"
@@ -588,34 +588,13 @@ def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> 
     named = f"{key} ({words})" if words else key
     if live and not force:
         raise click.ClickException(
-            f"{named} {_holders(live, live_workers)}. Use --force to free it."
+            f"{named} {holders_in_words(live, live_workers)}. Use --force to free it."
         )
     emit(
         ctx,
         {"key": key, "label": words, "removed": removed, "was_live": live},
         f"{named}: {removed} holder(s) removed",
     )
-
-
-def _holders(owners: list[str], live_workers: set[str]) -> str:
-    """Who holds a key, in words: a unique claim's task, a live run, or a stale lease."""
-    parts = []
-    for owner in owners:
-        task_id, _, rest = owner.partition("|")
-        worker = rest.split("|", 1)[0]
-        if not worker:
-            parts.append(f"is claimed by task {task_id} (queued or running)")
-        elif worker in live_workers:
-            parts.append(
-                f"is held by a live run (task {task_id} on {worker}); it is renewed while "
-                "that run lives"
-            )
-        else:
-            parts.append(
-                f"is held by task {task_id} on {worker}, which stopped reporting: the lease "
-                "is STALE and ends when its TTL runs out"
-            )
-    return "; ".join(parts)
 
 
 @baton.command()
