@@ -5,6 +5,7 @@ Run by workers as ``celery -A tests.apps.exclusive worker``. Reads ``TEST_BROKER
 the environment, and these knobs:
 
 * ``BATON_TEST_LEASE_TTL`` -- the ``lease_ttl`` of :func:`ex_long` (default 3 s);
+* ``BATON_TEST_APP_LEASE_TTL`` -- ``baton_lease_ttl``, every task's (default: the default);
 * ``BATON_TEST_SOCKET_TIMEOUT`` -- ``baton_socket_timeout`` (default 1 s).
 
 Every task reports its run to the :class:`~tests.support.observer.Observer` with its key
@@ -37,6 +38,8 @@ app.conf.update(
     baton_socket_timeout=float(os.environ.get("BATON_TEST_SOCKET_TIMEOUT", "1")),
     baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
     baton_metrics_port=os.environ.get("BATON_TEST_METRICS_PORT"),
+    # The app-wide lease_ttl (None: the default), for tests of a long one.
+    baton_lease_ttl=os.environ.get("BATON_TEST_APP_LEASE_TTL"),
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},

@@ -255,3 +255,79 @@ def test_status_never_starts_an_embedded_server(tmp_path: Path) -> None:
     assert done.returncode != 0 and "no embedded store runs" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not started, "status started an embedded server"
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_holder_is_stale_within_seconds_even_with_a_long_lease_ttl(
+    workers: Workers, observer: Observer
+) -> None:
+    """An operator must tell a dead holder from a live one before reaching for --force:
+    the lease lives on for its lease_ttl (60 s here), but it is marked STALE, and the
+    dead worker leaves `status`, within seconds of a SIGKILL (issue 28 §1)."""
+    from tests.apps.exclusive import ex_skip
+
+    env = {"BATON_TEST_APP_LEASE_TTL": "60", "BATON_TEST_LEASE_TTL": "60"}
+    # The test's store started less than 60 s ago: no grace, no worker ran before it.
+    assert baton(workers, "end-grace").returncode == 0
+    worker = workers.start(APP, concurrency=1, env=env)
+    ex_skip.delay("stale-60", 120.0)
+    observer.starts_of("stale-60")
+    [live] = as_json(workers, "locks")
+    assert live["stale"] is False and live["ttl_left"] > 30, live
+    assert [w["hostname"] for w in as_json(workers, "status")["workers"]] == [worker.hostname]
+    worker.kill()
+    killed = time.monotonic()
+    wait_until(
+        lambda: as_json(workers, "locks")[0]["stale"] is True,
+        timeout=10,
+        what="the lease of a SIGKILLed worker marked stale within 10 s",
+    )
+    wait_until(
+        lambda: as_json(workers, "status")["workers"] == [],
+        timeout=max(1.0, 10 - (time.monotonic() - killed)),
+        what="the SIGKILLed worker gone from status within 10 s",
+    )
+    [lock] = as_json(workers, "locks")
+    assert lock["ttl_left"] > 20, lock  # the lease itself still lives: only seen as dead
+    assert as_json(workers, "status")["stale_leases"] == 1
+
+
+def test_locks_and_unlock_say_the_key_in_words(workers: Workers, observer: Observer) -> None:
+    """A stored key is a digest; beside it the operator reads the arguments it was built
+    from, bounded in length (issue 28 §2)."""
+    from tests.apps.exclusive import ex_skip
+
+    worker = workers.start(APP, concurrency=1)
+    long_value = "https://feeds.example.org/" + "x" * 500
+    ex_skip.delay(long_value, 40.0)
+    observer.starts_of(long_value)
+
+    def labelled() -> Any:
+        rows = as_json(workers, "locks")
+        return rows if rows and rows[0].get("label") else None
+
+    wait_until(labelled, timeout=10, what="the lease's key in words")
+    [row] = as_json(workers, "locks")
+    assert row["label"].startswith("ex_skip(key='https://feeds.example.org/xxx"), row
+    assert row["label"].endswith("…')") and len(row["label"]) < 200, row
+    text = baton(workers, "locks").stdout
+    assert row["key"] in text.splitlines() and row["label"] in text, text
+    refused = baton(workers, "unlock", row["key"])
+    assert refused.returncode != 0 and row["label"] in refused.stderr, refused.stderr
+    forced = baton(workers, "unlock", row["key"], "--force")
+    assert forced.returncode == 0 and row["label"] in forced.stdout, forced.stdout
+    worker.kill()
+
+
+def test_under_json_an_error_is_json_too(workers: Workers) -> None:
+    """A script that asked for JSON gets JSON when a command fails (issue 28 §3)."""
+    key = "baton:{tests.apps.exclusive.ex_skip}:ex:nothing"
+    for args in (("--json", "unlock", key), ("unlock", key, "--json")):
+        done = baton(workers, *args)
+        assert done.returncode == 1, done
+        error = json.loads(done.stdout)["error"]
+        assert "no such lease" in error, done.stdout
+    usage = baton(workers, "limits", "set", "nodots", "--rate", "5/s", "--json")
+    assert usage.returncode == 2, usage
+    assert "not a full task name" in json.loads(usage.stdout)["error"], usage.stdout
+    assert "Traceback" not in usage.stderr

@@ -31,7 +31,9 @@ TOKEN = "s3cret-token"
 class Web:
     """A running ``celery -A app baton web`` process and a client of its HTTP side."""
 
-    def __init__(self, workers: Workers, app: str, token: str | None, log: Path) -> None:
+    def __init__(
+        self, workers: Workers, app: str, token: str | None, log: Path, refresh: float = 60
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in workers.env.items() if k != "BATON_WEB_TOKEN"}
@@ -39,7 +41,7 @@ class Web:
             env["BATON_WEB_TOKEN"] = token  # the documented way to pass it
         self.log = log
         # A slow refresh: the page must not reload under the browser's clicks.
-        command = ["-A", app, "baton", "web", "--port", str(self.port), "--refresh", "60"]
+        command = ["-A", app, "baton", "web", "--port", str(self.port), "--refresh", f"{refresh:g}"]
         with log.open("wb") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", *command],
@@ -62,6 +64,14 @@ class Web:
         with urllib.request.urlopen(self.url + path, timeout=10) as reply:
             text: str = reply.read().decode()
             return text
+
+    def fetch(self, path: str) -> tuple[int, str, str]:
+        """(status, content type, body), whatever the status."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as reply:
+                return reply.status, reply.headers["Content-Type"], reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
 
     def state(self) -> Any:
         return json.loads(self.get("/api/state"))
@@ -90,8 +100,8 @@ class Web:
 def web_server(workers: Workers, tmp_path: Path) -> Iterator[Any]:
     started: list[Web] = []
 
-    def start(app: str = APP, token: str | None = TOKEN) -> Web:
-        web = Web(workers, app, token, tmp_path / f"web-{len(started)}.log")
+    def start(app: str = APP, token: str | None = TOKEN, refresh: float = 60) -> Web:
+        web = Web(workers, app, token, tmp_path / f"web-{len(started)}.log", refresh)
         started.append(web)
         return web
 
@@ -182,14 +192,9 @@ def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     browser.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
 
-    # Not signed in: the controls are there, and every one of them is refused (403).
-    [lease_row] = row(f"tr[data-key='{key}']")
-    lease_row.find_element(By.NAME, "force").click()
-    click(f"tr[data-key='{key}']", "unlock")
-    assert browser.find_element(By.TAG_NAME, "h1").text == "403 Forbidden"
-    browser.get(web.url)
-    click("tr[data-entry='web-nightly']", "pause")
-    assert browser.find_element(By.TAG_NAME, "h1").text == "403 Forbidden"
+    # Not signed in: no controls to click (issue 28 §4), and a post is refused (403).
+    assert not row("button") or [b.text for b in row("button")] == ["sign in"]
+    assert web.post("/action", {"action": "pause", "name": "web-nightly"})[0] == 403
     state = web.state()
     assert [r["key"] for r in state["leases"]] == [key]
     assert state["schedule"]["entries"][0]["paused"] is False
@@ -209,6 +214,7 @@ def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     click(f"tr[data-key='{key}']", "unlock")
     note = browser.find_element(By.ID, "note").text
     assert "force" in note and running.id in note, note
+    assert f"{running.id}|" not in note, note  # the holder in words, not the owner token
     assert row(f"tr[data-key='{key}']")
 
     [lease_row] = row(f"tr[data-key='{key}']")
@@ -318,3 +324,81 @@ def test_limits_show_their_use_now(workers: Workers, observer: Observer, web_ser
     metrics = web.get("/metrics")
     assert 'baton_store_concurrency_in_use{task="tests.apps.limits.capped"} 2' in metrics
     worker.kill()  # its runs would go on for long after the test
+
+
+@pytest.mark.timeout(180)
+def test_what_an_operator_sees_signed_out_with_a_wrong_token_and_with_the_store_down(
+    workers: Workers,
+    observer: Observer,
+    web_server: Any,
+    browser: Any,
+    store_server: Any,
+) -> None:
+    """Issue 28 §4: no buttons for a read-only visitor; a wrong token is told as such and
+    logged; the Workers row counts the worker's live leases; with the store down the
+    page stays a page, shows the outage and keeps refreshing, and /metrics reports it
+    as a value."""
+    from selenium.webdriver.common.by import By
+
+    from tests.apps.exclusive import ex_skip
+
+    # A long lease_ttl: the worker's report is rewritten seldom (every 20 s).
+    env = {"BATON_TEST_APP_LEASE_TTL": "60", "BATON_TEST_LEASE_TTL": "60"}
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "baton", "end-grace"],
+            env=_process_env(workers.env),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            timeout=60,
+        ).returncode
+        == 0
+    )
+    worker = workers.start(APP, concurrency=1, env=env)
+    ex_skip.delay("web-28", 90.0)
+    observer.starts_of("web-28")
+    web = web_server()
+    wait_until(lambda: web.state()["leases"][0]["label"], timeout=10, what="the key in words")
+    [lease] = web.state()["leases"]
+
+    browser.get(web.url)
+    assert (
+        "ex_skip(key='web-28')"
+        in browser.find_element(By.ID, "leases")
+        .find_element(By.XPATH, "following-sibling::table[1]")
+        .text
+    )  # the key in words beside the key (issue 28 §2)
+    assert browser.find_elements(By.CSS_SELECTOR, "form.inline button") == []
+    [worker_row] = browser.find_elements(
+        By.XPATH, "//h2[@id='workers']/following-sibling::table[1]//tr[td]"
+    )
+    cells = [c.text for c in worker_row.find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == worker.hostname and cells[2] == "1", cells  # the leases column
+
+    wrong = web.post("/login", {"token": "not-it"})
+    assert wrong[0] == 403 and "wrong token" in wrong[1], wrong
+    wait_until(lambda: "wrong token" in web.log.read_text(), timeout=10, what="logged")
+    refused = web.post("/api/action", {"action": "unlock", "key": lease["key"]}, token=TOKEN)
+    assert refused[0] == 409 and f"{lease['task_id']}|" not in refused[1], refused
+    assert "ex_skip(key='web-28')" in refused[1], refused
+    assert "baton_store_up 1" in web.get("/metrics")
+
+    watcher = web_server(token=None, refresh=1)
+    browser.get(watcher.url)
+    store_server.kill()
+    try:
+        status, kind, body = watcher.fetch("/")
+        assert kind.startswith("text/html") and "store unavailable" in body, (status, body)
+        assert "setInterval" in body  # it keeps refreshing
+        browser.execute_script("window.batonMarker = 1")
+        wait_until(
+            lambda: browser.execute_script("return window.batonMarker") is None,
+            timeout=15,
+            what="the page reloads itself while the store is down",
+        )
+        assert "store unavailable" in browser.find_element(By.TAG_NAME, "body").text
+        status, _, metrics = watcher.fetch("/metrics")
+        assert status == 200 and "baton_store_up 0" in metrics, (status, metrics)
+    finally:
+        store_server.start()
+    worker.kill()

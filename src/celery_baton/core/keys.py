@@ -241,6 +241,37 @@ def epoch_key(key: str) -> str:
     return f"{{{key}}}:epoch"
 
 
+#: Bounds of a key in words: each value, and the whole.
+WORDS_VALUE = 60
+WORDS_MAX = 160
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def words(lease_key: str, material: str) -> str:
+    """A key in words, from its task and the text its digest was made of:
+    ``import_feed(feed_url='https://…')``; a template's or a function's text as it is;
+    ``import_feed (the whole task)``. Bounded to :data:`WORDS_MAX` characters."""
+    task = lease_key[lease_key.find("{") + 1 : lease_key.find("}")].rsplit(".", 1)[-1]
+    if material == "":
+        return _cut(f"{task} (the whole task)", WORDS_MAX)
+    try:
+        named = json.loads(material)
+    except ValueError:
+        named = None
+    if not isinstance(named, dict):  # a template's or a key function's text
+        return _cut(f"{task}: {material}", WORDS_MAX)
+    shown = []
+    for name, value in named.items():
+        # A cut string keeps its closing quote: the operator sees where it was cut.
+        text = repr(_cut(value, WORDS_VALUE - 2)) if isinstance(value, str) else repr(value)
+        shown.append(f"{name}={_cut(text, WORDS_VALUE)}")
+    inner = _cut(", ".join(shown), WORDS_MAX - len(task) - 2)
+    return f"{task}({inner})"
+
+
 @dataclass(frozen=True)
 class KeyNames:
     """Builds store key names. Every key of one task shares the ``{task name}`` hash tag,

@@ -17,6 +17,7 @@ freeing B's lock; C takes it and now B and C run together. Here:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -25,12 +26,15 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from celery_baton import metrics
 from celery_baton.core.gate import LOST, REASSERTED, Condition, Gate, HeldClaim, HeldLease, Release
+from celery_baton.core.keys import words
 from celery_baton.errors import BatonError, LeaseNotOwned
+from celery_baton.store.connection import STORE_ERRORS
+from celery_baton.store.inspect import label_key
 
 logger = logging.getLogger("celery_baton.core.leases")
 
@@ -130,13 +134,23 @@ class LeaseBook:
         interval: float,
         on_lost: Callable[[str, str], None] | None = None,
         on_tick: Callable[[], None] | None = None,
+        heartbeat: float | None = None,
+        on_heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.gate = gate
         self.interval = interval
         self.on_lost = on_lost
         self.on_tick = on_tick  # e.g. the worker's status report, on the same schedule
+        # A sign of life more often than renewals (a long lease_ttl renews seldom): the
+        # operator sees a dead holder within seconds, not within its lease_ttl.
+        self.heartbeat = heartbeat if on_heartbeat is not None else None
+        self.on_heartbeat = on_heartbeat
         self._held: dict[str, list[HeldLease]] = {}
         self._claims: dict[str, HeldClaim] = {}  # owner -> its run's unique claim
+        # owner -> {lease key: the text its digest was made of}: written to the store
+        # as the key in words (keys.words) by this thread, off the consumer's loop.
+        self._labels: dict[str, Mapping[str, str]] = {}
+        self._unlabelled: list[str] = []  # owners whose labels are not written yet
         self._pending_releases: list[Callable[[], object]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -151,9 +165,11 @@ class LeaseBook:
         *,
         epoch: str = "",
         claim: HeldClaim | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Hold ``owner``'s ``leases`` (and its run's unique ``claim``) from now on;
-        ``epoch``: the grant's (Decision.epoch)."""
+        ``epoch``: the grant's (Decision.epoch); ``labels``: the plan's (RunPlan.labels),
+        the keys in words for the operator, written on this book's next pass."""
         if claim is not None:
             with self._lock:
                 self._claims[owner] = claim
@@ -162,11 +178,41 @@ class LeaseBook:
                 leases = [HeldLease(x.key, x.owner, x.limit, x.ttl, epoch) for x in leases]
             with self._lock:
                 self._held[owner] = leases
+                if labels:
+                    self._labels[owner] = labels
+                    self._unlabelled.append(owner)
 
     def remove(self, owner: str) -> list[HeldLease]:
         with self._lock:
             self._claims.pop(owner, None)
+            self._labels.pop(owner, None)
             return self._held.pop(owner, [])
+
+    def write_labels(self, *, every: bool = False) -> None:
+        """Write the keys in words of the leases granted since the last pass (``every``:
+        of all held leases, which keeps them as long as the leases and writes back what
+        a store lost). One pipelined SET per lease, with the lease's ttl; never on the
+        gate's path."""
+        with self._lock:
+            owners = list(self._labels) if every else self._unlabelled
+            self._unlabelled = []
+            items = [
+                (lease.key, self._labels[owner][lease.key], lease.ttl)
+                for owner in owners
+                if owner in self._labels
+                for lease in self._held.get(owner, ())
+                if lease.key in self._labels[owner]
+            ]
+        if not items:
+            return
+        store = self.gate.store
+        try:
+            pipe = store.client.pipeline(transaction=False)
+            for key, material, ttl in items:
+                pipe.set(label_key(key), words(key, material), px=max(1, round(ttl * 1000)))
+            pipe.execute()
+        except STORE_ERRORS as exc:
+            raise store.unavailable(exc) from exc
 
     def held(self) -> list[HeldLease]:
         with self._lock:
@@ -252,9 +298,24 @@ class LeaseBook:
             )
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        due = time.monotonic() + self.interval
+        while True:
+            wait = due - time.monotonic()
+            if self.heartbeat is not None:
+                wait = min(wait, self.heartbeat)
+            if self._stop.wait(max(0.0, wait)):
+                return
             try:
+                if time.monotonic() < due:
+                    # The store down: the next renewal says so, once per interval.
+                    with contextlib.suppress(BatonError):
+                        self.write_labels()
+                        if self.on_heartbeat is not None:
+                            self.on_heartbeat()
+                    continue
+                due = time.monotonic() + self.interval
                 self.renew_now()
+                self.write_labels(every=True)
                 if self.on_tick is not None:
                     self.on_tick()
             except BatonError as exc:

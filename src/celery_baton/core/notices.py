@@ -63,9 +63,20 @@ class NoticeListener(threading.Thread):
         self._stop_event.set()
 
 
+#: How often a live worker shows it lives (the lease book's thread; one PEXPIRE), and
+#: how long its report outlives the last sign. A dead holder is seen as dead (its leases
+#: STALE, itself gone from ``status``) within REPORT_TTL of its death whatever its
+#: ``lease_ttl``; a live worker's renewer stalled that long (a store slower than that, a
+#: long pause) is shown stale meanwhile, which only the operator's view reads.
+HEARTBEAT = 1.0
+REPORT_TTL = 5.0
+
+
 class WorkerReports:
-    """A worker's report in the store: ``<prefix>:worker:<hostname>``, JSON, with a ttl
-    so that a worker that died leaves the listing by itself."""
+    """A worker's report in the store: ``<prefix>:worker:<hostname>``, JSON, with a short
+    ttl kept up by :meth:`touch` every :data:`HEARTBEAT`, so that a worker that died
+    leaves the listing by itself within :data:`REPORT_TTL` (and its leases show STALE),
+    while the report itself is written again only every renewal interval."""
 
     def __init__(self, store: Store, names: KeyNames) -> None:
         self.store = store
@@ -75,6 +86,16 @@ class WorkerReports:
         try:
             self.store.client.set(
                 self.names.worker(hostname), json.dumps(report), px=max(1, round(ttl * 1000))
+            )
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
+    def touch(self, hostname: str, ttl: float = REPORT_TTL) -> bool:
+        """Extend the report's life; False when it is gone (expired while the store or
+        this worker stalled, or the store lost it): write it again then."""
+        try:
+            return bool(
+                self.store.client.pexpire(self.names.worker(hostname), max(1, round(ttl * 1000)))
             )
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc

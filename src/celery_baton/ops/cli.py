@@ -1,7 +1,7 @@
 """``celery -A proj baton status | locks | limits | schedule | unlock KEY | web``.
 
 Registered through Celery's ``celery.commands`` entry point. Every command takes
-``--json``; tables fit an 80-column terminal.
+``--json`` (its errors are JSON too); tables fit the terminal's width.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ import click
 from celery_baton.config import Settings, suggest
 from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import BatonError
+from celery_baton.ops.web import holders_in_words
 from celery_baton.parts import parts_for
 from celery_baton.store import Store
 from celery_baton.store import inspect as store_inspect
@@ -72,17 +75,31 @@ def describe_overrides(overrides: dict[str, str]) -> str:
     return ", ".join(parts)
 
 
+#: A time as the tables print it (ISO 8601, to the second or finer).
+_TIME = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d)?\S*")
+
+
 def table(
     rows: Sequence[Sequence[Any]],
     headers: Sequence[str],
-    width: int = 80,
+    width: int | None = None,
     keep: Sequence[int] = (),
 ) -> str:
-    """A plain table; the widest column is cut so the whole fits ``width``, except the
-    columns in ``keep`` (a key an operator pastes into ``unlock`` is never cut)."""
+    """A plain table; the widest column is cut so the whole fits ``width`` (the
+    terminal's, or $COLUMNS; 80 when neither is known), except the columns in ``keep``
+    (a key or a task id an operator pastes into a command) and the columns of times:
+    a cut one (``2026-11-2…``) says nothing. What is kept may make a line wider."""
+    if width is None:
+        width = shutil.get_terminal_size((80, 24)).columns
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    cuttable = [i for i in range(len(widths)) if i not in keep]
+    times = {
+        i
+        for i in range(len(headers))
+        if any(_TIME.fullmatch(r[i]) for r in cells[1:])
+        and all(_TIME.fullmatch(r[i]) or r[i] == "-" for r in cells[1:])
+    }
+    cuttable = [i for i in range(len(widths)) if i not in keep and i not in times]
     while cuttable and sum(widths) + 2 * (len(widths) - 1) > width:
         widest = max(cuttable, key=lambda i: widths[i])
         if widths[widest] <= 8:
@@ -107,7 +124,26 @@ def emit(ctx: click.Context, data: Any, text: str) -> None:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-@click.group(name="baton")
+class _Commands(click.Group):
+    """Under ``--json`` (given anywhere on the line) an error is JSON too, on stdout
+    (``{"error": "..."}``), with the same exit status: a script that asked for JSON
+    never has to parse ``Error: ...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["baton_json"] = "--json" in args
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if not ctx.meta.get("baton_json"):
+                raise
+            click.echo(json.dumps({"error": exc.format_message()}))
+            raise click.exceptions.Exit(exc.exit_code) from exc
+
+
+@click.group(name="baton", cls=_Commands)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def baton(ctx: click.Context, as_json: bool = False) -> None:
@@ -222,6 +258,7 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
             table(
                 [(w["hostname"], w["leases"], w["held"], w["admitted"]) for w in data["workers"]],
                 ["worker", "leases", "held", "admitted"],
+                keep=(0,),
             )
             if data["workers"]
             else "no live workers",
@@ -289,6 +326,8 @@ def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None)
         lines = []
         for r in rows:
             lines.append(r.key)
+            if r.label:  # the key in words: which feed, which user
+                lines.append(f"    {r.label}")
             lines.append(f"    {r.kind}  task {r.task_id}  ttl {r.ttl_left:.1f}s")
             if r.worker:
                 fence = f"  fence {r.fence}" if r.fence else ""
@@ -363,6 +402,7 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
                     for n in data["named_limits"]
                 ],
                 ["named limit", "rate", "burst", "penalty", "tasks"],
+                keep=(0,),
             )
         if reports:
             text += "\n\n" + table(
@@ -371,6 +411,7 @@ def limits(ctx: click.Context, as_json: bool = False, watch: float | None = None
                     for r in reports
                 ],
                 ["worker", "held", "admitted", "throttled"],
+                keep=(0,),
             )
         return data, text
 
@@ -508,12 +549,12 @@ def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = No
                     e.get("name"),
                     (e.get("next_slot") or "-")[:19],
                     (e.get("last_slot") or "-")[:19],
-                    (e.get("last_id") or "-")[:8],
+                    e.get("last_id") or "-",
                     flags + (" paused" if e.get("paused") else ""),
                 )
             )
         text += "\n\n" + (
-            table(rows, ["entry", "next slot (UTC)", "last slot", "task id", "policy"])
+            table(rows, ["entry", "next slot (UTC)", "last slot", "task id", "policy"], keep=(0,))
             if rows
             else "no entries"
         )
@@ -537,40 +578,23 @@ def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> 
         if not store_inspect.exists(c.store, key):
             raise click.ClickException(f"{key}: no such lease or unique claim (see `locks`)")
         live_workers = c.live_workers()
+        words = store_inspect.label(c.store, key)
         removed, live = store_inspect.unlock(
             c.store, key, force=force, channel=c.names.notice_channel
         )
     except BatonError as exc:
         _fail(exc)
         return
+    named = f"{key} ({words})" if words else key
     if live and not force:
-        raise click.ClickException(f"{key} {_holders(live, live_workers)}. Use --force to free it.")
+        raise click.ClickException(
+            f"{named} {holders_in_words(live, live_workers)}. Use --force to free it."
+        )
     emit(
         ctx,
-        {"key": key, "removed": removed, "was_live": live},
-        f"{key}: {removed} holder(s) removed",
+        {"key": key, "label": words, "removed": removed, "was_live": live},
+        f"{named}: {removed} holder(s) removed",
     )
-
-
-def _holders(owners: list[str], live_workers: set[str]) -> str:
-    """Who holds a key, in words: a unique claim's task, a live run, or a stale lease."""
-    parts = []
-    for owner in owners:
-        task_id, _, rest = owner.partition("|")
-        worker = rest.split("|", 1)[0]
-        if not worker:
-            parts.append(f"is claimed by task {task_id} (queued or running)")
-        elif worker in live_workers:
-            parts.append(
-                f"is held by a live run (task {task_id} on {worker}); it is renewed while "
-                "that run lives"
-            )
-        else:
-            parts.append(
-                f"is held by task {task_id} on {worker}, which stopped reporting: the lease "
-                "is STALE and ends when its TTL runs out"
-            )
-    return "; ".join(parts)
 
 
 @baton.command()

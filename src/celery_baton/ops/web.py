@@ -56,6 +56,8 @@ class Source(Protocol):
 
     def holders(self) -> list[store_inspect.LeaseRow]: ...
 
+    def live_workers(self) -> set[str]: ...
+
     def policies(self) -> Mapping[str, tuple[Any, TaskPolicy]]: ...
 
 
@@ -193,7 +195,10 @@ def act(source: Source, schedules: Schedules, form: Mapping[str, str]) -> str:
                 source.store, key, force=force, channel=source.names.notice_channel
             )
             if live and not force:
-                raise Refused(f"{key} is held by {', '.join(live)}: tick force to free it")
+                words = store_inspect.label(source.store, key)
+                named = f"{key} ({words})" if words else key
+                held = holders_in_words(live, source.live_workers())
+                raise Refused(f"{named} {held}: tick force to free it")
             return f"{key}: {removed} holder(s) removed"
         if action in ("pause", "resume", "trigger"):
             name = form.get("name", "")
@@ -202,6 +207,28 @@ def act(source: Source, schedules: Schedules, form: Mapping[str, str]) -> str:
     except BatonError as exc:
         raise Refused(str(exc)) from exc
     raise Refused(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
+
+
+def holders_in_words(owners: list[str], live_workers: set[str]) -> str:
+    """Who holds a key, in words (never the owner token ``task|worker|nonce``): a
+    unique claim's task, a live run, or a stale lease."""
+    parts = []
+    for owner in owners:
+        task_id, _, rest = owner.partition("|")
+        worker = rest.split("|", 1)[0]
+        if not worker:
+            parts.append(f"is claimed by task {task_id} (queued or running)")
+        elif worker in live_workers:
+            parts.append(
+                f"is held by a live run (task {task_id} on {worker}); it is renewed while "
+                "that run lives"
+            )
+        else:
+            parts.append(
+                f"is held by task {task_id} on {worker}, which stopped reporting: the lease "
+                "is STALE and ends when its TTL runs out"
+            )
+    return "; ".join(parts)
 
 
 # -- Prometheus ------------------------------------------------------------------------
@@ -218,8 +245,9 @@ _REPORT_COUNTERS = {
 }
 
 
-def metrics_text(state: Mapping[str, Any]) -> str:
-    """The store-wide view in Prometheus' text format (version 0.0.4)."""
+def metrics_text(state: Mapping[str, Any] | None) -> str:
+    """The store-wide view in Prometheus' text format (version 0.0.4); ``None``: the
+    store did not answer, which is a value (``baton_store_up 0``), not a failed scrape."""
     out: list[str] = []
 
     def family(name: str, kind: str, doc: str, samples: list[tuple[dict[str, Any], Any]]) -> None:
@@ -229,6 +257,14 @@ def metrics_text(state: Mapping[str, Any]) -> str:
             text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
             out.append(f"{name}{{{text}}} {float(value):g}" if text else f"{name} {value:g}")
 
+    family(
+        "baton_store_up",
+        "gauge",
+        "1 when the store answered this scrape, 0 when it did not",
+        [({}, 0 if state is None else 1)],
+    )
+    if state is None:
+        return "\n".join(out) + "\n"
     workers = state["workers"]
     family(
         "baton_worker_up",
@@ -325,6 +361,7 @@ h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.05em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.25em .6em;
 border-bottom:1px solid #ddd;vertical-align:top} th{background:#f4f4f4}
 code{font-size:12px;word-break:break-all} .muted{color:#777}
+.words{font-size:12px;color:#335}
 .stale{background:#fff1e0} .tag{font-weight:bold;color:#b35c00}
 .note{padding:.5em .8em;background:#eef6ff;border:1px solid #9cc3ee;margin:.6em 0}
 .note.error{background:#fff0f0;border-color:#e3a0a0}
@@ -349,10 +386,15 @@ def render_page(
     refresh: float,
     note: str = "",
     error: str = "",
+    outage: str = "",
 ) -> str:
-    """The HTML page. ``actions``: the server has a token (show the controls);
-    ``signed_in``: this browser sent it."""
+    """The HTML page. ``actions``: the server has a token; ``signed_in``: this browser
+    sent it (only then are the controls shown: a read-only visitor gets nothing to
+    click that would end in a 403). ``outage``: the store did not answer; ``state`` is
+    then the last one read (or an empty one) and the page says so, and keeps
+    refreshing until the store is back."""
     e = html.escape
+    controls = actions and signed_in
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<title>celery-baton</title>",
@@ -369,11 +411,13 @@ def render_page(
         parts.append(f"<div class='note' id='note'>{e(note)}</div>")
     if error:
         parts.append(f"<div class='note error' id='note'>{e(error)}</div>")
+    if outage:
+        parts.append(f"<div class='note error' id='outage'>{e(outage)}</div>")
     parts.append(_workers(state["workers"]))
-    parts.append(_leases(state["leases"], actions=actions))
-    parts.append(_claims(state["unique_claims"], actions=actions))
+    parts.append(_leases(state["leases"], actions=controls))
+    parts.append(_claims(state["unique_claims"], actions=controls))
     parts.append(_limits_table(state["limits"]))
-    parts.append(_schedule(state["schedule"], actions=actions))
+    parts.append(_schedule(state["schedule"], actions=controls))
     parts.append(f"<script>{_SCRIPT % int(refresh * 1000)}</script></body></html>")
     return "".join(parts)
 
@@ -421,11 +465,12 @@ def _workers(workers: list[dict[str, Any]]) -> str:
     for w in workers:
         expires = w.get("expires_in")
         rows.append(
-            "<tr>"
+            f"<tr data-worker='{html.escape(w.get('hostname', ''))}'>"
             + _cells(
                 html.escape(w.get("hostname", "")),
                 w.get("held", 0),
-                w.get("leases", 0),
+                # The store's count, now: the report's own is as old as the report.
+                w.get("leases_in_store", w.get("leases", 0)),
                 w.get("admitted", 0),
                 w.get("skipped", 0),
                 w.get("throttled", 0),
@@ -462,7 +507,8 @@ def _leases(leases: list[dict[str, Any]], *, actions: bool) -> str:
         rows.append(
             f"<tr class='{'stale' if stale else 'live'}' data-key='{e(r['key'])}'>"
             + _cells(
-                f"<code>{e(r['key'])}</code>",
+                f"<code>{e(r['key'])}</code>"
+                + (f"<div class='words'>{e(r['label'])}</div>" if r.get("label") else ""),
                 e(r["kind"]),
                 f"<code>{e(r['task_id'])}</code>",
                 worker,
@@ -609,6 +655,9 @@ class WebServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.source, self.schedules = source, schedules
         self.token, self.refresh = token or None, refresh
+        # What the store held when it last answered, and since when it does not.
+        self.last_state: dict[str, Any] | None = None
+        self.down_since: float | None = None
 
     @property
     def url(self) -> str:
@@ -616,7 +665,39 @@ class WebServer(ThreadingHTTPServer):
         return f"http://{host!s}:{port}/"
 
     def state(self) -> dict[str, Any]:
-        return collect(self.source, self.schedules)
+        try:
+            state = collect(self.source, self.schedules)
+        except BatonError:
+            if self.down_since is None:
+                self.down_since = time.time()
+                logger.warning("web: the store does not answer; the page says so")
+            raise
+        if self.down_since is not None:
+            logger.warning("web: the store answers again")
+        self.last_state, self.down_since = state, None
+        return state
+
+    def outage(self, exc: BatonError) -> tuple[dict[str, Any], str]:
+        """The state to show while the store is down (the last one read, or an empty
+        one), and what the banner says."""
+        since = time.strftime("%H:%M:%SZ", time.gmtime(self.down_since or time.time()))
+        state = self.last_state
+        shown = f"what it held at {state['time']}" if state else "nothing (none read yet)"
+        if state is None:
+            state = {
+                "store": self.source.store.safe_url,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "workers": [],
+                "leases": [],
+                "unique_claims": [],
+                "limits": [],
+                "schedule": {},
+            }
+        text = (
+            f"store unavailable since {since}: {exc}. Showing {shown}; this page "
+            f"refreshes every {self.refresh:g}s and shows the store again once it answers."
+        )
+        return state, text
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -642,14 +723,19 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             route()
         except BatonError as exc:  # the store went away: say so, keep serving
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", f"{exc}\n")
+            if url.path == "/":
+                self._page(parse_qs(url.query), down=exc)
+            elif url.path == "/metrics":
+                self._send(HTTPStatus.OK, "text/plain; version=0.0.4", metrics_text(None))
+            else:
+                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
         form = self._form()
         if path == "/login":
             if not self._valid(form.get("token")):
-                self._forbidden()
+                self._forbidden(form.get("token"), path)
                 return
             self._redirect("/", cookie=f"{COOKIE}={form['token']}")
             return
@@ -660,7 +746,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, "text/plain", "not found\n")
             return
         if not self._valid(self._token(form)):
-            self._forbidden()
+            self._forbidden(self._token(form), path)
             return
         try:
             done = act(self.server.source, self.server.schedules, form)
@@ -682,16 +768,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _state(self) -> dict[str, Any]:
         return self.server.state()
 
-    def _page(self, query: Mapping[str, list[str]]) -> None:
+    def _page(self, query: Mapping[str, list[str]], down: BatonError | None = None) -> None:
+        state, outage = self.server.outage(down) if down else (self._state(), "")
         body = render_page(
-            self._state(),
+            state,
             actions=self.server.token is not None,
             signed_in=self._valid(self._cookie()),
             refresh=self.server.refresh,
             note=query.get("note", [""])[0],
             error=query.get("error", [""])[0],
+            outage=outage,
         )
-        self._send(HTTPStatus.OK, "text/html; charset=utf-8", body)
+        # A page still (it refreshes itself), with the status a probe understands.
+        status = HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK
+        self._send(status, "text/html; charset=utf-8", body)
 
     def _metrics(self) -> None:
         self._send(HTTPStatus.OK, "text/plain; version=0.0.4", metrics_text(self._state()))
@@ -715,12 +805,18 @@ class _Handler(BaseHTTPRequestHandler):
         morsel = cookie.get(COOKIE)
         return morsel.value if morsel is not None and morsel.value else None
 
-    def _forbidden(self) -> None:
-        why = (
-            "actions are disabled: the server was started without a token"
-            if self.server.token is None
-            else "a valid token is needed for actions (sign in on the page)"
-        )
+    def _forbidden(self, given: str | None, path: str) -> None:
+        if self.server.token is None:
+            why = "actions are disabled: the server was started without a token"
+        elif given:
+            # Someone tried a token: the operator must be able to see it (and how often).
+            logger.warning("web: wrong token from %s on %s", self.address_string(), path)
+            why = "wrong token: it is not the one this server was started with"
+        else:
+            why = "this needs the server's token: sign in on the page first"
+        if path.startswith("/api/"):
+            self._json(HTTPStatus.FORBIDDEN, {"ok": False, "error": why})
+            return
         self._send(HTTPStatus.FORBIDDEN, "text/html; charset=utf-8", _forbidden_page(why))
 
     # -- plumbing

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -25,6 +25,7 @@ class LeaseRow:
     fence: int
     ttl_left: float
     stale: bool = False  # its worker stopped reporting: it ends when ttl_left runs out
+    label: str = ""  # the key in words (keys.words), written by its worker; '' if none
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,6 +37,13 @@ def _parse_key(key: str) -> tuple[str, str]:
     task = key[open_ + 1 : close]
     kind = key[close + 2 :].split(":", 1)[0]
     return task, kind
+
+
+def label_key(lease_key: str) -> str:
+    """Where a lease key's words are kept: ``prefix:{task}:label:ex:<digest>`` beside
+    ``prefix:{task}:ex:<digest>`` (same slot; no lease listing's pattern matches it)."""
+    end = lease_key.find("}:")
+    return f"{lease_key[: end + 2]}label:{lease_key[end + 2 :]}"
 
 
 def server_now_ms(store: Store) -> int:
@@ -72,9 +80,22 @@ def leases(store: Store, prefix: str) -> list[LeaseRow]:
                             key, LEASE_KINDS[kind], task, task_id, worker, int(fence or 0), left
                         )
                     )
-        return sorted(rows, key=lambda r: (r.task, r.key, r.ttl_left))
+        return sorted(_with_labels(store, rows), key=lambda r: (r.task, r.key, r.ttl_left))
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
+
+
+def _with_labels(store: Store, rows: list[LeaseRow]) -> list[LeaseRow]:
+    """Each row with its key in words, where its worker wrote them (one GET per key,
+    pipelined: on Cluster the keys are on slots of their own)."""
+    keys = sorted({row.key for row in rows})
+    if not keys:
+        return rows
+    pipe = store.client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(label_key(key))
+    found = dict(zip(keys, pipe.execute(), strict=True))
+    return [replace(row, label=str(found[row.key] or "")) for row in rows]
 
 
 def unique_claims(store: Store, prefix: str) -> list[LeaseRow]:
@@ -129,6 +150,14 @@ def set_limit_override(store: Store, key: str, field: str, value: str | None) ->
             store.client.hdel(key, field)
         else:
             store.client.hset(key, field, value)
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
+def label(store: Store, key: str) -> str:
+    """``key`` in words, where its holder's worker wrote them ('' if not)."""
+    try:
+        return str(store.client.get(label_key(key)) or "")
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
 

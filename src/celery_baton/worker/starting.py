@@ -58,6 +58,7 @@ class Starting:
                 delivery.plan.leases,
                 epoch=start.epoch,
                 claim=delivery.plan.kept_claim,
+                labels=delivery.plan.labels,
             )
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence

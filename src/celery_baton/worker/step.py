@@ -22,7 +22,7 @@ from celery.worker import state as worker_state
 from celery_baton import metrics
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
-from celery_baton.core.notices import NoticeListener, WorkerReports
+from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, WorkerReports
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
@@ -109,6 +109,8 @@ class BatonWorker:
             interval=parts.renew_interval,
             on_lost=parts.on_lease_lost,
             on_tick=lambda: self._report(parent),
+            heartbeat=HEARTBEAT,
+            on_heartbeat=lambda: self._alive(parent),
         )
         self.unsent = UnsentReleases(self.book, parent.timer)
         self.releasing = Releasing(
@@ -266,4 +268,9 @@ class BatonWorker:
             "renewals": self.book.renewals,
             "losses": self.book.losses,
         }
-        self.reports.write(consumer.hostname, report, ttl=max(1.0, self.parts.renew_interval * 3))
+        self.reports.write(consumer.hostname, report, ttl=REPORT_TTL)
+
+    def _alive(self, consumer: Any) -> None:
+        """Between reports, keep this one alive (one PEXPIRE); write it if it is gone."""
+        if not self.reports.touch(consumer.hostname):
+            self._report(consumer)
