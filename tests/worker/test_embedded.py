@@ -195,7 +195,11 @@ def test_a_beat_starts_its_embedded_store_again(
     second = _server_pid(machine)
     assert second is not None and second != first, "the embedded store is not back"
     assert [p.pid for p in _servers(machine)] == [second], "one server, and only one"
-    assert len(ids) == len(set(ids)), "a tick was sent twice"
+    # A publish the stop cut between its send and its outbox mark is sent again by the
+    # restarted beat (at least once on the send side; a worker runs a slot's task id
+    # once, tests/beat): only the slot in flight at the stop may be sent twice.
+    repeated = {i for i in ids if ids.count(i) > 1}
+    assert len(repeated) <= 1 and repeated <= set(ids[:sent]), f"ticks sent twice: {repeated}"
     assert "started it again" in beat.log_text()
 
 
