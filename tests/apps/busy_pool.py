@@ -91,4 +91,3 @@ def capped(self: Task, sleep: float) -> None:
 def one_at_a_time(self: Task, sleep: float) -> None:
     """One run at a time (all calls share one key); duplicates wait."""
     observer().run("one_at_a_time", sleep=sleep, task_id=self.request.id)
-
