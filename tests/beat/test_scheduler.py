@@ -458,3 +458,26 @@ def test_now_follows_the_store_clock_not_the_host_wall_clock(
         assert s.sent == []  # the entry's first slot is 1 s away, not an hour ago
     finally:
         s.close()
+
+
+def test_a_claim_refused_by_a_change_says_what_changed(
+    make_app: Callable[..., Celery],
+    clock: Clock,
+    schedulers: Build,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An entry paused after this beat last read the store: the log line names the
+    change (it was paused), not the claim script's status number."""
+    app = make_app({"every": entry(10.0)})
+    s = schedulers(app, clock)
+    tick(s)
+    api = ScheduleStore(app)
+    request.addfinalizer(api.close)
+    api.pause("every")
+    clock.advance(11)
+    with caplog.at_level("INFO"):
+        s.tick()  # not tick(s): the beat has not noticed the pause yet and claims
+    lines = [r.getMessage() for r in caplog.records if "changed in the store" in r.getMessage()]
+    assert lines == ["beat: entry 'every' changed in the store (it was paused); reloading"]
+    assert s.sent == []

@@ -331,3 +331,31 @@ def test_under_json_an_error_is_json_too(workers: Workers) -> None:
     assert usage.returncode == 2, usage
     assert "not a full task name" in json.loads(usage.stdout)["error"], usage.stdout
     assert "Traceback" not in usage.stderr
+
+
+def test_a_beat_slots_lease_is_named_a_beat_slot_not_redelivery(
+    workers: Workers, observer: Observer
+) -> None:
+    """With the redelivery guard off, the lease that makes a beat slot run once is the
+    slot's, not the guard's: `locks` says so, with the entry and slot in words (issue 28
+    §10). The message is sent as the beat sends one (its slot header)."""
+    from celery_baton.core.policy import BEAT_SLOT_HEADER
+    from tests.apps.exclusive import ex_skip
+
+    worker = workers.start(APP, concurrency=1)
+    slot_ms = 1_795_000_000_000  # 2026-11-18T11:06:40Z
+    headers = {BEAT_SLOT_HEADER: slot_ms, "baton_beat_entry": "every-minute"}
+    ex_skip.apply_async(("slot", 40.0), headers=headers)
+    observer.starts_of("slot")
+
+    def slot_rows() -> list[Any]:
+        rows = as_json(workers, "locks")
+        return [r for r in rows if ":run:" in r["key"] and r.get("label")]
+
+    wait_until(slot_rows, timeout=10, what="the slot's lease in words")
+    [row] = slot_rows()
+    assert row["kind"] == "beat slot", row
+    assert row["label"] == "ex_skip: beat entry 'every-minute', slot 2026-11-18T11:06:40Z", row
+    text = baton(workers, "locks").stdout
+    assert "beat slot  task" in text and "redelivery" not in text, text
+    worker.kill()

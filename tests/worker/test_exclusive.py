@@ -196,3 +196,5 @@ def test_a_skipped_duplicate_is_reported(workers: Workers, observer: Observer) -
     assert [r.task_id for r in observer.runs()] == [holder.id]
     log = worker.log_text()
     assert f"[{duplicate.id}] skipped" in log and holder.id in log
+    # One line says why: the short wait for a release in flight is not logged as a hold.
+    assert f"[{duplicate.id}] held for" not in log, log[-3000:]

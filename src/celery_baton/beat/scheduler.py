@@ -58,6 +58,14 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 
 logger = get_logger(__name__)
 
+#: What a claim refused by a change in the store means (beat_claim.lua's statuses).
+_CLAIM_REFUSED = {
+    -1: "its next slot moved",
+    -2: "it was removed",
+    -3: "its definition changed",
+    -4: "it was paused",
+}
+
 #: Namespace of the task ids derived from (key prefix, app, entry, slot).
 SLOT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "celery-baton:beat:slot")
 _READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -524,7 +532,9 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 break
             if status != 1:
                 logger.info(
-                    "beat: entry %r changed in the store (%s); reloading", claim.name, status
+                    "beat: entry %r changed in the store (%s); reloading",
+                    claim.name,
+                    _CLAIM_REFUSED.get(status, f"status {status}"),
                 )
                 self._dirty = True
                 continue

@@ -20,6 +20,7 @@ import json
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from celery_baton.errors import KeySpecError
@@ -248,6 +249,17 @@ WORDS_MAX = 160
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def beat_slot_material(entry: str, slot_ms: Any) -> str:
+    """What a beat slot's run lease is, for :func:`words`: the entry and slot it runs
+    once (``store.inspect.lease_kind`` names such a lease a beat slot by these words)."""
+    try:
+        moment = datetime.fromtimestamp(int(slot_ms) / 1000, tz=timezone.utc)
+        slot = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError, OverflowError, OSError):
+        slot = str(slot_ms)
+    return f"beat entry {entry!r}, slot {slot}"
 
 
 def words(lease_key: str, material: str) -> str:

@@ -10,11 +10,14 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 
 LEASE_KINDS = {"ex": "exclusive", "cc": "concurrency", "run": "redelivery"}
 UNIQUE_KIND = "uq"
+#: The words a worker writes beside a beat slot's run lease (core.keys.beat_slot_material,
+#: after "task: "): that lease makes a slot run once, whether the guard is on or off.
+BEAT_SLOT_WORDS = ": beat entry "
 
 
 @dataclass(frozen=True)
 class LeaseRow:
-    """One holder of a key: a lease (exclusive, concurrency, redelivery) or a unique
+    """One holder of a key: a lease (exclusive, concurrency, redelivery, beat slot) or a unique
     claim (``kind="unique"``: held by a queued or running task id, no worker)."""
 
     key: str
@@ -95,7 +98,14 @@ def _with_labels(store: Store, rows: list[LeaseRow]) -> list[LeaseRow]:
     for key in keys:
         pipe.get(label_key(key))
     found = dict(zip(keys, pipe.execute(), strict=True))
-    return [replace(row, label=str(found[row.key] or "")) for row in rows]
+    return [_named(replace(row, label=str(found[row.key] or ""))) for row in rows]
+
+
+def _named(row: LeaseRow) -> LeaseRow:
+    """A run lease whose words name a beat slot is that slot's run-once lease."""
+    if row.kind == LEASE_KINDS["run"] and BEAT_SLOT_WORDS in row.label:
+        return replace(row, kind="beat slot")
+    return row
 
 
 def unique_claims(store: Store, prefix: str) -> list[LeaseRow]:

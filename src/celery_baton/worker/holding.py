@@ -111,7 +111,8 @@ class Holding:
                 key=wait.key,
                 retry_after=wait.delay,
             )
-            logger.info(
+            logger.log(
+                logging.DEBUG if wait.quiet else logging.INFO,
                 "%s[%s] held for %s, retry in %.3fs",
                 delivery.request.name,
                 delivery.request.id,

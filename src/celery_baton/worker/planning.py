@@ -17,7 +17,7 @@ from typing import Any
 from celery_baton.config import Settings
 from celery_baton.core.call_options import HEADER as CALL_HEADER
 from celery_baton.core.call_options import CallOptions
-from celery_baton.core.keys import KeyNames
+from celery_baton.core.keys import KeyNames, beat_slot_material
 from celery_baton.core.leases import new_owner
 from celery_baton.core.policy import (
     BEAT_SLOT_HEADER,
@@ -71,7 +71,7 @@ class Planner:
     def plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
         """What this delivery asks for, under an owner token of its own; raises
         KeySpecError (CostError) when its arguments cannot build its keys (its cost)."""
-        return policy.plan(
+        plan = policy.plan(
             self.names,
             task_id=request.id,
             owner=new_owner(request.id, self.hostname),
@@ -85,6 +85,13 @@ class Planner:
             order=order_of(request),
             stamp=publish_stamp(request),
         )
+        slot = request.request_dict.get(BEAT_SLOT_HEADER)
+        if slot is not None and plan.run_key:
+            # Its run lease makes a beat slot run once: say so beside it (`locks`), not
+            # "redelivery" as if the guard were on.
+            entry = request.request_dict.get("baton_beat_entry") or "?"
+            plan.labels[plan.run_key] = beat_slot_material(str(entry), slot)
+        return plan
 
     def replan(self, delivery: Delivery) -> bool:
         """A held delivery planned again when `celery control rate_limit` changed its

@@ -80,6 +80,9 @@ class Wait:
     # not have it: strict GCRA loses every microsecond a waiter comes late.
     jitter: bool = True
     revoke: str = ""  # "replace": the task id whose run must be terminated first
+    # A "skip" duplicate's SKIP_GRACE: its verdict comes within a quarter second, and the
+    # skip (or start) is the line that says why; the hold is logged at DEBUG only.
+    quiet: bool = False
 
 
 Verdict = Start | Skip | Wait
@@ -183,7 +186,7 @@ def _verdict(
     if why is Reason.EXCLUSIVE and conflict == "skip" and not own_copy:
         grace = SKIP_GRACE if denied_since is None else denied_since + SKIP_GRACE - now
         if grace > 0:
-            return Wait(why, key, min(grace, max(decision.retry_after, 0.001)))
+            return Wait(why, key, min(grace, max(decision.retry_after, 0.001)), quiet=True)
         label = plan.labels.get(key, "")
         return Skip(
             why,
