@@ -46,10 +46,13 @@ from tests.support.servers import StoreServer  # noqa: E402
 
 MODES = ("plain", "defaults", "guard")
 FULL = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
-#: The subset: tasks, canvas, replace, chords, errbacks and signals (-k on FULL).
+#: The subset: tasks, canvas, replace, chords, errbacks and signals (-k on FULL), 110
+#: tests. Without test_replaced_task_nesting_level_0, a timing flake of the suite (its
+#: task_received handler keeps the last task received, which may be a replacement
+#: still arriving from the test before): it failed once plain, once with Baton(app).
 SUBSET = (
-    "replace or errback or link_error or signal or received or frozen or reapplying "
-    "or retry or stamp"
+    "(replace or errback or link_error or signal or received or frozen or reapplying "
+    "or retry or stamp) and not test_replaced_task_nesting_level_0"
 )
 PER_TEST_TIMEOUT = 300  # seconds (the suite's own flaky tests say 300 too)
 
