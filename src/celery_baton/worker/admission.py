@@ -160,13 +160,17 @@ class Admission:
                 finally:
                     self._settle_slot(delivery)
         except Exception:
-            logger.exception(
-                "baton: deciding %s[%s] failed; holding it",
-                delivery.request.name,
-                delivery.request.id,
-            )
-            with self.holding.lock:
-                self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
+            self._hold_after_error(delivery)
+
+    def _hold_after_error(self, delivery: Delivery) -> None:
+        """A decision that raised: hold the delivery (asked again later), never lose it."""
+        logger.exception(
+            "baton: deciding %s[%s] failed; holding it",
+            delivery.request.name,
+            delivery.request.id,
+        )
+        with self.holding.lock:
+            self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
 
     def _settle_slot(self, delivery: Delivery) -> None:
         """Give back the pool slot of a delivery that will not start on it now (held,
@@ -249,13 +253,7 @@ class Admission:
                 else:
                     self._apply(delivery, reply)
         except Exception:
-            logger.exception(
-                "baton: deciding %s[%s] failed; holding it",
-                delivery.request.name,
-                delivery.request.id,
-            )
-            with self.holding.lock:
-                self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, BACKOFF_MAX))
+            self._hold_after_error(delivery)
         finally:
             with self.holding.lock:
                 self._settle_slot(delivery)
