@@ -70,7 +70,6 @@ class Admission:
         lower_priority_first: bool = False,
     ) -> None:
         self.consumer = consumer
-        self.handle = handle
         self.names = names
         self.planner = Planner(
             policy_for=policy_for, names=names, settings=settings, hostname=consumer.hostname
