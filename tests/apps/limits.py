@@ -7,6 +7,7 @@ the environment, and these knobs:
 * ``LIMITS_VISIBILITY`` -- the Redis broker's ``visibility_timeout`` in seconds (default
   3600). A test that needs a killed worker's ``acks_late`` messages redelivered sets it
   low; the broker then sweeps for them every second (``unacked_restore_*``).
+* ``LIMITS_ACKS_LATE`` (``1``: acks late) and ``LIMITS_PREFETCH`` (default 1).
 * ``LIMITS_HOLD_MAX`` / ``LIMITS_HOLD_HORIZON`` -- ``baton_hold_max`` (default 10000) and
   ``baton_hold_horizon`` (default 300 s).
 
@@ -49,9 +50,9 @@ app.conf.update(
     baton_global_rate_limits=True,
     baton_hold_max=int(os.environ.get("LIMITS_HOLD_MAX", "10000")),
     baton_hold_horizon=float(os.environ.get("LIMITS_HOLD_HORIZON", "300")),
-    task_acks_late=False,
+    task_acks_late=os.environ.get("LIMITS_ACKS_LATE") == "1",
     task_ignore_result=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=int(os.environ.get("LIMITS_PREFETCH", "1")),
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
@@ -129,6 +130,12 @@ def paced(self: Task) -> None:
     ran: ``paced:<retries>:<x_marker header>`` (a hand-back must keep both)."""
     marker = getattr(self.request, "x_marker", None)
     observer().run(f"paced:{self.request.retries}:{marker}", task_id=self.request.id)
+
+
+@app.task(bind=True, global_rate_limit="4/s")
+def trickle(self: Task, n: int) -> None:
+    """4 starts per second: a backlog of these is held by the consumers, for seconds."""
+    observer().run("trickle", task_id=self.request.id)
 
 
 @app.task(bind=True)
