@@ -139,7 +139,7 @@ class Admission:
         """Ask the gate for ``delivery`` once a pool process can start it now: a token
         spent or a lease granted while the request waits behind other work would be
         judged at the wrong moment (worker/pool_slots.py)."""
-        if delivery.slot:
+        if delivery.slot or not delivery.at_start:
             self._decide(delivery)
         elif not delivery.waiting_slot:
             delivery.waiting_slot = True

@@ -59,6 +59,19 @@ class Delivery:
     slot: bool = False  # a pool slot is reserved for it
     reserved_start: bool = False  # granted a rate slot for later: keeps its pool slot
 
+    @property
+    def at_start(self) -> bool:
+        """Whether it is asked only once a pool process can start it now. A plan that
+        asks nothing but the redelivery guard's (its own task id's run lease and done
+        marker) limits no other work: granted while it waits for a process, it keeps out
+        only copies of itself, which must wait anyway. It is asked at once, as before
+        pool slots, and its round trip overlaps the runs ahead of it."""
+        run_key = self.plan.run_key
+        return any(
+            not (c.kind == "D" or (c.kind == "L" and c.key == run_key))
+            for c in self.plan.conditions
+        )
+
 
 class Holding:
     """Held deliveries, their timers, the prefetch count and the wake-ups.

@@ -6,7 +6,9 @@ the pool's queue behind other work), a limit is judged at the wrong moment: a 2/
 admitted on schedule while every process is busy starts all at once when they free up,
 and a lease is held by a request that cannot run while another worker could. So a
 guarded request first takes a pool slot, then asks; granted, it goes to the pool on
-that slot; refused, the slot goes back to the next waiter.
+that slot; refused, the slot goes back to the next waiter. A request that asks only for
+the redelivery guard (its own id's run lease and done marker) limits nothing else and is
+asked at once (``Delivery.at_start``).
 
 Two ways to know that a process is free, chosen once per worker:
 
