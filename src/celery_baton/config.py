@@ -39,7 +39,7 @@ class Settings:
     url_source: str = field(default="embedded", metadata={"setting": False})
     on_store_error: str = "hold"
     socket_timeout: float = 2.0
-    lease_ttl: float = 10.0
+    lease_ttl: float = 8.0
     global_rate_limits: bool = False
     redelivery_guard: bool = False
     redelivery_retention: float = 24 * 3600.0
@@ -177,7 +177,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         url_source=source,
         on_store_error=policy,
         socket_timeout=_seconds(_get(conf, "socket_timeout", 2.0), "socket_timeout"),
-        lease_ttl=_seconds(_get(conf, "lease_ttl", 10.0), "lease_ttl"),
+        lease_ttl=_seconds(_get(conf, "lease_ttl", 8.0), "lease_ttl"),
         global_rate_limits=_bool(_get(conf, "global_rate_limits", False), "global_rate_limits"),
         redelivery_guard=_bool(_get(conf, "redelivery_guard", False), "redelivery_guard"),
         redelivery_retention=_seconds(

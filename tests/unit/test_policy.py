@@ -60,7 +60,7 @@ def test_global_rate_limits_give_every_task_a_runtime_rate() -> None:
 def test_defaults() -> None:
     policy = compile_(exclusive="feed_url")
     assert policy.exclusive_conflict == "skip"
-    assert policy.lease_ttl == 10
+    assert policy.lease_ttl == 8
     assert policy.unique is None and policy.gates_runs
     custom = compile_(exclusive=True, settings=Settings(lease_ttl=7))
     assert custom.lease_ttl == 7

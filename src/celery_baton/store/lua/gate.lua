@@ -388,13 +388,14 @@ if epoch_key then
       end
       if not since and not promoted then
         -- New or emptied: a lease from before can only have been granted before the
-        -- server started, so none outlives its start + ttl. The uptime in whole
-        -- seconds, rounded down, gives a start never earlier than the real one; a
-        -- server up longer than a ttl needs no grace. (FLUSHALL of a live server
-        -- looks the same and gets none: docs/failure.md.)
+        -- server started, so none outlives its start + ttl; a server up longer than a
+        -- ttl needs no grace. (FLUSHALL of a live server looks the same and gets none:
+        -- docs/failure.md.) The server counts its uptime as floor(now) - floor(start):
+        -- up to a second more than it was up, so a second less of it gives a start
+        -- never earlier than the real one.
         local info = redis.pcall('INFO', 'server')
         local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-        since = up and now_ms - up * 1000 or now_ms
+        since = up and now_ms - math.max(0, up - 1) * 1000 or now_ms
         call('SET', grace_key, format('%d %s', since, here))
       elseif not since or (seen ~= '' and seen ~= here and promoted) then
         since = now_ms  -- a promoted replica (it may have been behind): from now
@@ -414,15 +415,16 @@ if epoch_key then
     if not epoch then
       epoch = new_epoch_id .. ' ' .. here
       -- On a Cluster shard (no "G"), a grace if the server may have forgotten it ("E"
-      -- above): "redis_mode:cluster" (Valkey 8: "server_mode:cluster"); the uptime in
-      -- whole seconds, rounded down, gives a start never earlier than the real one.
+      -- above): "redis_mode:cluster" (Valkey 8: "server_mode:cluster"); a start never
+      -- earlier than the real one from the uptime, as for "G" above.
       local info = not grace_key and redis.pcall('INFO', 'server')
       if type(info) == 'string' and string.find(info, '_mode:cluster', 1, true) then
         local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+        local since = up and now_ms - math.max(0, up - 1) * 1000 or now_ms
         if promoted then
           grace_until = now_ms + ttl_ms
-        elseif up and up * 1000 < ttl_ms then
-          grace_until = now_ms - up * 1000 + ttl_ms
+        elseif since + ttl_ms > now_ms then
+          grace_until = since + ttl_ms
         end
         if grace_until then epoch = format('%s %d', epoch, grace_until) end
       end

@@ -53,8 +53,11 @@ local function forgotten_until(ttl_ms)
   if not string.find(info_server, '_mode:cluster', 1, true) then return nil end
   local _, second = replication()
   if second ~= nil and second ~= string.rep('0', 40) then return now_ms + ttl_ms end
+  -- The uptime is floor(now) - floor(start): a second less gives a start never
+  -- earlier than the real one (gate.lua, "G").
   local up = tonumber(string.match(info_server, 'uptime_in_seconds:(%d+)'))
-  if up and up * 1000 < ttl_ms then return now_ms - up * 1000 + ttl_ms end
+  local since = up and now_ms - math.max(0, up - 1) * 1000 or now_ms
+  if since + ttl_ms > now_ms then return since + ttl_ms end
   return nil
 end
 for i = 1, #KEYS / 2 do
