@@ -8,6 +8,8 @@
 ... def import_feed(feed_url): ...
 """
 
+from importlib import metadata as _metadata
+
 from celery_baton.baton import Baton
 from celery_baton.core.policy import TaskOptions
 from celery_baton.errors import (
@@ -26,6 +28,13 @@ from celery_baton.errors import (
     TaskSuperseded,
 )
 from celery_baton.worker.pool.context import fence
+
+# The one version source is pyproject.toml; an install records it in the package's
+# metadata, read here. A source tree on sys.path that was never installed has none.
+try:
+    __version__ = _metadata.version("celery-baton")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"
 
 __all__ = [
     "AlreadyQueued",

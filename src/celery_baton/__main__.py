@@ -1,9 +1,12 @@
-"""``python -m celery_baton demo`` runs the demo; ``--help`` explains."""
+"""``python -m celery_baton demo`` runs the demo; ``--version`` says which celery-baton
+is installed; ``--help`` explains."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from celery_baton import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
         description="celery-baton: coordination for Celery. Commands for one machine; "
         "the operator's commands are `celery -A proj baton ...`.",
     )
+    parser.add_argument("--version", action="version", version=f"celery-baton {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",

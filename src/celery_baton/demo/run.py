@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import redis
 
+from celery_baton import __version__
 from celery_baton.core.policy import PUBLISH_HEADER
 from celery_baton.store.connection import ensure_embedded_server, stop_embedded_server
 
@@ -280,7 +281,7 @@ class Demo:
     # -- the whole demo -------------------------------------------------------------
 
     def run(self) -> int:
-        say("celery-baton demo: real workers and beats on the embedded store\n")
+        say(f"celery-baton {__version__} demo: real workers and beats on the embedded store\n")
         self.start_store()
         self.observer.delete("demo:runs")
         self.store.flushdb()
