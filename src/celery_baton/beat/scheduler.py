@@ -523,6 +523,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             self._dirty = True
             raise
         published: list[str] = []
+        accepted: list[Claim] = []
         for claim, result in zip(claims, results, strict=True):
             status = int(result[0])
             if status == 0:
@@ -538,6 +539,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 )
                 self._dirty = True
                 continue
+            accepted.append(claim)
             metrics.beat_fired.labels(claim.name).inc(claim.fired)
             metrics.beat_missed.labels(claim.name).inc(claim.missed)
             metrics.beat_suppressed.labels(claim.name).inc(claim.suppressed)
@@ -561,6 +563,13 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                     published.append(task_id)
         if published:
             self._beat.sent(published)
+        if accepted:
+            self.fired(accepted)
+
+    def fired(self, claims: list[Claim]) -> None:
+        """Called by the leader with the claims the store accepted, after their slots
+        were published: for a subclass that records runs elsewhere too (the Django
+        scheduler writes django-celery-beat's ``last_run_at``)."""
 
     def _plan(self, name: str, slots: StoredSlots, now: int) -> Claim:
         c = self._compiled[name]
