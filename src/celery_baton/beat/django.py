@@ -19,14 +19,12 @@ and slot claims (``beat/scheduler.py``): run it on as many hosts as you like::
   ``total_run_count`` with an UPDATE of those two columns, which bumps no change
   signal (as django-celery-beat's ``ModelEntry.save`` does not). A one-off row is then
   disabled, as django-celery-beat leaves it (``enabled=False``, count 0).
-* ``beat_schedule`` in the settings stays what it is for ``celery_baton.beat:Scheduler``:
-  entries of the store, never written to the tables. A row with the name of one is
-  left out (logged), as are rows whose ``expires`` has passed (disabled, as
-  django-celery-beat does).
+* ``beat_schedule`` in the settings stays as with ``celery_baton.beat:Scheduler``, never
+  written to the tables; a row of the same name is left out (logged). A row whose
+  ``expires`` passed is left out and disabled, as django-celery-beat does.
 
-Per-row misfire and overlap policies go in the row's ``headers`` JSON (``{"baton_misfire":
-"latest"}``); they are taken out before the message is sent. A clocked row fires once,
-late or not (``baton_misfire`` defaults to ``latest`` for it).
+A row's ``baton_*`` policies go in its ``headers`` JSON (taken out before sending). A
+clocked row fires once, even late (its ``baton_misfire`` defaults to ``latest``).
 """
 
 from __future__ import annotations
@@ -96,7 +94,7 @@ class RowRule:
     definition: dict[str, Any] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        definition = {"base": self.base.definition, "start": self.start_ms}
+        definition: dict[str, Any] = {"base": self.base.definition, "start": self.start_ms}
         if self.once:
             definition.update(once=True, armed=self.armed)
         object.__setattr__(self, "definition", definition)
@@ -144,7 +142,8 @@ def _db_time(slot_ms: int) -> datetime:
     moment = from_ms(slot_ms)
     if settings.USE_TZ:
         return moment
-    return timezone.make_naive(moment, timezone.get_default_timezone())
+    naive: datetime = timezone.make_naive(moment, timezone.get_default_timezone())
+    return naive
 
 
 def entry_for_row(row: Any, app: Any) -> tuple[ScheduleEntry, SlotRule | None]:
@@ -372,36 +371,30 @@ class DjangoScheduler(Scheduler):
         """Write each fired row's ``last_run_at`` and ``total_run_count``; disable a
         one-off row (django-celery-beat's end state: disabled, count 0, no last run)."""
         from django.db.models import F
-        from django_celery_beat.models import PeriodicTasks
 
-        one_offs: list[Any] = []
         for claim in claims:
             ref = self._rows.get(claim.name)
             if ref is None or not claim.fired:
                 continue
-            if ref.one_off:
-                one_offs.append(ref.pk)
+            if ref.one_off:  # django-celery-beat's one-off disable bumps the change signal
+                self._update(
+                    [ref.pk], bump=True, enabled=False, total_run_count=0, last_run_at=None
+                )
                 continue
             values: dict[str, Any] = {"total_run_count": F("total_run_count") + claim.fired}
             if claim.last_slot is not None:
                 values["last_run_at"] = _db_time(claim.last_slot)
             self._update([ref.pk], **values)
-        # As django-celery-beat disables a one-off that ran, bumping the change signal.
-        if one_offs and self._update(one_offs, enabled=False, total_run_count=0, last_run_at=None):
-            self._update([], changed=PeriodicTasks.update_changed)
 
-    def _update(self, pks: list[Any], changed: Any = None, **values: Any) -> bool:
-        """An UPDATE of these columns only (or ``changed()``): no model save, so no change
-        signal, and an admin edit of the other columns at that moment is not undone."""
+    def _update(self, pks: list[Any], *, bump: bool = False, **values: Any) -> None:
+        """An UPDATE of these columns only: no model save, so no change signal (unless
+        ``bump``), and an admin edit of the other columns at that moment is not undone."""
         from django.db import Error
-        from django_celery_beat.models import PeriodicTask
+        from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
         try:
-            if changed is not None:
-                changed()
-            else:
-                PeriodicTask.objects.filter(pk__in=pks).update(**values)
+            PeriodicTask.objects.filter(pk__in=pks).update(**values)
+            if bump:
+                PeriodicTasks.update_changed()
         except Error as exc:
             logger.warning("beat: could not write to django-celery-beat's table: %r", exc)
-            return False
-        return True

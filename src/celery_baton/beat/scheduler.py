@@ -387,7 +387,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             stored[name]["fp"] = self._compiled[name].fingerprint
         for name, status in zip(stale, results[len(defined) :], strict=True):
             if int(status) == 1:
-                logger.info("beat: entry %r is gone from beat_schedule; removed it", name)
+                gone = (
+                    "django-celery-beat's enabled rows"
+                    if stored[name].get("source") == "django"
+                    else "beat_schedule"
+                )
+                logger.info("beat: entry %r is gone from %s; removed it", name, gone)
             elif int(status) == -4:
                 logger.warning("beat: entry %r belongs to another app; left alone", name)
             stored.pop(name, None)

@@ -18,7 +18,7 @@ from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.apps.django_project.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
