@@ -1,8 +1,9 @@
 """The Django example on a real server and a real worker.
 
 Proves that celery-baton reads ``CELERY_BATON_URL`` through Celery's ``CELERY``
-namespace, and that an exclusive task declared in a Django app with ``@shared_task``
-runs once while its duplicate is skipped. Run from the repository root::
+namespace, that an exclusive task declared in a Django app with ``@shared_task``
+runs once while its duplicate is skipped, and that two beats fire a django-celery-beat
+row once per slot (``celery_baton.beat.django:DjangoScheduler``). Run from the repository root::
 
     python -m pytest examples/django_project
 """
@@ -10,6 +11,7 @@ runs once while its duplicate is skipped. Run from the repository root::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,7 +26,14 @@ import pytest
 from celery_baton import TaskSkipped
 from celery_baton.store import inspect as store_inspect
 from tests.support.servers import StoreServer
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.workers import WorkerProcess, start_beat, start_worker
+
+if importlib.util.find_spec("django_celery_beat") is None:
+    pytest.skip(
+        "django-celery-beat is not installed (the project's beat uses it; pip install -e "
+        "'.[test]' installs it)",
+        allow_module_level=True,
+    )
 
 HERE = Path(__file__).resolve().parent
 FEED = "https://example.org/rss"
@@ -130,3 +139,46 @@ def test_exclusive_shared_task_runs_once_and_skips_the_duplicate(
     again = import_feed.delay(FEED, 0.1)
     assert again.get(timeout=20)["fence"] > ran.result["fence"]
     assert f"{skipped.id}] skipped" in worker.log_text()
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.timeout(120)
+def test_two_beats_fire_a_periodic_task_row_once_per_slot(
+    env: dict[str, str], worker: WorkerProcess, tmp_path: Path
+) -> None:
+    db_env = {**env, "DJANGO_DB_PATH": str(tmp_path / "db.sqlite3")}
+    manage(db_env, "migrate", "--noinput")
+    manage(
+        db_env,
+        "shell",
+        "-c",
+        "from django_celery_beat.models import IntervalSchedule, PeriodicTask\n"
+        "every, _ = IntervalSchedule.objects.get_or_create(every=1, period='seconds')\n"
+        "PeriodicTask.objects.create(name='poll', task='feeds.tasks.import_feed',"
+        " interval=every, args='[\"https://example.org/beat\", 0.1]')",
+    )
+    beats = [start_beat("proj", env=db_env, cwd=HERE, log_dir=tmp_path) for _ in "ab"]
+    count = "from django_celery_beat.models import PeriodicTask as P\n"
+    count += "print(P.objects.get(name='poll').total_run_count)"
+    try:
+        deadline = time.monotonic() + 60
+        while int(manage(db_env, "shell", "-c", count).split()[-1]) < 3:
+            assert time.monotonic() < deadline, [b.log_tail() for b in beats]
+            time.sleep(1)
+    finally:
+        for beat in beats:
+            beat.stop()
+    sending = [b for b in beats if "Sending due task poll" in b.log_text()]
+    assert len(sending) == 1, "both beats fired the row"  # one leader all along
+    assert "import_feed" in worker.log_text()

@@ -57,6 +57,9 @@ class Settings:
     beat_misfire_grace: float = 30.0
     beat_misfire_max: int = 100
     beat_check_tasks: bool = True
+    #: How often the Django scheduler's leader asks whether django-celery-beat's tables
+    #: changed (beat/django.py).
+    beat_django_poll: float = 2.0
 
 
 def _get(conf: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -194,6 +197,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         beat_misfire_grace=float(_get(conf, "beat_misfire_grace", 30.0)),
         beat_misfire_max=_positive_int(_get(conf, "beat_misfire_max", 100), "beat_misfire_max"),
         beat_check_tasks=_bool(_get(conf, "beat_check_tasks", True), "beat_check_tasks"),
+        beat_django_poll=_seconds(_get(conf, "beat_django_poll", 2.0), "beat_django_poll"),
     )
 
 

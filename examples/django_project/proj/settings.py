@@ -10,8 +10,16 @@ import os
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
 DEBUG = True
 ALLOWED_HOSTS: list[str] = []
-INSTALLED_APPS = ["feeds"]
-DATABASES: dict[str, dict[str, str]] = {}  # the example task needs no database
+# django-celery-beat: the schedule in the database, edited in the admin, fired exactly
+# once by every beat you run (celery_baton.beat.django, docs/guides/django-beat.md).
+INSTALLED_APPS = ["django_celery_beat", "feeds"]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("DJANGO_DB_PATH", "db.sqlite3"),
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 
@@ -20,6 +28,7 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0
 # The coordination store. Unset: $BATON_URL, else the broker's Redis (the broker above).
 CELERY_BATON_URL = os.environ.get("CELERY_BATON_URL")
 CELERY_BATON_LEASE_TTL = 15  # a killed worker's feeds are free again within 15 s
-CELERY_BEAT_SCHEDULER = "celery_baton.beat:Scheduler"
+CELERY_BEAT_SCHEDULER = "celery_baton.beat.django:DjangoScheduler"
+CELERY_BATON_BEAT_DJANGO_POLL = 1  # an admin edit is read within a second
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4

@@ -387,7 +387,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             stored[name]["fp"] = self._compiled[name].fingerprint
         for name, status in zip(stale, results[len(defined) :], strict=True):
             if int(status) == 1:
-                logger.info("beat: entry %r is gone from beat_schedule; removed it", name)
+                gone = (
+                    "django-celery-beat's enabled rows"
+                    if stored[name].get("source") == "django"
+                    else "beat_schedule"
+                )
+                logger.info("beat: entry %r is gone from %s; removed it", name, gone)
             elif int(status) == -4:
                 logger.warning("beat: entry %r belongs to another app; left alone", name)
             stored.pop(name, None)
@@ -523,6 +528,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             self._dirty = True
             raise
         published: list[str] = []
+        accepted: list[Claim] = []
         for claim, result in zip(claims, results, strict=True):
             status = int(result[0])
             if status == 0:
@@ -538,6 +544,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 )
                 self._dirty = True
                 continue
+            accepted.append(claim)
             metrics.beat_fired.labels(claim.name).inc(claim.fired)
             metrics.beat_missed.labels(claim.name).inc(claim.missed)
             metrics.beat_suppressed.labels(claim.name).inc(claim.suppressed)
@@ -561,6 +568,13 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                     published.append(task_id)
         if published:
             self._beat.sent(published)
+        if accepted:
+            self.fired(accepted)
+
+    def fired(self, claims: list[Claim]) -> None:
+        """Called by the leader with the claims the store accepted, after their slots
+        were published: for a subclass that records runs elsewhere too (the Django
+        scheduler writes django-celery-beat's ``last_run_at``)."""
 
     def _plan(self, name: str, slots: StoredSlots, now: int) -> Claim:
         c = self._compiled[name]

@@ -1,0 +1,53 @@
+"""Settings of the test Django project: django-celery-beat's tables in the database named
+by the environment, Celery configured from the ``CELERY_*`` names below.
+
+``DJBEAT_DB``: ``sqlite:<path>`` or ``postgresql:<database>`` (on 127.0.0.1:5432, user
+postgres, trust auth). ``TEST_BROKER_URL`` / ``BATON_URL``: as every test app.
+"""
+
+import json
+import os
+
+SECRET_KEY = "tests-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_celery_beat"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_engine, _, _name = os.environ["DJBEAT_DB"].partition(":")
+if _engine == "sqlite":
+    # Two beats and the test's edits write the one file: wait for its lock, do not fail.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "OPTIONS": {"timeout": 20},
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name,
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+        }
+    }
+
+CELERY_BROKER_URL = os.environ["TEST_BROKER_URL"]
+CELERY_RESULT_BACKEND = os.environ.get("TEST_RESULT_URL")
+CELERY_BATON_URL = os.environ["BATON_URL"]
+CELERY_TIMEZONE = "UTC"
+CELERY_RESULT_EXPIRES = None
+CELERY_BEAT_SCHEDULER = "celery_baton.beat.django:DjangoScheduler"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Entries of beat_schedule stay apart from the tables: {name: seconds}.
+CELERY_BEAT_SCHEDULE = {
+    name: {
+        "task": "tests.apps.django_project.celery_app.record",
+        "schedule": float(every),
+        "args": (name,),
+    }
+    for name, every in json.loads(os.environ.get("DJBEAT_SETTINGS_ENTRIES", "{}")).items()
+}
