@@ -57,6 +57,9 @@ app.conf.update(
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # kombu's restore scan holds a mutex in the broker for this long (300 s by
+        # default); a broker SIGKILLed mid-scan keeps it (AOF) and blocks every restore.
+        "unacked_mutex_expire": 5,
     },
     broker_connection_retry_on_startup=True,
     worker_lost_wait=1.0,

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.workers import Workers
+from tests.support.workers import WorkerProcess, Workers
 
 APP = "tests.apps.limits"
 VISIBILITY = 15  # s: the hold horizon is a third of it, 5 s (as in the soak)
@@ -47,6 +47,32 @@ def _broker_state(broker_server: StoreServer) -> str:
             f"unacked_index: {client.zcard('unacked_index')}, "
             f"mutex: {client.get('unacked_mutex')!r}"
         )
+
+
+def _lines_of(task_ids: list[str], workers: list[WorkerProcess]) -> str:
+    """The log lines naming ``task_ids``, and every other line but the routine ones of
+    other tasks (received, held, handed back) in the 20 s after each was last received."""
+    shown: list[str] = []
+    for task_id in task_ids[:3]:
+        last: tuple[str, int] | None = None
+        logs = {w.hostname.split("@")[0]: w.log_text().splitlines() for w in workers}
+        for name, lines in logs.items():
+            for i, line in enumerate(lines):
+                if task_id in line and (last is None or line[:24] > logs[last[0]][last[1]][:24]):
+                    last = (name, i)
+        if last is None:
+            shown.append(f"{task_id}: never received")
+            continue
+        name, i = last
+        lines = logs[name]
+        until = lines[i][:18] + str(min(9, int(lines[i][18]) + 2))  # ~20 s later
+        for line in lines[max(0, i - 5) : i + 400]:
+            if line[:19] > until:
+                break
+            routine = any(w in line for w in ("received", "held for", "handed back"))
+            if task_id in line or not routine:
+                shown.append(f"{name}: {line}")
+    return "\n".join(shown)
 
 
 @pytest.mark.timeout(150)
@@ -93,7 +119,7 @@ def test_held_messages_run_once_across_broker_kills(
     lost_acks = sum(w.log_text().count("Couldn't ack") for w in pair)
     assert not missing, (
         f"{len(missing)} of {TASKS} never ran: {missing[:5]}; broker: "
-        f"{_broker_state(broker_server)}\n{logs}"
+        f"{_broker_state(broker_server)}\n{_lines_of(missing, pair)}\n{logs}"
     )
     assert sum(n - 1 for n in twice.values()) <= lost_acks, (
         f"ran more than once: {twice}, {lost_acks} acks lost\n{logs}"
