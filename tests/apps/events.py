@@ -1,7 +1,8 @@
 """A Celery app with celery-baton installed: one task per decision that sends a task event.
 
 Run by workers as ``celery -A tests.apps.events worker -E`` (tests/worker/test_events.py).
-Reads ``TEST_BROKER_URL``, ``TEST_RESULT_URL`` and ``BATON_URL`` from the environment.
+Reads ``TEST_BROKER_URL``, ``TEST_RESULT_URL`` and ``BATON_URL`` from the environment,
+and ``EVENTS_HOLD_HORIZON`` (``baton_hold_horizon``, default 300 s).
 Every task sleeps ``sleep`` seconds and returns its arguments.
 """
 
@@ -26,6 +27,8 @@ app.conf.update(
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
+    # A held request goes back to the broker after this long (EVENTS_HOLD_HORIZON).
+    baton_hold_horizon=float(os.environ.get("EVENTS_HOLD_HORIZON", "300")),
 )
 baton = Baton(app)
 

@@ -134,6 +134,21 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
         assert refused["reason"] == "invalid-key" and "key" in refused["exception"]
 
 
+def test_handed_back_says_how_long_it_was_held(workers: Workers, broker_url: str) -> None:
+    from tests.apps.events import wait_turn
+
+    workers.start(APP, concurrency=2, extra_args=["-E"], env={"EVENTS_HOLD_HORIZON": "1"})
+    with EventCapture(broker_url) as events:
+        first = wait_turn.delay("h", 4.0)
+        time.sleep(0.3)
+        second = wait_turn.delay("h", 0.0)
+        events.wait_for("task-baton-held", second.id)
+        handed = events.wait_for("task-baton-handed-back", second.id)
+        assert "the horizon" in handed["reason"] and handed["waited"] >= 1.0, handed
+        # Back from the broker, the same task id waits again and runs once the key is free.
+        assert first.get(timeout=10) == ["h", 4.0] and second.get(timeout=15) == ["h", 0.0]
+
+
 def test_without_task_events_nothing_is_sent_until_they_are_enabled(
     workers: Workers, broker_url: str
 ) -> None:

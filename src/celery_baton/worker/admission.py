@@ -19,7 +19,8 @@ asks for) asks the gate once, and the verdict
   same id, headers and retry count; never ``task.retry``).
 
 When the store does not answer, ``worker/store_down.py`` says what the request does
-(``baton_on_store_error``: held with back-off, or run unguarded).
+(``baton_on_store_error``: held with back-off, or run unguarded). Each decision is also
+a Celery task event when the worker sends them (``worker/events.py``).
 """
 
 from __future__ import annotations

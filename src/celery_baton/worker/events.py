@@ -62,7 +62,7 @@ class DecisionEvents:
     def _dispatcher(self, request: Any) -> Any:
         """The consumer's dispatcher if task events are on now, else None. Read at every
         decision: a lost broker connection replaces it, ``enable_events`` changes it."""
-        dispatcher = self.consumer.event_dispatcher
+        dispatcher = getattr(self.consumer, "event_dispatcher", None)
         if dispatcher is None or not dispatcher.enabled:
             return None
         if dispatcher.groups and "task" not in dispatcher.groups:
@@ -144,7 +144,7 @@ class DecisionEvents:
                 reason=skip.reason.value,
                 holder=skip.holder,
                 key=key,
-                exception=repr(TaskSkipped(skip.message, skip.key, skip.holder)),
+                exception=repr(TaskSkipped(skip.message, key, skip.holder)),
             )
         else:
             self._skipped(dispatcher, request, skip.reason.value, key, skip.holder, skip.message)
