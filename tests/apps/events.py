@@ -61,6 +61,13 @@ def latest(key: str, n: int, sleep: float = 0.0) -> list[Any]:
     return [key, n]
 
 
+@app.task(exclusive="key", exclusive_conflict="replace")
+def replace_me(key: str, n: int, sleep: float = 0.0) -> list[Any]:
+    """A newer call terminates the running one and runs instead."""
+    time.sleep(sleep)
+    return [key, n]
+
+
 @app.task(debounce=0.5, debounce_key="doc_id")
 def save(doc_id: str, n: int) -> list[Any]:
     """A burst runs once, with the last call's arguments."""

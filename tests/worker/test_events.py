@@ -79,7 +79,7 @@ def test_held_and_admitted_name_what_the_task_waited_for(workers: Workers, broke
 def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
     workers: Workers, broker_url: str
 ) -> None:
-    from tests.apps.events import app, latest, notify, save, skip_busy
+    from tests.apps.events import app, latest, notify, replace_me, save, skip_busy
 
     workers.start(APP, concurrency=2, extra_args=["-E"])
     with EventCapture(broker_url) as events:
@@ -106,6 +106,17 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
         assert "TaskSuperseded" in superseded["exception"]
         assert state_of(events, older.id) == "BATON-SUPERSEDED"
         assert newest.get(timeout=10) == ["c", 3] and running.get(timeout=10) == ["c", 1]
+
+        # Superseded while it runs: "replace" terminates it; its own worker says by whom.
+        replaced = replace_me.delay("r", 1, 30.0)
+        events.wait_for("task-started", replaced.id)
+        replacing = replace_me.delay("r", 2)
+        superseded = events.wait_for("task-baton-superseded", replaced.id)
+        assert superseded["replaced_by"] == replacing.id
+        assert superseded["key"] == "replace_me(key='r')"
+        events.wait_for("task-revoked", replaced.id)
+        assert state_of(events, replaced.id) == "BATON-SUPERSEDED"
+        assert replacing.get(timeout=15) == ["r", 2]
 
         # Debounced: a burst runs once, as its last call; the others name it.
         burst = [save.delay("d", n) for n in range(3)]

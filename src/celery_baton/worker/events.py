@@ -20,7 +20,8 @@ type                       fields (besides Celery's own)
 ``task-baton-held``        ``reason``, ``waiting_for`` (in words), ``key``, ``retry_after``
 ``task-baton-admitted``    ``waited`` (s), ``reason``, ``waiting_for``, ``guarded``
 ``task-baton-skipped``     ``reason``, ``key``, ``holder``, ``exception``
-``task-baton-superseded``  ``replaced_by``, ``key``, ``exception``
+``task-baton-superseded``  ``replaced_by``, ``key``, ``exception`` (also a terminated run:
+                           :func:`run_superseded`)
 ``task-baton-debounced``   ``replaced_by``, ``key``
 ``task-baton-throttled``   ``reason`` (throttled or coalesced), ``holder`` or
                            ``replaced_by``, ``key``, ``exception`` (dropped)
@@ -35,6 +36,7 @@ from typing import Any
 
 from celery_baton.core.debounce import FlowKind
 from celery_baton.core.keys import KeyNames, words
+from celery_baton.core.policy import RunPlan
 from celery_baton.errors import TaskSkipped, TaskSuperseded
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.verdict import Reason, Skip, Wait
@@ -199,3 +201,18 @@ class DecisionEvents:
         if key in (self.names.shared_rate(label), self.names.shared_penalty(label)):
             return repr(label)
         return words(key, label)
+
+
+def run_superseded(request: Any, superseded: TaskSuperseded, plan: RunPlan | None) -> None:
+    """A running run terminated for a newer publish (``exclusive_conflict="replace"``),
+    sent by its own worker as Celery announces the revoke: through the request's own
+    dispatcher (``Request.send_event``, which checks that task events are on), just
+    before Celery's ``task-revoked``, so the task ends as ``BATON-SUPERSEDED``."""
+    key = plan.exclusive_key if plan is not None else None
+    label = plan.labels.get(key) if plan is not None and key is not None else None
+    request.send_event(
+        "task-baton-superseded",
+        replaced_by=superseded.replaced_by,
+        key=words(key, label) if key is not None and label is not None else "",
+        exception=repr(superseded),
+    )
