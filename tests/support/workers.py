@@ -215,12 +215,14 @@ def start_worker(
     prefetch_multiplier: int | None = None,
     log_dir: Path | None = None,
     cwd: Path | None = None,
+    heartbeat: bool = False,
 ) -> WorkerProcess:
     """Start ``celery -A app worker`` without waiting; call :meth:`WorkerProcess.wait_ready`.
 
     ``env`` is the whole environment (build it with :func:`app_env`). ``hostname``
     defaults to a unique ``w<n>-<random>@<host>``; ``%h`` in it is expanded here.
-    Mingle, gossip and heartbeats are off so that workers start fast; pass
+    Mingle, gossip and heartbeats are off so that workers start fast (``heartbeat``:
+    on, as by default, which also keeps the event dispatcher enabled); pass
     ``extra_args`` for anything else. The log goes to ``log_dir`` (default: a new
     temporary directory).
     """
@@ -235,8 +237,10 @@ def start_worker(
         "--concurrency", str(concurrency),
         "--pool", pool,
         "--loglevel", loglevel,
-        "--without-heartbeat", "--without-gossip", "--without-mingle",
+        "--without-gossip", "--without-mingle",
     ]  # fmt: skip
+    if not heartbeat:
+        cmd.append("--without-heartbeat")
     if queues is not None:
         cmd += ["--queues", queues]
     if prefetch_multiplier is not None:

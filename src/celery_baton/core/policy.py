@@ -136,6 +136,8 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     done_stamp: str = ""  # the publish this delivery is (PUBLISH_HEADER; '': unstamped)
+    # The text each key's digest was made of (a named limit's keys: its name), for the
+    # operator: `celery baton locks` and the task events say what a request waits for.
     labels: dict[str, str] = field(default_factory=dict)
     supersede_key: str | None = None  # the publish order of a superseding exclusive key
     superseded_key: str | None = None  # this task id's unique replace marker
@@ -282,6 +284,8 @@ class TaskPolicy:
         plan = RunPlan(owner, [], [])
         if self.flow is not None:
             plan.flow_key = self.flow.store_key(names, self.name, args, kwargs)
+            flow_key = self.flow.key
+            plan.labels[plan.flow_key] = flow_key.material(args, kwargs) if flow_key else ""
         if self.redelivery_guard:
             plan.done_key = names.done(self.name, task_id)
             plan.done_stamp = stamp
@@ -325,6 +329,7 @@ class TaskPolicy:
                     names.rate(self.name, digest(material)), rate.interval_us, rate.burst
                 )
             )
+            plan.labels[plan.conditions[-1].key] = material
             self._fair(plan, names, "rate", plan.conditions[-1].key, args, kwargs)
             for more in self.more_rates:
                 # Every limit in the same atomic call: all pass or none is spent. Each
@@ -337,6 +342,7 @@ class TaskPolicy:
                         more.burst,
                     )
                 )
+                plan.labels[plan.conditions[-1].key] = material
         if self.shared:
             # Last: on Cluster they are asked first, on their own slots (Gate.decide).
             cost = call_cost(self.cost, self.shared, args, kwargs)
@@ -344,6 +350,9 @@ class TaskPolicy:
                 ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
                 plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
                 plan.conditions += limit.conditions(names, cost)
+                # A named limit's keys are labelled with its name (worker/events.py).
+                plan.labels[names.shared_rate(limit.name)] = limit.name
+                plan.labels[names.shared_penalty(limit.name)] = limit.name
         if self.unique is not None:
             plan.unique_key = self.unique_key(names, args, kwargs)
             if self.unique_conflict == "replace":

@@ -19,7 +19,8 @@ asks for) asks the gate once, and the verdict
   same id, headers and retry count; never ``task.retry``).
 
 When the store does not answer, ``worker/store_down.py`` says what the request does
-(``baton_on_store_error``: held with back-off, or run unguarded).
+(``baton_on_store_error``: held with back-off, or run unguarded). Each decision is also
+a Celery task event when the worker sends them (``worker/events.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool_slots import pool_slots
@@ -81,6 +83,7 @@ class Admission:
         self.on_store_error = settings.on_store_error
         self.horizon = horizon
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
+        self.events = DecisionEvents(consumer, names)
         self.holding = Holding(
             consumer,
             ask=self._ask,
@@ -88,6 +91,7 @@ class Admission:
             horizon=horizon,
             stats=self.stats,
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
+            on_held=self.events.held,
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         # A delivery asks only while a pool process can start it now (issue 24 §1).
@@ -100,6 +104,7 @@ class Admission:
             book=book,
             stats=self.stats,
             generation=lambda: self.generation,
+            events=self.events,
         )
         self.store_down = StoreDown(
             on_store_error=settings.on_store_error,
@@ -124,6 +129,7 @@ class Admission:
         try:
             plan = self.planner.plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
+            self.events.refused(request, str(exc))
             outcomes.refuse(request, exc)
             return None
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
@@ -313,6 +319,7 @@ class Admission:
     def _skip(self, delivery: Delivery, skip: Skip) -> None:
         self.holding.release(delivery)
         self.stats["skipped"] += 1
+        self.events.skipped(delivery, skip)
         outcomes.skip(delivery.request, skip)
         # Acked without a run: this id will not run (again), so its claim goes. A copy of
         # an id that already ran is one whose ack failed: its run kept the key for it.
@@ -322,6 +329,7 @@ class Admission:
     def _hand_back(self, delivery: Delivery, why: str) -> None:
         self.holding.release(delivery)
         self.stats["handed_back"] += 1
+        self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why)
 
     def forget_held(self) -> list[Delivery]:

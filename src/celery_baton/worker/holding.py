@@ -58,6 +58,9 @@ class Delivery:
     waiting_slot: bool = False  # waits for a pool process to come free
     slot: bool = False  # a pool slot is reserved for it
     reserved_start: bool = False  # granted a rate slot for later: keeps its pool slot
+    # The key its last task-baton-held event named, and why (worker/events.py).
+    announced: str | None = None
+    announced_reason: str = ""
 
     @property
     def at_start(self) -> bool:
@@ -89,9 +92,11 @@ class Holding:
         horizon: float,
         stats: dict[str, int],
         rank: Callable[[Any], float | None] = lambda request: None,
+        on_held: Callable[[Delivery, Wait], None] = lambda delivery, wait: None,
     ) -> None:
         self.consumer = consumer
         self.ask = ask
+        self.on_held = on_held  # every hold, also of one held already (its task event)
         self.stats = stats
         # A request's urgency (higher first; None: no priority), see WaitQueues.
         self.rank = rank
@@ -132,6 +137,7 @@ class Holding:
                 wait.key,
                 wait.delay,
             )
+        self.on_held(delivery, wait)
         queue_key = delivery.plan.fair_queues.get(wait.key, wait.key)
         if delivery.queue_key != queue_key:
             self.remove(delivery)

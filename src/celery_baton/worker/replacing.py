@@ -49,7 +49,7 @@ def record_superseded(request: Any, holder: str) -> None:
     """The run about to be stopped resolves to ``TaskSuperseded`` naming ``request``:
     written BEFORE the revoke, so that it is the first ready state a waiting caller
     sees, and Celery's own ``TaskRevokedError`` is never written over it (a worker's
-    revoke leaves a ready state alone; the holder's worker keeps it: ``keeps_superseded``).
+    revoke leaves a ready state alone; the holder's worker keeps it: ``superseded_by``).
     A run that already has a result (it just ended) keeps it."""
     task = request.task
     if task.ignore_result:
@@ -70,15 +70,18 @@ def record_superseded(request: Any, holder: str) -> None:
         logger.exception("baton: could not record %s as superseded", holder)
 
 
-def keeps_superseded(request: Any) -> bool:
-    """Whether the revoked ``request`` already resolved to ``TaskSuperseded`` (its
-    replacing worker wrote it): then Celery must not overwrite it with its own
-    ``TaskRevokedError``. A read on a rare path (a run revoked while admitted)."""
+def superseded_by(request: Any) -> TaskSuperseded | None:
+    """The ``TaskSuperseded`` the revoked ``request`` already resolved to (its replacing
+    worker wrote it), naming the task that replaced it: then Celery must not overwrite it
+    with its own ``TaskRevokedError``. A read on a rare path (a run revoked while admitted)."""
     try:
         meta = request.task.backend.get_task_meta(request.id)
     except Exception:
-        return False
-    return meta.get("status") == states.REVOKED and isinstance(meta.get("result"), TaskSuperseded)
+        return None
+    result = meta.get("result")
+    if meta.get("status") == states.REVOKED and isinstance(result, TaskSuperseded):
+        return result
+    return None
 
 
 class Replacing:

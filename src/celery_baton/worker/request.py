@@ -46,8 +46,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from celery_baton.worker import events
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
-from celery_baton.worker.replacing import keeps_superseded
+from celery_baton.worker.replacing import superseded_by
 
 if TYPE_CHECKING:
     from celery_baton.core.policy import RunPlan, TaskPolicy
@@ -228,8 +229,11 @@ class BatonRequestMixin:
         terminated = bool(args[1] if len(args) > 1 else kwargs.get("terminated"))
         # A replaced run: its replacing worker recorded TaskSuperseded naming the new
         # task; Celery would write its own TaskRevokedError over it.
-        if super().store_errors and keeps_superseded(self):  # type: ignore[misc]
+        superseded = superseded_by(self) if super().store_errors else None  # type: ignore[misc]
+        if superseded is not None:
             self.__dict__[SUPERSEDED_ATTR] = True
+            run = self.__dict__.get(RUN_ATTR)
+            events.run_superseded(self, superseded, run[2] if run is not None else None)
         try:
             return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery_baton import metrics
 from celery_baton.core.leases import LeaseBook
+from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.pool.context import FENCE_FIELD
 from celery_baton.worker.pool.run_end import mark as mark_run_end
@@ -40,7 +41,9 @@ class Starting:
         book: LeaseBook,
         stats: dict[str, int],
         generation: Callable[[], int],
+        events: DecisionEvents,
     ) -> None:
+        self.events = events
         self.consumer = consumer
         self.slots = slots
         self.holding = holding
@@ -63,6 +66,7 @@ class Starting:
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence
             mark_run_end(request.request_dict, delivery.policy, delivery.plan)
+        self.events.admitted(delivery, guarded=guarded)
         self.stats["admitted"] += 1
         metrics.admissions.labels(request.name).inc()
         if start.start_after > 0:
