@@ -47,7 +47,8 @@ from redis.crc import key_slot
 from celery_baton.beat.state import BeatState, Claim
 from celery_baton.core.gate import Condition, Gate, Release, gate_call
 from celery_baton.core.keys import KeyNames, KeySpec
-from celery_baton.core.policy import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.store import connect
 from celery_baton.store.scripts import SCRIPT_NAMES, evalsha_command, script_source
 from common import free_port, import_package, machine_note, parse_args, table
@@ -275,7 +276,7 @@ def task_units(feature: str, store: Store, lane: int, count: int) -> list[Unit]:
         task_id = f"t{lane}-{i}"
         owner = f"{task_id}|bench-{lane}|{i}"
         args = (f"{lane}-{i}",)
-        plan = policy.plan(names, task_id=task_id, owner=owner, args=args, kwargs={})
+        plan = plan_delivery(policy, names, task_id=task_id, owner=owner, args=args, kwargs={})
         commands: list[tuple[Any, ...]] = []
         checked: tuple[int, ...] = ()
         if feature == "unique":

@@ -14,7 +14,9 @@ from celery_baton.config import Settings
 from celery_baton.core import fairness
 from celery_baton.core.gate import Condition, Decision
 from celery_baton.core.keys import KeyNames, digest
-from celery_baton.core.policy import RunPlan, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import RunPlan
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.worker.verdict import Reason, Wait, verdict
 
 NAMES = KeyNames("baton")
@@ -30,7 +32,7 @@ def compile_(**options: Any) -> Any:
 def plan_of(tenant: str = "acme", **options: Any) -> RunPlan:
     policy = compile_(**options)
     assert policy is not None
-    return policy.plan(NAMES, task_id="id", owner="id|w|1", args=(tenant,), kwargs={})
+    return plan_delivery(policy, NAMES, task_id="id", owner="id|w|1", args=(tenant,), kwargs={})
 
 
 @pytest.fixture

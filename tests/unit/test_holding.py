@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.verdict import Reason, Wait
 

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from celery_baton.config import Settings
-from celery_baton.core.call_options import HEADER as CALL_HEADER
-from celery_baton.core.call_options import CallOptions
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import BEAT_SLOT_HEADER, PUBLISH_HEADER, TaskPolicy, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, CALL_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.core.policy.per_call import CallOptions
 from celery_baton.errors import KeySpecError
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.planning import Planner

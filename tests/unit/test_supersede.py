@@ -8,10 +8,12 @@ import pytest
 
 from celery_baton import ConfigError
 from celery_baton.config import Settings
-from celery_baton.core.call_options import parse
 from celery_baton.core.gate import Condition, Decision, parse_decision
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import RunPlan, TaskPolicy, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.core.policy.per_call import for_call, parse
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.worker.replacing import keep_order
 from celery_baton.worker.verdict import REVOKE_AGAIN, Reason, Skip, Start, Wait, verdict
 
@@ -28,8 +30,14 @@ def policy_of(**options: Any) -> TaskPolicy:
 
 
 def plan_of(order: int | None = None, **options: Any) -> RunPlan:
-    return policy_of(**options).plan(
-        NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={}, order=order
+    return plan_delivery(
+        policy_of(**options),
+        NAMES,
+        task_id="id-2",
+        owner="id-2|w|1",
+        args=("u",),
+        kwargs={},
+        order=order,
     )
 
 
@@ -102,7 +110,7 @@ def test_granted_replace_starts_with_its_fence() -> None:
 def test_unique_replace_gates_every_run_on_its_marker() -> None:
     policy = policy_of(unique="feed_url", unique_conflict="replace")
     assert policy.gates_runs
-    plan = policy.plan(NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={})
+    plan = plan_delivery(policy, NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={})
     (marker,) = [c for c in plan.conditions if c.kind == "N"]
     assert marker.key == NAMES.superseded("t.feed", "id-2") == plan.superseded_key
     outcome = decide(denied(plan, "N", "id-7", retry=-1), plan, "skip")
@@ -157,7 +165,7 @@ def test_bad_per_call_supersede_options_raise_at_publish(
 
 def test_per_call_supersede_modes_override_the_task() -> None:
     call = parse("t.feed", {"conflict": "replace", "unique_conflict": "replace"})
-    policy = policy_of(exclusive="feed_url", unique="feed_url").for_call(call)
+    policy = for_call(policy_of(exclusive="feed_url", unique="feed_url"), call)
     assert policy.supersedes and policy.unique_conflict == "replace"
 
 

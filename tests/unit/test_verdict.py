@@ -7,7 +7,9 @@ import pytest
 from celery_baton.config import Settings
 from celery_baton.core.gate import Condition, Decision
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import RunPlan, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import RunPlan
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.worker.verdict import SKIP_GRACE, Reason, Skip, Start, Wait, verdict
 
 NAMES = KeyNames("baton")
@@ -19,7 +21,7 @@ def feed(feed_url: str) -> None: ...
 def plan_of(**options: object) -> RunPlan:
     policy = compile_policy("t.feed", options.get, feed, Settings())
     assert policy is not None
-    return policy.plan(NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={})
+    return plan_delivery(policy, NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={})
 
 
 def denied(plan: RunPlan, kind: str, *, holder: str = "id-1|w|9", retry: float = 1.0) -> Decision:

@@ -64,7 +64,7 @@ class Condition:
     @classmethod
     def not_done(cls, key: str, stamp: str = "", task_id: str = "") -> Condition:
         """Denies a copy of a publish of ``task_id`` that already finished: one whose
-        ``stamp`` (its publish, policy.PUBLISH_HEADER) is recorded in ``key``; with no
+        ``stamp`` (its publish, policy/headers.PUBLISH_HEADER) is recorded in ``key``; with no
         stamp (a message sent without celery-baton), any finished run of the id."""
         return cls("D", key, stamp, task_id)
 
@@ -131,7 +131,7 @@ class Release:
     # > 0: keep the unique claim this many seconds instead of freeing it (the run ended,
     # but its message is still the broker's and comes back: worker/request.py)
     unique_keep: float = 0.0
-    # The publish whose run finished (policy.PUBLISH_HEADER; '': unstamped), recorded
+    # The publish whose run finished (policy/headers.PUBLISH_HEADER; '': unstamped), recorded
     # in the done marker: a copy of that publish is refused, another publish runs.
     done_stamp: str = ""
 

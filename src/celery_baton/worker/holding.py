@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_baton import metrics, signals
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
 from celery_baton.worker.wait_queues import WaitQueues

@@ -14,7 +14,8 @@ from typing import Any
 from celery import states
 
 from celery_baton.core.gate import Condition
-from celery_baton.core.policy import ORDER_HEADER, RunPlan
+from celery_baton.core.policy.headers import ORDER_HEADER
+from celery_baton.core.policy.model import RunPlan
 from celery_baton.errors import TaskSuperseded
 from celery_baton.worker.verdict import REVOKE_AGAIN
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from celery_baton.core.fairness import REFRESH
 from celery_baton.core.gate import Decision, owner_task_id
-from celery_baton.core.policy import RunPlan
+from celery_baton.core.policy.model import RunPlan
 
 #: Seconds a duplicate waits for a release in flight before it is skipped.
 SKIP_GRACE = 0.25

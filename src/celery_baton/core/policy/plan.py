@@ -1,0 +1,164 @@
+"""One delivery's plan: the gate conditions a task's policy asks for one call, and
+what the run must give back. Celery-free.
+
+Each feature's conditions are asked in a fixed order (gate.lua checks them in order and
+a denial names the first that failed): the redelivery guard, the exclusive key (after
+its publish order when it supersedes), the concurrency lease, the rates, the named
+limits, the unique claim.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery_baton.core import fairness
+from celery_baton.core.gate import Condition, HeldClaim, HeldLease
+from celery_baton.core.keys import KeyNames, digest
+from celery_baton.core.policy.model import RatePolicy, RunPlan, TaskPolicy
+from celery_baton.core.policy.options import SUPERSEDING
+from celery_baton.core.shared_limits import call_cost
+
+MAX_RESERVE = 1.0  # seconds
+
+
+def plan_delivery(
+    policy: TaskPolicy,
+    names: KeyNames,
+    *,
+    task_id: str,
+    owner: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    celery_rate: float | None = None,
+    expires_at: float | None = None,
+    redelivered: bool = False,
+    now: float | None = None,
+    order: int | None = None,
+    stamp: str = "",
+) -> RunPlan:
+    """The gate conditions of one delivery; raises KeySpecError for bad arguments.
+
+    ``expires_at`` (wall clock, seconds since the epoch; ``now`` by the same clock):
+    the message's expiry. Its unique claim may have been given a ttl as short as that
+    (see ``publish``), so the run must extend it; and a copy of it that the broker
+    gives back after the run was lost with its worker is discarded once expired, so
+    the claim is held by the run's liveness (renewed with its leases) rather than
+    for ``unique_ttl``: lost with its worker, it lapses within ``lease_ttl`` (or at
+    the expiry, if later), and the next publish is queued.
+    ``redelivered``: a copy the broker gave back (after a failed ack its claim was kept
+    for the redelivery window only, Releasing.unacked_claim_ttl): its run extends it.
+    ``order``: a superseding publish's order (its header; None: the gate gives one).
+    ``stamp``: the publish this delivery is (``PUBLISH_HEADER``; '': a message sent
+    without celery-baton, judged by its task id alone).
+    """
+    plan = RunPlan(owner, [], [])
+    if policy.flow is not None:
+        plan.flow_key = policy.flow.store_key(names, policy.name, args, kwargs)
+    if policy.redelivery_guard:
+        plan.done_key = names.done(policy.name, task_id)
+        plan.done_stamp = stamp
+        plan.conditions.append(Condition.not_done(plan.done_key, stamp, task_id))
+        plan.run_key = names.lease(policy.name, "run", task_id)
+        _lease(policy, plan, plan.run_key, 1, fence=False)
+    if policy.exclusive is not None:
+        material = (
+            policy.call_exclusive
+            if policy.call_exclusive is not None
+            else policy.exclusive.material(args, kwargs)
+        )
+        key = names.lease(policy.name, "ex", digest(material))
+        plan.exclusive_key = key
+        plan.labels[key] = material
+        if policy.exclusive_conflict in SUPERSEDING:
+            # Before the lease: an older publish is superseded whoever holds the key.
+            plan.supersede_key = names.supersede(policy.name, digest(material))
+            plan.labels[plan.supersede_key] = material
+            plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
+        _lease(policy, plan, key, 1, fence=True)
+    if policy.concurrency is not None:
+        spec = policy.concurrency.key
+        material = spec.material(args, kwargs) if spec else ""
+        key = names.lease(policy.name, "cc", digest(material))
+        plan.labels[key] = material
+        plan.conditions.append(Condition.override(names.limits(policy.name), "concurrency"))
+        _lease(policy, plan, key, policy.concurrency.limit, fence=False)
+        _fair(policy, plan, names, "cc", key, args, kwargs)
+    rate = policy.rate
+    if rate is None and celery_rate is not None:
+        rate = RatePolicy(celery_rate, 1, None)
+    if rate is not None:
+        # Reserve up to one interval ahead: a waiter that asks early takes its slot
+        # and starts exactly then, so wake-up latency costs no rate.
+        plan.reserve = min(1.0 / rate.per_second, MAX_RESERVE)
+        material = rate.key.material(args, kwargs) if rate.key else ""
+        plan.conditions.append(Condition.override(names.limits(policy.name), "rate"))
+        plan.conditions.append(
+            Condition.rate(names.rate(policy.name, digest(material)), rate.interval_us, rate.burst)
+        )
+        _fair(policy, plan, names, "rate", plan.conditions[-1].key, args, kwargs)
+        for more in policy.more_rates:
+            # Every limit in the same atomic call: all pass or none is spent. Each
+            # has a key of its own (its interval in the name), in the task's family.
+            plan.reserve = min(plan.reserve, 1.0 / more.per_second)
+            plan.conditions.append(
+                Condition.rate(
+                    names.rate(policy.name, f"{digest(material)}:{more.interval_us}"),
+                    more.interval_us,
+                    more.burst,
+                )
+            )
+    if policy.shared:
+        # Last: on Cluster they are asked first, on their own slots (Gate.decide).
+        cost = call_cost(policy.cost, policy.shared, args, kwargs)
+        for limit in policy.shared:
+            ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
+            plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
+            plan.conditions += limit.conditions(names, cost)
+    if policy.unique is not None:
+        plan.unique_key = policy.unique_key(names, args, kwargs)
+        if policy.unique_conflict == "replace":
+            plan.superseded_key = names.superseded(policy.name, task_id)
+            plan.conditions.append(Condition.not_superseded(plan.superseded_key, policy.unique_ttl))
+        if policy.unique_until == "started":
+            plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
+        elif expires_at is not None:
+            # Held while the run lives (renewed with its leases), whatever ttl the
+            # publish gave the claim; a task with no other condition makes the call
+            # for it.
+            claim = HeldClaim(plan.unique_key, task_id, policy.lease_ttl, expires_at)
+            plan.kept_claim = claim
+            ttl = claim.ttl_from(time.time() if now is None else now)
+            plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
+        elif plan.conditions or redelivered:
+            # Held until the run finishes, in the call made anyway (the claim's ttl
+            # from the publish is unique_ttl: no expiry cut it), or made for it.
+            plan.conditions.append(
+                Condition.keep_unique(plan.unique_key, task_id, policy.unique_ttl)
+            )
+    return plan
+
+
+def _fair(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    kind: str,
+    limit_key: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """fair_key: the "F" condition right after the shared limit's own (gate.lua)."""
+    if policy.fair is None:
+        return
+    value, fair_digest = policy.fair.value(args, kwargs)
+    base = names.fair(policy.name, kind, limit_key.rsplit(":", 1)[-1])
+    plan.conditions += fairness.conditions(base, fair_digest, policy.fair.stride(value))
+    plan.fair_queues[limit_key] = f"{limit_key}#{fair_digest}"
+    plan.fair_limits[base] = limit_key
+
+
+def _lease(policy: TaskPolicy, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:
+    plan.conditions.append(Condition.lease(key, limit=limit, fence=fence))
+    plan.leases.append(HeldLease(key, plan.owner, limit, policy.lease_ttl))
