@@ -57,87 +57,156 @@ def plan_delivery(
     if policy.flow is not None:
         plan.flow_key = policy.flow.store_key(names, policy.name, args, kwargs)
     if policy.redelivery_guard:
-        plan.done_key = names.done(policy.name, task_id)
-        plan.done_stamp = stamp
-        plan.conditions.append(Condition.not_done(plan.done_key, stamp, task_id))
-        plan.run_key = names.lease(policy.name, "run", task_id)
-        _lease(policy, plan, plan.run_key, 1, fence=False)
+        _redelivery_guard(policy, plan, names, task_id, stamp)
     if policy.exclusive is not None:
-        material = (
-            policy.call_exclusive
-            if policy.call_exclusive is not None
-            else policy.exclusive.material(args, kwargs)
-        )
-        key = names.lease(policy.name, "ex", digest(material))
-        plan.exclusive_key = key
-        plan.labels[key] = material
-        if policy.exclusive_conflict in SUPERSEDING:
-            # Before the lease: an older publish is superseded whoever holds the key.
-            plan.supersede_key = names.supersede(policy.name, digest(material))
-            plan.labels[plan.supersede_key] = material
-            plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
-        _lease(policy, plan, key, 1, fence=True)
+        _exclusive(policy, plan, names, task_id, order, args, kwargs)
     if policy.concurrency is not None:
-        spec = policy.concurrency.key
-        material = spec.material(args, kwargs) if spec else ""
-        key = names.lease(policy.name, "cc", digest(material))
-        plan.labels[key] = material
-        plan.conditions.append(Condition.override(names.limits(policy.name), "concurrency"))
-        _lease(policy, plan, key, policy.concurrency.limit, fence=False)
-        _fair(policy, plan, names, "cc", key, args, kwargs)
+        _concurrency(policy, plan, names, args, kwargs)
     rate = policy.rate
     if rate is None and celery_rate is not None:
         rate = RatePolicy(celery_rate, 1, None)
     if rate is not None:
-        # Reserve up to one interval ahead: a waiter that asks early takes its slot
-        # and starts exactly then, so wake-up latency costs no rate.
-        plan.reserve = min(1.0 / rate.per_second, MAX_RESERVE)
-        material = rate.key.material(args, kwargs) if rate.key else ""
-        plan.conditions.append(Condition.override(names.limits(policy.name), "rate"))
-        plan.conditions.append(
-            Condition.rate(names.rate(policy.name, digest(material)), rate.interval_us, rate.burst)
-        )
-        _fair(policy, plan, names, "rate", plan.conditions[-1].key, args, kwargs)
-        for more in policy.more_rates:
-            # Every limit in the same atomic call: all pass or none is spent. Each
-            # has a key of its own (its interval in the name), in the task's family.
-            plan.reserve = min(plan.reserve, 1.0 / more.per_second)
-            plan.conditions.append(
-                Condition.rate(
-                    names.rate(policy.name, f"{digest(material)}:{more.interval_us}"),
-                    more.interval_us,
-                    more.burst,
-                )
-            )
+        _rates(policy, plan, names, rate, args, kwargs)
     if policy.shared:
-        # Last: on Cluster they are asked first, on their own slots (Gate.decide).
-        cost = call_cost(policy.cost, policy.shared, args, kwargs)
-        for limit in policy.shared:
-            ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
-            plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
-            plan.conditions += limit.conditions(names, cost)
+        _shared_limits(policy, plan, names, args, kwargs)
     if policy.unique is not None:
-        plan.unique_key = policy.unique_key(names, args, kwargs)
-        if policy.unique_conflict == "replace":
-            plan.superseded_key = names.superseded(policy.name, task_id)
-            plan.conditions.append(Condition.not_superseded(plan.superseded_key, policy.unique_ttl))
-        if policy.unique_until == "started":
-            plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
-        elif expires_at is not None:
-            # Held while the run lives (renewed with its leases), whatever ttl the
-            # publish gave the claim; a task with no other condition makes the call
-            # for it.
-            claim = HeldClaim(plan.unique_key, task_id, policy.lease_ttl, expires_at)
-            plan.kept_claim = claim
-            ttl = claim.ttl_from(time.time() if now is None else now)
-            plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
-        elif plan.conditions or redelivered:
-            # Held until the run finishes, in the call made anyway (the claim's ttl
-            # from the publish is unique_ttl: no expiry cut it), or made for it.
-            plan.conditions.append(
-                Condition.keep_unique(plan.unique_key, task_id, policy.unique_ttl)
-            )
+        _unique(policy, plan, names, task_id, expires_at, now, redelivered, args, kwargs)
     return plan
+
+
+def _redelivery_guard(
+    policy: TaskPolicy, plan: RunPlan, names: KeyNames, task_id: str, stamp: str
+) -> None:
+    """Not a copy of a publish that finished, and no other copy of it running."""
+    plan.done_key = names.done(policy.name, task_id)
+    plan.done_stamp = stamp
+    plan.conditions.append(Condition.not_done(plan.done_key, stamp, task_id))
+    plan.run_key = names.lease(policy.name, "run", task_id)
+    _lease(policy, plan, plan.run_key, 1, fence=False)
+
+
+def _exclusive(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    task_id: str,
+    order: int | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """The exclusive key's lease (fenced), after its publish order when it supersedes."""
+    assert policy.exclusive is not None
+    material = (
+        policy.call_exclusive
+        if policy.call_exclusive is not None
+        else policy.exclusive.material(args, kwargs)
+    )
+    key = names.lease(policy.name, "ex", digest(material))
+    plan.exclusive_key = key
+    plan.labels[key] = material
+    if policy.exclusive_conflict in SUPERSEDING:
+        # Before the lease: an older publish is superseded whoever holds the key.
+        plan.supersede_key = names.supersede(policy.name, digest(material))
+        plan.labels[plan.supersede_key] = material
+        plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
+    _lease(policy, plan, key, 1, fence=True)
+
+
+def _concurrency(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """One of ``limit`` leases of the key (its limit may be overridden at runtime)."""
+    assert policy.concurrency is not None
+    spec = policy.concurrency.key
+    material = spec.material(args, kwargs) if spec else ""
+    key = names.lease(policy.name, "cc", digest(material))
+    plan.labels[key] = material
+    plan.conditions.append(Condition.override(names.limits(policy.name), "concurrency"))
+    _lease(policy, plan, key, policy.concurrency.limit, fence=False)
+    _fair(policy, plan, names, "cc", key, args, kwargs)
+
+
+def _rates(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    rate: RatePolicy,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """The task's rate (its limit may be overridden at runtime), and any more rates."""
+    # Reserve up to one interval ahead: a waiter that asks early takes its slot
+    # and starts exactly then, so wake-up latency costs no rate.
+    plan.reserve = min(1.0 / rate.per_second, MAX_RESERVE)
+    material = rate.key.material(args, kwargs) if rate.key else ""
+    plan.conditions.append(Condition.override(names.limits(policy.name), "rate"))
+    plan.conditions.append(
+        Condition.rate(names.rate(policy.name, digest(material)), rate.interval_us, rate.burst)
+    )
+    _fair(policy, plan, names, "rate", plan.conditions[-1].key, args, kwargs)
+    for more in policy.more_rates:
+        # Every limit in the same atomic call: all pass or none is spent. Each
+        # has a key of its own (its interval in the name), in the task's family.
+        plan.reserve = min(plan.reserve, 1.0 / more.per_second)
+        plan.conditions.append(
+            Condition.rate(
+                names.rate(policy.name, f"{digest(material)}:{more.interval_us}"),
+                more.interval_us,
+                more.burst,
+            )
+        )
+
+
+def _shared_limits(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Named limits (shared_limits.py builds their conditions). Last: on Cluster they
+    are asked first, on their own slots (Gate.decide)."""
+    cost = call_cost(policy.cost, policy.shared, args, kwargs)
+    for limit in policy.shared:
+        ahead = min(limit.increment_us(cost) / 1e6, MAX_RESERVE)
+        plan.reserve = min(plan.reserve, ahead) if plan.reserve else ahead
+        plan.conditions += limit.conditions(names, cost)
+
+
+def _unique(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    task_id: str,
+    expires_at: float | None,
+    now: float | None,
+    redelivered: bool,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """The unique claim: not replaced, then freed at the start or kept for the run."""
+    plan.unique_key = policy.unique_key(names, args, kwargs)
+    if policy.unique_conflict == "replace":
+        plan.superseded_key = names.superseded(policy.name, task_id)
+        plan.conditions.append(Condition.not_superseded(plan.superseded_key, policy.unique_ttl))
+    if policy.unique_until == "started":
+        plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
+    elif expires_at is not None:
+        # Held while the run lives (renewed with its leases), whatever ttl the
+        # publish gave the claim; a task with no other condition makes the call
+        # for it.
+        claim = HeldClaim(plan.unique_key, task_id, policy.lease_ttl, expires_at)
+        plan.kept_claim = claim
+        ttl = claim.ttl_from(time.time() if now is None else now)
+        plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
+    elif plan.conditions or redelivered:
+        # Held until the run finishes, in the call made anyway (the claim's ttl
+        # from the publish is unique_ttl: no expiry cut it), or made for it.
+        plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, policy.unique_ttl))
 
 
 def _fair(
