@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from celery_baton.core.gate import Condition, Release, gate_call
+from celery_baton.core.conditions import Condition, Rate, TakeLease
+from celery_baton.core.gate import Release, gate_call
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.rates import interval_us
 from celery_baton.store.scripts import script_source
@@ -41,15 +42,15 @@ SCRIPT = "src/celery_baton/store/lua/gate.lua"
 def three(tag: str) -> list[Condition]:
     """The three conditions, on keys of their own (one family per revision and decision)."""
     return [
-        Condition.rate(f"baton:{{{tag}}}:rate:three", interval_us(HIGH), 1),
-        Condition.lease(f"baton:{{{tag}}}:conc:three", limit=5),
-        Condition.lease(f"baton:{{{tag}}}:ex:three", limit=1, fence=True),
+        Rate(f"baton:{{{tag}}}:rate:three", interval_us(HIGH), 1),
+        TakeLease(f"baton:{{{tag}}}:conc:three", limit=5),
+        TakeLease(f"baton:{{{tag}}}:ex:three", limit=1, fence=True),
     ]
 
 
 def rate(tag: str) -> list[Condition]:
     """One rate condition: no lease, so no store epoch either."""
-    return [Condition.rate(f"baton:{{{tag}}}:rate:one", interval_us(HIGH), 1)]
+    return [Rate(f"baton:{{{tag}}}:rate:one", interval_us(HIGH), 1)]
 
 
 DECISIONS = {"three": three, "rate": rate}
@@ -106,7 +107,7 @@ def main() -> None:
 
         def worker_like(rev: str) -> Callable[[], object]:
             conditions = conditions_of(f"worker-{rev}")
-            lease_keys = tuple(c.key for c in conditions if c.kind == "L")
+            lease_keys = tuple(c.key for c in conditions if isinstance(c, TakeLease))
 
             def call() -> object:
                 owner = f"bench-{next(nonce)}|w|1"

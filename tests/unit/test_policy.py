@@ -10,7 +10,8 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError
 from celery_baton.config import Settings
-from celery_baton.core.gate import Condition
+from celery_baton.core.conditions import FreeUnique, KeepUnique, Override, Rate, TakeLease
+from celery_baton.core.gate import encode
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.options import declares_options
@@ -54,7 +55,7 @@ def test_global_rate_limits_give_every_task_a_runtime_rate() -> None:
     limited = plan_delivery(
         bare, NAMES, task_id="t", owner="o", args=(), kwargs={}, celery_rate=0.1
     )
-    assert [c.kind for c in limited.conditions] == ["O", "R"]
+    assert [type(c) for c in limited.conditions] == [Override, Rate]
     guarded = compile_(settings=settings, exclusive="feed_url")
     assert guarded.rate_from_celery and not guarded.celery_rate_only
     declared = compile_(settings=settings, global_rate_limit="2/s")
@@ -97,7 +98,7 @@ def test_exclusive_plan_asks_for_one_fenced_lease() -> None:
     material = '{"feed_url":"u"}'
     key = "baton:{app.feed}:ex:" + digest(material)
     assert plan.exclusive_key == key
-    assert plan.conditions == [Condition.lease(key, limit=1, fence=True)]
+    assert plan.conditions == [TakeLease(key, limit=1, fence=True)]
     assert [(x.key, x.owner, x.limit, x.ttl) for x in plan.leases] == [(key, "id-1|w|n", 1, 5)]
     assert plan.labels[key] == material
     assert plan.unique_key is None and plan.done_key is None
@@ -116,7 +117,7 @@ def test_unique_until_finished_needs_no_gate_and_started_frees_at_the_gate() -> 
     started = compile_(unique="feed_url", unique_until="started")
     assert started.gates_runs
     plan = plan_delivery(started, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
-    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+    assert plan.conditions == [FreeUnique(plan.unique_key, "id-1")]
 
 
 def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_anyway() -> None:
@@ -128,20 +129,20 @@ def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_
     plan = plan_delivery(
         only, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=102.0, now=100.0
     )
-    assert plan.conditions == [Condition.keep_unique(plan.unique_key, "id-1", 5)]
+    assert plan.conditions == [KeepUnique(plan.unique_key, "id-1", 5)]
     assert plan.kept_claim is not None and plan.kept_claim.ttl_from(100.0) == 5
     assert plan.kept_claim.ttl_from(90.0) == 12  # the expiry is further: held until then
-    assert Condition.keep_unique("k", "id-1", 60).b == "60000"
+    assert encode(KeepUnique("k", "id-1", 60)) == ("K", "id-1", "60000")
 
     gated = compile_(unique="feed_url", global_concurrency=2)
     plan = plan_delivery(gated, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
-    assert plan.conditions[-1] == Condition.keep_unique(plan.unique_key, "id-1", 3600)
+    assert plan.conditions[-1] == KeepUnique(plan.unique_key, "id-1", 3600)
 
     started = compile_(unique="feed_url", unique_until="started")
     plan = plan_delivery(
         started, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=1.0
     )
-    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+    assert plan.conditions == [FreeUnique(plan.unique_key, "id-1")]
 
 
 def test_plan_with_bad_arguments_raises_key_spec_error() -> None:
@@ -221,7 +222,7 @@ def test_several_rates_are_conditions_of_one_call() -> None:
     policy = compile_policy("t.fetch", options.get, fetch, Settings())
     assert policy is not None and len(policy.more_rates) == 1
     plan = plan_delivery(policy, KeyNames(), task_id="i", owner="i|w|1", args=("h",), kwargs={})
-    rates = [c for c in plan.conditions if c.kind == "R"]
+    rates = [c for c in plan.conditions if isinstance(c, Rate)]
     assert len(rates) == 2 and len({c.key for c in rates}) == 2
     assert len({c.key.split(":")[1] for c in rates}) == 1  # one family: one Cluster slot
     for bad in ([], ["10/s", "10/s"], ["10/s", "ten"]):

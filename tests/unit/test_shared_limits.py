@@ -10,7 +10,8 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
-from celery_baton.core.gate import Condition, slot_groups, spans_slots
+from celery_baton.core.conditions import Override, Penalty, Rate, TakeLease, WeightedRate
+from celery_baton.core.gate import slot_groups, spans_slots
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.plan import plan_delivery
@@ -75,9 +76,9 @@ def test_a_callable_cost_is_refused_at_run_time_when_too_large() -> None:
     policy = compile_(limits=["openai"], cost=lambda prompt, tokens: tokens)
     plan = plan_delivery(policy, NAMES, task_id="i", owner="i|w|1", args=("p", 500), kwargs={})
     penalty, rate = plan.conditions
-    assert penalty == Condition.penalty(NAMES.shared_penalty("openai"))
+    assert penalty == Penalty(NAMES.shared_penalty("openai"))
     limit = parse_limits(LIMITS)["openai"]
-    assert rate == Condition.weighted(
+    assert rate == WeightedRate(
         NAMES.shared_rate("openai"), 500 * limit.interval_us, limit.tolerance_us
     )
     with pytest.raises(CostError, match="larger than the burst 90000"):
@@ -103,12 +104,12 @@ def test_a_task_with_its_own_keys_and_named_limits_spans_two_slots() -> None:
         "baton:{limit:openai",
         "baton:{t.ask",
     ]
-    assert [c.kind for c in groups[-1]] == ["L"]
+    assert [type(c) for c in groups[-1]] == [TakeLease]
     rated = compile_(limits=["db"], global_rate_limit="5/s")
     plan = plan_delivery(rated, NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     shared, own = slot_groups(plan.conditions)
-    assert [c.kind for c in shared] == ["P", "W"]
-    assert [c.kind for c in own] == ["O", "R"]  # an override stays with its condition
+    assert [type(c) for c in shared] == [Penalty, WeightedRate]
+    assert [type(c) for c in own] == [Override, Rate]  # an override stays with its condition
     only_shared = compile_(limits=["openai"])
     plan = plan_delivery(only_shared, NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     assert not spans_slots(plan.conditions)

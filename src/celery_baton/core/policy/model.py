@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_baton.core.conditions import Condition
 from celery_baton.core.debounce import FlowPolicy
 from celery_baton.core.fairness import FairPolicy
-from celery_baton.core.gate import Condition, HeldClaim, HeldLease
+from celery_baton.core.gate import HeldClaim, HeldLease
 from celery_baton.core.keys import KeyNames, KeySpec, digest
 from celery_baton.core.policy.options import SUPERSEDING
 from celery_baton.core.rates import interval_us
@@ -55,7 +56,7 @@ class RunPlan:
     flow_key: str | None = None
     flow_passed: bool = False
     # fair_key: the local wait queue of each shared limit's key (one per fair key
-    # value), and the limit key each "F" condition belongs to.
+    # value), and the limit key each FairTurn belongs to.
     fair_queues: dict[str, str] = field(default_factory=dict)
     fair_limits: dict[str, str] = field(default_factory=dict)
     kept_claim: HeldClaim | None = None  # the unique claim its run renews (expiring message)

@@ -14,7 +14,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery_baton.core import fairness
-from celery_baton.core.gate import Condition, HeldClaim, HeldLease
+from celery_baton.core.conditions import (
+    FreeUnique,
+    KeepUnique,
+    NotDone,
+    NotSuperseded,
+    Override,
+    PublishOrder,
+    Rate,
+    TakeLease,
+)
+from celery_baton.core.gate import HeldClaim, HeldLease
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.model import RatePolicy, RunPlan, TaskPolicy
 from celery_baton.core.policy.options import SUPERSEDING
@@ -80,7 +90,7 @@ def _redelivery_guard(
     """Not a copy of a publish that finished, and no other copy of it running."""
     plan.done_key = names.done(policy.name, task_id)
     plan.done_stamp = stamp
-    plan.conditions.append(Condition.not_done(plan.done_key, stamp, task_id))
+    plan.conditions.append(NotDone(plan.done_key, stamp, task_id))
     plan.run_key = names.lease(policy.name, "run", task_id)
     _lease(policy, plan, plan.run_key, 1, fence=False)
 
@@ -108,7 +118,7 @@ def _exclusive(
         # Before the lease: an older publish is superseded whoever holds the key.
         plan.supersede_key = names.supersede(policy.name, digest(material))
         plan.labels[plan.supersede_key] = material
-        plan.conditions.append(Condition.supersede(plan.supersede_key, order, task_id))
+        plan.conditions.append(PublishOrder(plan.supersede_key, order, task_id))
     _lease(policy, plan, key, 1, fence=True)
 
 
@@ -125,7 +135,7 @@ def _concurrency(
     material = spec.material(args, kwargs) if spec else ""
     key = names.lease(policy.name, "cc", digest(material))
     plan.labels[key] = material
-    plan.conditions.append(Condition.override(names.limits(policy.name), "concurrency"))
+    plan.conditions.append(Override(names.limits(policy.name), "concurrency"))
     _lease(policy, plan, key, policy.concurrency.limit, fence=False)
     _fair(policy, plan, names, "cc", key, args, kwargs)
 
@@ -143,9 +153,9 @@ def _rates(
     # and starts exactly then, so wake-up latency costs no rate.
     plan.reserve = min(1.0 / rate.per_second, MAX_RESERVE)
     material = rate.key.material(args, kwargs) if rate.key else ""
-    plan.conditions.append(Condition.override(names.limits(policy.name), "rate"))
+    plan.conditions.append(Override(names.limits(policy.name), "rate"))
     plan.conditions.append(
-        Condition.rate(names.rate(policy.name, digest(material)), rate.interval_us, rate.burst)
+        Rate(names.rate(policy.name, digest(material)), rate.interval_us, rate.burst)
     )
     _fair(policy, plan, names, "rate", plan.conditions[-1].key, args, kwargs)
     for more in policy.more_rates:
@@ -153,7 +163,7 @@ def _rates(
         # has a key of its own (its interval in the name), in the task's family.
         plan.reserve = min(plan.reserve, 1.0 / more.per_second)
         plan.conditions.append(
-            Condition.rate(
+            Rate(
                 names.rate(policy.name, f"{digest(material)}:{more.interval_us}"),
                 more.interval_us,
                 more.burst,
@@ -192,9 +202,9 @@ def _unique(
     plan.unique_key = policy.unique_key(names, args, kwargs)
     if policy.unique_conflict == "replace":
         plan.superseded_key = names.superseded(policy.name, task_id)
-        plan.conditions.append(Condition.not_superseded(plan.superseded_key, policy.unique_ttl))
+        plan.conditions.append(NotSuperseded(plan.superseded_key, policy.unique_ttl))
     if policy.unique_until == "started":
-        plan.conditions.append(Condition.free_unique(plan.unique_key, task_id))
+        plan.conditions.append(FreeUnique(plan.unique_key, task_id))
     elif expires_at is not None:
         # Held while the run lives (renewed with its leases), whatever ttl the
         # publish gave the claim; a task with no other condition makes the call
@@ -202,11 +212,11 @@ def _unique(
         claim = HeldClaim(plan.unique_key, task_id, policy.lease_ttl, expires_at)
         plan.kept_claim = claim
         ttl = claim.ttl_from(time.time() if now is None else now)
-        plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, ttl))
+        plan.conditions.append(KeepUnique(plan.unique_key, task_id, ttl))
     elif plan.conditions or redelivered:
         # Held until the run finishes, in the call made anyway (the claim's ttl
         # from the publish is unique_ttl: no expiry cut it), or made for it.
-        plan.conditions.append(Condition.keep_unique(plan.unique_key, task_id, policy.unique_ttl))
+        plan.conditions.append(KeepUnique(plan.unique_key, task_id, policy.unique_ttl))
 
 
 def _fair(
@@ -218,7 +228,7 @@ def _fair(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
 ) -> None:
-    """fair_key: the "F" condition right after the shared limit's own (gate.lua)."""
+    """fair_key: the FairTurn right after the shared limit's own (gate.lua)."""
     if policy.fair is None:
         return
     value, fair_digest = policy.fair.value(args, kwargs)
@@ -229,5 +239,5 @@ def _fair(
 
 
 def _lease(policy: TaskPolicy, plan: RunPlan, key: str, limit: int, *, fence: bool) -> None:
-    plan.conditions.append(Condition.lease(key, limit=limit, fence=fence))
+    plan.conditions.append(TakeLease(key, limit=limit, fence=fence))
     plan.leases.append(HeldLease(key, plan.owner, limit, policy.lease_ttl))
