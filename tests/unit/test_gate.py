@@ -20,8 +20,9 @@ from celery_baton.core.conditions import (
     StoreGrace,
     TakeLease,
     WeightedRate,
+    encode,
 )
-from celery_baton.core.gate import Release, encode, gate_call, owner_task_id, parse_decision
+from celery_baton.core.gate import Release, gate_call, owner_task_id, parse_decision
 
 RATE = Rate("baton:{t}:rate", 1_000, 2)
 EX = TakeLease("baton:{t}:ex:k", fence=True)

@@ -10,8 +10,7 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError
 from celery_baton.config import Settings
-from celery_baton.core.conditions import FreeUnique, KeepUnique, Override, Rate, TakeLease
-from celery_baton.core.gate import encode
+from celery_baton.core.conditions import FreeUnique, KeepUnique, Override, Rate, TakeLease, encode
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.options import declares_options

@@ -10,8 +10,15 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
-from celery_baton.core.conditions import Override, Penalty, Rate, TakeLease, WeightedRate
-from celery_baton.core.gate import slot_groups, spans_slots
+from celery_baton.core.conditions import (
+    Override,
+    Penalty,
+    Rate,
+    TakeLease,
+    WeightedRate,
+    slot_groups,
+    spans_slots,
+)
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.plan import plan_delivery

@@ -18,19 +18,12 @@ from typing import Any, NamedTuple
 
 from celery_baton.core.conditions import (
     Condition,
-    FairPart,
-    FairTurn,
-    FreeUnique,
-    KeepUnique,
-    NotDone,
-    NotSuperseded,
-    Override,
-    Penalty,
-    PublishOrder,
-    Rate,
     StoreGrace,
     TakeLease,
     WeightedRate,
+    encode,
+    slot_groups,
+    spans_slots,
 )
 from celery_baton.core.keys import epoch_key
 from celery_baton.store import inspect as store_inspect
@@ -341,81 +334,9 @@ class Gate:
         return self.store.scripts.run("renew", keys, args, client=pipe)
 
 
-def hash_tag(key: str) -> str:
-    """The part of ``key`` Redis Cluster hashes: its first ``{...}``, else all of it."""
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1 : end] if end > start + 1 else key
-
-
-def spans_slots(conditions: Sequence[Condition]) -> bool:
-    """Whether ``conditions`` name keys of more than one hash tag (a task's own keys and
-    a named limit's): on Cluster they cannot be decided in one script call."""
-    tags = {hash_tag(c.key) for c in conditions}
-    return len(tags) > 1
-
-
-def slot_groups(conditions: Sequence[Condition]) -> list[list[Condition]]:
-    """``conditions`` split by hash tag: the named limits' groups first (sorted, so two
-    workers never take them in opposite orders), the task's own keys last. An Override
-    stays with the condition it applies to."""
-    groups: dict[str, list[Condition]] = {}
-    pending: list[Condition] = []
-    for c in conditions:
-        if isinstance(c, Override):
-            pending.append(c)
-            continue
-        groups.setdefault(hash_tag(c.key), []).extend([*pending, c])
-        pending = []
-    shared = sorted(
-        tag
-        for tag, group in groups.items()
-        if all(isinstance(c, WeightedRate | Penalty) for c in group)
-    )
-    own = [tag for tag in groups if tag not in shared]
-    return [groups[tag] for tag in [*shared, *own]]
-
-
 def _renewals(reply: Sequence[Any]) -> list[Renewal]:
     """renew.lua's reply: a status and an epoch per lease."""
     return [Renewal(int(reply[i]), str(reply[i + 1] or "")) for i in range(0, len(reply), 2)]
-
-
-def encode(c: Condition) -> tuple[str, str, str]:
-    """What gate.lua reads of condition ``c``: its kind's letter and two values (the
-    script's header says what they mean). The one place the letters are written on
-    this side; the commonest kinds are matched first (every delivery encodes its plan)."""
-    match c:
-        case TakeLease():
-            return "L", str(c.limit), "1" if c.fence else "0"
-        case Override():
-            return "O", c.field, ""
-        case Rate():
-            return "R", str(c.interval_us), str(c.burst)
-        case NotDone():
-            return "D", c.stamp, c.task_id
-        case KeepUnique():
-            return "K", c.task_id, _ms(c.ttl)
-        case FreeUnique():
-            return "U", c.task_id, ""
-        case PublishOrder():
-            return "S", "" if c.order is None else str(c.order), c.task_id
-        case NotSuperseded():
-            return "N", _ms(c.ttl), ""
-        case WeightedRate():
-            return "W", str(c.increment_us), str(c.tolerance_us)
-        case Penalty():
-            return "P", "", ""
-        case FairTurn():
-            return "F", c.fair_key, f"{c.stride} {1 if c.more else 0} {c.presence_ms}"
-        case FairPart():
-            return "-", "", ""
-        case StoreGrace():
-            raise ValueError("the store's grace is never asked for: the gate adds it")
-
-
-def _ms(seconds: float) -> str:
-    return str(max(1, round(seconds * 1000)))
 
 
 def gate_call(
