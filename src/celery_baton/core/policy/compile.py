@@ -7,7 +7,6 @@ class) through ``options(name)``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from celery_baton.core.policy.options import (
     SUPERSEDING,
     UNIQUE_CONFLICTS,
     UNIQUE_UNTIL,
+    is_seconds,
 )
 from celery_baton.core.rates import parse_burst, parse_rate
 from celery_baton.core.shared_limits import SharedLimit, parse_limits, resolve
@@ -62,12 +62,7 @@ def compile_policy(
         value = options(option)
         if value is None:
             return default
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not value > 0
-            or math.isinf(value)  # forever is leaving the option out, or a bug
-        ):
+        if not is_seconds(value):
             raise ConfigError(
                 f"must be a number of seconds > 0 and finite, got {value!r}",
                 subject=f"{name}.{option}",

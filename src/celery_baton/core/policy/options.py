@@ -7,6 +7,7 @@ read from it, and the allowed values of a choice are read from its ``Literal``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypedDict, get_args
 
@@ -77,6 +78,17 @@ NEEDS = {
     "fair_weights": "fair_key",
     "cost": "limits",
 }
+
+
+def is_seconds(value: object) -> bool:
+    """A duration option's value: a number of seconds > 0 and finite (forever is
+    leaving the option out, or a bug)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and value > 0
+        and not math.isinf(value)
+    )
 
 
 def declares_options(options: Mapping[str, Any]) -> bool:

@@ -23,7 +23,6 @@ the worker from the header.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from celery_baton.config import Settings, suggest
 from celery_baton.core.keys import KeySpec, _canonical_json
 from celery_baton.core.policy.model import TaskPolicy
-from celery_baton.core.policy.options import CONFLICT_POLICIES, UNIQUE_CONFLICTS
+from celery_baton.core.policy.options import CONFLICT_POLICIES, UNIQUE_CONFLICTS, is_seconds
 from celery_baton.errors import ConfigError
 
 #: The keyword of apply_async/send_task/signature options (and of a beat entry's
@@ -114,12 +113,7 @@ def parse(task: str, value: object) -> CallOptions:
         option = value.get(name)
         if option is None:
             return None
-        if (
-            isinstance(option, bool)
-            or not isinstance(option, int | float)
-            or not option > 0
-            or math.isinf(option)  # "wait forever" is no wait_timeout at all: leave it out
-        ):
+        if not is_seconds(option):  # "wait forever" is no wait_timeout: leave it out
             raise ConfigError(
                 f"{name} must be seconds > 0 and finite, got {option!r}",
                 subject=subject,
