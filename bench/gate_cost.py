@@ -2,8 +2,9 @@
 
     python bench/gate_cost.py [--revs 98d55cd,main,.] [--decision three|rate] [--quick]
 
-Each revision's ``gate.lua`` (``git show REV:src/...``; ``.`` is this checkout's file,
-and a name ending in ``.lua`` a file on disk: a change tried before it is committed) is
+Each revision's ``gate.lua`` (``git show REV:src/...``, joined with its fragments in
+``lua/gate/`` where it has them; ``.`` is this checkout's, and a name ending in ``.lua``
+a file on disk: a change tried before it is committed) is
 loaded into one private redis-server and called with the arguments a worker sends
 on one server: the conditions of a rate + a concurrency cap + an exclusive lease, and,
 for a script that knows them, the store-wide epoch (the worker's ``grace_key``) and the
@@ -28,28 +29,29 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from celery_baton.core.gate import Condition, Release, gate_call
+from celery_baton.core.conditions import Condition, Rate, TakeLease
+from celery_baton.core.gate import Release, gate_call
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.rates import interval_us
-from celery_baton.store.scripts import script_source
+from celery_baton.store.scripts import join_gate, script_source
 from common import REPO_DIR, SingleClientRun, parse_args
 
 HIGH = 1_000_000  # per second: never the binding constraint
-SCRIPT = "src/celery_baton/store/lua/gate.lua"
+LUA_DIR = "src/celery_baton/store/lua"
 
 
 def three(tag: str) -> list[Condition]:
     """The three conditions, on keys of their own (one family per revision and decision)."""
     return [
-        Condition.rate(f"baton:{{{tag}}}:rate:three", interval_us(HIGH), 1),
-        Condition.lease(f"baton:{{{tag}}}:conc:three", limit=5),
-        Condition.lease(f"baton:{{{tag}}}:ex:three", limit=1, fence=True),
+        Rate(f"baton:{{{tag}}}:rate:three", interval_us(HIGH), 1),
+        TakeLease(f"baton:{{{tag}}}:conc:three", limit=5),
+        TakeLease(f"baton:{{{tag}}}:ex:three", limit=1, fence=True),
     ]
 
 
 def rate(tag: str) -> list[Condition]:
     """One rate condition: no lease, so no store epoch either."""
-    return [Condition.rate(f"baton:{{{tag}}}:rate:one", interval_us(HIGH), 1)]
+    return [Rate(f"baton:{{{tag}}}:rate:one", interval_us(HIGH), 1)]
 
 
 DECISIONS = {"three": three, "rate": rate}
@@ -57,15 +59,20 @@ DECISIONS = {"three": three, "rate": rate}
 
 def source(rev: str) -> str:
     if rev == ".":
-        return (REPO_DIR / SCRIPT).read_text()
+        return script_source("gate")
     if rev.endswith(".lua"):  # a variant on disk, to try a change before committing it
         return Path(rev).read_text()
-    return subprocess.run(
-        ["git", "-C", str(REPO_DIR), "show", f"{rev}:{SCRIPT}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+
+    def read(path: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO_DIR), "show", f"{rev}:{LUA_DIR}/{path}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    frame = read("gate.lua")
+    return join_gate(read) if "-- @check" in frame else frame  # fragments: joined
 
 
 def call_args(text: str, conditions: list[Condition], owner: str) -> tuple[list[str], list[object]]:
@@ -106,7 +113,7 @@ def main() -> None:
 
         def worker_like(rev: str) -> Callable[[], object]:
             conditions = conditions_of(f"worker-{rev}")
-            lease_keys = tuple(c.key for c in conditions if c.kind == "L")
+            lease_keys = tuple(c.key for c in conditions if isinstance(c, TakeLease))
 
             def call() -> object:
                 owner = f"bench-{next(nonce)}|w|1"

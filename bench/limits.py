@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 
-from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.conditions import Rate, TakeLease
+from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.rates import RateLimit, interval_us
 from celery_baton.core.shared_limits import SharedLimit
@@ -56,9 +57,9 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
             raise RuntimeError("celery-baton rate decision refused")
 
     three = [
-        Condition.rate("baton:{bench}:rate:three", interval_us(HIGH), 1),
-        Condition.lease("baton:{bench}:conc:three", limit=5),
-        Condition.lease("baton:{bench}:ex:three", limit=1, fence=True),
+        Rate("baton:{bench}:rate:three", interval_us(HIGH), 1),
+        TakeLease("baton:{bench}:conc:three", limit=5),
+        TakeLease("baton:{bench}:ex:three", limit=1, fence=True),
     ]
 
     def baton_three() -> None:
@@ -71,7 +72,7 @@ def candidates(url: str) -> tuple[list[tuple[str, Callable[[], object]]], list[s
     names = KeyNames("baton")
     shared = [SharedLimit("openai", HIGH, HIGH), SharedLimit("db", HIGH, HIGH)]
     weighted = [
-        Condition.rate("baton:{bench}:rate:weighted", interval_us(HIGH), 1),
+        Rate("baton:{bench}:rate:weighted", interval_us(HIGH), 1),
         *(c for limit in shared for c in limit.conditions(names, 7)),
     ]
 

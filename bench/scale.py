@@ -45,9 +45,11 @@ import redis
 from redis.crc import key_slot
 
 from celery_baton.beat.state import BeatState, Claim
-from celery_baton.core.gate import Condition, Gate, Release, gate_call
+from celery_baton.core.conditions import Rate, TakeLease
+from celery_baton.core.gate import Gate, Release, gate_call
 from celery_baton.core.keys import KeyNames, KeySpec
-from celery_baton.core.policy import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.store import connect
 from celery_baton.store.scripts import SCRIPT_NAMES, evalsha_command, script_source
 from common import free_port, import_package, machine_note, parse_args, table
@@ -275,7 +277,7 @@ def task_units(feature: str, store: Store, lane: int, count: int) -> list[Unit]:
         task_id = f"t{lane}-{i}"
         owner = f"{task_id}|bench-{lane}|{i}"
         args = (f"{lane}-{i}",)
-        plan = policy.plan(names, task_id=task_id, owner=owner, args=args, kwargs={})
+        plan = plan_delivery(policy, names, task_id=task_id, owner=owner, args=args, kwargs={})
         commands: list[tuple[Any, ...]] = []
         checked: tuple[int, ...] = ()
         if feature == "unique":
@@ -783,12 +785,12 @@ def memory_table(url: str) -> str:
         return int(r.memory_usage(key, samples=0) or 0)
 
     ex = names.lease("bench.task", "ex", "k" * 16)
-    gate.decide([Condition.lease(ex, limit=1, fence=True)], owner="t1|worker@host|1", ttl=30)
+    gate.decide([TakeLease(ex, limit=1, fence=True)], owner="t1|worker@host|1", ttl=30)
     rows.append(["exclusive lease key, held (hash: holder + fence)", usage(ex)])
     cc = names.lease("bench.task", "cc", "k" * 16)
     for i in range(1, 11):
         owner = f"{i:036d}|celery@worker-host-{i}|{i}"
-        gate.decide([Condition.lease(cc, limit=100)], owner=owner, ttl=30)
+        gate.decide([TakeLease(cc, limit=100)], owner=owner, ttl=30)
         if i == 1:
             one = usage(cc)
             rows.append(["concurrency key, 1 holder", one])
@@ -796,7 +798,7 @@ def memory_table(url: str) -> str:
     rows.append(["concurrency key, 10 holders", ten])
     rows.append(["  each further holder (task id of 36 chars)", f"{(ten - one) / 9:.0f}"])
     rk = names.rate("bench.task", "k" * 16)
-    gate.decide([Condition.rate(rk, 1000, 1)], owner="t|w|1", ttl=30)
+    gate.decide([Rate(rk, 1000, 1)], owner="t|w|1", ttl=30)
     rows.append(["rate key", usage(rk)])
     uq = names.unique("bench.task", "k" * 16)
     store.scripts.call("unique_claim", [uq], [f"{7:036d}", 3_600_000])
@@ -813,7 +815,7 @@ def memory_table(url: str) -> str:
         for i in range(start, start + 500):
             key = names.lease(f"bench.task{i % TASK_NAMES}", "ex", f"{i:016x}")
             keys, args = gate_call(
-                [Condition.lease(key, limit=1, fence=True)], f"{i:036d}|celery@host|{i}", 30
+                [TakeLease(key, limit=1, fence=True)], f"{i:036d}|celery@host|{i}", 30
             )
             calls.append((keys, args))
         store.scripts.call_many("gate", calls)

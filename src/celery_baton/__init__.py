@@ -11,7 +11,7 @@
 from importlib import metadata as _metadata
 
 from celery_baton.baton import Baton
-from celery_baton.core.policy import TaskOptions
+from celery_baton.core.policy.options import TaskOptions
 from celery_baton.errors import (
     AlreadyQueued,
     BatonError,

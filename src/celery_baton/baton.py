@@ -16,13 +16,9 @@ from celery_baton.config import Settings
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import (
-    TASK_OPTIONS,
-    TaskPolicy,
-    check_option_names,
-    compile_policy,
-    declares_options,
-)
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, declares_options
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import BatonError

@@ -25,7 +25,8 @@ from celery_baton.config import Settings, read_settings
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import TaskPolicy, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.core.supersede import Supersede
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import ConfigError

@@ -30,16 +30,16 @@ from celery import current_task, states
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
-from celery_baton.core import call_options
-from celery_baton.core.call_options import HEADER
 from celery_baton.core.debounce import FlowKind
-from celery_baton.core.policy import (
+from celery_baton.core.policy import per_call
+from celery_baton.core.policy.headers import (
     BEAT_SLOT_HEADER,
+    CALL_HEADER,
     ORDER_HEADER,
     PUBLISH_HEADER,
-    TaskPolicy,
-    policy_for_call,
 )
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.core.policy.per_call import policy_for_call
 from celery_baton.core.supersede import SUPERSEDED
 from celery_baton.errors import (
     AlreadyQueued,
@@ -50,7 +50,7 @@ from celery_baton.errors import (
 )
 
 if TYPE_CHECKING:
-    from celery_baton.core.policy import TaskPolicy
+    from celery_baton.core.policy.model import TaskPolicy
     from celery_baton.parts import AppParts
     from celery_baton.store.scripts import Pending
 
@@ -104,7 +104,7 @@ class _Claim:
             self.parts.unique.release_later(self.key, self.task_id, self.ttl)
 
 
-CALL_OPTION = call_options.CALL_OPTION
+CALL_OPTION = per_call.CALL_OPTION
 
 _claims = threading.local()  # .by_id: claims of publishes in progress on this thread
 
@@ -119,17 +119,17 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         _stamp_publish(options)
         policy = parts.policy_for_name(name)
-        per_call = options.pop(CALL_OPTION, None)
-        if per_call is not None:
+        given = options.pop(CALL_OPTION, None)
+        if given is not None:
             # Validated here, before anything is sent; carried in a header, never in
             # the task's kwargs; overriding the task's options for this call only.
-            call = call_options.parse(name, per_call)
+            call = per_call.parse(name, given)
             task = parts.app.tasks.get(name)
             if task is not None:  # a task of another app's code: its arguments are unknown
-                call_options.check_arguments(name, per_call, task.run)
-            call_options.check_against(name, call, policy)
+                per_call.check_arguments(name, given, task.run)
+            per_call.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, parts.settings)
-            options["headers"] = {**(options.get("headers") or {}), HEADER: call.to_header()}
+            options["headers"] = {**(options.get("headers") or {}), CALL_HEADER: call.to_header()}
         if policy is not None and policy.supersedes:
             _stamp_order(parts, name, policy, args, kwargs, options)
         if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
@@ -172,7 +172,7 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
 def _stamp_publish(options: dict[str, Any]) -> None:
     """Name this publish in its headers (``PUBLISH_HEADER``), unless it is named already
     (the caller's own headers), or is a beat slot, which must run once whatever sends
-    it: the beat may send one slot twice (policy.run_once)."""
+    it: the beat may send one slot twice (policy/per_call.run_once)."""
     headers = options.get("headers") or {}
     if PUBLISH_HEADER in headers or BEAT_SLOT_HEADER in headers:
         return

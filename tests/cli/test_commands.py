@@ -339,7 +339,7 @@ def test_a_beat_slots_lease_is_named_a_beat_slot_not_redelivery(
     """With the redelivery guard off, the lease that makes a beat slot run once is the
     slot's, not the guard's: `locks` says so, with the entry and slot in words (issue 28
     §10). The message is sent as the beat sends one (its slot header)."""
-    from celery_baton.core.policy import BEAT_SLOT_HEADER
+    from celery_baton.core.policy.headers import BEAT_SLOT_HEADER
     from tests.apps.exclusive import ex_skip
 
     worker = workers.start(APP, concurrency=1)

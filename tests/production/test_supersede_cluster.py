@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.conditions import NotSuperseded, PublishOrder, TakeLease
+from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.supersede import Supersede
 from celery_baton.store.connection import connect
@@ -18,15 +19,15 @@ def test_publish_order_and_unique_replace_run_on_a_cluster(cluster_url: str) -> 
         sup, ex = NAMES.supersede("t", "k"), NAMES.lease("t", "ex", "k")
 
         def ask(order: int, task_id: str) -> object:
-            conditions = [Condition.supersede(sup, order, task_id), Condition.lease(ex)]
+            conditions = [PublishOrder(sup, order, task_id), TakeLease(ex)]
             return gate.decide(conditions, owner=f"{task_id}|w|1")
 
         assert ask(newer, "b").granted  # type: ignore[attr-defined]
-        assert ask(older, "a").denied_by.kind == "S"  # type: ignore[attr-defined]
+        assert isinstance(ask(older, "a").denied_by, PublishOrder)  # type: ignore[attr-defined]
         uq = NAMES.unique("t", "u")
         assert supersede.replace("t", uq, "a", 60).status == "claimed"
         assert supersede.replace("t", uq, "b", 60) == ("superseded", "a")
-        marker = [Condition.not_superseded(NAMES.superseded("t", "a"), 60)]
+        marker = [NotSuperseded(NAMES.superseded("t", "a"), 60)]
         assert gate.decide(marker, owner="a|w|1").holder == "b"
     finally:
         store.client.close()

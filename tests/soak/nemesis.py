@@ -62,7 +62,7 @@ from typing import Any
 import psutil
 import redis
 
-from celery_baton.core.policy import PUBLISH_HEADER
+from celery_baton.core.policy.headers import PUBLISH_HEADER
 from tests.soak.checker import (
     WORKER_CRASH,
     Fault,

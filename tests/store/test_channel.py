@@ -16,7 +16,8 @@ import pytest
 import redis
 from kombu.asynchronous import Hub
 
-from celery_baton.core.gate import Condition, gate_call, parse_decision
+from celery_baton.core.conditions import Condition, TakeLease
+from celery_baton.core.gate import gate_call, parse_decision
 from celery_baton.store.channel import PipelinedChannel
 from celery_baton.store.connection import Store, connect
 
@@ -48,7 +49,7 @@ class Calls:
 
     def make(self, numbers: range) -> None:
         for i in numbers:
-            conditions = [Condition.lease(key(i))]
+            conditions = [TakeLease(key(i))]
             keys, args = gate_call(conditions, f"t{i}|w|1", 5)
 
             def answer(reply: Any, i: int = i, conditions: list[Condition] = conditions) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import redis
 
 from celery_baton.core import fairness
-from celery_baton.core.gate import Condition, Decision, Gate
+from celery_baton.core.conditions import Condition, FairTurn, Rate, TakeLease
+from celery_baton.core.gate import Decision, Gate
 from celery_baton.core.leases import new_owner
 
 CC = "baton:{t}:cc:shared"
@@ -36,14 +38,13 @@ def fair_conditions(
 ) -> list[Condition]:
     stride = round(fairness.STRIDE / weight)
     conditions = fairness.conditions(base, tenant, stride)
-    head = conditions[0]
-    conditions[0] = Condition("F", head.key, head.a, f"{stride} {int(more)} {presence_ms}")
+    conditions[0] = replace(conditions[0], more=more, presence_ms=presence_ms)  # type: ignore[type-var]
     return conditions
 
 
 def ask_cc(gate: Gate, tenant: str, worker: str, limit: int, **kw: object) -> tuple[Decision, str]:
     owner = new_owner(f"{tenant}-task", worker)
-    conditions = [Condition.lease(CC, limit=limit), *fair_conditions(FAIR, tenant, **kw)]  # type: ignore[arg-type]
+    conditions = [TakeLease(CC, limit=limit), *fair_conditions(FAIR, tenant, **kw)]  # type: ignore[arg-type]
     return gate.decide(conditions, owner=owner, ttl=30), owner
 
 
@@ -62,7 +63,7 @@ def test_a_free_slot_goes_to_the_key_that_ran_least_recently(gate: Gate, r: redi
         running.append(owner)
     denied, _ = ask_cc(gate, "b", "w2", 2)
     assert not denied.granted and denied.denied_by is not None
-    assert denied.denied_by.kind == "L"  # the cap is full: b now waits in the store
+    assert isinstance(denied.denied_by, TakeLease)  # the cap is full: b now waits in the store
 
     order = []
     for _ in range(6):
@@ -72,7 +73,7 @@ def test_a_free_slot_goes_to_the_key_that_ran_least_recently(gate: Gate, r: redi
             order.append("a")
             running.append(owner_a)
             continue
-        assert first.denied_by is not None and first.denied_by.kind == "F"
+        assert first.denied_by is not None and isinstance(first.denied_by, FairTurn)
         assert r.hget(CC, "_w") == "1"  # the next release wakes a again
         second, owner_b = ask_cc(gate, "b", "w2", 2)
         assert second.granted
@@ -129,7 +130,7 @@ def test_a_key_whose_worker_died_stops_blocking_after_its_presence(gate: Gate) -
     release(gate, holder)
     refused, _ = ask_cc(gate, "a", "w1", 1, presence_ms=300)
     assert not refused.granted and refused.denied_by is not None
-    assert refused.denied_by.kind == "F" and 0 < refused.retry_after <= 0.2
+    assert isinstance(refused.denied_by, FairTurn) and 0 < refused.retry_after <= 0.2
     time.sleep(0.4)
     assert ask_cc(gate, "a", "w1", 1, presence_ms=300)[0].granted
 
@@ -139,7 +140,7 @@ def test_a_shared_rate_is_shared_round_robin(gate: Gate) -> None:
     interval = 50_000
 
     def ask(tenant: str) -> Decision:
-        conditions = [Condition.rate(RATE, interval), *fair_conditions(FAIR_RATE, tenant)]
+        conditions = [Rate(RATE, interval), *fair_conditions(FAIR_RATE, tenant)]
         return gate.decide(conditions, owner=new_owner(tenant, f"w-{tenant}"))
 
     assert ask("a").granted
@@ -153,7 +154,7 @@ def test_a_shared_rate_is_shared_round_robin(gate: Gate) -> None:
             order.append("a")
             continue
         assert a.denied_by is not None
-        if a.denied_by.kind == "F":
+        if isinstance(a.denied_by, FairTurn):
             assert ask("b").granted
             order.append("b")
             continue

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.core.gate import Condition, Gate, HeldLease, owner_task_id
+from celery_baton.core.conditions import FreeUnique, KeepUnique, NotDone, Override, Rate, TakeLease
+from celery_baton.core.gate import Gate, HeldLease, owner_task_id
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import new_owner
 from celery_baton.store.connection import connect
@@ -33,9 +34,7 @@ def owner_fields(r: redis.Redis, key: str) -> list[str]:
 
 def test_grant_takes_every_condition(gate: Gate, r: redis.Redis) -> None:
     owner = new_owner("task-1", "w@h")
-    decision = gate.decide(
-        [Condition.lease(EX, fence=True), Condition.rate(RATE, 1_000_000)], owner=owner, ttl=5
-    )
+    decision = gate.decide([TakeLease(EX, fence=True), Rate(RATE, 1_000_000)], owner=owner, ttl=5)
     assert decision.granted and decision.fence > 0
     assert owner_fields(r, EX) == [f"o:{owner}"]
     assert r.exists(RATE)
@@ -44,16 +43,14 @@ def test_grant_takes_every_condition(gate: Gate, r: redis.Redis) -> None:
 
 def test_a_denied_rate_writes_no_lease(gate: Gate, r: redis.Redis) -> None:
     """Lease free, rate spent: denied by the rate, and the free lease is NOT taken."""
-    first = gate.decide([Condition.rate(RATE, 10_000_000)], owner=new_owner("a", "w"))
+    first = gate.decide([Rate(RATE, 10_000_000)], owner=new_owner("a", "w"))
     assert first.granted and first.fence == 0
     tat_before = r.get(RATE)
 
     owner = new_owner("b", "w")
-    decision = gate.decide(
-        [Condition.lease(EX, fence=True), Condition.rate(RATE, 10_000_000)], owner=owner
-    )
+    decision = gate.decide([TakeLease(EX, fence=True), Rate(RATE, 10_000_000)], owner=owner)
     assert not decision.granted
-    assert decision.denied_by == Condition.rate(RATE, 10_000_000)
+    assert decision.denied_by == Rate(RATE, 10_000_000)
     assert 0 < decision.retry_after <= 10
     assert not r.exists(EX)  # nothing written: no lease, no fence counter
     assert r.get(RATE) == tat_before
@@ -61,15 +58,15 @@ def test_a_denied_rate_writes_no_lease(gate: Gate, r: redis.Redis) -> None:
 
 def test_a_denied_lease_spends_no_rate_and_takes_no_other_lease(gate: Gate, r: redis.Redis) -> None:
     holder = new_owner("a", "w")
-    assert gate.decide([Condition.lease(EX2)], owner=holder, ttl=10).granted
+    assert gate.decide([TakeLease(EX2)], owner=holder, ttl=10).granted
 
     decision = gate.decide(
-        [Condition.lease(EX, fence=True), Condition.rate(RATE, 1_000_000), Condition.lease(EX2)],
+        [TakeLease(EX, fence=True), Rate(RATE, 1_000_000), TakeLease(EX2)],
         owner=new_owner("b", "w"),
         ttl=10,
     )
     assert not decision.granted
-    assert decision.denied_by == Condition.lease(EX2)
+    assert decision.denied_by == TakeLease(EX2)
     assert decision.holder == holder and decision.holder_task_id == "a"
     assert 0 < decision.retry_after <= 10
     assert not r.exists(EX) and not r.exists(RATE)
@@ -78,18 +75,18 @@ def test_a_denied_lease_spends_no_rate_and_takes_no_other_lease(gate: Gate, r: r
 
 def test_expired_owners_are_swept_when_the_key_is_taken(gate: Gate, r: redis.Redis) -> None:
     dead = new_owner("dead", "w")
-    assert gate.decide([Condition.lease(EX)], owner=dead, ttl=0.05).granted
+    assert gate.decide([TakeLease(EX)], owner=dead, ttl=0.05).granted
     r.hset(EX, "o:ghost|w|1", "1 0")  # an owner whose deadline passed long ago
     live = new_owner("live", "w")
     time.sleep(0.1)
-    assert gate.decide([Condition.lease(EX)], owner=live, ttl=5).granted
+    assert gate.decide([TakeLease(EX)], owner=live, ttl=5).granted
     assert owner_fields(r, EX) == [f"o:{live}"]
 
 
 def _not_done(gate: Gate, stamp: str) -> bool:
     """Whether a delivery of task-1 published as ``stamp`` passes the done marker."""
-    condition = Condition.not_done(DONE, stamp, "task-1")
-    decision = gate.decide([condition, Condition.lease(EX)], owner=new_owner("task-1", "w"))
+    condition = NotDone(DONE, stamp, "task-1")
+    decision = gate.decide([condition, TakeLease(EX)], owner=new_owner("task-1", "w"))
     if decision.granted:
         r = gate.store.client
         r.delete(EX)
@@ -153,11 +150,11 @@ def test_done_marker_forgets_each_stamp_after_its_retention(gate: Gate, r: redis
 
 def test_free_unique_frees_only_its_own_claim(gate: Gate, r: redis.Redis) -> None:
     r.set(UQ, "someone-else")
-    assert gate.decide([Condition.free_unique(UQ, "task-1")], owner=new_owner("task-1", "w"))
+    assert gate.decide([FreeUnique(UQ, "task-1")], owner=new_owner("task-1", "w"))
     assert r.get(UQ) == "someone-else"
     r.set(UQ, "task-1")
     decision = gate.decide(
-        [Condition.lease(EX), Condition.free_unique(UQ, "task-1")], owner=new_owner("task-1", "w")
+        [TakeLease(EX), FreeUnique(UQ, "task-1")], owner=new_owner("task-1", "w")
     )
     assert decision.granted
     assert not r.exists(UQ)
@@ -171,27 +168,25 @@ def test_keep_unique_extends_only_its_own_claim_and_only_on_grant(
     their ttl."""
     owner = new_owner("task-1", "w")
     r.set(UQ, "task-1", px=2000)
-    assert gate.decide([Condition.keep_unique(UQ, "task-1", 3600)], owner=owner).granted
+    assert gate.decide([KeepUnique(UQ, "task-1", 3600)], owner=owner).granted
     assert 3_500_000 < r.pttl(UQ) <= 3_600_000
 
     r.set(UQ, "task-2", px=2000)  # the claim lapsed and a later publish took it
-    assert gate.decide([Condition.keep_unique(UQ, "task-1", 3600)], owner=owner).granted
+    assert gate.decide([KeepUnique(UQ, "task-1", 3600)], owner=owner).granted
     assert r.get(UQ) == "task-2" and r.pttl(UQ) <= 2000
 
-    assert gate.decide([Condition.lease(EX)], owner=new_owner("other", "w")).granted
+    assert gate.decide([TakeLease(EX)], owner=new_owner("other", "w")).granted
     r.set(UQ, "task-1", px=2000)
-    decision = gate.decide(
-        [Condition.lease(EX), Condition.keep_unique(UQ, "task-1", 3600)], owner=owner
-    )
+    decision = gate.decide([TakeLease(EX), KeepUnique(UQ, "task-1", 3600)], owner=owner)
     assert not decision.granted
     assert r.pttl(UQ) <= 2000
 
 
 def test_a_denied_start_keeps_the_unique_claim(gate: Gate, r: redis.Redis) -> None:
-    assert gate.decide([Condition.lease(EX)], owner=new_owner("other", "w")).granted
+    assert gate.decide([TakeLease(EX)], owner=new_owner("other", "w")).granted
     r.set(UQ, "task-1")
     decision = gate.decide(
-        [Condition.lease(EX), Condition.free_unique(UQ, "task-1")], owner=new_owner("task-1", "w")
+        [TakeLease(EX), FreeUnique(UQ, "task-1")], owner=new_owner("task-1", "w")
     )
     assert not decision.granted
     assert r.get(UQ) == "task-1"
@@ -199,7 +194,7 @@ def test_a_denied_start_keeps_the_unique_claim(gate: Gate, r: redis.Redis) -> No
 
 def test_release_marks_done_and_frees_only_its_unique_key(gate: Gate, r: redis.Redis) -> None:
     owner = new_owner("task-1", "w")
-    assert gate.decide([Condition.lease(EX)], owner=owner).granted
+    assert gate.decide([TakeLease(EX)], owner=owner).granted
     r.set(UQ, "task-2")  # another publish holds the unique key now
     freed = gate.release(
         [EX], owner=owner, done_key=DONE, done_ttl=60, unique_key=UQ, unique_owner="task-1"
@@ -239,7 +234,7 @@ def test_a_busy_key_always_outlives_its_leases_and_a_used_once_key_vanishes(
     # Short leases first (the key gets a short expiry), then a longer one that needs more.
     for step, ttl in enumerate([1_000, 1_000, 5_000, 1_000, 20_000]):
         owner = f"first{step}|w|1"
-        assert gate.decide([Condition.lease(key, limit=9)], owner=owner, ttl=ttl / 1000).granted
+        assert gate.decide([TakeLease(key, limit=9)], owner=owner, ttl=ttl / 1000).granted
         check(step)
     for step in range(5):
         assert gate.release([key], owner=f"first{step}|w|1") == 1
@@ -255,12 +250,12 @@ def test_a_busy_key_always_outlives_its_leases_and_a_used_once_key_vanishes(
             assert [x.status for x in gate.renew([lease])] == [1]
         else:
             owner, ttl = f"t{step}|w|1", rng.choice([1_000, 5_000, 20_000])
-            if gate.decide([Condition.lease(key, limit=3)], owner=owner, ttl=ttl / 1000).granted:
+            if gate.decide([TakeLease(key, limit=3)], owner=owner, ttl=ttl / 1000).granted:
                 held[owner] = ttl
         check(step)
     # A key used once and released is gone at once (the redelivery guard's per-id keys).
     once = "baton:{t}:run:task-9"
-    assert gate.decide([Condition.lease(once)], owner="task-9|w|1", ttl=5).granted
+    assert gate.decide([TakeLease(once)], owner="task-9|w|1", ttl=5).granted
     assert gate.release([once], owner="task-9|w|1") == 1
     assert not r.exists(once)
 
@@ -274,7 +269,7 @@ def test_a_rate_key_outlives_its_schedule_and_then_goes(gate: Gate, r: redis.Red
     granted = 0
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
-        decision = gate.decide([Condition.rate(key, interval, 3)], owner="-", reserve=0.2)
+        decision = gate.decide([Rate(key, interval, 3)], owner="-", reserve=0.2)
         if decision.granted:
             granted += 1
         seconds, micros = r.time()
@@ -291,7 +286,7 @@ def test_a_runtime_override_replaces_the_next_conditions_limit(gate: Gate, r: re
     """An "O" condition reads the hash `celery baton limits set` writes; a value that
     does not parse is ignored (the declared limit holds), never an error for the run."""
     limits = "baton:{t}:limits"
-    conditions = [Condition.override(limits, "rate"), Condition.rate(RATE, 1_000, 1)]
+    conditions = [Override(limits, "rate"), Rate(RATE, 1_000, 1)]
     assert gate.decide(conditions, owner="-").granted
     assert gate.decide(conditions, owner="-").retry_after < 0.01  # 1 ms interval declared
     r.hset(limits, "rate", "10000000 1")  # one per 10 s
@@ -311,13 +306,13 @@ def test_a_grant_with_a_lease_returns_the_store_epoch_of_its_family(
     """The epoch is created by the family's first grant, then only read; a denied call
     writes none, and a call without a lease does not read it."""
     epoch_key = KeyNames().epoch("t")
-    assert gate.decide([Condition.rate(RATE, 1_000_000)], owner="a|w|1").epoch == ""
+    assert gate.decide([Rate(RATE, 1_000_000)], owner="a|w|1").epoch == ""
     assert not r.exists(epoch_key)
-    first = gate.decide([Condition.lease(EX)], owner="b|w|1")
+    first = gate.decide([TakeLease(EX)], owner="b|w|1")
     assert first.granted and first.epoch == r.get(epoch_key)
     assert first.epoch.split()[0].isdigit()  # "<id> <replication id>"
-    denied = gate.decide([Condition.lease(EX)], owner="c|w|1")
+    denied = gate.decide([TakeLease(EX)], owner="c|w|1")
     assert not denied.granted and denied.epoch == ""
-    again = gate.decide([Condition.rate(RATE + "2", 1), Condition.lease(EX2)], owner="d|w|1")
+    again = gate.decide([Rate(RATE + "2", 1), TakeLease(EX2)], owner="d|w|1")
     assert again.granted and again.epoch == first.epoch
     assert r.get(epoch_key) == first.epoch

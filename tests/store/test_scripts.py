@@ -9,7 +9,8 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
-from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.conditions import TakeLease
+from celery_baton.core.gate import Gate
 from celery_baton.errors import StoreUnavailable
 from celery_baton.store import connect
 from celery_baton.store.connection import STORE_ERRORS
@@ -64,14 +65,14 @@ def test_a_forked_child_uses_its_own_connection(store_url: str) -> None:
     store = connect(store_url)
     gate = Gate(store)
     key = f"baton:{{t}}:ex:{os.urandom(4).hex()}"
-    assert gate.decide([Condition.lease(key)], owner="parent|w|1").granted
+    assert gate.decide([TakeLease(key)], owner="parent|w|1").granted
     in_flight = store.scripts.send(
         "unique_claim", [key + ":uq", key + ":uq" + "-gb"], ["parent", 60_000]
     )
     pid = os.fork()
     if pid == 0:
         try:
-            decision = gate.decide([Condition.lease(key)], owner="child|w|1")
+            decision = gate.decide([TakeLease(key)], owner="child|w|1")
             os._exit(0 if not decision.granted and decision.holder == "parent|w|1" else 1)
         except BaseException:
             os._exit(2)
@@ -80,7 +81,7 @@ def test_a_forked_child_uses_its_own_connection(store_url: str) -> None:
     # The parent's reply was left for the parent, and its connection is in step.
     assert store.scripts.result(in_flight) in ("", None)
     assert gate.release([key], owner="parent|w|1") == 1
-    assert gate.decide([Condition.lease(key)], owner="parent|w|2").granted
+    assert gate.decide([TakeLease(key)], owner="parent|w|2").granted
 
 
 def test_a_restarted_store_fails_the_calls_in_flight_then_reconnects(
@@ -100,7 +101,7 @@ def test_a_restarted_store_fails_the_calls_in_flight_then_reconnects(
     # The next call starts a new connection (the scripts are loaded again).
     assert scripts.call("unique_claim", [key, key + "-gb"], ["id-2", 60_000]) in ("", None)
     with pytest.raises(StoreUnavailable):
-        Gate(connect("redis://127.0.0.1:1/0")).decide([Condition.lease("k")], owner="o|w|1")
+        Gate(connect("redis://127.0.0.1:1/0")).decide([TakeLease("k")], owner="o|w|1")
 
 
 @pytest.mark.parametrize("kill", [False, True])

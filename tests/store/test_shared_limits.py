@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_baton.core.conditions import Penalty, WeightedRate
 from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.shared_limits import NamedLimit, SharedLimit
@@ -38,7 +39,7 @@ def test_costs_spend_the_bucket_by_weight(gate: Gate) -> None:
     assert ten.try_acquire(6).granted
     refused = ten.try_acquire(5)
     assert not refused.granted and 0.05 < refused.retry_after <= 0.1
-    assert refused.denied_by is not None and refused.denied_by.kind == "W"
+    assert refused.denied_by is not None and isinstance(refused.denied_by, WeightedRate)
     assert ten.try_acquire(4).granted
     whole = ten.try_acquire(10)
     assert not whole.granted and 0.9 < whole.retry_after <= 1.0
@@ -52,7 +53,7 @@ def test_penalty_holds_everyone_until_it_ends(gate: Gate) -> None:
     assert 0.9 < ten.penalize(0.2) <= 1.0  # a shorter penalty never shortens it
     refused = limit(gate, "ten", 1000, 1000).try_acquire(1)  # another user, same name
     assert not refused.granted and refused.denied_by is not None
-    assert refused.denied_by.kind == "P" and 0.5 < refused.retry_after <= 1.0
+    assert isinstance(refused.denied_by, Penalty) and 0.5 < refused.retry_after <= 1.0
     time.sleep(refused.retry_after + 0.01)
     assert ten.try_acquire(1).granted
 

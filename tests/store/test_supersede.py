@@ -8,7 +8,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.core.gate import Condition, Gate
+from celery_baton.core.conditions import (
+    NotSuperseded,
+    Penalty,
+    PublishOrder,
+    TakeLease,
+    WeightedRate,
+)
+from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.supersede import Supersede
 from celery_baton.store.connection import connect
@@ -27,7 +34,7 @@ def parts(store_url: str) -> Iterator[tuple[Gate, Supersede]]:
 
 
 def ask(gate: Gate, order: int | None, task_id: str) -> object:
-    conditions = [Condition.supersede(SUP, order, task_id), Condition.lease(EX, fence=True)]
+    conditions = [PublishOrder(SUP, order, task_id), TakeLease(EX, fence=True)]
     return gate.decide(conditions, owner=f"{task_id}|w|1", ttl=5)
 
 
@@ -40,13 +47,13 @@ def test_publish_order_grows_and_an_older_delivery_is_superseded(
     newest = ask(gate, orders[2], "c")
     assert newest.granted  # type: ignore[attr-defined]
     older = ask(gate, orders[1], "b")  # arrives after the newer one: never runs
-    assert not older.granted and older.denied_by.kind == "S"  # type: ignore[attr-defined]
+    assert not older.granted and isinstance(older.denied_by, PublishOrder)  # type: ignore[attr-defined]
     assert older.holder == "c" and older.retry_after == -1  # type: ignore[attr-defined]
     # A message without an order is given one now (newer than all): it is the newest.
     unstamped = ask(gate, None, "d")
-    assert unstamped.denied_by.kind == "L"  # type: ignore[attr-defined]  # c holds the key
+    assert isinstance(unstamped.denied_by, TakeLease)  # type: ignore[attr-defined]  # c holds the key
     assert unstamped.seq > orders[2]  # type: ignore[attr-defined]
-    assert ask(gate, orders[2], "c").denied_by.kind == "S"  # type: ignore[attr-defined]
+    assert isinstance(ask(gate, orders[2], "c").denied_by, PublishOrder)  # type: ignore[attr-defined]
 
 
 def test_unique_replace_supersedes_a_queued_holder_and_leaves_a_running_one(
@@ -56,11 +63,11 @@ def test_unique_replace_supersedes_a_queued_holder_and_leaves_a_running_one(
     assert supersede.replace("t", UQ, "a", 60) == ("claimed", "")
     assert supersede.replace("t", UQ, "b", 60) == ("superseded", "a")
     assert r.get(UQ) == "b" and r.get(NAMES.superseded("t", "a")) == "b"
-    marker_a = [Condition.not_superseded(NAMES.superseded("t", "a"), 60)]
+    marker_a = [NotSuperseded(NAMES.superseded("t", "a"), 60)]
     denied = gate.decide(marker_a, owner="a|w|1")
     assert not denied.granted and denied.holder == "b"
     # b starts (its marker becomes 'run'); a later replace leaves it running.
-    assert gate.decide([Condition.not_superseded(NAMES.superseded("t", "b"), 60)], owner="b|w|1")
+    assert gate.decide([NotSuperseded(NAMES.superseded("t", "b"), 60)], owner="b|w|1")
     assert supersede.replace("t", UQ, "c", 60) == ("running", "b")
     assert r.get(UQ) == "c"
     # The key moved meanwhile (another replace): followed to its new holder.
@@ -69,23 +76,23 @@ def test_unique_replace_supersedes_a_queued_holder_and_leaves_a_running_one(
     assert supersede.replace("t", UQ, "d", 60) == ("superseded", "x")
 
 
-@pytest.mark.parametrize("kind", ["W", "P"])
+@pytest.mark.parametrize("kind", [WeightedRate, Penalty])
 def test_a_named_limit_that_denies_still_returns_the_order_given(
-    parts: tuple[Gate, Supersede], r: redis.Redis, kind: str
+    parts: tuple[Gate, Supersede], r: redis.Redis, kind: type
 ) -> None:
-    """A delivery without a publish order is given one by its "S" condition; a named
-    limit ("W" rate, "P" penalty) that denies it after must return that order too, or the
+    """A delivery without a publish order is given one by its PublishOrder; a named
+    limit (WeightedRate, Penalty) that denies it after must return that order too, or the
     worker asks again without one and is given a newer order than a publish that came
     between (superseding the newer message instead of being superseded by it)."""
     gate, _ = parts
-    if kind == "W":
-        limit = Condition.weighted(NAMES.shared_rate("api"), 1_000_000, 1_000_000)
+    if kind is WeightedRate:
+        limit = WeightedRate(NAMES.shared_rate("api"), 1_000_000, 1_000_000)
         assert gate.decide([limit], owner="x|w|1").granted  # the slot of the next second
     else:
-        limit = Condition.penalty(NAMES.shared_penalty("api"))
+        limit = Penalty(NAMES.shared_penalty("api"))
         seconds, micros = r.time()
         r.set(NAMES.shared_penalty("api"), (seconds + 60) * 1_000_000 + micros)
-    denied = gate.decide([Condition.supersede(SUP, None, "a"), limit], owner="a|w|1")
+    denied = gate.decide([PublishOrder(SUP, None, "a"), limit], owner="a|w|1")
     assert not denied.granted and denied.denied_by is not None
-    assert denied.denied_by.kind == kind
+    assert isinstance(denied.denied_by, kind)
     assert denied.seq == int(r.hget(SUP, "n") or 0) > 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from celery_baton import ConfigError
-from celery_baton.core.call_options import CallOptions, check_against, key_material, parse
 from celery_baton.core.keys import KeySpec
+from celery_baton.core.policy.per_call import CallOptions, check_against, key_material, parse
 
 
 def feed(tenant: int, url: str = "") -> None: ...

@@ -13,7 +13,8 @@ from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
 from celery_baton.core.debounce import FlowKind, Outcome, parse_decision
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.plan import plan_delivery
 
 NAMES = KeyNames()
 
@@ -38,17 +39,20 @@ def test_debounce_compiles_and_plans_its_key_per_argument() -> None:
     flow = policy.flow
     assert flow.kind is FlowKind.DEBOUNCE and flow.seconds == 5.0 and flow.max_wait == 60.0
     assert policy.gates_runs
-    a = policy.plan(NAMES, task_id="t", owner="o", args=("a",), kwargs={})
-    a2 = policy.plan(NAMES, task_id="u", owner="o", args=(), kwargs={"doc_id": "a", "version": 3})
-    b = policy.plan(NAMES, task_id="t", owner="o", args=("b",), kwargs={})
+    a = plan_delivery(policy, NAMES, task_id="t", owner="o", args=("a",), kwargs={})
+    a2 = plan_delivery(
+        policy, NAMES, task_id="u", owner="o", args=(), kwargs={"doc_id": "a", "version": 3}
+    )
+    b = plan_delivery(policy, NAMES, task_id="t", owner="o", args=("b",), kwargs={})
     assert a.flow_key == a2.flow_key != b.flow_key
     assert a.flow_key.startswith("baton:{app.save}:db:")  # the task's hash tag
     assert a.conditions == []  # nothing else to ask the gate for
     # Without a key: one burst for the whole task.
     whole = compile_(debounce=1)
-    one = whole.plan(NAMES, task_id="t", owner="o", args=("a",), kwargs={})
+    one = plan_delivery(whole, NAMES, task_id="t", owner="o", args=("a",), kwargs={})
     assert (
-        one.flow_key == whole.plan(NAMES, task_id="t", owner="o", args=("b",), kwargs={}).flow_key
+        one.flow_key
+        == plan_delivery(whole, NAMES, task_id="t", owner="o", args=("b",), kwargs={}).flow_key
     )
 
 
@@ -56,7 +60,9 @@ def test_throttle_compiles_with_its_mode() -> None:
     flow = compile_(throttle=2, throttle_key="doc_id").flow
     assert flow.kind is FlowKind.THROTTLE and flow.mode == "drop"
     assert compile_(throttle=2, throttle_mode="trailing").flow.mode == "trailing"
-    plan = compile_(throttle=2).plan(NAMES, task_id="t", owner="o", args=("a",), kwargs={})
+    plan = plan_delivery(
+        compile_(throttle=2), NAMES, task_id="t", owner="o", args=("a",), kwargs={}
+    )
     assert ":th:" in plan.flow_key
 
 
@@ -132,7 +138,7 @@ def test_a_decision_becomes_a_verdict() -> None:
 
     def delivery(**options: Any) -> Delivery:
         policy = compile_(**options)
-        plan = policy.plan(NAMES, task_id="t", owner="o", args=("a",), kwargs={})
+        plan = plan_delivery(policy, NAMES, task_id="t", owner="o", args=("a",), kwargs={})
         request = SimpleNamespace(name="app.save", id="t", request_dict={})
         return Delivery(request, policy, plan, 0)
 

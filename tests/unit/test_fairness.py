@@ -4,6 +4,7 @@ refused turn, and the pure helpers; no worker, no store."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,9 +13,12 @@ from celery import Celery
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
 from celery_baton.core import fairness
-from celery_baton.core.gate import Condition, Decision
+from celery_baton.core.conditions import Condition, FairPart, FairTurn, Override, Rate, TakeLease
+from celery_baton.core.gate import Decision
 from celery_baton.core.keys import KeyNames, digest
-from celery_baton.core.policy import RunPlan, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.model import RunPlan
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.worker.verdict import Reason, Wait, verdict
 
 NAMES = KeyNames("baton")
@@ -30,7 +34,7 @@ def compile_(**options: Any) -> Any:
 def plan_of(tenant: str = "acme", **options: Any) -> RunPlan:
     policy = compile_(**options)
     assert policy is not None
-    return policy.plan(NAMES, task_id="id", owner="id|w|1", args=(tenant,), kwargs={})
+    return plan_delivery(policy, NAMES, task_id="id", owner="id|w|1", args=(tenant,), kwargs={})
 
 
 @pytest.fixture
@@ -95,24 +99,38 @@ def test_bad_weights_are_refused_with_what_is_wrong(weights: Any, message: str) 
 # -- the plan of one call -------------------------------------------------------------
 
 
+def stride(condition: Condition) -> int:
+    assert isinstance(condition, FairTurn)
+    return condition.stride
+
+
 def test_the_fair_condition_follows_the_shared_cap() -> None:
     plan = plan_of(global_concurrency=4, fair_key="tenant", fair_weights={"gold": 4})
-    kinds = [c.kind for c in plan.conditions]
-    assert kinds == ["O", "L", "F", "-", "-", "-"]
+    kinds = [type(c) for c in plan.conditions]
+    assert kinds == [Override, TakeLease, FairTurn, FairPart, FairPart, FairPart]
     cap, fair = plan.conditions[1], plan.conditions[2]
-    assert fair.a == digest('{"tenant":"acme"}')
-    assert fair.b == f"{fairness.STRIDE} 0 {round(fairness.PRESENCE * 1000)}"
+    assert fair == FairTurn(
+        fair.key, digest('{"tenant":"acme"}'), fairness.STRIDE, round(fairness.PRESENCE * 1000)
+    )
     # Every key in the task's hash tag family: one Cluster slot for the whole call.
     assert all(c.key.startswith("baton:{t.job}:") for c in plan.conditions)
-    assert plan.fair_queues == {cap.key: f"{cap.key}#{fair.a}"}
+    assert plan.fair_queues == {cap.key: f"{cap.key}#{fair.fair_key}"}
     assert plan.fair_limits == {fair.key: cap.key}
     gold = plan_of("gold", global_concurrency=4, fair_key="tenant", fair_weights={"gold": 4})
-    assert gold.conditions[2].b.startswith(f"{fairness.STRIDE // 4} ")
+    assert stride(gold.conditions[2]) == fairness.STRIDE // 4
 
 
 def test_the_fair_condition_follows_the_primary_rate() -> None:
     plan = plan_of(global_rate_limit=["10/s", "100/m"], fair_key="tenant")
-    assert [c.kind for c in plan.conditions] == ["O", "R", "F", "-", "-", "-", "R"]
+    assert [type(c) for c in plan.conditions] == [
+        Override,
+        Rate,
+        FairTurn,
+        FairPart,
+        FairPart,
+        FairPart,
+        Rate,
+    ]
     assert plan.fair_limits == {plan.conditions[2].key: plan.conditions[1].key}
 
 
@@ -126,17 +144,17 @@ def test_a_callable_weight_gets_the_key_value_and_a_bad_one_counts_as_one() -> N
     gold = plan_of("gold", global_concurrency=4, fair_key="tenant", fair_weights=weight)
     other = plan_of("tin", global_concurrency=4, fair_key="tenant", fair_weights=weight)
     assert seen == ["gold", "tin"]
-    assert gold.conditions[2].b.startswith(f"{fairness.STRIDE // 2} ")
-    assert other.conditions[2].b.startswith(f"{fairness.STRIDE} ")
+    assert stride(gold.conditions[2]) == fairness.STRIDE // 2
+    assert stride(other.conditions[2]) == fairness.STRIDE
 
 
 def test_with_more_says_whether_others_of_the_key_wait_here() -> None:
     plan = plan_of(global_concurrency=4, fair_key="tenant")
     fair_key = plan.conditions[2].key
     asked = fairness.with_more(plan.conditions, lambda key: key == fair_key)
-    assert asked[2].b.split(" ")[1] == "1"
+    assert asked[2] == replace(plan.conditions[2], more=True)
     assert asked[:2] == plan.conditions[:2] and asked[3:] == plan.conditions[3:]
-    assert plan.conditions[2].b.split(" ")[1] == "0"  # the plan itself is unchanged
+    assert plan.conditions[2] == replace(asked[2], more=False)  # the plan is unchanged
 
 
 # -- the verdict of a refused turn ----------------------------------------------------
@@ -169,5 +187,5 @@ def test_a_refused_rate_turn_wakes_without_jitter() -> None:
 
 def test_conditions_carry_their_stride_and_parts() -> None:
     parts = fairness.conditions("baton:{t}:fair:cc:x", "k", 500)
-    assert parts[0] == Condition("F", "baton:{t}:fair:cc:x", "k", "500 0 6000")
+    assert parts[0] == FairTurn("baton:{t}:fair:cc:x", "k", 500, 6000)
     assert [c.key for c in parts[1:]] == [f"baton:{{t}}:fair:cc:x:{p}" for p in "qps"]

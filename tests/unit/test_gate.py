@@ -4,11 +4,29 @@ tested against a real server in tests/store/test_gate.py."""
 
 from __future__ import annotations
 
-from celery_baton.core.gate import Condition, Release, gate_call, owner_task_id, parse_decision
+import pytest
 
-RATE = Condition.rate("baton:{t}:rate", 1_000, 2)
-EX = Condition.lease("baton:{t}:ex:k", fence=True)
-CONC = Condition.lease("baton:{t}:cc", limit=3)
+from celery_baton.core.conditions import (
+    FairPart,
+    FairTurn,
+    FreeUnique,
+    KeepUnique,
+    NotDone,
+    NotSuperseded,
+    Override,
+    Penalty,
+    PublishOrder,
+    Rate,
+    StoreGrace,
+    TakeLease,
+    WeightedRate,
+    encode,
+)
+from celery_baton.core.gate import Release, gate_call, owner_task_id, parse_decision
+
+RATE = Rate("baton:{t}:rate", 1_000, 2)
+EX = TakeLease("baton:{t}:ex:k", fence=True)
+CONC = TakeLease("baton:{t}:cc", limit=3)
 GRACE = "baton:epoch"
 
 
@@ -28,6 +46,28 @@ def test_no_lease_no_epoch_and_no_grace_key_no_grace() -> None:
     assert gate_call([RATE], "o", 1, grace_key=GRACE)[0] == ["baton:{t}:rate"]
     keys, _ = gate_call([EX], "o", 1)
     assert keys == ["baton:{t}:ex:k", "baton:{t}:epoch"]
+
+
+def test_each_kind_is_written_as_gate_lua_reads_it() -> None:
+    """The wire format of every kind (gate.lua's header): a letter and two values."""
+    assert encode(TakeLease("k")) == ("L", "1", "0")
+    assert encode(TakeLease("k", limit=4, fence=True)) == ("L", "4", "1")
+    assert encode(Rate("k", 1_000, 2)) == ("R", "1000", "2")
+    assert encode(WeightedRate("k", 3_000, 9_000)) == ("W", "3000", "9000")
+    assert encode(Penalty("k")) == ("P", "", "")
+    assert encode(Override("k", "rate")) == ("O", "rate", "")
+    assert encode(NotDone("k", "5eed", "id-1")) == ("D", "5eed", "id-1")
+    assert encode(NotDone("k")) == ("D", "", "")
+    assert encode(PublishOrder("k", 17, "id-1")) == ("S", "17", "id-1")
+    assert encode(PublishOrder("k", None, "id-1")) == ("S", "", "id-1")
+    assert encode(NotSuperseded("k", 60)) == ("N", "60000", "")
+    assert encode(FreeUnique("k", "id-1")) == ("U", "id-1", "")
+    assert encode(KeepUnique("k", "id-1", 0.0001)) == ("K", "id-1", "1")  # never 0 ms
+    assert encode(FairTurn("k", "d1g", 500, 6000)) == ("F", "d1g", "500 0 6000")
+    assert encode(FairTurn("k", "d1g", 500, 6000, more=True)) == ("F", "d1g", "500 1 6000")
+    assert encode(FairPart("k:q")) == ("-", "", "")
+    with pytest.raises(ValueError):
+        encode(StoreGrace("k"))  # only ever in a denial
 
 
 def test_a_ttl_never_rounds_to_zero() -> None:
@@ -50,7 +90,7 @@ def test_a_denial_names_its_condition_holder_and_wait() -> None:
 
 def test_a_denial_past_the_callers_conditions_is_the_grace() -> None:
     decision = parse_decision([EX], [0, 3, 30_000_000, ""], grace_key=GRACE)
-    assert decision.denied_by == Condition("G", GRACE) and decision.retry_after == 30.0
+    assert decision.denied_by == StoreGrace(GRACE) and decision.retry_after == 30.0
 
 
 def test_owner_task_id_is_the_part_before_the_first_bar() -> None:

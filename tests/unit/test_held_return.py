@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.transport.held_return import HeldReturn, returnable
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.verdict import Reason, Wait
 
@@ -160,18 +160,25 @@ def test_a_lost_connection_forgets_every_held_delivery_and_its_timers() -> None:
 
 
 def test_only_a_plan_that_limits_other_work_waits_for_a_pool_slot() -> None:
-    from celery_baton.core.gate import Condition
+    from celery_baton.core.conditions import (
+        Condition,
+        FreeUnique,
+        NotDone,
+        NotSuperseded,
+        Rate,
+        TakeLease,
+    )
 
     run_key, done_key = "baton:{t}:run:1", "baton:{t}:done:1"
-    guard = [Condition.lease(run_key), Condition.not_done(done_key, "s1", "1")]
+    guard: list[Condition] = [TakeLease(run_key), NotDone(done_key, "s1", "1")]
 
     def at_start(conditions: list[Condition]) -> bool:
         plan = RunPlan(owner="o", conditions=conditions, leases=[], run_key=run_key)
         return Delivery(Request("1"), POLICY, plan, generation=0).at_start
 
     assert not at_start(guard)  # the guard keeps out only copies of itself
-    assert at_start([*guard, Condition.lease("baton:{t}:ex:k")])  # exclusive
-    assert at_start([*guard, Condition.rate("baton:{t}:rate", 500_000)])
-    assert at_start([Condition.lease("baton:{t}:cc", limit=2)])  # concurrency
-    assert at_start([*guard, Condition.free_unique("baton:{t}:u:k", "1")])  # unique until started
-    assert at_start([*guard, Condition.not_superseded("baton:{t}:n:1", 30)])
+    assert at_start([*guard, TakeLease("baton:{t}:ex:k")])  # exclusive
+    assert at_start([*guard, Rate("baton:{t}:rate", 500_000)])
+    assert at_start([TakeLease("baton:{t}:cc", limit=2)])  # concurrency
+    assert at_start([*guard, FreeUnique("baton:{t}:u:k", "1")])  # unique until started
+    assert at_start([*guard, NotSuperseded("baton:{t}:n:1", 30)])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_baton.core.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.worker.misfire import late_slot
 
 SLOT = 1_780_000_000_000

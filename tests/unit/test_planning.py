@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from celery_baton.config import Settings
-from celery_baton.core.call_options import HEADER as CALL_HEADER
-from celery_baton.core.call_options import CallOptions
+from celery_baton.core.conditions import NotDone, Override, Rate
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import BEAT_SLOT_HEADER, PUBLISH_HEADER, TaskPolicy, compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, CALL_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.core.policy.per_call import CallOptions
 from celery_baton.errors import KeySpecError
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.planning import Planner
@@ -81,9 +83,9 @@ def test_the_guard_asks_about_the_publish_a_delivery_is() -> None:
 
     def done_condition(headers: dict[str, Any]) -> tuple[str, str, str]:
         plan = planner({}).plan(policy, Request(request_dict=headers), None)
-        (condition,) = [c for c in plan.conditions if c.kind == "D"]
-        assert plan.done_stamp == condition.a
-        return condition.key, condition.a, condition.b
+        (condition,) = [c for c in plan.conditions if isinstance(c, NotDone)]
+        assert plan.done_stamp == condition.stamp
+        return condition.key, condition.stamp, condition.task_id
 
     assert done_condition({PUBLISH_HEADER: "5eed"}) == ("baton:{t.feed}:done:id-1", "5eed", "id-1")
     assert done_condition({})[1] == ""
@@ -122,7 +124,7 @@ def test_a_held_delivery_is_planned_again_when_celerys_rate_changed() -> None:
     request = Request(task=Task(rate_limit="6/m"))
     delivery = Delivery(request, policy, p.plan(policy, request, 0.1), 0, celery_rate=0.1)
     first = delivery.plan
-    assert [c.kind for c in first.conditions] == ["O", "R"]  # `limits set` may override
+    assert [type(c) for c in first.conditions] == [Override, Rate]  # `limits set` may override
 
     p.replan(delivery)  # unchanged: the same plan
     assert delivery.plan is first
@@ -130,7 +132,9 @@ def test_a_held_delivery_is_planned_again_when_celerys_rate_changed() -> None:
     request.task.rate_limit = "60/m"
     p.replan(delivery)
     assert delivery.celery_rate == pytest.approx(1.0) and delivery.plan is not first
-    assert delivery.plan.conditions[1].a != first.conditions[1].a
+    new_rate, old_rate = delivery.plan.conditions[1], first.conditions[1]
+    assert isinstance(new_rate, Rate) and isinstance(old_rate, Rate)
+    assert new_rate.interval_us != old_rate.interval_us
 
     request.task.rate_limit = None  # lifted: nothing left to ask
     p.replan(delivery)

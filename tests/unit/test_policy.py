@@ -10,9 +10,11 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError
 from celery_baton.config import Settings
-from celery_baton.core.gate import Condition
+from celery_baton.core.conditions import FreeUnique, KeepUnique, Override, Rate, TakeLease, encode
 from celery_baton.core.keys import KeyNames, digest
-from celery_baton.core.policy import compile_policy, declares_options
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.options import declares_options
+from celery_baton.core.policy.plan import plan_delivery
 
 NAMES = KeyNames()
 
@@ -47,10 +49,12 @@ def test_global_rate_limits_give_every_task_a_runtime_rate() -> None:
     settings = Settings(global_rate_limits=True)
     bare = compile_(settings=settings)
     assert bare.rate_from_celery and bare.celery_rate_only
-    plan = bare.plan(NAMES, task_id="t", owner="o", args=(), kwargs={})
+    plan = plan_delivery(bare, NAMES, task_id="t", owner="o", args=(), kwargs={})
     assert plan.conditions == [] and plan.unique_key is None
-    limited = bare.plan(NAMES, task_id="t", owner="o", args=(), kwargs={}, celery_rate=0.1)
-    assert [c.kind for c in limited.conditions] == ["O", "R"]
+    limited = plan_delivery(
+        bare, NAMES, task_id="t", owner="o", args=(), kwargs={}, celery_rate=0.1
+    )
+    assert [type(c) for c in limited.conditions] == [Override, Rate]
     guarded = compile_(settings=settings, exclusive="feed_url")
     assert guarded.rate_from_celery and not guarded.celery_rate_only
     declared = compile_(settings=settings, global_rate_limit="2/s")
@@ -89,28 +93,30 @@ def test_invalid_options_raise_config_error(options: dict[str, Any], match: str)
 
 def test_exclusive_plan_asks_for_one_fenced_lease() -> None:
     policy = compile_(exclusive="feed_url", lease_ttl=5)
-    plan = policy.plan(NAMES, task_id="id-1", owner="id-1|w|n", args=("u",), kwargs={})
+    plan = plan_delivery(policy, NAMES, task_id="id-1", owner="id-1|w|n", args=("u",), kwargs={})
     material = '{"feed_url":"u"}'
     key = "baton:{app.feed}:ex:" + digest(material)
     assert plan.exclusive_key == key
-    assert plan.conditions == [Condition.lease(key, limit=1, fence=True)]
+    assert plan.conditions == [TakeLease(key, limit=1, fence=True)]
     assert [(x.key, x.owner, x.limit, x.ttl) for x in plan.leases] == [(key, "id-1|w|n", 1, 5)]
     assert plan.labels[key] == material
     assert plan.unique_key is None and plan.done_key is None
-    same = policy.plan(NAMES, task_id="id-2", owner="o", args=(), kwargs={"feed_url": "u"})
+    same = plan_delivery(
+        policy, NAMES, task_id="id-2", owner="o", args=(), kwargs={"feed_url": "u"}
+    )
     assert same.exclusive_key == key
 
 
 def test_unique_until_finished_needs_no_gate_and_started_frees_at_the_gate() -> None:
     finished = compile_(unique="feed_url")
     assert finished is not None and not finished.gates_runs
-    plan = finished.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    plan = plan_delivery(finished, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
     assert plan.conditions == [] and plan.unique_key and ":uq:" in plan.unique_key
 
     started = compile_(unique="feed_url", unique_until="started")
     assert started.gates_runs
-    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
-    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+    plan = plan_delivery(started, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    assert plan.conditions == [FreeUnique(plan.unique_key, "id-1")]
 
 
 def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_anyway() -> None:
@@ -119,29 +125,31 @@ def test_a_run_keeps_its_unique_claim_when_it_may_be_short_or_the_gate_is_asked_
     still run), in a gate call made for it; without expires, for unique_ttl in the gate
     call the task makes anyway."""
     only = compile_(unique="feed_url", unique_ttl=60, lease_ttl=5)
-    plan = only.plan(
-        NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=102.0, now=100.0
+    plan = plan_delivery(
+        only, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=102.0, now=100.0
     )
-    assert plan.conditions == [Condition.keep_unique(plan.unique_key, "id-1", 5)]
+    assert plan.conditions == [KeepUnique(plan.unique_key, "id-1", 5)]
     assert plan.kept_claim is not None and plan.kept_claim.ttl_from(100.0) == 5
     assert plan.kept_claim.ttl_from(90.0) == 12  # the expiry is further: held until then
-    assert Condition.keep_unique("k", "id-1", 60).b == "60000"
+    assert encode(KeepUnique("k", "id-1", 60)) == ("K", "id-1", "60000")
 
     gated = compile_(unique="feed_url", global_concurrency=2)
-    plan = gated.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
-    assert plan.conditions[-1] == Condition.keep_unique(plan.unique_key, "id-1", 3600)
+    plan = plan_delivery(gated, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={})
+    assert plan.conditions[-1] == KeepUnique(plan.unique_key, "id-1", 3600)
 
     started = compile_(unique="feed_url", unique_until="started")
-    plan = started.plan(NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=1.0)
-    assert plan.conditions == [Condition.free_unique(plan.unique_key, "id-1")]
+    plan = plan_delivery(
+        started, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, expires_at=1.0
+    )
+    assert plan.conditions == [FreeUnique(plan.unique_key, "id-1")]
 
 
 def test_plan_with_bad_arguments_raises_key_spec_error() -> None:
     policy = compile_(exclusive="feed_url")
     with pytest.raises(KeySpecError):
-        policy.plan(NAMES, task_id="i", owner="o", args=(object(),), kwargs={})
+        plan_delivery(policy, NAMES, task_id="i", owner="o", args=(object(),), kwargs={})
     with pytest.raises(KeySpecError):
-        policy.plan(NAMES, task_id="i", owner="o", args=(1, 2, 3), kwargs={})
+        plan_delivery(policy, NAMES, task_id="i", owner="o", args=(1, 2, 3), kwargs={})
 
 
 # -- declaration through Baton's @app.task: errors now, not at 3 a.m. ----------------------
@@ -205,15 +213,15 @@ def test_plain_decorator_forms(app: Celery) -> None:
 def test_several_rates_are_conditions_of_one_call() -> None:
     from celery_baton.config import Settings
     from celery_baton.core.keys import KeyNames
-    from celery_baton.core.policy import compile_policy
+    from celery_baton.core.policy.compile import compile_policy
 
     def fetch(host: str) -> None: ...
 
     options = {"global_rate_limit": ["10/s", "500/h"], "global_rate_limit_key": "host"}
     policy = compile_policy("t.fetch", options.get, fetch, Settings())
     assert policy is not None and len(policy.more_rates) == 1
-    plan = policy.plan(KeyNames(), task_id="i", owner="i|w|1", args=("h",), kwargs={})
-    rates = [c for c in plan.conditions if c.kind == "R"]
+    plan = plan_delivery(policy, KeyNames(), task_id="i", owner="i|w|1", args=("h",), kwargs={})
+    rates = [c for c in plan.conditions if isinstance(c, Rate)]
     assert len(rates) == 2 and len({c.key for c in rates}) == 2
     assert len({c.key.split(":")[1] for c in rates}) == 1  # one family: one Cluster slot
     for bad in ([], ["10/s", "10/s"], ["10/s", "ten"]):

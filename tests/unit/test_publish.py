@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from celery._state import _task_stack
 
-from celery_baton.core.policy import BEAT_SLOT_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, PUBLISH_HEADER
 from celery_baton.publish import _message_id, _stamp_publish
 
 Message = namedtuple("Message", "headers properties body sent_event")

@@ -10,9 +10,18 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import Settings
-from celery_baton.core.gate import Condition, slot_groups, spans_slots
+from celery_baton.core.conditions import (
+    Override,
+    Penalty,
+    Rate,
+    TakeLease,
+    WeightedRate,
+    slot_groups,
+    spans_slots,
+)
 from celery_baton.core.keys import KeyNames
-from celery_baton.core.policy import compile_policy
+from celery_baton.core.policy.compile import compile_policy
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.core.shared_limits import SharedLimit, call_cost, parse_limits
 from celery_baton.errors import CostError
 
@@ -72,17 +81,17 @@ def test_a_numeric_cost_above_the_burst_is_an_error_at_declaration() -> None:
 
 def test_a_callable_cost_is_refused_at_run_time_when_too_large() -> None:
     policy = compile_(limits=["openai"], cost=lambda prompt, tokens: tokens)
-    plan = policy.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 500), kwargs={})
+    plan = plan_delivery(policy, NAMES, task_id="i", owner="i|w|1", args=("p", 500), kwargs={})
     penalty, rate = plan.conditions
-    assert penalty == Condition.penalty(NAMES.shared_penalty("openai"))
+    assert penalty == Penalty(NAMES.shared_penalty("openai"))
     limit = parse_limits(LIMITS)["openai"]
-    assert rate == Condition.weighted(
+    assert rate == WeightedRate(
         NAMES.shared_rate("openai"), 500 * limit.interval_us, limit.tolerance_us
     )
     with pytest.raises(CostError, match="larger than the burst 90000"):
-        policy.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 90001), kwargs={})
+        plan_delivery(policy, NAMES, task_id="i", owner="i|w|1", args=("p", 90001), kwargs={})
     with pytest.raises(CostError, match="the cost callable failed"):
-        policy.plan(NAMES, task_id="i", owner="i|w|1", args=("p",), kwargs={})
+        plan_delivery(policy, NAMES, task_id="i", owner="i|w|1", args=("p",), kwargs={})
 
 
 def test_call_cost_defaults_to_one() -> None:
@@ -94,7 +103,7 @@ def test_call_cost_defaults_to_one() -> None:
 def test_a_task_with_its_own_keys_and_named_limits_spans_two_slots() -> None:
     """On Cluster the named limits' group is asked first, the task's own keys last."""
     policy = compile_(limits=["openai", "db"], exclusive="prompt", cost=1)
-    plan = policy.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
+    plan = plan_delivery(policy, NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     assert spans_slots(plan.conditions)
     groups = slot_groups(plan.conditions)
     assert [g[0].key.split("}")[0] for g in groups] == [
@@ -102,14 +111,14 @@ def test_a_task_with_its_own_keys_and_named_limits_spans_two_slots() -> None:
         "baton:{limit:openai",
         "baton:{t.ask",
     ]
-    assert [c.kind for c in groups[-1]] == ["L"]
+    assert [type(c) for c in groups[-1]] == [TakeLease]
     rated = compile_(limits=["db"], global_rate_limit="5/s")
-    plan = rated.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
+    plan = plan_delivery(rated, NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     shared, own = slot_groups(plan.conditions)
-    assert [c.kind for c in shared] == ["P", "W"]
-    assert [c.kind for c in own] == ["O", "R"]  # an override stays with its condition
+    assert [type(c) for c in shared] == [Penalty, WeightedRate]
+    assert [type(c) for c in own] == [Override, Rate]  # an override stays with its condition
     only_shared = compile_(limits=["openai"])
-    plan = only_shared.plan(NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
+    plan = plan_delivery(only_shared, NAMES, task_id="i", owner="i|w|1", args=("p", 1), kwargs={})
     assert not spans_slots(plan.conditions)
 
 

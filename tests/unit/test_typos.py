@@ -98,6 +98,6 @@ def test_celerys_own_options_are_not_mistaken_for_typos(app: Celery) -> None:
 
 def test_the_typed_options_are_the_options_the_library_reads() -> None:
     from celery_baton import TaskOptions
-    from celery_baton.core.policy import TASK_OPTIONS
+    from celery_baton.core.policy.options import TASK_OPTIONS
 
     assert set(TaskOptions.__annotations__) == set(TASK_OPTIONS)

@@ -21,7 +21,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_baton.core.policy import PUBLISH_HEADER
+from celery_baton.core.policy.headers import PUBLISH_HEADER
 from tests.support.observer import Observer
 from tests.support.workers import WorkerProcess, Workers
 

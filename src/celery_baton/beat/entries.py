@@ -27,7 +27,7 @@ from celery.beat import ScheduleEntry
 
 from celery_baton.beat.slots import Policy, SlotRule, fingerprint, rule_for, zone
 from celery_baton.config import Settings, suggest
-from celery_baton.core import call_options
+from celery_baton.core.policy import per_call
 from celery_baton.errors import BatonError, BeatEntryError
 
 OPTION_PREFIX = "baton_"
@@ -59,9 +59,9 @@ def check_entry_options(name: str, task: str, options: Mapping[str, Any]) -> Non
     if typos:
         plural = "s" if len(typos) > 1 else ""
         raise BeatEntryError(f"unknown option{plural} {'; '.join(typos)}", entry=name)
-    if options.get(call_options.CALL_OPTION) is not None:
+    if options.get(per_call.CALL_OPTION) is not None:
         try:
-            call_options.parse(task, options[call_options.CALL_OPTION])
+            per_call.parse(task, options[per_call.CALL_OPTION])
         except BatonError as exc:
             raise BeatEntryError(str(exc), entry=name) from exc
 

@@ -17,7 +17,7 @@ prevents, step by step:
 4. A broker cannot be fenced: a leader blocked in its publish past its lease still
    sends when the broker comes back, after the next leader re-sent the slot. So the
    message carries the slot (header ``baton_beat_slot``) and a worker with celery-baton
-   admits a slot's task id once (``policy.run_once``): sent twice, it runs once.
+   admits a slot's task id once (``policy/per_call.run_once``): sent twice, it runs once.
 
 Each app (``app.main``) has its own leader, entries and outbox (see ``state``): two
 projects on one store never follow or remove each other's schedule.
@@ -51,7 +51,7 @@ from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_d
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
-from celery_baton.core.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -717,7 +717,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         }
         options = compiled.send_options
         headers = dict(options.pop("headers", None) or {})
-        # The slot header makes workers admit this slot's id once (policy.run_once).
+        # The slot header makes workers admit this slot's id once (policy/per_call.run_once).
         headers.update(celery_beat_task=True, baton_beat_entry=entry.name)
         headers[BEAT_SLOT_HEADER] = slot_ms
         if scheduled:

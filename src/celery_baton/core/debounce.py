@@ -32,15 +32,7 @@ from celery_baton.core.keys import KeyNames, KeySpec, digest
 from celery_baton.errors import ConfigError
 from celery_baton.store.connection import STORE_ERRORS, Store
 
-#: Every option this module reads (policy.py adds them to the task options).
-OPTIONS = (
-    "debounce",
-    "debounce_key",
-    "debounce_max_wait",
-    "throttle",
-    "throttle_key",
-    "throttle_mode",
-)
+#: Its options are listed with every other in policy/options.py (TaskOptions).
 NEEDS = {
     "debounce_key": "debounce",
     "debounce_max_wait": "debounce",

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from celery_baton.core.gate import Condition
+from celery_baton.core.conditions import Condition, FairPart, FairTurn
 from celery_baton.core.keys import KeySpec, digest
 from celery_baton.errors import ConfigError
 
@@ -116,25 +116,23 @@ class FairPolicy:
 
 
 def conditions(base: str, fair_digest: str, stride: int) -> list[Condition]:
-    """The "F" condition over ``base`` and its three parts (kind "-": keys only), to
-    follow the limit's own condition in a plan."""
-    ms = round(PRESENCE * 1000)
+    """The FairTurn over ``base`` and its three parts (keys only), to follow the
+    limit's own condition in a plan."""
     return [
-        Condition("F", base, fair_digest, f"{stride} 0 {ms}"),
-        Condition("-", f"{base}:q"),
-        Condition("-", f"{base}:p"),
-        Condition("-", f"{base}:s"),
+        FairTurn(base, fair_digest, stride, round(PRESENCE * 1000)),
+        FairPart(f"{base}:q"),
+        FairPart(f"{base}:p"),
+        FairPart(f"{base}:s"),
     ]
 
 
 def with_more(conditions: Sequence[Condition], more: Callable[[str], bool]) -> list[Condition]:
-    """``conditions`` for one ask: each "F" says whether this worker still holds other
-    requests of its key after this one (``more(F key)``), so the store keeps the key
+    """``conditions`` for one ask: each FairTurn says whether this worker still holds other
+    requests of its key after this one (``more(its key)``), so the store keeps the key
     waiting, or lets it leave when this was the last one here."""
     out = []
     for c in conditions:
-        if c.kind == "F":
-            stride, _, ms = c.b.split(" ")
-            c = replace(c, b=f"{stride} {1 if more(c.key) else 0} {ms}")
+        if isinstance(c, FairTurn):
+            c = replace(c, more=more(c.key))
         out.append(c)
     return out

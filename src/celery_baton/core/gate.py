@@ -16,80 +16,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from celery_baton.core.conditions import (
+    Condition,
+    StoreGrace,
+    TakeLease,
+    WeightedRate,
+    encode,
+    slot_groups,
+    spans_slots,
+)
 from celery_baton.core.keys import epoch_key
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import STORE_ERRORS, Store
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One thing a run needs; build with the class methods."""
-
-    # "L" lease, "R" rate, "D" done marker, "U" unique claim to free, "K" unique claim to
-    # keep for the run, "O" override, "S" publish order of superseding duplicates, "N"
-    # not superseded by a unique replace, "F" the turn of a fair_key limit and "-" its
-    # other keys (fairness.py); "G" only in a denial: the store's grace after it lost its
-    # data or a replica was promoted (gate_call adds its key, and the family epoch's,
-    # which holds the grace on Cluster, when a lease is asked for)
-    kind: str
-    key: str
-    a: str = ""
-    b: str = ""
-    limit: int = 1
-
-    @classmethod
-    def lease(cls, key: str, *, limit: int = 1, fence: bool = False) -> Condition:
-        return cls("L", key, str(limit), "1" if fence else "0", limit)
-
-    @classmethod
-    def rate(cls, key: str, interval_us: int, burst: int = 1) -> Condition:
-        return cls("R", key, str(interval_us), str(burst))
-
-    @classmethod
-    def weighted(cls, key: str, increment_us: int, tolerance_us: int) -> Condition:
-        """A named limit's GCRA rate, weighted: a call of cost ``n`` adds ``n`` emission
-        intervals (``increment_us``); ``tolerance_us`` is burst x interval."""
-        return cls("W", key, str(increment_us), str(tolerance_us))
-
-    @classmethod
-    def penalty(cls, key: str) -> Condition:
-        """Denied while a named limit's penalty (``penalize``) lasts."""
-        return cls("P", key)
-
-    @classmethod
-    def override(cls, key: str, field: str) -> Condition:
-        """The next condition's limit, if ``field`` of hash ``key`` is set (runtime edits)."""
-        return cls("O", key, field)
-
-    @classmethod
-    def not_done(cls, key: str, stamp: str = "", task_id: str = "") -> Condition:
-        """Denies a copy of a publish of ``task_id`` that already finished: one whose
-        ``stamp`` (its publish, policy.PUBLISH_HEADER) is recorded in ``key``; with no
-        stamp (a message sent without celery-baton), any finished run of the id."""
-        return cls("D", key, stamp, task_id)
-
-    @classmethod
-    def free_unique(cls, key: str, task_id: str) -> Condition:
-        return cls("U", key, task_id)
-
-    @classmethod
-    def supersede(cls, key: str, seq: int | None, task_id: str) -> Condition:
-        """Denies a delivery that a newer publish of the same key superseded (``seq``:
-        its publish order, None: take one now); else records it as the newest."""
-        return cls("S", key, "" if seq is None else str(seq), task_id)
-
-    @classmethod
-    def not_superseded(cls, key: str, ttl: float) -> Condition:
-        """Denies a delivery that a unique ``replace`` publish superseded; on grant marks
-        it started (for ``ttl`` seconds), so a later replace leaves it running."""
-        return cls("N", key, str(max(1, round(ttl * 1000))))
-
-    @classmethod
-    def keep_unique(cls, key: str, task_id: str, ttl: float) -> Condition:
-        """Never denies; on grant, ``task_id``'s claim of ``key`` (if it still holds it)
-        lives ``ttl`` seconds from now: the run is protected whatever ttl the publish
-        gave the claim (a message's ``expires`` bounds its wait in the queue only)."""
-        return cls("K", key, task_id, str(max(1, round(ttl * 1000))))
 
 
 @dataclass(frozen=True)
@@ -105,7 +43,7 @@ class Decision:
     holder: str = ""
     # Granted with a lease: the store epoch of the leases' family, for their renewals.
     epoch: str = ""
-    # The publish order an "S" condition without one was given now (0: none given).
+    # The publish order a PublishOrder without one was given now (0: none given).
     seq: int = 0
 
     @property
@@ -131,7 +69,7 @@ class Release:
     # > 0: keep the unique claim this many seconds instead of freeing it (the run ended,
     # but its message is still the broker's and comes back: worker/request.py)
     unique_keep: float = 0.0
-    # The publish whose run finished (policy.PUBLISH_HEADER; '': unstamped), recorded
+    # The publish whose run finished (policy/headers.PUBLISH_HEADER; '': unstamped), recorded
     # in the done marker: a copy of that publish is refused, another publish runs.
     done_stamp: str = ""
 
@@ -203,7 +141,7 @@ class Gate:
     """Runs the gate, release and renew scripts against one store.
 
     >>> gate = Gate(connect("redis://127.0.0.1:6379/0"))  # doctest: +SKIP
-    >>> gate.decide([Condition.lease("baton:{t}:ex:k")], owner="id|w|1")  # doctest: +SKIP
+    >>> gate.decide([TakeLease("baton:{t}:ex:k")], owner="id|w|1")  # doctest: +SKIP
     Decision(granted=True, fence=1732240000000000, ...)
     """
 
@@ -291,11 +229,11 @@ class Gate:
     def _give_back(self, taken: Sequence[tuple[Sequence[Condition], Decision]]) -> None:
         for group, decision in taken:
             written_us = decision.at_us - round(decision.start_after * 1_000_000)
-            rates = [c for c in group if c.kind == "W"]
+            rates = [c for c in group if isinstance(c, WeightedRate)]
             if not rates:
                 continue
             keys = [c.key for c in rates]
-            args = [f"{c.a} {written_us + int(c.a)}" for c in rates]
+            args = [f"{c.increment_us} {written_us + c.increment_us}" for c in rates]
             try:
                 self.store.scripts.call("limit_give_back", keys, args)
             except STORE_ERRORS as exc:
@@ -396,37 +334,6 @@ class Gate:
         return self.store.scripts.run("renew", keys, args, client=pipe)
 
 
-def hash_tag(key: str) -> str:
-    """The part of ``key`` Redis Cluster hashes: its first ``{...}``, else all of it."""
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1 : end] if end > start + 1 else key
-
-
-def spans_slots(conditions: Sequence[Condition]) -> bool:
-    """Whether ``conditions`` name keys of more than one hash tag (a task's own keys and
-    a named limit's): on Cluster they cannot be decided in one script call."""
-    tags = {hash_tag(c.key) for c in conditions}
-    return len(tags) > 1
-
-
-def slot_groups(conditions: Sequence[Condition]) -> list[list[Condition]]:
-    """``conditions`` split by hash tag: the named limits' groups first (sorted, so two
-    workers never take them in opposite orders), the task's own keys last. An override
-    ("O") stays with the condition it applies to."""
-    groups: dict[str, list[Condition]] = {}
-    pending: list[Condition] = []
-    for c in conditions:
-        if c.kind == "O":
-            pending.append(c)
-            continue
-        groups.setdefault(hash_tag(c.key), []).extend([*pending, c])
-        pending = []
-    shared = sorted(tag for tag, group in groups.items() if all(c.kind in "WP" for c in group))
-    own = [tag for tag in groups if tag not in shared]
-    return [groups[tag] for tag in [*shared, *own]]
-
-
 def _renewals(reply: Sequence[Any]) -> list[Renewal]:
     """renew.lua's reply: a status and an epoch per lease."""
     return [Renewal(int(reply[i]), str(reply[i + 1] or "")) for i in range(0, len(reply), 2)]
@@ -446,9 +353,9 @@ def gate_call(
     keys = []
     lease_key = None
     for c in conditions:
-        args += (c.kind, c.a, c.b)
+        args += encode(c)
         keys.append(c.key)
-        if lease_key is None and c.kind == "L":
+        if lease_key is None and isinstance(c, TakeLease):
             lease_key = c.key
     if lease_key is not None:  # keys past the conditions' (gate.lua, "E" and "G")
         keys.append(epoch_key(lease_key))
@@ -477,7 +384,7 @@ def parse_decision(
         # Past the caller's conditions: the grace condition gate_call added.
         denied_by=conditions[index - 1]
         if index <= len(conditions)
-        else Condition("G", grace_key or ""),
+        else StoreGrace(grace_key or ""),
         retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
         holder=str(reply[3] or ""),
         seq=int(reply[4] or 0) if len(reply) > 4 else 0,

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_baton.core.gate import Condition, Decision, Gate, Release, spans_slots
+from celery_baton.core.conditions import Condition, spans_slots
+from celery_baton.core.gate import Decision, Gate, Release
 from celery_baton.core.leases import Releaser
 from celery_baton.store.channel import BlockingChannel, PipelinedChannel
 

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from celery_baton import metrics
-from celery_baton.core.gate import LOST, REASSERTED, Condition, Gate, HeldClaim, HeldLease, Release
+from celery_baton.core.conditions import TakeLease
+from celery_baton.core.gate import LOST, REASSERTED, Gate, HeldClaim, HeldLease, Release
 from celery_baton.core.keys import words
 from celery_baton.errors import BatonError, LeaseNotOwned
 from celery_baton.store.connection import STORE_ERRORS
@@ -86,7 +87,7 @@ class Lease:
     def acquire(self) -> bool:
         """Take the lease now if it is free; ``self.fence`` is its token. One round trip."""
         decision = self.gate.decide(
-            [Condition.lease(self.key, limit=self.limit, fence=True)],
+            [TakeLease(self.key, limit=self.limit, fence=True)],
             owner=self.owner,
             ttl=self.ttl,
         )

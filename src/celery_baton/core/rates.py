@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from celery_baton.core.gate import Condition, Decision, Gate
+from celery_baton.core.conditions import Rate
+from celery_baton.core.gate import Decision, Gate
 from celery_baton.errors import RateSpecError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -85,7 +86,7 @@ class RateLimit:
     burst: int = 1
 
     def __post_init__(self) -> None:
-        self._condition = Condition.rate(
+        self._condition = Rate(
             self.key,
             interval_us(parse_rate(self.rate, subject=self.key)),
             parse_burst(self.burst, subject=self.key),

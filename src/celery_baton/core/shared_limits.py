@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Any
 
 from celery_baton.config import suggest
-from celery_baton.core.gate import Condition, Decision, Gate
+from celery_baton.core.conditions import Condition, Penalty, WeightedRate
+from celery_baton.core.gate import Decision, Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.rates import interval_us, parse_burst, parse_rate
 from celery_baton.errors import ConfigError, CostError, LimitTimeout
@@ -75,10 +76,8 @@ class SharedLimit:
     def conditions(self, names: KeyNames, cost: float) -> list[Condition]:
         """The gate conditions of one call of ``cost`` (checked): penalty, then rate."""
         return [
-            Condition.penalty(names.shared_penalty(self.name)),
-            Condition.weighted(
-                names.shared_rate(self.name), self.increment_us(cost), self.tolerance_us
-            ),
+            Penalty(names.shared_penalty(self.name)),
+            WeightedRate(names.shared_rate(self.name), self.increment_us(cost), self.tolerance_us),
         ]
 
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 import redis
 
 from celery_baton import __version__
-from celery_baton.core.policy import PUBLISH_HEADER
+from celery_baton.core.policy.headers import PUBLISH_HEADER
 from celery_baton.store.connection import ensure_embedded_server, stop_embedded_server
 
 WORKERS = 2

@@ -35,7 +35,7 @@ from celery_baton.store import inspect as store_inspect
 
 if TYPE_CHECKING:
     from celery_baton.core.keys import KeyNames
-    from celery_baton.core.policy import TaskPolicy
+    from celery_baton.core.policy.model import TaskPolicy
     from celery_baton.store import Store
 
 logger = logging.getLogger("celery_baton.ops.web")

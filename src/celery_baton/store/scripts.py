@@ -57,10 +57,63 @@ SCRIPT_NAMES = (
 )
 
 
+#: gate.lua's kinds of condition, a file each in lua/gate/ with its check and its write,
+#: in the order the script tests a condition's kind: the commonest first.
+GATE_KINDS = (
+    "lease",
+    "rate",
+    "penalty",
+    "override",
+    "fair",
+    "done",
+    "order",
+    "not_superseded",
+    "free_unique",
+    "keep_unique",
+)
+
+
 @cache
 def script_source(name: str) -> str:
+    if name == "gate":
+        return join_gate(_lua_file)
+    return _lua_file(f"{name}.lua")
+
+
+def _lua_file(path: str) -> str:
     # One part per joinpath: Python 3.10 takes no more (the package supports 3.10).
-    return (resources.files("celery_baton.store") / "lua" / f"{name}.lua").read_text()
+    where = resources.files("celery_baton.store") / "lua"
+    for part in path.split("/"):
+        where = where / part
+    return where.read_text()
+
+
+def join_gate(read: Callable[[str], str]) -> str:
+    """gate.lua as the store runs it: one script, the frame (lua/gate.lua) with each
+    kind's sections (lua/gate/<kind>.lua: ``--: setup``, ``--: check``, ``--: write``)
+    and the store epochs (lua/gate/epochs.lua) put in place of its ``-- @`` lines.
+    Joined once, when first loaded; the script that runs is one chunk, as if written
+    in one file. ``read(path)``: a file's text by its path under lua/."""
+    parts: dict[str, list[str]] = {"setup": [], "check": [], "write": [], "epochs": []}
+    for kind in (*GATE_KINDS, "epochs"):
+        section = None
+        for line in read(f"gate/{kind}.lua").splitlines():
+            if line.startswith("--: "):
+                section = parts[line[4:].strip()]
+            elif section is not None:  # before the first section: the file's header
+                section.append(line)
+    # Each kind's check (and write) is a branch "elseif kind == ..."; the first opens.
+    for chain in ("check", "write"):
+        first = next(i for i, line in enumerate(parts[chain]) if line.strip())
+        parts[chain][first] = parts[chain][first].replace("elseif", "if", 1)
+    joined = []
+    for line in read("gate.lua").splitlines():
+        place = line.strip()
+        if place.startswith("-- @"):
+            joined += parts[place[4:].split(":")[0]]
+        else:
+            joined.append(line)
+    return "\n".join(joined) + "\n"
 
 
 @cache

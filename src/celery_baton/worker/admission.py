@@ -37,7 +37,7 @@ from celery_baton.core.gate import Decision
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import LeaseBook
-from celery_baton.core.policy import TaskPolicy
+from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.events import DecisionEvents

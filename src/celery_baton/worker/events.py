@@ -36,7 +36,7 @@ from typing import Any
 
 from celery_baton.core.debounce import FlowKind
 from celery_baton.core.keys import KeyNames, words
-from celery_baton.core.policy import RunPlan
+from celery_baton.core.policy.model import RunPlan
 from celery_baton.errors import TaskSkipped, TaskSuperseded
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.verdict import Reason, Skip, Wait

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_baton import metrics, signals
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.conditions import NotDone, TakeLease
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
 from celery_baton.worker.wait_queues import WaitQueues
@@ -71,7 +72,7 @@ class Delivery:
         pool slots, and its round trip overlaps the runs ahead of it."""
         run_key = self.plan.run_key
         return any(
-            not (c.kind == "D" or (c.kind == "L" and c.key == run_key))
+            not (isinstance(c, NotDone) or (isinstance(c, TakeLease) and c.key == run_key))
             for c in self.plan.conditions
         )
 

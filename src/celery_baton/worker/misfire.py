@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery_baton.core.gate import Decision
-from celery_baton.core.policy import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.verdict import Reason, Skip

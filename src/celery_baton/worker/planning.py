@@ -15,18 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_baton.config import Settings
-from celery_baton.core.call_options import HEADER as CALL_HEADER
-from celery_baton.core.call_options import CallOptions
 from celery_baton.core.keys import KeyNames, beat_slot_material
 from celery_baton.core.leases import new_owner
-from celery_baton.core.policy import (
-    BEAT_SLOT_HEADER,
-    PUBLISH_HEADER,
-    RunPlan,
-    TaskPolicy,
-    policy_for_call,
-    run_once,
-)
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, CALL_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.core.policy.per_call import CallOptions, policy_for_call, run_once
+from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.errors import CostError, KeySpecError
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
@@ -71,7 +65,8 @@ class Planner:
     def plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
         """What this delivery asks for, under an owner token of its own; raises
         KeySpecError (CostError) when its arguments cannot build its keys (its cost)."""
-        plan = policy.plan(
+        plan = plan_delivery(
+            policy,
             self.names,
             task_id=request.id,
             owner=new_owner(request.id, self.hostname),
@@ -117,7 +112,7 @@ class Planner:
 def publish_stamp(request: Any) -> str:
     """The publish this delivery is (publish.py's header; a copy the broker redelivers
     carries the same), or '' for a message sent without celery-baton, and for a beat
-    slot: the beat may send one slot twice (policy.run_once), and it must run once, so
+    slot: the beat may send one slot twice (policy/per_call.run_once), and it must run once, so
     the slot is judged by its task id."""
     headers = request.request_dict
     if headers.get(BEAT_SLOT_HEADER) is not None:

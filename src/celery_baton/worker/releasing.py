@@ -27,7 +27,7 @@ from typing import Any
 from celery_baton.core.gate import Release
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
 from celery_baton.worker.request import detach, reached_the_pool
 from celery_baton.worker.transport.ack_fate import AckFates

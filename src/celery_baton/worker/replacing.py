@@ -9,12 +9,14 @@ module only carries the order and sends the revoke.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from celery import states
 
-from celery_baton.core.gate import Condition
-from celery_baton.core.policy import ORDER_HEADER, RunPlan
+from celery_baton.core.conditions import PublishOrder
+from celery_baton.core.policy.headers import ORDER_HEADER
+from celery_baton.core.policy.model import RunPlan
 from celery_baton.errors import TaskSuperseded
 from celery_baton.worker.verdict import REVOKE_AGAIN
 
@@ -40,7 +42,7 @@ def keep_order(request: Any, plan: RunPlan, order: int) -> None:
     later ask of this delivery (and for a plan rebuilt from the request)."""
     request.request_dict[ORDER_HEADER] = order
     plan.conditions = [
-        Condition.supersede(c.key, order, c.b) if c.kind == "S" and not c.a else c
+        replace(c, order=order) if isinstance(c, PublishOrder) and c.order is None else c
         for c in plan.conditions
     ]
 

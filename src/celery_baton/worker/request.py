@@ -51,7 +51,7 @@ from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
 
 if TYPE_CHECKING:
-    from celery_baton.core.policy import RunPlan, TaskPolicy
+    from celery_baton.core.policy.model import RunPlan, TaskPolicy
 
 RUN_ATTR = "_baton_run"
 POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaphore)

@@ -26,9 +26,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from celery_baton.core.conditions import (
+    FairTurn,
+    NotDone,
+    NotSuperseded,
+    Penalty,
+    PublishOrder,
+    Rate,
+    StoreGrace,
+    WeightedRate,
+)
 from celery_baton.core.fairness import REFRESH
 from celery_baton.core.gate import Decision, owner_task_id
-from celery_baton.core.policy import RunPlan
+from celery_baton.core.policy.model import RunPlan
 
 #: Seconds a duplicate waits for a release in flight before it is skipped.
 SKIP_GRACE = 0.25
@@ -92,17 +102,17 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
     """The refusing condition of a denied ``decision``, named."""
     condition = decision.denied_by
     assert condition is not None, "a granted decision has no reason"
-    if condition.kind in ("S", "N"):
+    if isinstance(condition, PublishOrder | NotSuperseded):
         return Reason.SUPERSEDED
-    if condition.kind == "D":
+    if isinstance(condition, NotDone):
         return Reason.ALREADY_RUN
-    if condition.kind in ("R", "W"):
+    if isinstance(condition, Rate | WeightedRate):
         return Reason.RATE
-    if condition.kind == "P":
+    if isinstance(condition, Penalty):
         return Reason.PENALTY
-    if condition.kind == "G":
+    if isinstance(condition, StoreGrace):
         return Reason.GRACE
-    if condition.kind == "F":
+    if isinstance(condition, FairTurn):
         return Reason.FAIR
     if condition.key == plan.exclusive_key:
         return Reason.EXCLUSIVE
@@ -217,7 +227,7 @@ def _verdict(
     if why is Reason.FAIR:
         # Queued with the shared limit's own key: its release notices wake it.
         limit_key = plan.fair_limits[key]
-        rate = any(c.kind == "R" and c.key == limit_key for c in plan.conditions)
+        rate = any(isinstance(c, Rate) and c.key == limit_key for c in plan.conditions)
         early = decision.retry_after - (plan.reserve * 0.9 if rate else 0.0)
         return Wait(why, limit_key, max(early, 0.0001), jitter=not rate)
     if why is Reason.RATE:

@@ -31,7 +31,7 @@ from typing import Any
 from celery import signals, states
 
 from celery_baton.core.gate import Release
-from celery_baton.core.policy import RunPlan, TaskPolicy
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.parts import parts_for
 
 logger = logging.getLogger("celery_baton.worker")

@@ -1,4 +1,5 @@
-"""Per-call options: the caller decides a call's key and policy. Celery-free.
+"""Per-call options: the caller decides a call's key and policy; and the policy one
+call or delivery runs under (a call's options, a beat slot's run-once). Celery-free.
 
 One task is often called under different policies (seed 004: the caller picks the lock
 key, whether a duplicate waits or is rejected, and how long it may wait). They travel in
@@ -22,22 +23,23 @@ the worker from the header.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from celery_baton.config import suggest
+from celery_baton.config import Settings, suggest
 from celery_baton.core.keys import KeySpec, _canonical_json
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.core.policy.options import CONFLICT_POLICIES, UNIQUE_CONFLICTS, is_seconds
 from celery_baton.errors import ConfigError
 
 #: The keyword of apply_async/send_task/signature options (and of a beat entry's
 #: ``options``) that carries per-call options.
 CALL_OPTION = "baton"
-#: The message header that carries a call's options (JSON).
-HEADER = "baton_call"
-CONFLICTS = ("skip", "wait", "replace", "keep_last")
-UNIQUE_CONFLICTS = ("return", "raise", "replace")
+#: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
+#: twice only when a leader's publish stalled past its lease, and its copy lands when
+#: the broker comes back: a day covers any such stall, at one small key per slot.
+BEAT_SLOT_RETENTION = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,7 @@ def parse(task: str, value: object) -> CallOptions:
         option = value.get(name)
         if option is None:
             return None
-        if (
-            isinstance(option, bool)
-            or not isinstance(option, int | float)
-            or not option > 0
-            or math.isinf(option)  # "wait forever" is no wait_timeout at all: leave it out
-        ):
+        if not is_seconds(option):  # "wait forever" is no wait_timeout: leave it out
             raise ConfigError(
                 f"{name} must be seconds > 0 and finite, got {option!r}",
                 subject=subject,
@@ -135,7 +132,7 @@ def parse(task: str, value: object) -> CallOptions:
         )
     return CallOptions(
         exclusive=key("exclusive"),
-        conflict=choice("conflict", CONFLICTS),
+        conflict=choice("conflict", CONFLICT_POLICIES),
         wait_timeout=seconds("wait_timeout"),
         lease_ttl=seconds("lease_ttl"),
         unique=key("unique"),
@@ -178,3 +175,57 @@ def check_against(task: str, options: CallOptions, declared: Any) -> None:
                 f"{name} needs {needs} (declared on the task or given in this call)",
                 subject=subject,
             )
+
+
+def for_call(policy: TaskPolicy, call: CallOptions) -> TaskPolicy:
+    """This policy as one call's per-call options override it (that call only)."""
+    return replace(
+        policy,
+        exclusive=policy.exclusive or (_PER_CALL if call.exclusive is not None else None),
+        call_exclusive=call.exclusive,
+        exclusive_conflict=call.conflict or policy.exclusive_conflict,
+        exclusive_wait_timeout=call.wait_timeout or policy.exclusive_wait_timeout,
+        lease_ttl=call.lease_ttl or policy.lease_ttl,
+        unique=policy.unique or (_PER_CALL if call.unique is not None else None),
+        call_unique=call.unique,
+        unique_conflict=call.unique_conflict or policy.unique_conflict,
+        unique_ttl=call.unique_ttl or policy.unique_ttl,
+    )
+
+
+#: The key spec of an option that only a call gives (its material comes with the call).
+_PER_CALL = KeySpec("per-call", None, (), whole_task=True)
+
+
+def policy_for_call(
+    policy: TaskPolicy | None, name: str, call: CallOptions, settings: Settings
+) -> TaskPolicy:
+    """The policy one call runs under: the task's (or none) with the call's options."""
+    if policy is None:
+        policy = TaskPolicy(
+            name=name,
+            lease_ttl=settings.lease_ttl,
+            unique_ttl=settings.unique_ttl,
+            redelivery_guard=settings.redelivery_guard,
+            redelivery_retention=settings.redelivery_retention,
+        )
+    return for_call(policy, call)
+
+
+def run_once(policy: TaskPolicy | None, name: str, settings: Settings) -> TaskPolicy:
+    """``policy`` (or no policy at all) with the redelivery guard on: how a worker admits
+    a beat slot. A broker cannot be fenced, so a slot may be *sent* twice (a stalled
+    publish lands after the next leader re-sent it, under the same task id); the guard's
+    run lease and done marker make it *run* once, whatever the task's own options and
+    ``baton_redelivery_guard`` say."""
+    if policy is None:
+        return TaskPolicy(
+            name=name,
+            lease_ttl=settings.lease_ttl,
+            redelivery_guard=True,
+            redelivery_retention=BEAT_SLOT_RETENTION,
+        )
+    retention = max(policy.redelivery_retention, BEAT_SLOT_RETENTION)
+    if policy.redelivery_guard and policy.redelivery_retention == retention:
+        return policy
+    return replace(policy, redelivery_guard=True, redelivery_retention=retention)

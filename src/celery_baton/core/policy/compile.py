@@ -1,0 +1,208 @@
+"""Compile a task's options into its ``TaskPolicy``, once: validate them, and refuse
+with the task's name what cannot work. Celery-free.
+
+Reads the options as plain attributes (Celery stores ``@app.task(**options)`` on the task
+class) through ``options(name)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_baton.config import Settings, suggest
+from celery_baton.core import debounce
+from celery_baton.core.fairness import FairPolicy, check_weights
+from celery_baton.core.keys import KeySpec, KeySpecValue
+from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
+from celery_baton.core.policy.options import (
+    CONFLICT_POLICIES,
+    NEEDS,
+    SUPERSEDING,
+    UNIQUE_CONFLICTS,
+    UNIQUE_UNTIL,
+    is_seconds,
+)
+from celery_baton.core.rates import parse_burst, parse_rate
+from celery_baton.core.shared_limits import SharedLimit, parse_limits, resolve
+from celery_baton.errors import ConfigError
+
+
+def compile_policy(
+    name: str,
+    options: Callable[[str], Any],
+    fun: Callable[..., Any],
+    settings: Settings,
+    *,
+    bound: bool = False,
+) -> TaskPolicy | None:
+    """Validate a task's options; ``None`` when it asks for nothing.
+
+    ``options(name)`` reads one option (``getattr`` on the task, or a dict lookup at
+    declaration time); ``fun`` is the function whose signature keys are bound to.
+    """
+
+    def spec(option: str) -> KeySpec | None:
+        value: KeySpecValue | None = options(option)
+        if value is None or value is False:
+            return None
+        return KeySpec.build(value, fun, subject=f"{name}.{option}", bound=bound)
+
+    def choice(option: str, allowed: tuple[str, ...]) -> str:
+        value = options(option)
+        value = allowed[0] if value is None else value
+        if value not in allowed:
+            hint = suggest(value, allowed) if isinstance(value, str) else ""
+            raise ConfigError(
+                f"must be one of {allowed}, got {value!r}{hint}", subject=f"{name}.{option}"
+            )
+        return str(value)
+
+    def seconds(option: str, default: float) -> float:
+        value = options(option)
+        if value is None:
+            return default
+        if not is_seconds(value):
+            raise ConfigError(
+                f"must be a number of seconds > 0 and finite, got {value!r}",
+                subject=f"{name}.{option}",
+            )
+        return float(value)
+
+    for option, needed in NEEDS.items():
+        if options(option) is not None and options(needed) is None:
+            raise ConfigError(f"{option} needs {needed}", subject=name)
+
+    rate = None
+    more_rates: tuple[RatePolicy, ...] = ()
+    if options("global_rate_limit") is not None:
+        subject = f"{name}.global_rate_limit"
+        burst = parse_burst(
+            1 if options("global_rate_limit_burst") is None else options("global_rate_limit_burst"),
+            subject=f"{subject}_burst",
+        )
+        key = spec("global_rate_limit_key")
+        limits = options("global_rate_limit")
+        if isinstance(limits, list | tuple):
+            if not limits:
+                raise ConfigError("an empty list of rates", subject=subject)
+            rates = [parse_rate(x, subject=f"{subject}[{i}]") for i, x in enumerate(limits)]
+            if len(set(rates)) != len(rates):
+                raise ConfigError(f"the same rate twice in {limits!r}", subject=subject)
+        else:
+            rates = [parse_rate(limits, subject=subject)]
+        rate = RatePolicy(rates[0], burst, key)
+        more_rates = tuple(RatePolicy(r, burst, key) for r in rates[1:])
+
+    concurrency = None
+    limit = options("global_concurrency")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(
+                f"must be an int >= 1, got {limit!r}", subject=f"{name}.global_concurrency"
+            )
+        concurrency = ConcurrencyPolicy(limit, spec("global_concurrency_key"))
+
+    fair = _fair_policy(name, options, spec)
+    shared = _shared_limits(name, options, settings)
+    flow = debounce.compile_flow(name, options, spec)
+
+    if options("exclusive_wait_timeout") is not None and (
+        options("exclusive_conflict") or "skip"
+    ) in ("replace", "skip"):
+        # "skip" drops a duplicate at once, "replace" stops the old run: nothing waits.
+        raise ConfigError(
+            "exclusive_wait_timeout does nothing with exclusive_conflict="
+            f'"{options("exclusive_conflict") or "skip"}" (nothing waits); use "wait" or '
+            '"keep_last" for a bounded wait',
+            subject=name,
+        )
+    conflict = options("exclusive_conflict")
+    if (
+        conflict in SUPERSEDING
+        and options("unique") is not None
+        and options("unique") == options("exclusive")
+        and options("unique_until") != "started"
+        and options("unique_conflict") != "replace"
+    ):
+        # The newer publish would be dropped at publish: it could never supersede.
+        raise ConfigError(
+            f'exclusive_conflict="{conflict}" with unique on the same key: a newer publish '
+            "is de-duplicated before it can supersede the older one; add "
+            'unique_conflict="replace" (or unique_until="started", or drop unique)',
+            subject=name,
+        )
+    guard = options("redelivery_guard")
+    if settings.global_rate_limits and options("rate_limit"):
+        parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
+    policy = TaskPolicy(
+        name=name,
+        lease_ttl=seconds("lease_ttl", settings.lease_ttl),
+        exclusive=spec("exclusive"),
+        exclusive_conflict=choice("exclusive_conflict", CONFLICT_POLICIES),
+        exclusive_wait_timeout=(
+            seconds("exclusive_wait_timeout", 1.0)
+            if options("exclusive_wait_timeout") is not None
+            else None
+        ),
+        unique=spec("unique"),
+        unique_conflict=choice("unique_conflict", UNIQUE_CONFLICTS),
+        unique_until=choice("unique_until", UNIQUE_UNTIL),
+        unique_ttl=seconds("unique_ttl", settings.unique_ttl),
+        rate=rate,
+        more_rates=more_rates,
+        # Every task, not only those declared with a rate_limit: `celery control
+        # rate_limit` can give any task one at runtime, and Celery's own bucket is off.
+        rate_from_celery=settings.global_rate_limits and rate is None,
+        concurrency=concurrency,
+        redelivery_guard=settings.redelivery_guard if guard is None else bool(guard),
+        redelivery_retention=settings.redelivery_retention,
+        fair=fair,
+        shared=shared,
+        cost=options("cost"),
+        flow=flow,
+    )
+    if not (policy.gates_runs or policy.unique):
+        return None
+    return policy
+
+
+def _fair_policy(
+    name: str, options: Callable[[str], Any], spec: Callable[[str], KeySpec | None]
+) -> FairPolicy | None:
+    """``fair_key`` (and ``fair_weights``): one shared limit, shared fairly by the key's
+    values. A per-key limit (``global_concurrency_key``) is a cap of each key's own;
+    ``fair_key`` shares one cap among keys, so it needs a limit to share."""
+    if options("fair_key") is None:
+        return None
+    if options("global_concurrency") is None and options("global_rate_limit") is None:
+        raise ConfigError(
+            "fair_key shares a limit fairly: it needs global_concurrency or global_rate_limit",
+            subject=name,
+        )
+    key = spec("fair_key")
+    if key is None or key.whole_task:
+        raise ConfigError(
+            "fair_key must name what the limit is shared by (an argument name, a list, "
+            "a '{template}' or a callable), not True/False",
+            subject=f"{name}.fair_key",
+        )
+    return FairPolicy(key, check_weights(options("fair_weights"), f"{name}.fair_weights"))
+
+
+def _shared_limits(
+    name: str, options: Callable[[str], Any], settings: Settings
+) -> tuple[SharedLimit, ...]:
+    """A task's ``limits=`` and ``cost=``, checked against ``baton_limits`` when known
+    (at worker start always; at declaration when the app's conf already has them)."""
+    wanted, cost = options("limits"), options("cost")
+    if cost is not None and not callable(cost):
+        SharedLimit("-", 1.0, 1 << 62).check_cost(cost, subject=f"{name}.cost")
+    if wanted is None or settings.limits is None:
+        return ()
+    table = parse_limits(settings.limits)
+    shared = resolve(table, wanted, subject=f"{name}.limits")
+    if cost is not None and not callable(cost):
+        for limit in shared:
+            limit.check_cost(cost, subject=f"{name}.cost")
+    return shared
