@@ -3,7 +3,7 @@
 Set ``baton_metrics_port`` to serve them from each worker (and beat) process: a port,
 or a range ``"9100-9119"`` when several processes run on one host (each takes the first
 free port of it and logs which). The store-wide view of every worker, from one place,
-is ``/metrics`` of ``celery -A proj baton web`` (see :mod:`celery_baton.ops.web`).
+is ``/metrics`` of ``celery -A proj baton web`` (see :mod:`celery_baton.ops.web.metrics`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_baton.ops.cli import table
+from celery_baton.ops.cli.output import table
 
 TIME = "2026-11-27T03:59:13"
 TASK_ID = "9ddb7462-1ac3-48d7-822a-13b41934a95f"

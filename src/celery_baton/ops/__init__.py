@@ -1,1 +1,2 @@
-"""The operators' side: ``celery -A proj baton ...`` (cli.py) and the web view (web.py)."""
+"""The operators' side: one read model (``state.py``) rendered by the command line
+(``cli/``: ``celery -A proj baton ...``) and the web view (``web/``)."""

@@ -1,0 +1,16 @@
+"""``celery -A proj baton status | locks | unlock KEY | limits | schedule | web``.
+
+Registered through Celery's ``celery.commands`` entry point (``celery_baton.ops.cli:baton``).
+Every command takes ``--json`` (its errors are JSON too); tables fit the terminal's
+width. One module per command group, each rendering the read model (``ops/state.py``):
+
+- ``group``: the ``baton`` group and the :class:`~celery_baton.ops.cli.group.Context`
+- ``output``: tables, JSON, ``--watch``
+- ``status`` (and ``end-grace``), ``locks`` (and ``unlock``), ``limits``, ``schedule``,
+  ``web``
+"""
+
+from celery_baton.ops.cli import limits, locks, schedule, status, web
+from celery_baton.ops.cli.group import baton
+
+__all__ = ["baton", "limits", "locks", "schedule", "status", "web"]

@@ -1,0 +1,82 @@
+"""The ``baton`` command group and what every sub-command reads through: the app, its
+settings and its store (:class:`Context`, the read model's ``Source``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from celery_baton.config import Settings
+from celery_baton.errors import BatonError
+from celery_baton.ops.cli.output import fail
+from celery_baton.parts import parts_for
+from celery_baton.store import Store
+
+if TYPE_CHECKING:
+    from celery_baton.core.policy.model import TaskPolicy
+
+
+class Context:
+    """What every sub-command needs: the app, its settings, the store."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.parts = parts_for(app)
+        self.settings: Settings = self.parts.settings
+        self.names = self.parts.names
+
+    @functools.cached_property
+    def store(self) -> Store:
+        # An operator's look never starts an embedded server: with no URL set it reads
+        # the one running on this machine, if any.
+        return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
+
+    def policies(self) -> Mapping[str, tuple[Any, TaskPolicy]]:
+        result = {}
+        for name, task in sorted(self.app.tasks.items()):
+            policy = self.parts.policy_for(task)
+            if policy is not None:
+                result[name] = (task, policy)
+        return result
+
+
+class _Commands(click.Group):
+    """Under ``--json`` (given anywhere on the line) an error is JSON too, on stdout
+    (``{"error": "..."}``), with the same exit status: a script that asked for JSON
+    never has to parse ``Error: ...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["baton_json"] = "--json" in args
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if not ctx.meta.get("baton_json"):
+                raise
+            click.echo(json.dumps({"error": exc.format_message()}))
+            raise click.exceptions.Exit(exc.exit_code) from exc
+
+
+@click.group(name="baton", cls=_Commands)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def baton(ctx: click.Context, as_json: bool = False) -> None:
+    """celery-baton: leases, limits and the beat schedule in the store."""
+    app = ctx.obj.app if ctx.obj is not None and hasattr(ctx.obj, "app") else None
+    if app is None:
+        raise click.UsageError("run as: celery -A proj baton ...")
+    try:
+        ctx.obj = {"baton": Context(app), "json": as_json}
+    except BatonError as exc:  # a bad setting or URL: one line, not a traceback
+        fail(exc)
+
+
+def context_of(ctx: click.Context) -> Context:
+    context: Context = ctx.obj["baton"]
+    return context

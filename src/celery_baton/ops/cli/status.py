@@ -1,0 +1,65 @@
+"""``baton status`` (the store, its grace, the workers and their leases) and
+``baton end-grace``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from celery_baton.errors import BatonError
+from celery_baton.ops import state
+from celery_baton.ops.cli.group import baton, context_of
+from celery_baton.ops.cli.output import emit, fail, json_option, show, table, watch_option
+from celery_baton.store import inspect as store_inspect
+
+
+@baton.command()
+@json_option
+@watch_option
+@click.pass_context
+def status(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
+    """Store URL, server version, round trip, workers and their leases."""
+    c = context_of(ctx)
+
+    def render() -> tuple[Any, str]:
+        data = state.status(c)
+        stale = data["stale_leases"]
+        where = " (embedded: this machine only)" if data["embedded"] else ""
+        if data["store_from"] == "broker_url":
+            where = " (the broker's Redis: no baton_url is set)"
+        text = [
+            f"store:    {data['store']}{where}",
+            f"server:   {data['server']}",
+            f"rtt:      {data['rtt_ms']} ms",
+            *([f"grace:    {data['grace']}"] if data["grace"] else []),
+            *[f"WARNING:  {warning}" for warning in data["warnings"]],
+            f"leases:   {data['leases']}"
+            + (f" ({stale} stale: their workers stopped reporting)" if stale else ""),
+            "",
+            table(
+                [(w["hostname"], w["leases"], w["held"], w["admitted"]) for w in data["workers"]],
+                ["worker", "leases", "held", "admitted"],
+                keep=(0,),
+            )
+            if data["workers"]
+            else "no live workers",
+        ]
+        return data, "\n".join(text)
+
+    show(ctx, render, watch)
+
+
+@baton.command("end-grace")
+@json_option
+@click.pass_context
+def end_grace(ctx: click.Context, as_json: bool = False) -> None:
+    """Grant leases at once on a store that is new or was emptied with no worker
+    running: ends the grace (one lease_ttl) a store found without its data gets. Never
+    while workers that ran before the loss may still hold runs."""
+    c = context_of(ctx)
+    try:
+        store_inspect.end_grace(c.store, c.names.prefix)
+    except BatonError as exc:
+        fail(exc)
+    emit(ctx, {"grace": ""}, "grace ended: new leases are granted at once")
