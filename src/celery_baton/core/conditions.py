@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from celery_baton.store.schema import hash_tag
+
 
 @dataclass(frozen=True, slots=True)
 class TakeLease:
@@ -195,13 +197,6 @@ def encode(c: Condition) -> tuple[str, str, str]:
 
 def _ms(seconds: float) -> str:
     return str(max(1, round(seconds * 1000)))
-
-
-def hash_tag(key: str) -> str:
-    """The part of ``key`` Redis Cluster hashes: its first ``{...}``, else all of it."""
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1 : end] if end > start + 1 else key
 
 
 def spans_slots(conditions: Sequence[Condition]) -> bool:

@@ -28,6 +28,7 @@ from celery_baton.core.conditions import (
 from celery_baton.core.keys import epoch_key
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.store.schema import hash_tag, owner_parts
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class Decision:
 
 
 def owner_task_id(owner: str) -> str:
-    """Owners are ``"<task id>|<worker>|<nonce>"``: unique per delivery of a message."""
-    return owner.split("|", 1)[0]
+    """The task id of an owner token (store/schema.py)."""
+    return owner_parts(owner)[0]
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,7 @@ class Gate:
             # all in one pipeline.
             by_tag: dict[str, list[int]] = defaultdict(list)
             for i, lease in enumerate(leases):
-                by_tag[lease.key[lease.key.find("{") : lease.key.find("}") + 1]].append(i)
+                by_tag[hash_tag(lease.key)].append(i)
             results = [Renewal(LOST)] * len(leases)
             pipe = self.store.client.pipeline(transaction=False)
             for indexes in by_tag.values():

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery_baton.errors import KeySpecError
+from celery_baton.store.schema import hash_tag
 
 KeySpecValue = bool | str | Sequence[str] | Callable[..., Any]
 
@@ -266,7 +267,7 @@ def words(lease_key: str, material: str) -> str:
     """A key in words, from its task and the text its digest was made of:
     ``import_feed(feed_url='https://…')``; a template's or a function's text as it is;
     ``import_feed (the whole task)``. Bounded to :data:`WORDS_MAX` characters."""
-    task = lease_key[lease_key.find("{") + 1 : lease_key.find("}")].rsplit(".", 1)[-1]
+    task = hash_tag(lease_key).rsplit(".", 1)[-1]
     if material == "":
         return _cut(f"{task} (the whole task)", WORDS_MAX)
     try:

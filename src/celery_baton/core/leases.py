@@ -36,6 +36,7 @@ from celery_baton.core.keys import words
 from celery_baton.errors import BatonError, LeaseNotOwned
 from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.store.inspect import label_key
+from celery_baton.store.schema import make_owner
 
 logger = logging.getLogger("celery_baton.core.leases")
 
@@ -61,8 +62,8 @@ _nonces = _Nonces()
 
 
 def new_owner(task_id: str, worker: str) -> str:
-    """An owner token unique to one delivery: ``"<task id>|<worker>|<nonce>"``."""
-    return f"{task_id}|{worker}|{_nonces.next()}"
+    """An owner token unique to one delivery (store/schema.py)."""
+    return make_owner(task_id, worker, _nonces.next())
 
 
 class Lease:

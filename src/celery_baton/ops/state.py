@@ -17,6 +17,7 @@ from celery_baton.core.rates import parse_rate
 from celery_baton.errors import BatonError
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.inspect import LeaseRow
+from celery_baton.store.schema import hash_tag, owner_parts, parse_rate_override
 
 if TYPE_CHECKING:
     from celery_baton.config import Settings
@@ -83,8 +84,7 @@ def holders_in_words(owners: list[str], live: set[str]) -> str:
     unique claim's task, a live run, or a stale lease."""
     parts = []
     for owner in owners:
-        task_id, _, rest = owner.partition("|")
-        worker = rest.split("|", 1)[0]
+        task_id, worker, _ = owner_parts(owner)
         if not worker:
             parts.append(f"is claimed by task {task_id} (queued or running)")
         elif worker in live:
@@ -206,8 +206,8 @@ def task_limits(source: Source, leases: list[LeaseRow]) -> list[TaskLimits]:
 
 def override_rate(value: str) -> tuple[float, int]:
     """A stored rate override, ``"<interval_us> <burst>"``, as (runs per second, burst)."""
-    interval, _, burst = value.partition(" ")
-    return 1_000_000 / int(interval), int(burst or 1)
+    interval_us, burst = parse_rate_override(value)
+    return 1_000_000 / interval_us, burst
 
 
 def _declared_rate(task: Any, policy: TaskPolicy) -> str | None:
@@ -253,7 +253,7 @@ def limits_in_use(
     held: dict[str, int] = {}
     for report in reports:
         for key, count in (report.get("held_by_key") or {}).items():
-            task = key[key.find("{") + 1 : key.find("}")]
+            task = hash_tag(key)
             held[task] = held.get(task, 0) + int(count)
     rows = []
     for limits in task_limits(source, leases):

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from celery_baton.store.connection import STORE_ERRORS, Store
+from celery_baton.store.schema import hash_tag, owner_parts
 
 LEASE_KINDS = {"ex": "exclusive", "cc": "concurrency", "run": "redelivery"}
 UNIQUE_KIND = "uq"
@@ -36,9 +37,8 @@ class LeaseRow:
 
 def _parse_key(key: str) -> tuple[str, str]:
     """``prefix:{task}:kind:digest`` -> (task, kind)."""
-    open_, close = key.find("{"), key.find("}")
-    task = key[open_ + 1 : close]
-    kind = key[close + 2 :].split(":", 1)[0]
+    task = hash_tag(key)
+    kind = key[key.find("}") + 2 :].split(":", 1)[0]
     return task, kind
 
 
@@ -77,7 +77,7 @@ def leases(store: Store, prefix: str) -> list[LeaseRow]:
                     left = (int(deadline) - now) / 1000
                     if left <= 0:
                         continue
-                    task_id, worker, _ = [*field[2:].split("|"), "", ""][:3]
+                    task_id, worker, _ = owner_parts(field[2:])
                     rows.append(
                         LeaseRow(
                             key, LEASE_KINDS[kind], task, task_id, worker, int(fence or 0), left

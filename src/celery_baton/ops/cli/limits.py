@@ -14,6 +14,7 @@ from celery_baton.ops import state
 from celery_baton.ops.cli.group import Context, baton, context_of
 from celery_baton.ops.cli.output import emit, fail, json_option, show, table, watch_option
 from celery_baton.store import inspect as store_inspect
+from celery_baton.store.schema import rate_override
 
 
 @baton.group(invoke_without_command=True)
@@ -145,7 +146,7 @@ def limits_set(
     try:
         key = c.names.limits(task)
         if rate is not None:
-            value = f"{interval_us(parse_rate(rate, subject=task))} {parse_burst(burst)}"
+            value = rate_override(interval_us(parse_rate(rate, subject=task)), parse_burst(burst))
             store_inspect.set_limit_override(c.store, key, "rate", value)
         if concurrency is not None:
             if concurrency < 1:
