@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
-
-import redis
 
 from celery_baton import __version__
 from celery_baton.core.policy.headers import PUBLISH_HEADER
-from celery_baton.store.connection import ensure_embedded_server, stop_embedded_server
+from celery_baton.demo.processes import Processes, say
+from celery_baton.store.connection import stop_embedded_server
 
 WORKERS = 2
 BEATS = 2
-# The line that names an exception in a traceback: "ModuleNotFoundError: No module ..."
-ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b.*")
 
 
 @dataclass
@@ -37,115 +27,19 @@ class Result:
     ok: bool
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
 class Demo:
+    """One scenario per guarantee, judged from the runs the tasks record."""
+
     def __init__(self) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="baton-demo-"))
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.beats: list[subprocess.Popen[bytes]] = []
+        self.processes = Processes()
         self.results: list[Result] = []
-        self.names: dict[int, str] = {}  # pid -> "worker1", the name of its log
-
-    # -- processes ------------------------------------------------------------------
-
-    def start_store(self) -> None:
-        # A private embedded server, so the demo never touches a shared one.
-        os.environ["BATON_RUNTIME_DIR"] = str(self.tmp)
-        sock = ensure_embedded_server()
-        self.env = dict(
-            os.environ,
-            BATON_URL=f"unix://{sock}?db=15",
-            BATON_DEMO_BROKER=f"redis+socket://{sock}?virtual_host=14",
-            BATON_DEMO_OBSERVER=f"unix://{sock}?db=13",
-            PYTHONUNBUFFERED="1",
-        )
-        os.environ.update(self.env)  # this process publishes through the same app
-        self.observer = redis.Redis(unix_socket_path=str(sock), db=13)
-        self.store = redis.Redis(unix_socket_path=str(sock), db=15, decode_responses=True)
-        say(f"  store and broker: embedded Valkey on {sock}")
-
-    def spawn(self, kind: str, n: int) -> subprocess.Popen[bytes]:
-        base = [sys.executable, "-m", "celery", "-A", "celery_baton.demo.app"]
-        log = open(self.tmp / f"{kind}{n}.log", "wb")  # noqa: SIM115 - closed with the process
-        if kind == "worker":
-            args = [
-                *base,
-                "worker",
-                "-c",
-                "2",
-                "-n",
-                f"demo{n}@%h",
-                "-l",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ]
-        else:
-            args = [
-                *base,
-                "beat",
-                "-l",
-                "INFO",
-                "-s",
-                str(self.tmp / f"beat{n}.db"),
-                "--pidfile",
-                "",
-            ]
-        proc = subprocess.Popen(
-            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.procs.append(proc)
-        self.names[proc.pid] = f"{kind}{n}"
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    def wait_for(self, what: str, check: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return True
-            for proc in self.procs:
-                if proc in self.beats:
-                    continue
-                if proc.poll() is not None:
-                    raise RuntimeError(self.death_report(proc, what))
-            time.sleep(0.1)
-        return False
-
-    def death_report(self, proc: subprocess.Popen[bytes], what: str) -> str:
-        """Why a process died, from its own log: the error itself, not just "see logs"."""
-        name = self.names.get(proc.pid, "a demo process")
-        log = self.tmp / f"{name}.log"
-        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-        errors = [line for line in lines if ERROR_LINE.match(line)]
-        cause = errors[-1] if errors else "\n".join(lines[-10:]) or "(its log is empty)"
-        return (
-            f"{name} died (exit status {proc.returncode}) while waiting for {what}:\n"
-            f"    {cause}\n  its whole log: {log}"
-        )
 
     def runs(self, kind: str) -> list[dict[str, Any]]:
         return [
             r
             for r in (
-                json.loads(x) for x in cast(list[bytes], self.observer.lrange("demo:runs", 0, -1))
+                json.loads(x)
+                for x in cast(list[bytes], self.processes.observer.lrange("demo:runs", 0, -1))
             )
             if r["kind"] == kind
         ]
@@ -164,7 +58,7 @@ class Demo:
         for _ in range(5):
             for feed in feeds:
                 import_feed.delay(feed)
-        self.wait_for("imports", lambda: len(self.runs("import")) >= 4, 20)
+        self.processes.wait_for("imports", lambda: len(self.runs("import")) >= 4, 20)
         time.sleep(1.0)
         runs = self.runs("import")
         worst = max_concurrent_per_key(runs)
@@ -180,7 +74,7 @@ class Demo:
 
         say("\n[2/6] unique: report 7 published 5 times while the first is queued or running")
         results = [build_report.delay(7) for _ in range(5)]
-        self.wait_for("the report", lambda: len(self.runs("report")) >= 1, 20)
+        self.processes.wait_for("the report", lambda: len(self.runs("report")) >= 1, 20)
         time.sleep(1.5)
         runs = len(self.runs("report"))
         ids = {r.id for r in results}
@@ -193,7 +87,7 @@ class Demo:
         say("\n[3/6] global rate limit 10/s: 30 fetches over 2 workers (4 pool slots)")
         for i in range(30):
             fetch.delay(i)
-        self.wait_for("fetches", lambda: len(self.runs("fetch")) >= 30, 30)
+        self.processes.wait_for("fetches", lambda: len(self.runs("fetch")) >= 30, 30)
         starts = sorted(r["start"] for r in self.runs("fetch"))
         achieved = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1e6) if len(starts) > 1 else 0
         busiest = max_in_window(starts, 1_000_000)
@@ -215,7 +109,7 @@ class Demo:
         say("\n[4/6] global concurrency 3: 12 renders over 4 pool slots")
         for i in range(12):
             render.delay(i)
-        self.wait_for("renders", lambda: len(self.runs("render")) >= 12, 30)
+        self.processes.wait_for("renders", lambda: len(self.runs("render")) >= 12, 30)
         runs = self.runs("render")
         peak = max_concurrent_per_key(runs)
         self.record(
@@ -228,13 +122,13 @@ class Demo:
         say("\n[5/6] beat: 2 beat processes fire a 1 s entry; the leader is SIGKILLed")
         leader = self.leader_pid()
         killed_at = time.monotonic()
-        victim = next((p for p in self.beats if p.pid == leader), None)
+        victim = next((p for p in self.processes.beats if p.pid == leader), None)
         if victim is None:
             self.record("beat: a leader was elected", "no leader found", False)
             return
         os.killpg(victim.pid, signal.SIGKILL)
         say(f"  killed the leader (pid {leader}); waiting for the other to take over")
-        took_over = self.wait_for(
+        took_over = self.processes.wait_for(
             "a new leader", lambda: self.leader_pid() not in (None, leader), 15
         )
         failover = time.monotonic() - killed_at
@@ -257,7 +151,7 @@ class Demo:
         from celery_baton.beat.state import BeatKeys, schedule_name
         from celery_baton.demo.app import app
 
-        owner = self.store.hget(BeatKeys(app=schedule_name(app.main)).leader, "owner")
+        owner = self.processes.store.hget(BeatKeys(app=schedule_name(app.main)).leader, "owner")
         try:
             return int(str(owner).split(":")[1])
         except (IndexError, ValueError):
@@ -272,7 +166,7 @@ class Demo:
         # stamp (a new publish of the id, with a stamp of its own, would run again).
         copy = {"task_id": task_id, "headers": {PUBLISH_HEADER: uuid.uuid4().hex[:16]}}
         charge.apply_async((1,), **copy)
-        self.wait_for("the charge", lambda: len(self.runs("charge")) >= 1, 15)
+        self.processes.wait_for("the charge", lambda: len(self.runs("charge")) >= 1, 15)
         charge.apply_async((1,), **copy)  # the same message again
         time.sleep(2.0)
         runs = len(self.runs("charge"))
@@ -282,26 +176,26 @@ class Demo:
 
     def run(self) -> int:
         say(f"celery-baton {__version__} demo: real workers and beats on the embedded store\n")
-        self.start_store()
-        self.observer.delete("demo:runs")
-        self.store.flushdb()
+        self.processes.start_store()
+        self.processes.observer.delete("demo:runs")
+        self.processes.store.flushdb()
         # The demo knows its store is new: no grace before the first lease (a store that
         # is found without its data waits one lease_ttl; see docs/failure.md).
-        self.store.set("baton:epoch", 0)
+        self.processes.store.set("baton:epoch", 0)
         for n in range(1, WORKERS + 1):
-            self.spawn("worker", n)
+            self.processes.spawn("worker", n)
         for n in range(1, BEATS + 1):
-            self.beats.append(self.spawn("beat", n))
-        say(f"  started {WORKERS} workers and {BEATS} beats (logs in {self.tmp})")
-        ready = self.wait_for(
+            self.processes.beats.append(self.processes.spawn("beat", n))
+        say(f"  started {WORKERS} workers and {BEATS} beats (logs in {self.processes.tmp})")
+        ready = self.processes.wait_for(
             "workers",
-            lambda: len(cast(list[str], self.store.keys("baton:worker:*"))) >= WORKERS,
+            lambda: len(cast(list[str], self.processes.store.keys("baton:worker:*"))) >= WORKERS,
             40,
         )
         if not ready:
-            raise RuntimeError(f"workers did not start; see logs in {self.tmp}")
+            raise RuntimeError(f"workers did not start; see logs in {self.processes.tmp}")
         started = time.monotonic()
-        self.wait_for("a beat leader", lambda: self.leader_pid() is not None, 15)
+        self.processes.wait_for("a beat leader", lambda: self.leader_pid() is not None, 15)
         self.exclusive()
         self.unique()
         self.rate()
@@ -357,8 +251,8 @@ def main(*, keep_store: bool = False) -> int:
         say(f"\ndemo failed: {exc}")
         return 2
     finally:
-        demo.stop_all()
+        demo.processes.stop_all()
         if not keep_store:
             # Its own server only: never the user's shared one, even if the demo failed
             # before it started its own.
-            stop_embedded_server(rdir=demo.tmp)
+            stop_embedded_server(rdir=demo.processes.tmp)
