@@ -157,11 +157,6 @@ class Baton:
         return self.parts.gate
 
     @property
-    def hold_horizon(self) -> float:
-        """How long a request may be held: below the broker's visibility timeout."""
-        return self.parts.hold_horizon
-
-    @property
     def renew_interval(self) -> float:
         return self.parts.renew_interval
 

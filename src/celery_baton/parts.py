@@ -136,16 +136,6 @@ class AppParts:
     # -- the worker's timings ---------------------------------------------------------
 
     @property
-    def hold_horizon(self) -> float:
-        """How long a request may be held: below the broker's visibility timeout."""
-        options = self._conf.broker_transport_options or {}
-        visibility = options.get("visibility_timeout")
-        horizon = self.settings.hold_horizon
-        if visibility:
-            horizon = min(horizon, float(visibility) / 2)
-        return horizon
-
-    @property
     def renew_interval(self) -> float:
         ttls = [p.lease_ttl for p in self._policies.values() if p is not None]
         return min([self.settings.lease_ttl, *ttls]) / 3

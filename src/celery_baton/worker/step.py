@@ -30,7 +30,7 @@ from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
-from celery_baton.worker.transport.broker import read_broker, warn_long_tasks
+from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
 from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -141,7 +141,7 @@ class BatonWorker:
             book=self.book,
             releasing=self.releasing,
             settings=parts.settings,
-            horizon=parts.hold_horizon,
+            horizon=hold_horizon(parts.settings.hold_horizon, broker.visibility),
             lower_priority_first=broker.kombu_redis,
         )
         parent.on_task_request = self.admission

@@ -48,6 +48,13 @@ def read_broker(app: Any) -> Broker:
     return Broker(scheme in REDIS_TRANSPORTS, visibility, window)
 
 
+def hold_horizon(configured: float, visibility: float | None) -> float:
+    """How long a request may be held (``baton_hold_horizon``): less than half the
+    broker's visibility timeout, so that a held message goes back to its queue well
+    before the broker would deliver it again on its own."""
+    return min(configured, visibility / 2) if visibility else configured
+
+
 def warn_long_tasks(app: Any, visibility: float | None) -> None:
     """Warn about tasks that can outlive the broker's visibility timeout."""
     if visibility is None:
