@@ -6,7 +6,7 @@ A slot the leader claims on the old master in that half second is published, and
 run and finish there (its worker's done marker written there too); the claim and the
 done marker vanish when the old master resyncs, so the new master still expects that
 slot, and the leader used to claim and send it again: it ran twice (1 slot of a 1 s
-entry per failover, docs/benchmarks.md §12). Now the leader remembers what it claimed
+entry per failover, docs/benchmarks.md#beat-sentinel). Now the leader remembers what it claimed
 and writes a lost claim back instead. Counted from the worker side (the slot comes from
 each message's header; this worker has no celery-baton, so a slot sent twice runs twice).
 """
