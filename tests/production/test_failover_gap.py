@@ -8,8 +8,8 @@ most one ``lease_ttl`` (the promoted replica's grace). Before: 59.0 s here (59 s
 issue): the requests held for the store error were asked again only at their back-off
 (after the store channel's own), those held for a key whose release notice was lost
 with the old master only at their timer (up to a lease away), and the grace was 30 s.
-Now 10.4 s (12.5 s with a 10 s lease_ttl): the new master seen ~2 s after the kill, every held request asked
-again as soon as it answers, then the 8 s grace.
+Now 10.4 s (12.5 s with a 10 s lease_ttl): the new master seen ~2 s after the kill,
+every held request asked again as soon as it answers, then the 8 s grace.
 """
 
 from __future__ import annotations
