@@ -59,11 +59,13 @@ class HeldReturn:
     def __init__(self, visibility: float) -> None:
         self.visibility = visibility
         self._dropped: list[tuple[str | None, float]] = []
+        self._task_ids: dict[str, str] = {}  # delivery tag -> task id, for the log
         self._old_channel: Any = None
 
     def remember(self, forgotten: Sequence[Delivery], channel: Any) -> None:
         """At the consumer's stop after a lost connection: ``channel`` is the old one."""
         self._dropped += [(delivery_tag(d), d.since) for d in forgotten]
+        self._task_ids.update((delivery_tag(d) or "", d.request.id) for d in forgotten)
         if forgotten:
             self._old_channel = channel
 
@@ -71,6 +73,7 @@ class HeldReturn:
         """At the consumer's start, connected again, before it consumes: put back what
         may be (through ``channel``, the new one); returns how many were put back."""
         dropped, self._dropped = self._dropped, []
+        task_ids, self._task_ids = self._task_ids, {}
         old, self._old_channel = self._old_channel, None
         unrestored = getattr(getattr(old, "qos", None), "_delivered", None)
         qos: Any = getattr(channel, "qos", None)
@@ -94,9 +97,13 @@ class HeldReturn:
             unrestored.pop(tag, None)
             done += 1
         if done:
+            # Each id is named: a message being delivered again when the broker dies
+            # can be lost in kombu's Redis transport (docs/failure.md), and the log
+            # then says which ones were on their way.
             logger.info(
                 "baton: %d held messages put back in their queues (the broker could not "
-                "take them back when the connection was lost)",
+                "take them back when the connection was lost): %s",
                 done,
+                ", ".join(task_ids.get(tag, "?") for tag in tags[:done]),
             )
         return done
