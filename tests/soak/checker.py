@@ -144,6 +144,9 @@ class History:
     #: task ids some worker logged as received (Celery's strategy, before celery-baton
     #: sees the message); None: not recorded (a history from before it was).
     received: set[str] | None = None
+    #: task id -> when (us) a worker last handed it to the broker (a hand-back at the
+    #: horizon, or a put-back after a reconnect) and no worker logged it after that.
+    to_broker: dict[str, int] = field(default_factory=dict)
 
 
 def load_history(data: dict[str, Any]) -> History:
@@ -157,6 +160,7 @@ def load_history(data: dict[str, Any]) -> History:
         lost_leases=set(data["lost_leases"]),
         limits=Limits(**data["limits"]),
         received=set(data["received"]) if "received" in data else None,
+        to_broker={k: int(v) for k, v in data.get("to_broker", {}).items()},
     )
 
 
@@ -243,6 +247,30 @@ def received_task_ids(log_text: str) -> set[str]:
     return set(_RECEIVED.findall(log_text))
 
 
+_LOG_AT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] (.*)$", re.M)
+_HANDED = re.compile(r"\[([0-9a-f-]{36})\] handed back to the broker")
+_PUT_BACK = re.compile(r"held messages put back in their queues .*?: (.*)$")
+_NAMED = re.compile(r"\[([0-9a-f-]{36})\]")
+
+
+def broker_moments(log_text: str) -> dict[str, tuple[int, bool]]:
+    """Each task id's last moment in a worker's log (us since the epoch, local clock),
+    and whether it was handed to the broker then (handed back, or put back after a
+    reconnect) rather than received or worked on."""
+    last: dict[str, tuple[int, bool]] = {}
+    for stamp, text in _LOG_AT.findall(log_text):
+        at = int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * SECOND)
+        put_back = _PUT_BACK.search(text)
+        if put_back:
+            for task_id in put_back.group(1).split(", "):
+                last[task_id] = (at, True)
+            continue
+        handed = _HANDED.search(text)
+        for task_id in _NAMED.findall(text):
+            last[task_id] = (at, bool(handed) and task_id == handed.group(1))
+    return last
+
+
 def lost_lease_task_ids(log_text: str) -> set[str]:
     """Task ids whose lease a worker's log says was lost (celery_baton's ERROR lines)."""
     return {a or b for a, b in _LOST.findall(log_text)}
@@ -321,11 +349,29 @@ RELEASE_RETRY = 1.0
 TRANSPORT_WINDOW = 0.25
 
 
+#: Seconds within which a message a worker handed back to the broker (at the hold
+#: horizon, or put back after a reconnect) is delivered again, on a loaded machine.
+REDELIVERY_WINDOW = 3.0
+
+
 def _lost_in_transport(history: History, pub: Published) -> Fault | None:
     """The fault that may have lost ``pub`` in kombu's Redis transport before any worker
     received it: a worker SIGKILLed as it was published (and taken off the queue), or the
     broker SIGKILLed after it was published, while it may still have been waiting in
     the queue. None if some worker logged it received (then it was ours to keep)."""
+    handed = history.to_broker.get(pub.task_id)
+    if handed is not None:
+        # Received, then handed back to the broker and never seen again: delivered
+        # anew, and exposed to the same window as a first delivery, moments later.
+        return next(
+            (
+                f
+                for f in history.faults
+                if f.kind == "restart_broker"
+                and 0 <= f.start - handed <= int(REDELIVERY_WINDOW * SECOND)
+            ),
+            None,
+        )
     if history.received is not None and pub.task_id in history.received:
         return None
     window = int(TRANSPORT_WINDOW * SECOND)
@@ -856,8 +902,13 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
             # between the two, or a broker SIGKILLed after the first (its reply, or the
             # record, lost), loses it before Celery or celery-baton saw it. Not ours to
             # close; RabbitMQ has no such window.
+            handed = history.to_broker.get(pub.task_id)
             report.known["lost-in-transport"].append(
-                f"{pub.task} {pub.task_id} published at {pub.at}, "
+                f"{pub.task} {pub.task_id} handed back to the broker at {handed}, "
+                f"{(fault.start - handed) / SECOND:.3f} s before a {fault.kind}, never "
+                "received again (kombu Redis: BRPOP, then the unacked record)"
+                if handed is not None
+                else f"{pub.task} {pub.task_id} published at {pub.at}, "
                 f"{(fault.start - pub.at) / SECOND:+.3f} s from a {fault.kind}, never received"
                 " by any worker (kombu Redis: BRPOP, then the unacked record)"
             )

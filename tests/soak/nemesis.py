@@ -71,6 +71,7 @@ from tests.soak.checker import (
     Published,
     Report,
     Skip,
+    broker_moments,
     check,
     crash_reason,
     lost_lease_task_ids,
@@ -777,10 +778,13 @@ class Nemesis:
                 results[task_id] = _state(json.loads(raw))
         lost: set[str] = set()
         received: set[str] = set()
+        moments: dict[str, tuple[int, bool]] = {}
         for machine in self.machines:
             logs = machine.logs()
             lost |= lost_lease_task_ids(logs)
             received |= received_task_ids(logs)
+            for task_id, moment in broker_moments(logs).items():
+                moments[task_id] = max(moments.get(task_id, moment), moment)
         return History(
             runs=merge_runs(started, finished),
             published=list(self.published),
@@ -789,6 +793,7 @@ class Nemesis:
             results=results,
             lost_leases=lost,
             received=received,
+            to_broker={task_id: at for task_id, (at, handed) in moments.items() if handed},
             limits=Limits(
                 lease_ttl=self.config.lease_ttl,
                 cap=self.module.CAP,

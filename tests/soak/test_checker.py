@@ -16,6 +16,7 @@ from tests.soak.checker import (
     Run,
     Skip,
     _worst_window,
+    broker_moments,
     check,
     crash_reason,
     lost_lease_task_ids,
@@ -541,6 +542,39 @@ def test_a_task_published_before_the_broker_was_killed_may_be_lost_in_transport(
         report = judge([], published=[sent("1", at=published)], faults=restart,
                        received=received)  # fmt: skip
         assert "not accounted for" in report.violations["accounting"][0], (published, received)
+
+
+def test_a_held_message_handed_back_just_before_a_broker_kill_may_be_lost_in_transport() -> None:
+    """Seed 1112: a message received and held, handed back to the broker (at the hold
+    horizon, or put back after a reconnect), and the broker SIGKILLed moments later,
+    as the message was being delivered again: kombu's window, as for a first delivery.
+    Known only if no worker logged it after the hand-back, and the kill came within
+    seconds of it."""
+    restart = [Fault("restart_broker", int(10 * S), int(11 * S))]
+    kw: dict[str, Any] = {"published": [sent("1", at=1.0)], "faults": restart}
+    lost = judge([], received={"1"}, to_broker={"1": int(9.8 * S)}, **kw)
+    assert lost.ok and lost.known["lost-in-transport"], lost.summary()
+    assert "0.200 s before a restart_broker" in lost.known["lost-in-transport"][0]
+    for handed in ({}, {"1": int(5.0 * S)}, {"1": int(10.5 * S)}):
+        report = judge([], received={"1"}, to_broker=handed, **kw)
+        assert "not accounted for" in report.violations["accounting"][0], handed
+
+
+def test_broker_moments_name_each_ids_last_moment_and_whether_it_went_to_the_broker() -> None:
+    a, b, c = (f"{n}" * 8 + "-aaaa-bbbb-cccc-" + f"{n}" * 12 for n in "123")
+    log = (
+        f"[2026-11-27 07:13:27,791: INFO/MainProcess] Task t.x[{a}] received\n"
+        f"[2026-11-27 07:13:27,800: INFO/MainProcess] Task t.x[{b}] received\n"
+        f"[2026-11-27 07:13:28,000: WARNING/MainProcess] t.x[{b}] handed back to the broker: "
+        "held 5s, the horizon\n"
+        f"[2026-11-27 07:13:31,231: INFO/MainProcess] baton: 2 held messages put back in "
+        f"their queues (the broker could not take them back when the connection was lost): "
+        f"{a}, {c}\n"
+        f"[2026-11-27 07:13:31,500: INFO/MainProcess] Task t.x[{c}] received\n"
+    )
+    moments = broker_moments(log)
+    assert moments[a][1] and not moments[c][1] and moments[b][1]
+    assert moments[c][0] - moments[a][0] == int(0.269 * S)
 
 
 def test_a_unique_run_acked_as_its_worker_died_keeps_its_claim_as_a_known_window() -> None:

@@ -21,10 +21,10 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime
 
 import pytest
 
+from tests.soak.checker import REDELIVERY_WINDOW, broker_moments
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.workers import WorkerProcess, Workers
@@ -33,10 +33,6 @@ APP = "tests.apps.limits"
 VISIBILITY = 15  # s: the hold horizon is a third of it, 5 s (as in the soak)
 TASKS = 120  # at 4/s: 30 s of held backlog
 #: The kill schedules to run (HELD_KILL_SEEDS=4,5,6 for more than the one CI runs).
-#: The longest a held message handed back or put back takes to be delivered again (a
-#: burst of re-deliveries after a reconnect, on a loaded machine): a kill within it may
-#: catch the message between kombu's BRPOP and its unacked record.
-DELIVERY_WINDOW = 3.0
 SEEDS = [int(s) for s in os.environ.get("HELD_KILL_SEEDS", "1").split(",")]
 
 
@@ -61,17 +57,14 @@ def _broker_state(broker_server: StoreServer) -> str:
         )
 
 
-def _last_seen(task_id: str, workers: list[WorkerProcess]) -> tuple[float, str] | None:
-    """When ``task_id`` was last named in a worker's log (received, held, handed back
-    or put back), in seconds since the epoch, and the line."""
-    last: tuple[float, str] | None = None
+def _last_moments(workers: list[WorkerProcess]) -> dict[str, tuple[int, bool]]:
+    """Each task id's last moment in any worker's log (us), and whether it was handed
+    to the broker then (handed back at the horizon, or put back after a reconnect)."""
+    moments: dict[str, tuple[int, bool]] = {}
     for worker in workers:
-        for line in worker.log_text().splitlines():
-            if task_id in line and line.startswith("["):
-                at = datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                if last is None or at > last[0]:
-                    last = (at, line)
-    return last
+        for task_id, moment in broker_moments(worker.log_text()).items():
+            moments[task_id] = max(moments.get(task_id, moment), moment)
+    return moments
 
 
 @pytest.mark.timeout(150)
@@ -117,13 +110,14 @@ def test_held_messages_run_once_across_broker_kills(
     # one that a broker SIGKILL catches between the two is lost, on its first delivery
     # or on any later one (docs/failure.md). A held message is delivered again after
     # each hand-back and each put-back, within moments. So a missing message must have
-    # been last seen, handed to the broker, at most DELIVERY_WINDOW before a kill;
+    # been last seen, handed to the broker, at most REDELIVERY_WINDOW before a kill;
     # one lost otherwise was lost by celery-baton.
     unexplained = []
+    moments = _last_moments(pair)
     for task_id in missing:
-        seen = _last_seen(task_id, pair)
-        if seen is None or not any(0 <= at - seen[0] <= DELIVERY_WINDOW for at in kills):
-            unexplained.append((task_id, seen[1] if seen else "never received"))
+        at, handed = moments.get(task_id, (0, False))
+        if not handed or not any(0 <= kill - at / 1e6 <= REDELIVERY_WINDOW for kill in kills):
+            unexplained.append((task_id, at / 1e6, "handed to the broker" if handed else "held"))
     print(f"\nHELD KILL: {len(missing)} of {TASKS} lost in kombu's delivery window")
     twice = {i: n for i, n in ran.items() if n > 1}
     logs = "\n".join(w.log_tail(80) for w in pair)
