@@ -2,7 +2,8 @@
 
     python3 tests/matrix/run.py                    # every cell: demo + quick suite
     python3 tests/matrix/run.py --cells celery5.3-py3.10,celery5.7-py3.13
-    python3 tests/matrix/run.py --rotate           # one cell, by the day of the year (CI)
+    python3 tests/matrix/run.py --rotate --short   # one cell by the day of the year,
+                                                   # unit and store tests only (.ci/run)
     python3 tests/matrix/run.py --cells celery5.7-py3.13 --full   # + the whole suite
     python3 tests/matrix/run.py --list             # the cells and their interpreters
 
@@ -75,7 +76,8 @@ WORKER_TESTS = (
     # Request._announce_revoked: a run terminated by a replacing publish.
     "tests/worker/test_replaced_result.py",
 )
-QUICK_TESTS = ("tests/unit", "tests/store", *WORKER_TESTS)
+SHORT_TESTS = ("tests/unit", "tests/store")
+QUICK_TESTS = (*SHORT_TESTS, *WORKER_TESTS)
 
 #: pip's words for a package index it could not reach.
 NETWORK_ERRORS = re.compile(
@@ -215,7 +217,7 @@ def versions(python: Path) -> tuple[str, str, str]:
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else ("?", "?", "?")
 
 
-def run_cell(cell: Cell, cache: Path, *, full: bool) -> Outcome:
+def run_cell(cell: Cell, cache: Path, *, full: bool, short: bool = False) -> Outcome:
     home = cache / cell.name
     home.mkdir(parents=True, exist_ok=True)
     log = cache / f"{cell.name}.log"
@@ -235,11 +237,12 @@ def run_cell(cell: Cell, cache: Path, *, full: bool) -> Outcome:
     env["VIRTUAL_ENV"] = str(home / "venv")
     # This checkout's code, whatever else the virtualenv may hold.
     env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{REPO}"
+    tests = SHORT_TESTS if short else QUICK_TESTS
     steps: list[tuple[str, list[str], Path, float]] = [
         ("demo", [str(python), "-m", "celery_baton", "demo"], Path(tempfile.gettempdir()), 300),
         (
             "quick",
-            [str(python), "-m", "pytest", "-n", "0", "-q", "-m", "not slow", *QUICK_TESTS],
+            [str(python), "-m", "pytest", "-n", "0", "-q", "-m", "not slow", *tests],
             REPO,
             1800,
         ),
@@ -285,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", help="comma-separated cell names (default: all)")
     parser.add_argument("--rotate", action="store_true", help="one cell, by day of year")
     parser.add_argument("--full", action="store_true", help="also the whole test suite")
+    parser.add_argument("--short", action="store_true", help="unit and store tests only")
     parser.add_argument("--list", action="store_true", help="print the cells and stop")
     parser.add_argument("--markdown", action="store_true", help="the table as Markdown")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
@@ -305,11 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     args.cache.mkdir(parents=True, exist_ok=True)
     outcomes = []
     for cell in cells:
-        outcome = run_cell(cell, args.cache, full=args.full)
+        outcome = run_cell(cell, args.cache, full=args.full, short=args.short)
         outcomes.append(outcome)
         print(f"[matrix] {cell.name}: {outcome.result}", flush=True)
         with (args.cache / "results.jsonl").open("a") as out:
-            record = {"at": time.time(), "cell": cell.name, "full": args.full}
+            record = {"at": time.time(), "cell": cell.name, "full": args.full, "short": args.short}
             record |= {k: getattr(outcome, k) for k in ("result", "celery", "kombu", "python")}
             out.write(json.dumps({**record, "seconds": outcome.seconds}) + "\n")
     print(table(outcomes, markdown=args.markdown))
