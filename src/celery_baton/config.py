@@ -127,8 +127,10 @@ def check_url(url: str) -> None:
     parts = urlsplit(url)
     shown = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl() if parts.netloc else url
     if parts.scheme not in URL_SCHEMES:
+        # "host:port" has no scheme; Python 3.10's urlsplit reads "host" as one.
+        scheme = parts.scheme if "://" in url else ""
         raise ConfigError(
-            f"{shown!r} has {'no' if not parts.scheme else 'an unsupported'} scheme; use one "
+            f"{shown!r} has {'no' if not scheme else 'an unsupported'} scheme; use one "
             f"of {', '.join(s + '://' for s in URL_SCHEMES)}",
             subject="baton_url",
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 from celery.beat import ScheduleEntry
 
+from celery_baton import internals
 from celery_baton.beat.slots import Policy, SlotRule, fingerprint, rule_for, zone
 from celery_baton.config import Settings, suggest
 from celery_baton.core.policy import per_call
@@ -163,14 +164,8 @@ def schedule_to_json(schedule: Any) -> dict[str, Any]:
     if isinstance(schedule, timedelta):
         return {"kind": "interval", "seconds": schedule.total_seconds()}
     if isinstance(schedule, crontab):
-        return {
-            "kind": "crontab",
-            "minute": _cronfield(schedule._orig_minute),
-            "hour": _cronfield(schedule._orig_hour),
-            "day_of_week": _cronfield(schedule._orig_day_of_week),
-            "day_of_month": _cronfield(schedule._orig_day_of_month),
-            "month_of_year": _cronfield(schedule._orig_month_of_year),
-        }
+        fields = internals.crontab_fields(schedule)
+        return {"kind": "crontab", **{name: _cronfield(v) for name, v in fields.items()}}
     if isinstance(schedule, interval):
         return {"kind": "interval", "seconds": schedule.run_every.total_seconds()}
     if isinstance(schedule, solar):

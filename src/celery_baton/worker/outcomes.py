@@ -12,7 +12,7 @@ from celery import states
 from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
-from celery_baton import metrics, signals
+from celery_baton import internals, metrics, signals
 from celery_baton.errors import BatonError, TaskSkipped, TaskSuperseded
 from celery_baton.worker.verdict import Reason, Skip
 
@@ -38,7 +38,7 @@ def skip(request: Any, skip: Skip) -> None:
         task.backend.mark_as_failure(
             request.id,
             TaskSkipped(skip.message, skip.key, skip.holder),
-            request=request._context,
+            request=internals.request_context(request),
             store_result=True,
             call_errbacks=False,
         )
@@ -48,7 +48,7 @@ def skip(request: Any, skip: Skip) -> None:
             request.id,
             TaskSuperseded(skip.message, skip.holder),
             states.REVOKED,
-            request=request._context,
+            request=internals.request_context(request),
         )
     worker_state.task_ready(request)
     request.acknowledge()
@@ -61,7 +61,7 @@ def refuse(request: Any, exc: BatonError) -> None:
         sender=request.task, request=request, key="", holder="", reason="invalid-key"
     )
     request.task.backend.mark_as_failure(
-        request.id, exc, request=request._context, store_result=True
+        request.id, exc, request=internals.request_context(request), store_result=True
     )
     worker_state.task_ready(request)
     request.acknowledge()

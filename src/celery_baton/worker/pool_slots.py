@@ -36,6 +36,8 @@ from typing import Any, Protocol
 
 from celery.worker import state as worker_state
 
+from celery_baton import internals
+
 logger = logging.getLogger("celery_baton.worker")
 
 #: How often ``CountedSlots`` looks for a free slot while requests wait for one.
@@ -142,11 +144,11 @@ class CountedSlots:
 def pool_slots(consumer: Any, handle: Callable[[Any], Any]) -> PoolSlots:
     """The slots of ``consumer``'s pool; ``handle`` is Celery's ``on_task_request``."""
     controller: Any = getattr(consumer, "controller", None)
-    semaphore = getattr(controller, "semaphore", None)
     # Celery guards the pool with its semaphore only when it hands requests through
     # _process_task_sem (prefork on the event loop, with pool_putlocks).
-    if semaphore is not None and handle == getattr(controller, "_process_task_sem", None):
-        return SemaphoreSlots(semaphore, controller._process_task, handle)
+    process_task = internals.semaphore_process_task(controller, handle)
+    if process_task is not None:
+        return SemaphoreSlots(controller.semaphore, process_task, handle)
     pool = getattr(consumer, "pool", None)
     limit = getattr(pool, "limit", None) or getattr(controller, "concurrency", None) or 1
     return CountedSlots(int(limit), handle, consumer.timer)

@@ -208,6 +208,13 @@ class Releasing:
         front of it): tracked until its run ends."""
         self._handed.add(request)
 
+    def revoked(self, task_id: str, *, terminated: bool) -> None:
+        """Celery's ``task_revoked`` signal for ``task_id``: end its admitted run, when
+        Celery's Request has no ``_announce_revoked`` to end it (``internals``)."""
+        for request in tuple(self._handed):
+            if request.id == task_id:
+                request._baton_finish(terminated=terminated)
+
     def drop_unstarted(self, running: Collection[Any]) -> int:
         """The broker connection was lost, and Celery dropped every request it had not
         started (``Consumer.on_close``: the semaphore's queue, the pool's unsent jobs;

@@ -121,8 +121,9 @@ class BatonRequestMixin:
         return super().on_retry(exc_info)  # type: ignore[misc]
 
     def _retry_worker_lost(self, exc: Any, exc_info: Any) -> Any:
-        # retry_on_worker_lost (Celery >= 5.6): False when the retry could not be sent,
-        # and Celery goes on to fail or requeue the message as without the option.
+        # retry_on_worker_lost (Celery >= 5.7; never called before): False when the retry
+        # could not be sent, and Celery goes on to fail or requeue the message as without
+        # the option.
         retried = super()._retry_worker_lost(exc, exc_info)  # type: ignore[misc]
         if retried:
             self._baton_comes_back("retried")

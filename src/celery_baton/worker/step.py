@@ -18,8 +18,9 @@ from typing import Any
 from celery import bootsteps
 from celery import signals as celery_signals
 from celery.worker import state as worker_state
+from celery.worker.request import Request
 
-from celery_baton import metrics
+from celery_baton import internals, metrics
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, WorkerReports
@@ -154,6 +155,8 @@ class BatonWorker:
         self._shut = False
         if parts.settings.global_rate_limits:
             self._take_over_rate_limits(parent, parts)
+        # Without Celery's Request._announce_revoked, its task_revoked signal ends a run.
+        self._revoked_by_signal = "_announce_revoked" in internals.missing_request_hooks(Request)
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
     def _take_over_rate_limits(self, consumer: Any, parts: AppParts) -> None:
@@ -238,6 +241,8 @@ class BatonWorker:
         the consumer's loop, so through the gate channel, never a blocking call."""
         if sender is None or request is None:
             return
+        if self._revoked_by_signal:
+            self.releasing.revoked(request.id, terminated=bool(kwargs.get("terminated")))
         if self.parts.app.tasks.get(sender.name) is not sender:
             return
         policy = self.parts.policy_for(sender)

@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_baton import internals
+
 logger = logging.getLogger("celery_baton.worker")
 
 #: The longest queue scanned for a restored copy (longer: assumed to hold it).
@@ -80,14 +82,8 @@ def where_is(message: Any, task_id: str) -> Fate:
     if channel is None or unacked_key is None:
         return Fate.UNKNOWN
     info = message.delivery_info or {}
-    try:
-        queues = channel._lookup(info.get("exchange"), info.get("routing_key"))
-        lists = list(
-            dict.fromkeys(
-                channel._q_for_pri(q, pri) for q in queues for pri in channel.priority_steps
-            )
-        )
-    except AttributeError:  # a kombu without these: do not guess
+    lists = internals.queue_lists(channel, info.get("exchange"), info.get("routing_key"))
+    if lists is None:  # a kombu without these: do not guess
         return Fate.UNKNOWN
     with channel.conn_or_acquire() as client:
         client.ping()  # the broker runs again: what it had read before has run

@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from celery_baton import internals
+
 logger = logging.getLogger("celery_baton.worker")
 
 _MARK = "_baton_finishes_close"
@@ -41,8 +43,8 @@ def finish_interrupted_closes() -> None:
     except ImportError:  # redis-py missing: no Redis transport in this worker
         return
     channel_class = kombu_redis.Channel
-    close = channel_class.__dict__.get("close")
-    if close is None or not hasattr(channel_class, "_brpop_read") or hasattr(close, _MARK):
+    close = internals.redis_channel_close(channel_class)
+    if close is None or hasattr(close, _MARK):
         return
     setattr(channel_class, "close", _finishing(close))  # noqa: B010 (a method of kombu's)
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
+from celery_baton import internals
 from celery_baton.worker.holding import Delivery
 
 logger = logging.getLogger("celery_baton.worker")
@@ -75,15 +76,17 @@ class HeldReturn:
         dropped, self._dropped = self._dropped, []
         task_ids, self._task_ids = self._task_ids, {}
         old, self._old_channel = self._old_channel, None
-        unrestored = getattr(getattr(old, "qos", None), "_delivered", None)
-        qos: Any = getattr(channel, "qos", None)
-        if not dropped or unrestored is None or not hasattr(qos, "restore_by_tag"):
+        if not dropped:
+            return 0
+        unrestored = internals.unrestored(old)
+        restore = internals.restore_by_tag(channel)
+        if unrestored is None or restore is None:
             return 0
         tags = returnable(dropped, unrestored, time.monotonic(), self.visibility)
         done = 0
         for tag in tags:
             try:
-                qos.restore_by_tag(tag)
+                restore(tag)
             except Exception as exc:
                 logger.warning(
                     "baton: %d held messages not put back in their queues (%s); the "

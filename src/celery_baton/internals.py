@@ -1,0 +1,198 @@
+"""The private names of Celery and kombu that celery-baton uses, each looked up here.
+
+Celery and kombu change what they do not document between minor versions, without
+notice. Every private name celery-baton relies on is read through one function of this
+module: it returns the thing when it is there and shaped as expected, and otherwise
+None, after logging once per process what celery-baton does without it (the documented
+behaviour, a little less well). ``tests/unit/test_internals.py`` asserts, on the Celery
+and kombu installed, that each one is there; ``tests/matrix/run.py`` runs it on every
+Celery minor celery-baton declares (docs/compatibility.md).
+
+=====================================================  ================================
+the name (kombu's Redis transport, Celery's worker)    without it
+=====================================================  ================================
+``redis.Channel.close`` + ``Channel._brpop_read``      a broker crash while a request
+                                                       is held may stop the worker, as
+                                                       in plain Celery
+``redis.QoS._delivered`` + ``QoS.restore_by_tag``      held messages a broker crash
+                                                       left unacked come back after the
+                                                       visibility timeout
+``Channel._lookup``, ``_q_for_pri``,                   a unique key whose ack failed is
+``priority_steps``                                     kept for the redelivery window
+``WorkController._process_task_sem`` and               pool slots counted against the
+``_process_task``                                      pool's size (``CountedSlots``)
+``Request._announce_revoked``                          a revoked admitted run is given
+                                                       back from Celery's
+                                                       ``task_revoked`` signal
+``Request._announce_cancelled``                        a cancelled run's keys lapse
+                                                       after ``lease_ttl``
+``Request._context``                                   results stored with the request's
+                                                       headers only
+``crontab._orig_*``                                    the expanded fields (same times,
+                                                       in numbers)
+=====================================================  ================================
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+logger = logging.getLogger("celery_baton")
+
+_reported: set[str] = set()
+_lock = threading.Lock()
+
+
+def unavailable(name: str, without: str) -> None:
+    """Log, once per process, that the private ``name`` is not there and what is done."""
+    with _lock:
+        if name in _reported:
+            return
+        _reported.add(name)
+    logger.warning(
+        "baton: %s is not in this Celery/kombu (%s): %s. celery-baton is tested on the "
+        "versions listed in docs/compatibility.md",
+        name,
+        _installed(),
+        without,
+    )
+
+
+def _installed() -> str:
+    try:
+        import celery
+        import kombu
+
+        return f"celery {celery.__version__}, kombu {kombu.__version__}"
+    except ImportError:  # pragma: no cover
+        return "versions unknown"
+
+
+# -- kombu's Redis transport ----------------------------------------------------------
+
+
+def redis_channel_close(channel_class: type) -> Callable[[Any], None] | None:
+    """kombu's Redis ``Channel.close`` as defined on the class, when the channel reads a
+    pending BRPOP in it (``_brpop_read``): the close ``broker_close`` completes."""
+    close = channel_class.__dict__.get("close")
+    if callable(close) and callable(getattr(channel_class, "_brpop_read", None)):
+        return close  # type: ignore[no-any-return]
+    unavailable(
+        "kombu.transport.redis.Channel.close/_brpop_read",
+        "a broker crash while a request is held may stop the worker, as in plain Celery",
+    )
+    return None
+
+
+def unrestored(channel: Any) -> Any:
+    """The delivered, unacknowledged messages a channel's QoS still holds by delivery tag
+    (``QoS._delivered``; None when not there): what its close could not restore."""
+    delivered = getattr(getattr(channel, "qos", None), "_delivered", None)
+    if isinstance(delivered, Mapping) and callable(getattr(delivered, "pop", None)):
+        return delivered
+    if channel is not None:
+        unavailable(
+            "kombu's QoS._delivered",
+            "held messages a broker crash left unacked come back after the visibility timeout",
+        )
+    return None
+
+
+def restore_by_tag(channel: Any) -> Callable[[str], Any] | None:
+    """The channel's ``QoS.restore_by_tag`` (moves an unacked message back to its queue
+    in one transaction, if it is still unacked)."""
+    restore = getattr(getattr(channel, "qos", None), "restore_by_tag", None)
+    if callable(restore):
+        return restore  # type: ignore[no-any-return]
+    if channel is not None:
+        unavailable(
+            "kombu's QoS.restore_by_tag",
+            "held messages a broker crash left unacked come back after the visibility timeout",
+        )
+    return None
+
+
+def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | None:
+    """The Redis lists a message sent to ``exchange`` with ``routing_key`` is restored to
+    (every priority of every queue bound; ``_lookup``, ``_q_for_pri``)."""
+    lookup = getattr(channel, "_lookup", None)
+    q_for_pri = getattr(channel, "_q_for_pri", None)
+    steps = getattr(channel, "priority_steps", None)
+    if callable(lookup) and callable(q_for_pri) and steps is not None:
+        queues = lookup(exchange, routing_key)
+        return list(dict.fromkeys(q_for_pri(q, pri) for q in queues for pri in steps))
+    unavailable(
+        "kombu's Channel._lookup/_q_for_pri/priority_steps",
+        "a unique key whose ack failed is kept for the redelivery window",
+    )
+    return None
+
+
+# -- Celery's worker ------------------------------------------------------------------
+
+
+def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any] | None:
+    """``WorkController._process_task`` when Celery hands requests to the pool through
+    its semaphore (``handle`` is ``_process_task_sem``); None otherwise."""
+    semaphore = getattr(controller, "semaphore", None)
+    if semaphore is None:  # no semaphore: not prefork on the event loop
+        return None
+    through_semaphore = getattr(controller, "_process_task_sem", None)
+    process_task = getattr(controller, "_process_task", None)
+    if through_semaphore is None or not callable(process_task):
+        unavailable(
+            "celery's WorkController._process_task_sem/_process_task",
+            "pool slots are counted against the pool's size instead of its semaphore",
+        )
+        return None
+    return process_task if handle == through_semaphore else None
+
+
+#: Celery's Request methods every terminal path of a revoke or cancel goes through.
+REQUEST_HOOKS = ("_announce_revoked", "_announce_cancelled")
+
+
+def missing_request_hooks(request_class: type) -> list[str]:
+    """The :data:`REQUEST_HOOKS` ``request_class`` lacks (each logged once)."""
+    missing = [name for name in REQUEST_HOOKS if not callable(getattr(request_class, name, None))]
+    for name in missing:
+        unavailable(
+            f"celery's Request.{name}",
+            "a revoked admitted run is given back from the task_revoked signal"
+            if name == "_announce_revoked"
+            else "a cancelled run's keys lapse after its lease_ttl",
+        )
+    return missing
+
+
+def request_context(request: Any) -> Any:
+    """The request's task context for the result backend (``Request._context``);
+    without it, one built from its headers (no embedded callbacks)."""
+    try:
+        return request._context
+    except AttributeError:
+        pass
+    unavailable("celery's Request._context", "results are stored with the request's headers")
+    from celery.app.task import Context
+
+    return Context(dict(getattr(request, "request_dict", None) or {}))
+
+
+# -- Celery's schedules -----------------------------------------------------------------
+
+CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+
+
+def crontab_fields(schedule: Any) -> dict[str, Any]:
+    """A crontab's fields as it was given them (``_orig_minute``...), else the sets it
+    expanded them to (the same times)."""
+    given = {name: getattr(schedule, f"_orig_{name}", None) for name in CRONTAB_FIELDS}
+    if all(value is not None for value in given.values()):
+        return given
+    unavailable("celery's crontab._orig_* fields", "the expanded fields are stored")
+    return {
+        name: ",".join(str(n) for n in sorted(getattr(schedule, name))) for name in CRONTAB_FIELDS
+    }

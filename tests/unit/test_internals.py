@@ -1,0 +1,183 @@
+"""Every private Celery, kombu and redis-py name celery-baton relies on, present and shaped
+as it expects, on the versions installed (``celery_baton/internals.py`` reads them).
+
+``tests/matrix/run.py`` runs this on every Celery minor the package declares: a release
+that renames or reshapes one fails here, by name, rather than quietly in production
+(where the worker falls back and logs once; the fallbacks are tested at the end).
+The real-worker tests of the matrix's quick suite drive each of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator, Set
+from functools import cached_property
+from types import SimpleNamespace
+
+import pytest
+from celery.schedules import crontab
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+from celery.worker.worker import WorkController
+from kombu import Connection, Exchange, Queue
+from kombu.asynchronous.semaphore import LaxBoundedSemaphore
+from kombu.common import QoS
+from kombu.transport import redis as kombu_redis
+
+from celery_baton import internals
+
+
+@pytest.fixture(autouse=True)
+def _report_again() -> Iterator[None]:
+    internals._reported.clear()
+    yield
+    internals._reported.clear()
+
+
+def params(function: object) -> list[str]:
+    return list(inspect.signature(function).parameters)  # type: ignore[arg-type]
+
+
+# -- kombu's Redis transport ----------------------------------------------------------
+
+
+def test_the_redis_channel_reads_a_pending_brpop_in_its_own_close() -> None:
+    close = internals.redis_channel_close(kombu_redis.Channel)
+    assert close is not None
+    # broker_close calls it again when it failed before marking the channel closed.
+    assert params(close) == ["self"]
+
+
+def test_a_redis_channel_keeps_unacked_messages_by_tag_and_restores_one(broker_url: str) -> None:
+    exchange = Exchange("baton-internals", type="direct")
+    queue = Queue("baton-internals", exchange, routing_key="baton-internals")
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        queue(channel).declare()
+        conn.Producer(channel).publish({"n": 1}, exchange=exchange, routing_key=queue.name)
+        message = channel.basic_get(queue.name, no_ack=False)
+        assert message is not None
+        tag = message.delivery_tag
+        unacked = internals.unrestored(channel)
+        assert unacked is not None and tag in unacked
+        assert isinstance(channel.qos.unacked_key, str)
+        with channel.conn_or_acquire() as client:
+            assert client.hexists(channel.qos.unacked_key, tag)
+            assert client.llen(queue.name) == 0
+            restore = internals.restore_by_tag(channel)
+            assert restore is not None
+            restore(tag)  # back in its queue, out of the unacked hash
+            assert client.llen(queue.name) == 1
+            assert not client.hexists(channel.qos.unacked_key, tag)
+        unacked.pop(tag, None)  # as held_return does: never restored twice
+        assert channel.closed is False  # broker_close reads it after a failed close
+        # ack_fate: the lists a message of this exchange and routing key goes back to.
+        lists = internals.queue_lists(channel, exchange.name, queue.routing_key)
+        assert lists is not None and queue.name in lists
+        channel.close()
+        assert channel.closed is True
+
+
+def test_the_consumer_counts_held_messages_in_its_prefetch() -> None:
+    qos = QoS(lambda prefetch_count: None, 2)
+    assert qos.increment_eventually() == 3
+    assert qos.decrement_eventually() == 2
+
+
+# -- Celery's worker ------------------------------------------------------------------
+
+
+def test_the_prefork_worker_hands_requests_to_the_pool_through_a_lax_semaphore() -> None:
+    assert params(WorkController._process_task_sem) == ["self", "req"]
+    assert params(WorkController._process_task) == ["self", "req"]
+    controller = object.__new__(WorkController)
+    controller.semaphore = LaxBoundedSemaphore(1)
+    found = internals.semaphore_process_task(controller, controller._process_task_sem)
+    assert found == controller._process_task
+    assert internals.semaphore_process_task(controller, controller._process_task) is None
+    # SemaphoreSlots: acquire(callback) now or when released; a release past the bound is
+    # lax.
+    semaphore, ran = LaxBoundedSemaphore(1), []
+    semaphore.acquire(ran.append, 1)
+    semaphore.acquire(ran.append, 2)
+    assert ran == [1]
+    semaphore.release()
+    assert ran == [1, 2]
+    semaphore.release()
+    semaphore.release()
+    assert semaphore.value <= 1
+
+
+def test_celery_ends_revoked_and_cancelled_requests_through_the_hooks_we_extend() -> None:
+    assert internals.missing_request_hooks(Request) == []
+    # request.py reads `terminated` as the second argument.
+    assert params(Request._announce_revoked)[:3] == ["self", "reason", "terminated"]
+    assert isinstance(inspect.getattr_static(Request, "_context"), cached_property | property)
+    if hasattr(Request, "_retry_worker_lost"):  # Celery >= 5.7 (retry_on_worker_lost)
+        assert params(Request._retry_worker_lost) == ["self", "exc", "exc_info"]
+    for name in ("on_success", "on_failure", "on_timeout", "on_retry", "reject"):
+        assert callable(getattr(Request, name)), name
+    assert isinstance(inspect.getattr_static(Request, "store_errors"), property)
+
+
+def test_the_worker_state_tracks_reserved_and_active_requests() -> None:
+    assert isinstance(worker_state.reserved_requests, Set)
+    assert isinstance(worker_state.active_requests, Set)
+    assert params(worker_state.task_ready)[0] == "request"
+
+
+# -- Celery's schedules, redis-py -------------------------------------------------------
+
+
+def test_a_crontab_keeps_its_fields_as_given() -> None:
+    fields = internals.crontab_fields(crontab(minute="*/15", hour="1-3", day_of_week="mon"))
+    assert fields == {
+        "minute": "*/15",
+        "hour": "1-3",
+        "day_of_week": "mon",
+        "day_of_month": "*",
+        "month_of_year": "*",
+    }
+
+
+def test_redis_py_parses_error_replies_and_connects_as_the_store_expects() -> None:
+    import redis
+    from redis._parsers.base import BaseParser
+
+    assert callable(BaseParser.parse_error)
+    assert callable(redis.UnixDomainSocketConnection._connect)
+    assert "_sock" in vars(redis.Connection(host="127.0.0.1"))
+
+
+# -- without them: the fallbacks, each logged once ------------------------------------
+
+
+def test_without_them_each_fallback_is_taken_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_baton")
+    bare = SimpleNamespace(qos=SimpleNamespace())
+    for _ in range(2):
+        assert internals.unrestored(bare) is None
+        assert internals.restore_by_tag(bare) is None
+        assert internals.queue_lists(bare, "e", "k") is None
+        assert internals.redis_channel_close(type("Channel", (), {"close": print})) is None
+        assert internals.missing_request_hooks(object) == list(internals.REQUEST_HOOKS)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 6, warned
+    assert all("docs/compatibility.md" in line for line in warned)
+
+
+def test_a_crontab_without_its_given_fields_keeps_the_same_times() -> None:
+    given = crontab(minute="*/20", hour="9-11", day_of_week="mon-fri", month_of_year="1,7")
+    expanded = SimpleNamespace(**{n: getattr(given, n) for n in internals.CRONTAB_FIELDS})
+    fields = internals.crontab_fields(expanded)
+    assert fields["minute"] == "0,20,40"
+    assert crontab(**fields) == given
+
+
+def test_a_request_without_its_context_stores_its_headers() -> None:
+    request = SimpleNamespace(request_dict={"id": "t1", "task": "x"})
+    context = internals.request_context(request)
+    assert context.id == "t1" and context.task == "x"
