@@ -352,6 +352,9 @@ TRANSPORT_WINDOW = 0.25
 #: Seconds within which a message a worker handed back to the broker (at the hold
 #: horizon, or put back after a reconnect) is delivered again, on a loaded machine.
 REDELIVERY_WINDOW = 3.0
+#: Seconds a fault's recorded start may come after what it caught: it is recorded just
+#: before the signal is sent, and the process dies a few milliseconds later.
+KILL_SLACK = 0.5
 
 
 def _lost_in_transport(history: History, pub: Published) -> Fault | None:
@@ -368,7 +371,7 @@ def _lost_in_transport(history: History, pub: Published) -> Fault | None:
                 f
                 for f in history.faults
                 if f.kind == "restart_broker"
-                and 0 <= f.start - handed <= int(REDELIVERY_WINDOW * SECOND)
+                and -KILL_SLACK * SECOND <= f.start - handed <= REDELIVERY_WINDOW * SECOND
             ),
             None,
         )

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.soak.checker import REDELIVERY_WINDOW, broker_moments
+from tests.soak.checker import KILL_SLACK, REDELIVERY_WINDOW, broker_moments
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.workers import WorkerProcess, Workers
@@ -116,21 +116,29 @@ def test_held_messages_run_once_across_broker_kills(
     moments = _last_moments(pair)
     for task_id in missing:
         at, handed = moments.get(task_id, (0, False))
-        if not handed or not any(0 <= kill - at / 1e6 <= REDELIVERY_WINDOW for kill in kills):
+        # The kill is recorded just before the signal is sent: a put-back logged a few
+        # ms after it had already run.
+        if not handed or not any(
+            -KILL_SLACK <= kill - at / 1e6 <= REDELIVERY_WINDOW for kill in kills
+        ):
             unexplained.append((task_id, at / 1e6, "handed to the broker" if handed else "held"))
     print(f"\nHELD KILL: {len(missing)} of {TASKS} lost in kombu's delivery window")
-    twice = {i: n for i, n in ran.items() if n > 1}
     logs = "\n".join(w.log_tail(80) for w in pair)
-    # A run whose ack a kill lost runs again (at least once: the guard is off here);
-    # Celery logs each such ack. A held request never started, so nothing else repeats.
-    lost_acks = sum(w.log_text().count("Couldn't ack") for w in pair)
     assert not unexplained, (
         f"{len(unexplained)} of {TASKS} never ran, not in a kill's delivery window: "
         f"{unexplained[:5]}; kills at {kills}; broker: {_broker_state(broker_server)}\n{logs}"
     )
     assert len(missing) <= 3, f"{len(missing)} lost in kombu's window: more than chance"
-    assert sum(n - 1 for n in twice.values()) <= lost_acks, (
-        f"ran more than once: {twice}, {lost_acks} acks lost\n{logs}"
-    )
+    # A run whose ack a kill lost runs again (acks_late, the guard off: at least once).
+    # Its first run ended moments before a kill; a held request never started, so no
+    # other run repeats.
+    first_end = {r.task_id: r.end for r in sorted(outside.runs(), key=lambda r: -r.end)}
+    twice = {
+        task_id: n
+        for task_id, n in ran.items()
+        if n > 1
+        and not any(-KILL_SLACK <= kill - first_end[task_id] / 1e6 <= 1.0 for kill in kills)
+    }
+    assert not twice, f"ran more than once, not a lost ack: {twice}; kills at {kills}\n{logs}"
     # kombu drops a message whose restore found no queue to put it in (it logs this).
     assert "Could not restore message" not in logs
