@@ -555,7 +555,7 @@ def test_a_held_message_handed_back_just_before_a_broker_kill_may_be_lost_in_tra
     lost = judge([], received={"1"}, to_broker={"1": int(9.8 * S)}, **kw)
     assert lost.ok and lost.known["lost-in-transport"], lost.summary()
     assert "0.200 s before a restart_broker" in lost.known["lost-in-transport"][0]
-    for handed in ({}, {"1": int(5.0 * S)}, {"1": int(10.5 * S)}):
+    for handed in ({}, {"1": int(5.0 * S)}, {"1": int(10.8 * S)}):
         report = judge([], received={"1"}, to_broker=handed, **kw)
         assert "not accounted for" in report.violations["accounting"][0], handed
 
