@@ -8,12 +8,14 @@ slot is driven here as a worker admits it (``run_once`` policy, gate script) and
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
 
+from celery_baton.core.conditions import SlotNotRun
 from celery_baton.core.gate import Gate, Release
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import new_owner
@@ -199,3 +201,28 @@ def test_headers_of_a_trigger_or_an_older_beat_name_no_series() -> None:
     )
     for bad in ({"app": "a", "before": 3000}, {"before": 1000}, "x", {"app": "a", "before": "?"}):
         assert slot_run({**base, "baton_beat_series": bad}) is None
+
+
+def test_any_order_with_repeats_records_exactly_the_slots_that_ran(gate: Gate) -> None:
+    """Random series recorded in random order, some slots twice: after each record a
+    slot is refused exactly when it was recorded, and the whole series ends as one run."""
+    rng = random.Random(28)
+    for trial in range(60):
+        entry = f"e{trial}"
+        first = now_ms() - 100_000
+        slots = sorted(rng.sample(range(first, first + 90_000), rng.randint(1, 40)))
+        runs = [SlotRun("proj", entry, s, slots[i - 1] if i else None) for i, s in enumerate(slots)]
+        order = list(range(len(runs))) + [rng.randrange(len(runs)) for _ in range(len(runs) // 3)]
+        rng.shuffle(order)
+        record = NAMES.slot_runs(TASK, "proj", entry)
+        recorded: set[int] = set()
+        for n, i in enumerate(order):
+            release = Release((), "x|w|1", record, BEAT_SLOT_RETENTION, done_link=runs[i].link)
+            gate.release_many([release])
+            recorded.add(i)
+            if n % 4 == 0 or n == len(order) - 1:
+                conditions = [[SlotNotRun(record, r.slot, "id")] for r in runs]
+                calls = [gate.call(c, "o|w|1", 30.0, 0.0) for c in conditions]
+                refused = [int(r[0]) == 0 for r in gate.store.scripts.call_many("gate", calls)]
+                assert refused == [j in recorded for j in range(len(runs))], (trial, order)
+        assert gate.store.client.zcard(record) == 1
