@@ -34,8 +34,8 @@ PERIOD = 100.0  # seconds: 10,000 entries / 100 s = 100 due slots per second
 class TimedScheduler(Scheduler):
     lags: list[int]
 
-    def publish(self, compiled: CompiledEntry, slot_ms: int, task_id: str) -> Any:
-        result = super().publish(compiled, slot_ms, task_id)
+    def publish(self, compiled: CompiledEntry, slot_ms: int, task_id: str, **options: Any) -> Any:
+        result = super().publish(compiled, slot_ms, task_id, **options)
         self.lags.append(self.now_ms() - slot_ms)
         return result
 

@@ -356,6 +356,7 @@ def beat_units(store: Store, lane: int, count: int) -> list[Unit]:
                 trigger="",
                 last_slot=expected,
                 last_id=task_id,
+                expected_last="*",
                 outbox=[(task_id, payload)],
                 history=[line],
                 fired=1,

@@ -12,8 +12,12 @@ Runs are counted by the observer, outside the library, keyed ``<app>:<entry>|<sl
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
@@ -103,3 +107,60 @@ def test_broker_stall_two_beats_no_slot_runs_twice(
     assert sum(1 for key in counts if key.startswith("alpha:every1|")) >= 10, counts
     # The worker dropped the copy (else both copies did not land: this proves nothing).
     assert "already finished" in worker.log_text(), worker.log_tail()
+
+
+@pytest.mark.timeout(180)
+def test_slots_that_ran_leave_one_key_per_entry(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """Issue 28, item 12: a beat (in this process, its clock moved 1 s per tick) fires
+    two entries of 1 s and 2 s for 150 simulated seconds to a real worker. Every slot
+    runs once, and the store keeps one record per entry of the slots that ran (before:
+    a done marker per slot for a day, 225 keys here). A copy of an early slot, re-sent
+    from the outbox as a new leader would, is still refused."""
+    from celery_baton.beat import Scheduler, slot_task_id
+    from tests.apps import beat_alpha
+    from tests.beat.conftest import Clock
+
+    sent: list[tuple[str, int, str]] = []
+
+    class Sending(Scheduler):  # type: ignore[misc]
+        def publish(self, compiled: Any, slot_ms: int, task_id: str, **options: Any) -> Any:
+            sent.append((compiled.name, slot_ms, task_id))
+            return super().publish(compiled, slot_ms, task_id, **options)
+
+    worker = workers.start(ALPHA, concurrency=2)
+    clock = Clock(datetime.now(timezone.utc))
+    beat = Sending(beat_alpha.app, clock=clock)
+    try:
+        for _ in range(150):
+            beat._renew_at = 0.0  # lead (and renew) on every tick
+            beat.tick()
+            clock.advance(1)
+        every1 = [slot for name, slot, _ in sent if name == "every1"]
+        assert len(every1) >= 140, sent[-5:]
+        observer.runs_of(f"alpha:every1|{every1[-1]}", 1, timeout=60)
+        _settle(observer)
+        counts = Counter(start["key"] for start in observer.started())
+        assert len(counts) == len(sent) and set(counts.values()) == {1}, counts.most_common(3)
+
+        with store_server.client() as store:
+            keys = sorted(store.scan_iter(match="baton:{beat.record}:*", count=10_000))
+            # A run lease's words (`locks`) live as long as the lease: not a key per slot.
+            kept = [key for key in keys if ":label:" not in key]
+            assert len(kept) <= 4, f"{len(kept)} keys: {kept[:6]}"  # 2 records, epochs
+            assert all(store.pttl(key) <= 30_000 for key in keys if ":label:" in key)
+
+            # The leader that claimed every1's 6th slot died before clearing its outbox.
+            slot, before = every1[5], every1[4]
+            task_id = slot_task_id("baton", "every1", slot, app="alpha")
+            item = {"entry": "every1", "slot": slot, "kind": "fired", "before": before}
+            store.hset(beat._beat.keys.outbox, task_id, json.dumps(item))
+        beat._resend_outbox()
+        deadline = time.monotonic() + 30
+        while "already finished" not in worker.log_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "already finished" in worker.log_text(), worker.log_tail()
+        assert [s["key"] for s in observer.started()].count(f"alpha:every1|{slot}") == 1
+    finally:
+        beat.close()

@@ -166,6 +166,7 @@ def test_only_a_plan_that_limits_other_work_waits_for_a_pool_slot() -> None:
         NotDone,
         NotSuperseded,
         Rate,
+        SlotNotRun,
         TakeLease,
     )
 
@@ -177,6 +178,8 @@ def test_only_a_plan_that_limits_other_work_waits_for_a_pool_slot() -> None:
         return Delivery(Request("1"), POLICY, plan, generation=0).at_start
 
     assert not at_start(guard)  # the guard keeps out only copies of itself
+    # A beat slot: the guard and its entry's run record (policy/slot_runs.py)
+    assert not at_start([*guard, SlotNotRun("baton:{t}:beat-runs:e", 1000, "1")])
     assert at_start([*guard, TakeLease("baton:{t}:ex:k")])  # exclusive
     assert at_start([*guard, Rate("baton:{t}:rate", 500_000)])
     assert at_start([TakeLease("baton:{t}:cc", limit=2)])  # concurrency

@@ -198,3 +198,43 @@ def test_a_skipped_duplicate_is_reported(workers: Workers, observer: Observer) -
     assert f"[{duplicate.id}] skipped" in log and holder.id in log
     # One line says why: the short wait for a release in flight is not logged as a hold.
     assert f"[{duplicate.id}] held for" not in log, log[-3000:]
+
+
+CLIENT = """
+import sys
+from celery_baton import TaskSkipped
+from tests.apps.exclusive import ex_skip
+
+holder = ex_skip.delay("exit", 2)
+duplicate = ex_skip.delay("exit", 0)
+if sys.argv[1] == "uncaught":
+    duplicate.get(timeout=20)
+try:
+    duplicate.get(timeout=20)
+except TaskSkipped:
+    print("skipped")
+"""
+
+
+@pytest.mark.parametrize("how", ["caught", "uncaught"])
+def test_a_client_that_got_a_skip_exits_without_a_traceback(
+    workers: Workers, observer: Observer, how: str
+) -> None:
+    """Issue 28, item 9: ``.get()`` on a skipped duplicate, then the client exits (the
+    holder's result still pending): no ``AsyncResult.__del__`` traceback at exit. (Not
+    reproduced with Celery 5.7.0 and redis-py 8.1: a guard, it passed before too.)"""
+    import subprocess
+    import sys
+
+    workers.start(APP, concurrency=2)
+    env = {**os.environ, **workers.env}
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, how], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "__del__" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    if how == "caught":
+        assert proc.returncode == 0 and proc.stdout.strip() == "skipped", proc.stderr
+        assert proc.stderr == "", proc.stderr
+    else:  # the script's own traceback, and nothing after it
+        assert proc.returncode == 1
+        assert proc.stderr.rstrip().splitlines()[-1].startswith("celery_baton.errors.TaskSkipped")

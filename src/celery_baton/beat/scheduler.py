@@ -51,7 +51,8 @@ from celery_baton.beat.entries import CompiledEntry, compile_entry, entry_from_d
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim, schedule_name
 from celery_baton.config import Settings
-from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER, SERIES_HEADER
+from celery_baton.core.policy.slot_runs import SlotRun
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -92,6 +93,7 @@ class StoredSlots:
     paused: bool
     trigger: str
     last_id: str
+    last_slot: int | None = None  # the last fired slot: the one before the next fired
 
 
 def slot_time(slot_ms: Any) -> str:
@@ -413,6 +415,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 paused=fields.get("paused") == "1",
                 trigger=fields.get("trigger", ""),
                 last_id=fields.get("last_id", ""),
+                last_slot=int(fields["last_slot"]) if fields.get("last_slot") else None,
             )
             self._slots[name] = slots
             if slots.trigger:
@@ -456,6 +459,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                     trigger="",
                     last_slot=last_slot,
                     last_id=last_id,
+                    expected_last="*",
                     outbox=[],
                     history=[json.dumps(line)],
                     fired=0,
@@ -483,6 +487,8 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                     slot_time(claim.new_next),
                 )
                 stored[claim.name]["next"] = str(claim.new_next)
+                if claim.last_slot is not None:
+                    stored[claim.name]["last_slot"] = str(claim.last_slot)
                 if claim.last_id:
                     stored[claim.name]["last_id"] = claim.last_id
         return True
@@ -562,9 +568,10 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 slots.trigger = ""
             if claim.last_id:
                 slots.last_id = claim.last_id
+            if claim.last_slot is not None:
+                slots.last_slot = claim.last_slot
             for task_id, payload in claim.outbox:
-                item = json.loads(payload)
-                if self._publish_slot(claim.name, int(item["slot"]), task_id, item.get("kind")):
+                if self._publish_slot(claim.name, task_id, json.loads(payload)):
                     published.append(task_id)
         if published:
             self._beat.sent(published)
@@ -599,9 +606,14 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 )
             )
         outbox: list[tuple[str, str]] = []
+        before = slots.last_slot
         for slot in fire:
             task_id = self._slot_task_id(name, slot)
-            outbox.append((task_id, json.dumps({"entry": name, "slot": slot, "kind": "fired"})))
+            # Each message names the fired slot before it: workers record the slots that
+            # ran in one key per entry (policy/slot_runs.py), and a re-send names the same.
+            item = {"entry": name, "slot": slot, "kind": "fired", "before": before}
+            outbox.append((task_id, json.dumps(item)))
+            before = slot
             history.append(json.dumps({"at": now, "kind": "fired", "slot": slot, "id": task_id}))
         return Claim(
             name=name,
@@ -611,6 +623,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             trigger="",
             last_slot=fire[-1] if fire else None,
             last_id=outbox[-1][0] if outbox else "",
+            expected_last=slots.last_slot,
             outbox=outbox,
             history=history,
             fired=len(fire),
@@ -631,6 +644,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             trigger=slots.trigger,
             last_slot=None,
             last_id=task_id,
+            expected_last="*",
             outbox=[(task_id, payload)],
             history=[line],
             fired=1,
@@ -677,15 +691,21 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
             logger.info(
                 "beat: re-sending %r slot %s as %s", name, slot_time(item.get("slot")), task_id
             )
-            if self._publish_slot(name, int(item["slot"]), task_id, item.get("kind")):
+            if self._publish_slot(name, task_id, item):
                 published.append(task_id)
         self._beat.sent(published + dropped)
 
-    def _publish_slot(self, name: str, slot_ms: int, task_id: str, kind: Any = "fired") -> bool:
-        """Publish one slot's message; False (and the item stays in the outbox) on error."""
+    def _publish_slot(self, name: str, task_id: str, item: dict[str, Any]) -> bool:
+        """Publish one outbox item's message; False (and it stays in the outbox) on error.
+        An item claimed by an older version names no slot before it: sent without."""
+        assert self._beat is not None
         c = self._compiled[name]
+        slot_ms = int(item["slot"])
+        series = None
+        if "before" in item:
+            series = SlotRun(self._beat.keys.app, name, slot_ms, item["before"])
         try:
-            self.publish(c, slot_ms, task_id, scheduled=kind == "fired")
+            self.publish(c, slot_ms, task_id, scheduled=item.get("kind") == "fired", series=series)
         except Exception as exc:
             logger.error(
                 "beat: could not publish %r slot %s (%s), will retry: %r",
@@ -698,7 +718,13 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         return True
 
     def publish(
-        self, compiled: CompiledEntry, slot_ms: int, task_id: str, *, scheduled: bool = True
+        self,
+        compiled: CompiledEntry,
+        slot_ms: int,
+        task_id: str,
+        *,
+        scheduled: bool = True,
+        series: SlotRun | None = None,
     ) -> Any:
         """Send the message like Celery's beat does (``apply_async``/``send_task``), with
         the slot's task id and headers naming the entry and the slot; a ``scheduled``
@@ -727,6 +753,8 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
                 "grace": policy.grace,
                 "next": compiled.rule.following(slot_ms),
             }
+        if series is not None:
+            headers[SERIES_HEADER] = series.header()
         options.update(task_id=task_id, headers=headers, producer=self.producer)
         task = self.app.tasks.get(entry.task)
         if task is not None:

@@ -104,6 +104,9 @@ class Claim:
     trigger: str  # '' unless a trigger
     last_slot: int | None
     last_id: str
+    # The stored last slot this claim follows (None: none yet), checked by the script;
+    # "*": not checked (a trigger, or a claim written back after the store lost it).
+    expected_last: int | str | None
     outbox: Sequence[tuple[str, str]]  # (task id, JSON)
     history: Sequence[str]  # oldest first
     fired: int
@@ -184,6 +187,7 @@ class BeatState:
             claim.fired,
             claim.missed,
             claim.suppressed,
+            "" if claim.expected_last is None else claim.expected_last,
             len(claim.outbox),
         ]
         for task_id, payload in claim.outbox:

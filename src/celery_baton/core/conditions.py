@@ -75,6 +75,16 @@ class NotDone:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotNotRun:
+    """Denies a scheduled beat slot (``slot``, ms) that its entry's run record ``key``
+    holds (policy/slot_runs.py): a copy of a slot that ran."""
+
+    key: str
+    slot: int
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class PublishOrder:
     """Denies a delivery that a newer publish of the same exclusive key superseded
     (``order``: its publish order, None: the gate gives one now); else records it as
@@ -152,6 +162,7 @@ Condition = (
     | Penalty
     | Override
     | NotDone
+    | SlotNotRun
     | PublishOrder
     | NotSuperseded
     | FreeUnique
@@ -175,6 +186,8 @@ def encode(c: Condition) -> tuple[str, str, str]:
             return "R", str(c.interval_us), str(c.burst)
         case NotDone():
             return "D", c.stamp, c.task_id
+        case SlotNotRun():
+            return "B", str(c.slot), c.task_id
         case KeepUnique():
             return "K", c.task_id, _ms(c.ttl)
         case FreeUnique():

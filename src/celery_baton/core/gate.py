@@ -73,6 +73,8 @@ class Release:
     # The publish whose run finished (policy/headers.PUBLISH_HEADER; '': unstamped), recorded
     # in the done marker: a copy of that publish is refused, another publish runs.
     done_stamp: str = ""
+    # A scheduled beat slot (SlotRun.link): ``done_key`` is its entry's run record.
+    done_link: str = ""
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
@@ -90,6 +92,8 @@ class Release:
         args = [self.owner, len(self.lease_keys), done_ms, unique_owner, channel, keep_ms]
         if done_ms:
             args.append(self.done_stamp)
+            if self.done_link:
+                args.append(self.done_link)
         return keys, args
 
 

@@ -323,6 +323,10 @@ class KeyNames:
     def done(self, task: str, task_id: str) -> str:
         return f"{self.family(task)}:done:{task_id}"
 
+    def slot_runs(self, task: str, app: str, entry: str) -> str:
+        """The slots of beat entry ``entry`` (of app ``app``) that ran (policy/slot_runs.py)."""
+        return f"{self.family(task)}:beat-runs:{digest(json.dumps([app, entry]))}"
+
     def limits(self, task: str) -> str:
         return f"{self.family(task)}:limits"
 

@@ -66,6 +66,7 @@ GATE_KINDS = (
     "override",
     "fair",
     "done",
+    "slot_not_run",
     "order",
     "not_superseded",
     "free_unique",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_baton import metrics, signals
-from celery_baton.core.conditions import NotDone, TakeLease
+from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
@@ -67,12 +67,16 @@ class Delivery:
     def at_start(self) -> bool:
         """Whether it is asked only once a pool process can start it now. A plan that
         asks nothing but the redelivery guard's (its own task id's run lease and done
-        marker) limits no other work: granted while it waits for a process, it keeps out
-        only copies of itself, which must wait anyway. It is asked at once, as before
-        pool slots, and its round trip overlaps the runs ahead of it."""
+        marker, or a beat slot's run record) limits no other work: granted while it
+        waits for a process, it keeps out only copies of itself, which must wait anyway.
+        It is asked at once, as before pool slots, and its round trip overlaps the runs
+        ahead of it."""
         run_key = self.plan.run_key
         return any(
-            not (isinstance(c, NotDone) or (isinstance(c, TakeLease) and c.key == run_key))
+            not (
+                isinstance(c, NotDone | SlotNotRun)
+                or (isinstance(c, TakeLease) and c.key == run_key)
+            )
             for c in self.plan.conditions
         )
 

@@ -21,6 +21,7 @@ from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, CALL_HEADER, PUBL
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.core.policy.per_call import CallOptions, policy_for_call, run_once
 from celery_baton.core.policy.plan import plan_delivery
+from celery_baton.core.policy.slot_runs import slot_run
 from celery_baton.errors import CostError, KeySpecError
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
@@ -79,6 +80,7 @@ class Planner:
             redelivered=_redelivered(request),
             order=order_of(request),
             stamp=publish_stamp(request),
+            slot_run=slot_run(request.request_dict),
         )
         slot = request.request_dict.get(BEAT_SLOT_HEADER)
         if slot is not None and plan.run_key:

@@ -123,6 +123,7 @@ class Releasing:
                 request.id,
                 keep,
                 plan.done_stamp,
+                plan.done_link,
             )
         )
 
@@ -248,7 +249,9 @@ class Releasing:
         done_key = plan.done_key if done_ttl > 0 else None
         if plan.leases or done_key:
             lease_keys = tuple(lease.key for lease in plan.leases)
-            self.channel.release(Release(lease_keys, plan.owner, done_key, done_ttl))
+            self.channel.release(
+                Release(lease_keys, plan.owner, done_key, done_ttl, done_link=plan.done_link)
+            )
 
     def give_back_lost(self, plan: RunPlan) -> None:
         """``plan``'s ask got no answer, but the store may still execute it and grant its

@@ -33,6 +33,7 @@ from celery_baton.core.conditions import (
     Penalty,
     PublishOrder,
     Rate,
+    SlotNotRun,
     StoreGrace,
     WeightedRate,
 )
@@ -104,7 +105,7 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
     assert condition is not None, "a granted decision has no reason"
     if isinstance(condition, PublishOrder | NotSuperseded):
         return Reason.SUPERSEDED
-    if isinstance(condition, NotDone):
+    if isinstance(condition, NotDone | SlotNotRun):  # a done marker, a beat slot's record
         return Reason.ALREADY_RUN
     if isinstance(condition, Rate | WeightedRate):
         return Reason.RATE

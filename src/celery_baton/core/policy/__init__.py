@@ -7,4 +7,5 @@
 - ``per_call``: ``baton={...}`` per-call options, and the policy a call or a beat slot
   runs under
 - ``headers``: the message headers celery-baton stamps and reads
+- ``slot_runs``: a scheduled beat slot that ran, recorded in one key per entry
 """

@@ -8,6 +8,11 @@ CALL_HEADER = "baton_call"
 ORDER_HEADER = "baton_order"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
+#: ... and the entry it fires.
+BEAT_ENTRY_HEADER = "baton_beat_entry"
+#: A scheduled slot's place in its entry's series: ``{"app": the app's schedule name,
+#: "before": the entry's fired slot before this one (ms), or None}`` (slot_runs.py).
+SERIES_HEADER = "baton_beat_series"
 #: A scheduled beat slot's misfire policy, for a worker that held it past the grace:
 #: ``{"misfire": "skip"|"latest"|"all", "grace": seconds, "next": the entry's next slot
 #: (ms)}`` (worker/misfire.py).

@@ -36,9 +36,10 @@ from celery_baton.errors import ConfigError
 #: The keyword of apply_async/send_task/signature options (and of a beat entry's
 #: ``options``) that carries per-call options.
 CALL_OPTION = "baton"
-#: How long a worker remembers that a beat slot's task id ran (seconds). A slot is sent
-#: twice only when a leader's publish stalled past its lease, and its copy lands when
-#: the broker comes back: a day covers any such stall, at one small key per slot.
+#: How long a worker remembers that a beat slot ran (seconds). A slot is sent twice
+#: only when a leader's publish stalled past its lease, and its copy lands when the
+#: broker comes back: a day covers any such stall, in one key per entry (slot_runs.py;
+#: one small key per slot for a trigger or a message of an older beat).
 BEAT_SLOT_RETENTION = 24 * 3600.0
 
 

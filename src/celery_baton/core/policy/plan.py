@@ -22,12 +22,14 @@ from celery_baton.core.conditions import (
     Override,
     PublishOrder,
     Rate,
+    SlotNotRun,
     TakeLease,
 )
 from celery_baton.core.gate import HeldClaim, HeldLease
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.model import RatePolicy, RunPlan, TaskPolicy
 from celery_baton.core.policy.options import SUPERSEDING
+from celery_baton.core.policy.slot_runs import SlotRun
 from celery_baton.core.shared_limits import call_cost
 
 MAX_RESERVE = 1.0  # seconds
@@ -47,6 +49,7 @@ def plan_delivery(
     now: float | None = None,
     order: int | None = None,
     stamp: str = "",
+    slot_run: SlotRun | None = None,
 ) -> RunPlan:
     """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
@@ -62,6 +65,7 @@ def plan_delivery(
     ``order``: a superseding publish's order (its header; None: the gate gives one).
     ``stamp``: the publish this delivery is (``PUBLISH_HEADER``; '': a message sent
     without celery-baton, judged by its task id alone).
+    ``slot_run``: a scheduled beat slot, recorded in its entry's run record.
     """
     plan = RunPlan(owner, [], [])
     if policy.flow is not None:
@@ -69,7 +73,7 @@ def plan_delivery(
         flow_key = policy.flow.key
         plan.labels[plan.flow_key] = flow_key.material(args, kwargs) if flow_key else ""
     if policy.redelivery_guard:
-        _redelivery_guard(policy, plan, names, task_id, stamp)
+        _redelivery_guard(policy, plan, names, task_id, stamp, slot_run)
     if policy.exclusive is not None:
         _exclusive(policy, plan, names, task_id, order, args, kwargs)
     if policy.concurrency is not None:
@@ -87,12 +91,23 @@ def plan_delivery(
 
 
 def _redelivery_guard(
-    policy: TaskPolicy, plan: RunPlan, names: KeyNames, task_id: str, stamp: str
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    task_id: str,
+    stamp: str,
+    slot_run: SlotRun | None,
 ) -> None:
     """Not a copy of a publish that finished, and no other copy of it running."""
     plan.done_key = names.done(policy.name, task_id)
     plan.done_stamp = stamp
     plan.conditions.append(NotDone(plan.done_key, stamp, task_id))
+    if slot_run is not None:
+        # Recorded in one key per entry, not one per slot (slot_runs.py); the task id's
+        # marker above is still read (an older version wrote one per slot).
+        plan.done_key = names.slot_runs(policy.name, slot_run.app, slot_run.entry)
+        plan.done_link = slot_run.link
+        plan.conditions.append(SlotNotRun(plan.done_key, slot_run.slot, task_id))
     plan.run_key = names.lease(policy.name, "run", task_id)
     _lease(policy, plan, plan.run_key, 1, fence=False)
 

@@ -19,7 +19,10 @@
 -- ARGV[7]  last slot to record, or ''       ARGV[8]  last task id to record, or ''
 -- ARGV[9]  history length bound
 -- ARGV[10] fired count      ARGV[11] missed count      ARGV[12] suppressed count
--- ARGV[13] n outbox pairs, then n * (task id, JSON)
+-- ARGV[13] expected last slot ('' none yet; '*' not checked): each fired slot's message
+--          names the entry's fired slot before it (policy/slot_runs.py), so that one
+--          must be the stored one
+-- ARGV[14] n outbox pairs, then n * (task id, JSON)
 -- then     n history lines, then that many JSON lines (oldest first)
 --
 -- Returns {1} claimed; {0} not the leader; {-1, next, trigger} the slot moved;
@@ -29,8 +32,9 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
   return {0}
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {-2} end
-local cur = redis.call('HMGET', KEYS[2], 'next', 'fp', 'paused', 'trigger')
+local cur = redis.call('HMGET', KEYS[2], 'next', 'fp', 'paused', 'trigger', 'last_slot')
 if cur[2] ~= ARGV[4] then return {-3, cur[2] or ''} end
+if ARGV[13] ~= '*' and (cur[5] or '') ~= ARGV[13] then return {-1, cur[1] or '', cur[4] or ''} end
 if ARGV[6] ~= '' then
   if cur[4] ~= ARGV[6] then return {-1, cur[1] or '', cur[4] or ''} end
   redis.call('HDEL', KEYS[2], 'trigger')
@@ -44,7 +48,7 @@ if ARGV[8] ~= '' then redis.call('HSET', KEYS[2], 'last_id', ARGV[8]) end
 if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[2], 'fired', ARGV[10]) end
 if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[2], 'missed', ARGV[11]) end
 if ARGV[12] ~= '0' then redis.call('HINCRBY', KEYS[2], 'suppressed', ARGV[12]) end
-local i = 13
+local i = 14
 local n = tonumber(ARGV[i])
 for j = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i + 2 * j - 1], ARGV[i + 2 * j])

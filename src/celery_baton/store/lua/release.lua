@@ -14,6 +14,9 @@
 -- ARGV[5]     notice channel
 -- ARGV[6]     (optional) > 0: keep the unique claim this many ms instead of freeing it
 -- ARGV[7]     (with ARGV[3] > 0) the stamp of the publish whose run finished ('' : none)
+-- ARGV[8]     (with ARGV[3] > 0, optional) a scheduled beat slot: "<slot> <the fired
+--             slot before it, or nothing>" (ms); KEYS[n+1] is then its entry's run
+--             record, not a task id's done marker
 -- returns     number of leases this owner actually held and freed
 --
 -- The done marker is a sorted set of the task id's publishes that finished: member the
@@ -21,6 +24,54 @@
 -- long as its latest member (gate.lua, "D", reads it). At most MAX_STAMPS are kept (a
 -- task that replaces itself in a loop publishes its id again and again): the oldest go.
 local MAX_STAMPS = 1000
+--
+-- A beat slot's run record holds its entry's slots that ran, whatever their number: the
+-- runs of consecutive fired slots (each message names the fired slot before its own),
+-- member "<first slot>|<the fired slot before it>", score the run's last slot. A slot
+-- that ran extends the run that ends with the slot before it, and joins the run that
+-- starts after it; in order, an entry keeps one member. A gap is a fired slot that has
+-- not run yet (queued, running, or lost): at most MAX_GAPS are kept, and none whose
+-- slots are older than the retention (ARGV[3]): such a gap is closed, its slots taken as
+-- run. The key lives the retention after its latest run.
+local MAX_GAPS = 100
+local call = redis.call
+
+local function run_of(member)
+  return string.match(member, '^(%d+)|(%d*)$')
+end
+
+local function record_slot(key, link, now_ms, keep_ms)
+  local slot, before = string.match(link, '^(%d+) ?(%d*)$')
+  local after = call('ZRANGEBYSCORE', key, slot, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local after_first, after_before = nil, nil
+  if after[1] then after_first, after_before = run_of(after[1]) end
+  if not (after_first and tonumber(after_first) <= tonumber(slot)) then  -- not recorded yet
+    local first, first_before, last = slot, before, slot
+    if before ~= '' then
+      local joined = call('ZRANGEBYSCORE', key, before, before, 'LIMIT', 0, 1)[1]
+      if joined then
+        first, first_before = run_of(joined)
+        call('ZREM', key, joined)
+      end
+    end
+    if after_before == slot then
+      last = string.format('%d', tonumber(after[2]))
+      call('ZREM', key, after[1])
+    end
+    call('ZADD', key, last, first .. '|' .. first_before)
+    -- Close the oldest gap while there are too many or its slots are past the retention.
+    while true do
+      local oldest = call('ZRANGE', key, 0, 1, 'WITHSCORES')
+      if #oldest < 4 then break end
+      local second_first, second_before = run_of(oldest[3])
+      local newest_missing = tonumber(second_before ~= '' and second_before or second_first)
+      if newest_missing > now_ms - keep_ms and call('ZCARD', key) <= MAX_GAPS + 1 then break end
+      call('ZREM', key, oldest[1], oldest[3])
+      call('ZADD', key, oldest[4], oldest[1])
+    end
+  end
+  call('PEXPIRE', key, keep_ms)
+end
 
 local owner_field = 'o:' .. ARGV[1]
 local n = tonumber(ARGV[2])
@@ -38,18 +89,22 @@ for i = 1, n do
 end
 local next_key = n + 1
 if done_ttl > 0 then
-  local key, stamp = KEYS[next_key], ARGV[7] or ''
+  local key, stamp, link = KEYS[next_key], ARGV[7] or '', ARGV[8] or ''
   local t = redis.call('TIME')
   local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-  local forget_at = string.format('%d', now_ms + done_ttl)
-  if type(redis.pcall('ZADD', key, forget_at, stamp)) == 'table' then
-    redis.call('DEL', key)  -- an older version's marker (a string)
-    redis.call('ZADD', key, forget_at, stamp)
+  if link ~= '' then
+    record_slot(key, link, now_ms, done_ttl)
+  else
+    local forget_at = string.format('%d', now_ms + done_ttl)
+    if type(redis.pcall('ZADD', key, forget_at, stamp)) == 'table' then
+      redis.call('DEL', key)  -- an older version's marker (a string)
+      redis.call('ZADD', key, forget_at, stamp)
+    end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
+    local count = redis.call('ZCARD', key)
+    if count > MAX_STAMPS then redis.call('ZREMRANGEBYRANK', key, 0, count - MAX_STAMPS - 1) end
+    if redis.call('PTTL', key) < done_ttl then redis.call('PEXPIRE', key, done_ttl) end
   end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
-  local count = redis.call('ZCARD', key)
-  if count > MAX_STAMPS then redis.call('ZREMRANGEBYRANK', key, 0, count - MAX_STAMPS - 1) end
-  if redis.call('PTTL', key) < done_ttl then redis.call('PEXPIRE', key, done_ttl) end
   next_key = next_key + 1
 end
 if unique_owner ~= '' and redis.call('GET', KEYS[next_key]) == unique_owner then

@@ -54,6 +54,7 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         policy.redelivery_retention,
         unique_key or "",
         plan.done_stamp,
+        plan.done_link,
     )
 
 
@@ -64,11 +65,18 @@ def record_run_end(sender: Any = None, task: Any = None, state: str = "", **_: A
     fields = getattr(task.request, RUN_END_FIELD, None)
     if not fields:
         return
-    main_pid, owner, done_key, retention, unique_key, stamp = fields
+    main_pid, owner, done_key, retention, unique_key, stamp, link = fields
     if main_pid == os.getpid():  # no pool: the main process records it itself
         return
     release = Release(
-        (), owner, done_key, retention, unique_key or None, task.request.id, done_stamp=stamp
+        (),
+        owner,
+        done_key,
+        retention,
+        unique_key or None,
+        task.request.id,
+        done_stamp=stamp,
+        done_link=link,
     )
     try:
         parts_for(task.app).gate.release_many([release])
