@@ -56,6 +56,7 @@ class Entries:
         self.state = state
         self.leader = leader
         self.entry_class = entry_class
+        # Changed in place, never replaced: the outbox reads this same dict.
         self.compiled: dict[str, CompiledEntry] = {}
         self.config_names: set[str] = set()
         self.refused: dict[str, str] = {}
