@@ -134,7 +134,7 @@ def test_slots_that_ran_leave_one_key_per_entry(
     beat = Sending(beat_alpha.app, clock=clock)
     try:
         for _ in range(150):
-            beat._renew_at = 0.0  # lead (and renew) on every tick
+            beat.leader.renew_at = 0.0  # lead (and renew) on every tick
             beat.tick()
             clock.advance(1)
         every1 = [slot for name, slot, _ in sent if name == "every1"]

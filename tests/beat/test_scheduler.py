@@ -28,7 +28,7 @@ Build = Callable[[Celery, Clock], RecordingScheduler]
 
 
 def tick(s: RecordingScheduler) -> float:
-    s._renew_at = 0.0  # renew (and notice store changes) on this tick, not 2 s later
+    s.leader.renew_at = 0.0  # renew (and notice store changes) on this tick, not 2 s later
     return s.tick()
 
 
@@ -121,7 +121,7 @@ def test_two_leaders_never_fire_one_slot_twice(
     tick(b)
     assert b.leading
     clock.advance(1)
-    a._lease_until = float("inf")
+    a.leader.lease_until = float("inf")
     a._fire_due(clock.ms)
     tick(b)
     for _ in range(5):
@@ -189,7 +189,7 @@ def test_apps_on_one_store_keep_apart_and_never_remove_each_others_entries(
     tick(a)
     assert store.exists(ghost)
     assert a._beat is not None
-    assert a._beat.remove(owner=a.owner, fence=a._fence, name="ghost", source="config") == -4
+    assert a._beat.remove(owner=a.owner, fence=a.leader.fence, name="ghost", source="config") == -4
     assert store.exists(ghost)
 
 

@@ -221,7 +221,7 @@ class DjangoScheduler(Scheduler):
         except (ImproperlyConfigured, RuntimeError, ImportError) as exc:
             raise SystemExit(f"celery_baton.beat.django: Django is not set up: {exc}") from None
         super().setup_schedule()
-        self._settings_names = set(self._config_names)
+        self._settings_names = set(self.entries.config_names)
 
     def close(self) -> None:
         try:
@@ -238,16 +238,16 @@ class DjangoScheduler(Scheduler):
     # -- when to read the tables ---------------------------------------------------
 
     def _tick(self) -> float:
-        if self._leading:
+        if self.leading:
             mono = time.monotonic()
             if self.now_ms() + EXPIRY_MARGIN_MS >= self._expires_at:
-                self._db_stale = self._dirty = True
+                self._db_stale = self.entries.dirty = True
             if mono >= self._poll_at:
                 self._poll_at = mono + self.settings.beat_django_poll
                 if self._db_stale or self._tables_changed():
-                    self._db_stale = self._dirty = True
+                    self._db_stale = self.entries.dirty = True
         delay = super()._tick()
-        if self._leading:
+        if self.leading:
             delay = min(delay, max(self._poll_at - time.monotonic(), 0.0))
         return delay
 
@@ -275,19 +275,19 @@ class DjangoScheduler(Scheduler):
     # -- reading the tables --------------------------------------------------------
 
     def _reload(self) -> None:
-        if (self._full_sync or self._db_stale) and not self._read_tables() and self._full_sync:
-            # Without its rows the base class would take their entries for removed ones
+        entries = self.entries
+        if (entries.full_sync or self._db_stale) and not self._read_tables() and entries.full_sync:
+            # Without its rows the reload would take their entries for removed ones
             # (and drop their unsent slots): wait for the database, firing nothing.
-            self._dirty = True
+            entries.dirty = True
             return
-        # The base class keeps the names in _config_names and drops the rest: the
-        # rows count as configuration, gone when their row is.
-        self._config_names = self._settings_names | set(self._db_entries)
-        self._compiled.update(self._db_entries)
+        # The reload drops the names not in config_names: rows count as configuration.
+        entries.config_names = self._settings_names | set(self._db_entries)
+        entries.compiled.update(self._db_entries)
         super()._reload()
 
     def _resend_outbox(self) -> None:
-        if not self._full_sync:  # before the rows are read their items look unknown
+        if not self.entries.full_sync:  # before the rows are read their items look unknown
             super()._resend_outbox()
 
     def _read_tables(self) -> bool:
@@ -331,17 +331,17 @@ class DjangoScheduler(Scheduler):
             try:
                 entries[row.name] = self._compile_row(row)
             except BatonError as exc:
-                self._refuse(row.name, str(exc))
+                self.entries.refuse(row.name, str(exc))
                 refused.add(row.name)
                 continue
             except Exception as exc:
-                self._refuse(row.name, f"beat entry {row.name!r}: {exc!r}")
+                self.entries.refuse(row.name, f"beat entry {row.name!r}: {exc!r}")
                 refused.add(row.name)
                 continue
-            self._refused.pop(row.name, None)
+            self.entries.refused.pop(row.name, None)
             refs[row.name] = RowRef(row.pk, bool(row.one_off or row.clocked_id))
         for name in self._db_refused - refused:
-            self._refused.pop(name, None)
+            self.entries.refused.pop(name, None)
         self._db_entries, self._rows, self._db_refused = entries, refs, refused
         self._db_stamp, self._db_stale = stamp, False
         if expired:
