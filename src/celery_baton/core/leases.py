@@ -10,9 +10,8 @@ freeing B's lock; C takes it and now B and C run together. Here:
 3. live owners renew every ttl/3 in one batched call, so a long run keeps its lease,
    and a killed owner's lease ends when its ttl runs out;
 4. a renewal never brings back a lease that was released, unlocked or expired, even
-   when it reaches the store after the release (another connection, a re-sent call):
-   it writes a missing lease back only if the store lost its data, which the family's
-   epoch tells (see renew.lua). Otherwise a finished run would hold its key for a ttl.
+   when it reaches the store after the release (another connection, a re-sent call),
+   unless the store lost its data (the family's epoch tells: renew.lua).
 """
 
 from __future__ import annotations
