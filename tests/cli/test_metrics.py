@@ -41,7 +41,7 @@ def test_worker_serves_counters(workers: Workers) -> None:
     port = free_port()
     workers.start(APP, concurrency=2, env={"BATON_TEST_METRICS_PORT": str(port)})
     first = ex_skip.delay("metrics", 1.5)
-    time.sleep(0.3)
+    time.sleep(0.3)  # the first holds the key before its duplicate is published
     duplicate = ex_skip.delay("metrics", 0)
     waiting = [ex_wait.delay("mwait", 0.3) for _ in range(2)]
     assert first.get(timeout=20) and all(r.get(timeout=20) for r in waiting)

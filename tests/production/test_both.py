@@ -17,6 +17,7 @@ from tests.beat.helpers import (
     beat_env,
     start_two_beats,
     wait_for_leader,
+    wait_for_slots,
 )
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.production.conftest import ProdStore
@@ -73,12 +74,15 @@ def test_two_beats_leader_killed_each_slot_once(
     beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:
         leader = wait_for_leader(store, beats)
-        time.sleep(8)
+        wait_for_slots(observer, "every1", 6, timeout=30)  # the first leader fires
         leader.kill()
         killed = time.monotonic()
+        killed_ms = int(time.time() * 1000)
         follower = wait_for_leader(store, beats, not_pid=leader.pid)
         failover = time.monotonic() - killed
-        time.sleep(8)
+        # The follower fires (the slots it took over and new ones), up to the count below.
+        wait_for_slots(observer, "every1", 14, timeout=60)
+        wait_for_slots(observer, "every1", 3, after_ms=killed_ms, timeout=30)
         follower.stop()
         drain(observer, settle=2)
         print(f"{prod_store.kind}: beat failover after SIGKILL {failover:.2f} s")

@@ -16,7 +16,13 @@ from types import ModuleType
 
 import pytest
 
-from tests.beat.helpers import BEAT_KEYS, beat_env, start_two_beats, wait_for_leader
+from tests.beat.helpers import (
+    BEAT_KEYS,
+    beat_env,
+    start_two_beats,
+    wait_for_leader,
+    wait_for_slots,
+)
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.production.conftest import ProdStore
 from tests.support.observer import Observer, Run, assert_no_overlap, max_concurrent
@@ -223,9 +229,12 @@ def test_beat_master_killed_beats_recover(
     beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:
         wait_for_leader(store, beats)
-    time.sleep(5)
+    wait_for_slots(observer, "every1", 4, timeout=30)  # the leader fires
     cluster.master_of(BEAT_KEYS.leader).kill()
-    time.sleep(15)
+    killed_ms = int(time.time() * 1000)
+    # The beats go on on the promoted replica, up to the count below.
+    wait_for_slots(observer, "every1", 18, timeout=60)
+    wait_for_slots(observer, "every1", 5, after_ms=killed_ms, timeout=60)
     for beat in beats:
         beat.stop()
     drain(observer, settle=2)

@@ -134,7 +134,7 @@ def test_a_run_whose_timed_out_ack_the_broker_executed_frees_its_unique_key(
     assert second.id != first.id, "deduplicated into a run that ended and was acked"
     runs = observer.runs_of("kb", n=2, timeout=30)
     assert [r.task_id for r in runs] == [first.id, second.id]
-    time.sleep(1.0)
+    time.sleep(1.0)  # the first task's copy, were it run again, would start now
     assert len(observer.started()) == 2, "the first task ran again"
 
 
@@ -161,5 +161,5 @@ def test_under_the_guard_a_run_whose_ack_failed_frees_its_unique_key(
     assert again.id != first.id, "deduplicated into a run that ended"
     wait_until(lambda: f"{first.id}] skipped" in worker.log_text(), 30, "the copy skipped")
     observer.runs_of("ka", n=2, timeout=30)
-    time.sleep(1.0)
+    time.sleep(1.0)  # the skipped copy, were it run after all, would start now
     assert sorted(s["task_id"] for s in observer.started()) == sorted([first.id, again.id])

@@ -64,7 +64,7 @@ def test_store_down_at_the_worker_holds_the_request_until_it_is_back(
             30,
             "worker holds the requests",
         )
-        time.sleep(1.0)
+        time.sleep(1.0)  # a request let through while the store is down would start now
         assert [s for s in observer.started() if s["key"] == "outage"] == []
         assert worker.is_running
         assert all(result.state == "PENDING" for result in results)

@@ -193,7 +193,7 @@ def test_revoked_before_its_eta(key: str, store: redis.Redis, observer: Observer
     result.revoke()
     wait_until(lambda: result.state == "REVOKED", 20, "revoked")
     keys.assert_settle_free()
-    time.sleep(1.0)
+    time.sleep(1.0)  # past its eta (1.5 s): a revoked run that still ran would start now
     assert starts(observer, key) == []
 
 
@@ -215,7 +215,7 @@ def test_revoked_while_held_behind_its_key(
     wait_until(lambda: waiter.state == "REVOKED", 20, "waiter revoked")
     waiter_keys.assert_settle_free()
     Keys(store, mx_wait, key, n=0).assert_settle_free()
-    time.sleep(0.5)
+    time.sleep(0.5)  # the revoked waiter, had it been admitted, would start now
     assert [s["task_id"] for s in starts(observer, key)] == [holder.id]
 
 

@@ -60,6 +60,6 @@ def test_a_run_that_ended_as_its_main_process_died_does_not_run_again(
         60,
         "the copy to be delivered again",
     )
-    time.sleep(0.5)
+    time.sleep(0.5)  # the copy, if it was being run rather than skipped, has started now
     ran = [s["task_id"] for s in observer.started()]
     assert ran.count(first.id) == 1, f"a run that had ended ran again: {ran}"

@@ -145,7 +145,7 @@ def test_unique_replace_runs_only_the_newest_arguments(
 
     worker = workers.start(APP, concurrency=2)
     assert results[2].get(timeout=20) == 3
-    time.sleep(0.5)
+    time.sleep(0.5)  # a superseded publish that still ran would have started by now
     assert [r.task_id for r in observer.runs()] == [f"{ids[2]}:3"]
     assert observer.started() == [s for s in observer.started() if s["task_id"].endswith(":3")]
     log = worker.log_text()
@@ -283,7 +283,7 @@ def test_a_publisher_killed_mid_replace_loses_nothing(workers: Workers, observer
     assert AsyncResult(ids[3]).get(timeout=20) == 3  # the newest publish
     assert_superseded(first, {ids[3]})  # recorded by the worker that skipped it
     assert first_ex.get(timeout=20) == 1  # no phantom newer publish superseded it
-    time.sleep(0.5)
+    time.sleep(0.5)  # a phantom run would have started by now
     ran = sorted(r.task_id for r in observer.runs())
     assert ran == sorted([f"{ids[2]}:2", f"{ids[3]}:3", f"{first_ex.id}:1"])
 
@@ -321,7 +321,7 @@ def test_a_retry_keeps_its_place_behind_a_newer_publish(
     with pytest.raises(TaskSuperseded):
         old.get(timeout=20)  # its retry was superseded by the newer publish
     assert new.get(timeout=20) == 1
-    time.sleep(1.0)
+    time.sleep(1.0)  # the old retry (countdown 0.2 s), had it run, would have by now
     ran = [r.task_id for r in sorted(observer.runs(), key=lambda r: r.start)]
     # old's first attempt, new's first attempt and its retry; never old's args after new's
     assert ran == [f"{old.id}:0", f"{new.id}:1", f"{new.id}:1"]
