@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from tests.beat.helpers import wait_for_leading_log, wait_for_slots
-from tests.cli.test_commands import as_json
+from tests.ops.test_commands import as_json
 from tests.support.observer import Observer
 from tests.support.workers import Workers
 
