@@ -30,18 +30,17 @@ import signal
 import time
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
 #: Seconds a first run waits, after it asked for the broker to be paused, before it
 #: returns (so that the ack is sent to a paused broker).
 WAIT_FOR_STOP = 1.5
 
-app = Celery("ackfail", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
+app, baton = make_baton_app(
+    "ackfail",
+    results=False,
     baton_socket_timeout=1.0,
     task_acks_late=True,
     task_ignore_result=True,  # (the result backend would live on the stopped server)
@@ -56,15 +55,7 @@ app.conf.update(
         # from coming back until the lock expires (300 s by default).
         "unacked_mutex_expire": 5,
     },
-    broker_connection_retry_on_startup=True,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @functools.cache

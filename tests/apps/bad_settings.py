@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 
-from celery import Celery
+from tests.apps.factory import make_baton_app
 
-from celery_baton import Baton
-
-app = Celery("bad_settings", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(baton_url=os.environ["BATON_URL"], broker_connection_retry_on_startup=True)
-app.conf.update(json.loads(os.environ.get("BAD_SETTINGS", "{}")))
-baton = Baton(app)
+app, baton = make_baton_app(
+    "bad_settings", results=False, **json.loads(os.environ.get("BAD_SETTINGS", "{}"))
+)
 
 
 @app.task(exclusive="feed_url")

@@ -8,30 +8,16 @@ uses the ``app_environ`` fixture (or any fixture built on it), which sets those 
 
 from __future__ import annotations
 
-import functools
-import os
+from celery import Task
 
-from celery import Celery, Task
+from tests.apps.factory import make_app, observer
 
-from tests.support.observer import Observer
-
-app = Celery(
+app = make_app(
     "basic",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
-    broker_connection_retry_on_startup=True,
 )
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task

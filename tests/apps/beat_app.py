@@ -9,26 +9,20 @@ variables become ``baton_beat_*`` settings; ``BEAT_CONF`` (JSON) any other setti
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from typing import Any
 
-from celery import Celery, Task
+from celery import Task
 from celery.schedules import crontab, schedule
 
-from tests.support.observer import Observer
+from tests.apps.factory import make_app, observer
 
-app = Celery(
+app = make_app(
     "beat_app",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
     timezone=os.environ.get("BEAT_TIMEZONE", "UTC"),
     beat_scheduler="celery_baton.beat:Scheduler",
     worker_prefetch_multiplier=4,
-    broker_connection_retry_on_startup=True,
     result_expires=None,
 )
 for name, value in os.environ.items():
@@ -55,11 +49,6 @@ app.conf.beat_schedule = {
     }
     for name, spec in json.loads(os.environ.get("BEAT_ENTRIES", "{}")).items()
 }
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

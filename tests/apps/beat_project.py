@@ -15,7 +15,6 @@ from the message's ``baton_beat_slot`` header). ``BATON_BEAT_*`` env variables b
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from typing import Any
@@ -23,38 +22,31 @@ from typing import Any
 from celery import Celery, Task
 from celery.schedules import schedule
 
-from celery_baton import Baton
-from tests.support.observer import Observer
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
+from tests.apps.factory import make_baton_app, observer
 
 
 def project(main: str, entries: dict[str, float]) -> tuple[Celery, Any]:
     """The app named ``main`` whose beat fires ``beat.record(entry)`` every
     ``entries[entry]`` seconds; returns ``(app, record task)``."""
-    app = Celery(
-        main, broker=os.environ["TEST_BROKER_URL"], backend=os.environ.get("TEST_RESULT_URL")
-    )
-    app.conf.update(
+    beat_settings = {
+        name.lower(): json.loads(value)
+        for name, value in os.environ.items()
+        if name.startswith("BATON_BEAT_")
+    }
+    app, _ = make_baton_app(
+        main,
+        store_from_env=False,  # found by Baton from $BATON_URL, as a user's would be
         timezone="UTC",
         beat_scheduler="celery_baton.beat:Scheduler",
         task_default_queue=main,
-        broker_connection_retry_on_startup=True,
         result_expires=None,
         baton_socket_timeout=1.0,
+        **beat_settings,
+        beat_schedule={
+            name: {"task": "beat.record", "schedule": schedule(every), "args": (name,)}
+            for name, every in entries.items()
+        },
     )
-    for name, value in os.environ.items():
-        if name.startswith("BATON_BEAT_"):
-            app.conf[name.lower()] = json.loads(value)
-    app.conf.beat_schedule = {
-        name: {"task": "beat.record", "schedule": schedule(every), "args": (name,)}
-        for name, every in entries.items()
-    }
-    Baton(app)
 
     @app.task(bind=True, name="beat.record", shared=False)
     def record(self: Task, entry: str, sleep: float = 0.0) -> None:

@@ -14,13 +14,9 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
-import os
+from celery import Task
 
-from celery import Celery, Task
-
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
 #: Every kind's rate: 2 starts a second (burst 1), so a burst is plain to see.
 RATE = "2/s"
@@ -29,20 +25,9 @@ RATE = "2/s"
 NAMED = {"rate": "4/s", "burst": 2}
 NAMED_COST = 2
 
-app = Celery("busy_pool", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
-    baton_limits={"api": NAMED},
-    task_ignore_result=True,
-    broker_connection_retry_on_startup=True,
+app, baton = make_baton_app(
+    "busy_pool", results=False, baton_limits={"api": NAMED}, task_ignore_result=True
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

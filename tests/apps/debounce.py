@@ -13,23 +13,25 @@ ran with in the run's task id field, and returns that argument.
 
 from __future__ import annotations
 
-import functools
 import os
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
 VISIBILITY = float(os.environ.get("DEBOUNCE_VISIBILITY", "3600"))
 
-app = Celery(
+# Settings that depend on the test.
+_OPTIONAL: dict[str, object] = {}
+if os.environ.get("DEBOUNCE_BEAT"):
+    # Celery's own beat, publishing save("beat", 7) every 0.3 s: a steady stream.
+    _OPTIONAL["beat_schedule"] = {
+        "save-often": {"task": "tests.apps.debounce.save", "schedule": 0.3, "args": ("beat", 7)}
+    }
+if os.environ.get("DEBOUNCE_GLOBAL_RATES"):
+    _OPTIONAL["baton_global_rate_limits"] = True  # Celery's rate_limit, across all workers
+app, baton = make_baton_app(
     "debounce",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
@@ -38,25 +40,11 @@ app.conf.update(
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     },
-    broker_connection_retry_on_startup=True,
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s).
     worker_lost_wait=1.0,
+    **_OPTIONAL,
 )
-if os.environ.get("DEBOUNCE_BEAT"):
-    # Celery's own beat, publishing save("beat", 7) every 0.3 s: a steady stream.
-    app.conf.beat_schedule = {
-        "save-often": {"task": "tests.apps.debounce.save", "schedule": 0.3, "args": ("beat", 7)}
-    }
-if os.environ.get("DEBOUNCE_GLOBAL_RATES"):
-    app.conf.baton_global_rate_limits = True  # Celery's rate_limit, across all workers
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 def _run(task: Task, key: str, version: int) -> int:

@@ -12,25 +12,16 @@ import os
 import time
 from typing import Any
 
-from celery import Celery
+from tests.apps.factory import make_baton_app
 
-from celery_baton import Baton
-
-app = Celery(
+app, baton = make_baton_app(
     "events",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
     # A held request goes back to the broker after this long (EVENTS_HOLD_HORIZON).
     baton_hold_horizon=float(os.environ.get("EVENTS_HOLD_HORIZON", "300")),
 )
-baton = Baton(app)
 
 
 @app.task(exclusive="key", exclusive_conflict="wait")

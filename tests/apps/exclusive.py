@@ -17,24 +17,18 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Any
 
-from celery import Celery, Task
+from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
+app, baton = make_baton_app(
     "exclusive",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=float(os.environ.get("BATON_TEST_SOCKET_TIMEOUT", "1")),
     baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
     baton_metrics_port=os.environ.get("BATON_TEST_METRICS_PORT"),
@@ -43,22 +37,14 @@ app.conf.update(
     task_acks_late=False,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
-    broker_connection_retry_on_startup=True,
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s); the lease is released on that path.
     worker_lost_wait=1.0,
     # Publishes to this queue stay queued: no test worker consumes it.
     task_routes={"tests.apps.exclusive.uq_idle": {"queue": "idle"}},
 )
-baton = Baton(app)
 
 LEASE_TTL = float(os.environ.get("BATON_TEST_LEASE_TTL", "3"))
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 def _fenced_run(task: Task, key: str, sleep: float) -> int:

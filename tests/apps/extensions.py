@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
 from celery_once import QueueOnce
 from celery_singleton import Singleton
 
-from celery_baton import Baton
+from tests.apps.factory import make_baton_app
 
-app = Celery(
+app, baton = make_baton_app(
     "extensions",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
-    broker_connection_retry_on_startup=True,
     singleton_backend_url=os.environ["BATON_URL"],
     singleton_key_prefix="test-singleton:",
     ONCE={
@@ -27,7 +20,6 @@ app.conf.update(
         "settings": {"url": os.environ["BATON_URL"], "default_timeout": 60},
     },
 )
-baton = Baton(app)
 
 
 @app.task(base=Singleton, unique_on=["feed_url"], lock_expiry=60)

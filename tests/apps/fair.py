@@ -18,32 +18,22 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
-import os
+from celery import Task
 
-from celery import Celery, Task
-
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
 CAP = 4
 SHORT_LEASE_TTL = 3.0
 
-app = Celery("fair", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
+app, baton = make_baton_app(
+    "fair",
+    results=False,
     baton_socket_timeout=1.0,
     task_acks_late=False,
     task_ignore_result=True,
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True, global_concurrency=CAP, fair_key="tenant")

@@ -22,18 +22,12 @@ import sys
 from typing import Any
 
 import redis
-from celery import Celery, Task, signals, states
+from celery import Task, signals, states
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
+app, baton = make_baton_app(
     "finality",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
@@ -44,18 +38,10 @@ app.conf.update(
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     },
-    broker_connection_retry_on_startup=True,
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s).
     worker_lost_wait=1.0,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @functools.cache

@@ -12,43 +12,36 @@ store: resolved by celery-baton itself from the environment), and:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 
-from celery import Celery, Task
+from celery import Task
 from celery.schedules import schedule
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
+# The app-wide lease_ttl when the test sets one (else the default).
+_LEASE_TTL = (
+    {"baton_lease_ttl": float(os.environ["FIRST_RUN_LEASE_TTL"])}
+    if os.environ.get("FIRST_RUN_LEASE_TTL")
+    else {}
+)
+app, baton = make_baton_app(
     "first_run",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
+    store_from_env=False,  # found by Baton from $BATON_URL, as a user's would be
     beat_scheduler="celery_baton.beat:Scheduler",
-    broker_connection_retry_on_startup=True,
+    **_LEASE_TTL,
+    beat_schedule={
+        name: {
+            "task": "tests.apps.first_run.tick",
+            "schedule": schedule(float(spec["every"])),
+            "args": (name,),
+            "options": spec.get("options", {}),
+        }
+        for name, spec in json.loads(os.environ.get("FIRST_RUN_BEAT", "{}")).items()
+    },
 )
-if os.environ.get("FIRST_RUN_LEASE_TTL"):
-    app.conf.baton_lease_ttl = float(os.environ["FIRST_RUN_LEASE_TTL"])
-app.conf.beat_schedule = {
-    name: {
-        "task": "tests.apps.first_run.tick",
-        "schedule": schedule(float(spec["every"])),
-        "args": (name,),
-        "options": spec.get("options", {}),
-    }
-    for name, spec in json.loads(os.environ.get("FIRST_RUN_BEAT", "{}")).items()
-}
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait")

@@ -21,49 +21,39 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
 VISIBILITY = float(os.environ.get("GUARD_VISIBILITY", "3600"))
 
-app = Celery(
+# Settings that depend on the test: a Redis broker gives back an unacknowledged message
+# after VISIBILITY seconds (restored every second); GUARD_HEARTBEAT sets an AMQP heartbeat.
+_BROKER: dict[str, object] = {}
+if not os.environ["TEST_BROKER_URL"].startswith("amqp"):
+    _BROKER["broker_transport_options"] = {
+        "visibility_timeout": VISIBILITY,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+if "GUARD_HEARTBEAT" in os.environ:
+    _BROKER["broker_heartbeat"] = float(os.environ["GUARD_HEARTBEAT"])
+
+app, baton = make_baton_app(
     "guard",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     baton_redelivery_guard=os.environ.get("GUARD_ON", "1") == "1",
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_default_queue=os.environ.get("GUARD_QUEUE", "celery"),
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s).
     worker_lost_wait=1.0,
+    **_BROKER,
 )
-if not app.conf.broker_url.startswith("amqp"):
-    app.conf.broker_transport_options = {
-        "visibility_timeout": VISIBILITY,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-    }
-if "GUARD_HEARTBEAT" in os.environ:
-    app.conf.broker_heartbeat = float(os.environ["GUARD_HEARTBEAT"])
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

@@ -27,25 +27,19 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
 VISIBILITY = float(os.environ.get("LIMITS_VISIBILITY", "3600"))
 #: The ``lease_ttl`` of the tasks whose slots a SIGKILLed worker keeps.
 SHORT_LEASE_TTL = 3.0
 
-app = Celery(
+app, baton = make_baton_app(
     "limits",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     baton_global_rate_limits=True,
     baton_hold_max=int(os.environ.get("LIMITS_HOLD_MAX", "10000")),
@@ -61,16 +55,8 @@ app.conf.update(
         # default); a broker SIGKILLed mid-scan keeps it (AOF) and blocks every restore.
         "unacked_mutex_expire": 5,
     },
-    broker_connection_retry_on_startup=True,
     worker_lost_wait=1.0,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True, global_rate_limit="20/s", exclusive="n")

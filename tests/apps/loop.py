@@ -16,21 +16,14 @@ that uses the ``app_environ`` fixture.
 
 from __future__ import annotations
 
-import functools
 import os
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
+app, baton = make_baton_app(
     "loop",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=1.0,
     baton_global_rate_limits=True,
     baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
@@ -38,17 +31,9 @@ app.conf.update(
     task_ignore_result=True,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
-    broker_connection_retry_on_startup=True,
     # Publishes to this queue wait there until a test makes a worker consume it.
     task_routes={"tests.apps.loop.unique_later": {"queue": "later"}},
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
+from tests.apps.factory import make_app
 
-from celery import Celery
-
-app = Celery("no_baton", broker=os.environ["TEST_BROKER_URL"])
-app.conf.broker_connection_retry_on_startup = True
+app = make_app("no_baton", results=False)
 
 
 @app.task(unique="report_id")

@@ -7,23 +7,12 @@ the observer (its own server and clock), which judges overlaps.
 
 from __future__ import annotations
 
-import functools
-import os
+from celery import Task
 
-from celery import Celery, Task
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
-
-app = Celery("no_store_url", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(broker_connection_retry_on_startup=True)
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
+app, baton = make_baton_app("no_store_url", results=False, store_from_env=False)
 
 
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait")

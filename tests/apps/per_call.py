@@ -10,31 +10,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from typing import Any
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
-    "per_call", broker=os.environ["TEST_BROKER_URL"], backend=os.environ.get("TEST_RESULT_URL")
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
-    baton_socket_timeout=1.0,
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
-)
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
+app, baton = make_baton_app("per_call", baton_socket_timeout=1.0, worker_prefetch_multiplier=1)
 
 
 def _run(task: Task, label: str, sleep: float, kwargs: dict[str, Any]) -> str:

@@ -14,38 +14,24 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
 LEASE_TTL = 3.0
 
-app = Celery(
+app, baton = make_baton_app(
     "renewal",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_socket_timeout=2.0,
     baton_lease_ttl=LEASE_TTL,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 def _finish_flag(key: str) -> str:

@@ -20,34 +20,19 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
-from celery import Celery, Task, chain
+from celery import Task, chain
 
-from celery_baton import Baton
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
+_ACKS_LATE = {"task_acks_late": True, "task_reject_on_worker_lost": True}
+app, baton = make_baton_app(
     "republish",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
     baton_redelivery_guard=True,
-    broker_connection_retry_on_startup=True,
+    **(_ACKS_LATE if os.environ.get("REPUBLISH_ACKS_LATE") == "1" else {}),
 )
-if os.environ.get("REPUBLISH_ACKS_LATE") == "1":
-    app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True)
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

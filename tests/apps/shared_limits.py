@@ -10,14 +10,12 @@ key carries its cost (``"<task>:<cost>"``), for the weighted checker.
 
 from __future__ import annotations
 
-import functools
-import os
 import time
 
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
 LIMITS = {
     "api": "10/s",  # a bucket of 10, 10 per second, shared by api_a and api_b
@@ -27,22 +25,13 @@ LIMITS = {
     "slow": {"rate": "5/s", "burst": 2},  # Cluster: tasks' own keys on another slot
 }
 
-app = Celery("shared_limits", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(
-    result_backend=os.environ.get("TEST_RESULT_URL"),
-    baton_url=os.environ["BATON_URL"],
+app, baton = make_baton_app(
+    "shared_limits",
     baton_socket_timeout=1.0,
     baton_limits=LIMITS,
     task_ignore_result=True,
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
 )
-baton = Baton(app)
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True, limits=["api"], exclusive="n")

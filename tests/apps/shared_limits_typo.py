@@ -4,15 +4,9 @@ refuse to start, naming the limit and the one it probably meant."""
 
 from __future__ import annotations
 
-import os
+from tests.apps.factory import make_baton_app
 
-from celery import Celery
-
-from celery_baton import Baton
-
-app = Celery("shared_limits_typo", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(baton_url=os.environ["BATON_URL"], broker_connection_retry_on_startup=True)
-baton = Baton(app)
+app, baton = make_baton_app("shared_limits_typo", results=False)
 
 
 @app.task(limits=["opneai"])

@@ -33,11 +33,11 @@ import os
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
+from celery_baton import fence
 from celery_baton.signals import task_skipped
-from tests.support.observer import Observer
+from tests.apps.factory import make_baton_app, observer
 
 LEASE_TTL = float(os.environ.get("SOAK_LEASE_TTL", "6"))
 #: The broker gives back an unacknowledged message after this long (a killed worker's).
@@ -48,12 +48,12 @@ BURST = 2
 #: Where the worker's main process records skips (observer server, observer db).
 SKIPPED = "soak:skipped"
 
-app = Celery(
+app, baton = make_baton_app(
     "soak",
-    broker=os.environ["TEST_BROKER_URL"],
-    backend=os.environ.get("TEST_RESULT_URL"),
-)
-app.conf.update(
+    # The store given as Baton(app, url=...) only (not as $BATON_URL): the way a user
+    # deploys it, so that every part (worker, beat) must resolve the store from there.
+    store_from_env=False,
+    url=os.environ["SOAK_STORE_URL"],
     baton_socket_timeout=1.0,
     # Held deliveries go back to the broker well before it would redeliver them itself.
     baton_hold_horizon=VISIBILITY / 3,
@@ -63,7 +63,6 @@ app.conf.update(
     # per pool process, so guarded requests wait behind plain ones as in production.
     worker_lost_wait=1.0,
     result_expires=None,
-    broker_connection_retry_on_startup=True,
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
@@ -82,7 +81,6 @@ app.conf.update(
     beat_scheduler="celery_baton.beat:Scheduler",
     beat_max_loop_interval=1,
 )
-baton = Baton(app, url=os.environ["SOAK_STORE_URL"])
 
 _SKIP_SCRIPT = """
 local t = redis.call('TIME')
@@ -90,12 +88,6 @@ local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 redis.call('RPUSH', KEYS[1], '{"at":' .. now .. ',' .. string.sub(ARGV[1], 2))
 return now
 """
-
-
-@functools.cache
-def observer() -> Observer:
-    """This process's Observer (created after the pool forked, so never shared)."""
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @functools.cache

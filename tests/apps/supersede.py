@@ -16,26 +16,21 @@ import signal
 import time
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
-from celery_baton import Baton, fence
-from tests.support.observer import Observer
+from celery_baton import fence
+from tests.apps.factory import make_baton_app, observer
 
-app = Celery(
-    "supersede", broker=os.environ["TEST_BROKER_URL"], backend=os.environ.get("TEST_RESULT_URL")
-)
-app.conf.update(
-    baton_url=os.environ["BATON_URL"],
+app, baton = make_baton_app(
+    "supersede",
     baton_socket_timeout=1.0,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
     worker_lost_wait=1.0,
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("BATON_TEST_VISIBILITY", "3600"))
     },
 )
-baton = Baton(app)
 
 BEAT_EVERY = 0.02
 # KEYS[1] the heartbeat list of a key; ARGV[1] the task id. Appends {t, id}, t the
@@ -45,11 +40,6 @@ local t = redis.call('TIME')
 redis.call('RPUSH', KEYS[1], '{"t":' .. t[1] .. string.rep('0', 6 - #t[2]) .. t[2] ..
   ',"id":"' .. ARGV[1] .. '"}')
 """
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @functools.cache

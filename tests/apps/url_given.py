@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from tests.apps.factory import make_baton_app
 
-from celery_baton import Baton
-
-app = Celery("url_given", broker=os.environ["TEST_BROKER_URL"])
-app.conf.update(
+app, baton = make_baton_app(
+    "url_given",
+    results=False,
+    store_from_env=False,
+    url=os.environ["TEST_GIVEN_STORE_URL"],
     timezone="UTC",
     beat_scheduler="celery_baton.beat:Scheduler",
-    broker_connection_retry_on_startup=True,
     beat_schedule={
         "every1": {
             "task": "tests.apps.url_given.tick",
@@ -26,7 +26,6 @@ app.conf.update(
         }
     },
 )
-baton = Baton(app, url=os.environ["TEST_GIVEN_STORE_URL"])
 
 
 @app.task

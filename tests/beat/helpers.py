@@ -70,6 +70,21 @@ def runs_per_slot(observer: Observer, entry: str) -> Counter[int]:
     return counts
 
 
+def wait_for_slots(
+    observer: Observer, entry: str, n: int, *, after_ms: int = 0, timeout: float = 60
+) -> None:
+    """Wait until runs of ``n`` distinct slots of ``entry`` later than ``after_ms`` (epoch
+    ms) started: a beat seen firing, instead of a fixed time that ends in a count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fired = sum(1 for slot in runs_per_slot(observer, entry) if slot > after_ms)
+        if fired >= n:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{entry}: {fired} slots after {after_ms} ms in {timeout} s")
+        time.sleep(0.1)
+
+
 def wait_for_leading_log(beats: Sequence[BeatProcess], timeout: float = 30) -> BeatProcess:
     """The first beat process whose log says it leads (read from outside the store)."""
     deadline = time.monotonic() + timeout

@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from celery_baton.beat.state import BeatKeys
-from tests.beat.helpers import runs_per_slot
+from tests.beat.helpers import runs_per_slot, wait_for_slots
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
@@ -168,12 +168,16 @@ def test_two_hosts_leader_killed_each_slot_once_and_runs_written(
     workers.start(APP, env={**project, "DJBEAT_SETTINGS_ENTRIES": settings_entries})
     beats = start_beats(workers, project, hosts, DJBEAT_SETTINGS_ENTRIES=settings_entries)
     first = leader(store, beats)
-    time.sleep(8)
+    wait_for_slots(observer, "every1", 6, timeout=30)  # the first leader fires
     first.kill()
     killed = time.monotonic()
+    killed_ms = int(time.time() * 1000)
     second = leader(store, beats, not_pid=first.pid)
     failover = time.monotonic() - killed
-    time.sleep(10)
+    # The second leader fires (the slots it took over and new ones), up to the counts below.
+    wait_for_slots(observer, "every1", 14, timeout=60)
+    wait_for_slots(observer, "settings2", 7, timeout=60)
+    wait_for_slots(observer, "every1", 3, after_ms=killed_ms, timeout=30)
     second.stop()
     drain(observer)
 

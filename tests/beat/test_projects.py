@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from tests.beat.helpers import wait_for_leading_log
-from tests.cli.test_commands import as_json
+from tests.beat.helpers import wait_for_leading_log, wait_for_slots
+from tests.ops.test_commands import as_json
 from tests.support.observer import Observer
 from tests.support.workers import Workers
 
@@ -40,14 +40,17 @@ def test_two_apps_on_one_store_both_fire_and_keep_their_entries(
     alpha_beat = workers.start_beat(ALPHA)
     wait_for_leading_log([alpha_beat])
     beta_beat = workers.start_beat(BETA)
-    time.sleep(10)
-    # Both beats run: beta must lead its own schedule, not follow alpha's leader.
+    # Both beats run: beta must lead its own schedule, not follow alpha's leader (five
+    # slots of its 1 s entry within 10 s), and every entry of both fires.
+    wait_for_slots(observer, "beta:every1", 5, timeout=10)
+    for entry in ("alpha:every1", "alpha:alpha_only", "beta:beta_only"):
+        wait_for_slots(observer, entry, 1, timeout=10)
     beta_while_both = _slots(observer, "beta", "every1")
-    # Alpha's beat stops (SIGTERM: it resigns); beta's goes on alone for a while.
+    # Alpha's beat stops (SIGTERM: it resigns); beta's goes on alone.
     alpha_beat.stop()
-    time.sleep(5)
+    wait_for_slots(observer, "beta:every1", 2, after_ms=int(time.time() * 1000), timeout=10)
     beta_beat.stop()
-    time.sleep(3)
+    time.sleep(3)  # a slot sent twice would start by now: the counts below are final
 
     assert len(beta_while_both) >= 5, f"beta's entries did not fire: {beta_while_both}"
     for app, entries in (("alpha", ("every1", "alpha_only")), ("beta", ("every1", "beta_only"))):

@@ -93,7 +93,7 @@ def test_give_backs_never_let_more_through_than_the_budget(gate: Gate) -> None:
     rate`` in any window, whatever the interleaving (server clock instants)."""
     import random
 
-    from tests.worker.test_shared_limits import weighted_excess
+    from tests.limits.test_shared import weighted_excess
 
     rng = random.Random(15)
     ten = limit(gate, "ten", 2000, 6)  # 0.5 ms per unit, a bucket of 6

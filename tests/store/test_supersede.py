@@ -1,5 +1,5 @@
 """The supersede scripts on a real store: publish order ("S"), the unique replace and its
-marker ("N"). The worker-level proof is tests/worker/test_supersede.py."""
+marker ("N"). The worker-level proof is tests/flow/test_supersede.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Settings as config.py resolves them from a Celery ``app.conf`` (a plain mapping here):
 defaults, the upper-case spelling, values that arrive as strings, and a clear error
-naming the setting for a value that cannot work. (Typos: tests/unit/test_typos.py.)"""
+naming the setting for a value that cannot work. (Typos: tests/unit/test_config_typos.py.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The gate grants all of a delivery's conditions or names the first one that refused
 (``Decision.denied_by``). What that means for the delivery depends on which condition
 it was and on the task's policy; this module decides it without any worker, store or
-clock of its own, so every case has a unit test (tests/unit/test_verdict.py):
+clock of its own, so every case has a unit test (tests/unit/worker/test_verdict.py):
 
 * granted: **Start** (holding the leases; a reserved rate slot starts ``start_after``
   seconds from now);

@@ -6,22 +6,16 @@ records a run keyed ``<entry>|<slot ms>`` with the observer, as tests/apps/beat_
 
 from __future__ import annotations
 
-import functools
 import os
 
 from celery import Celery, Task
 
-from tests.support.observer import Observer
+from tests.apps.factory import observer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.apps.django_project.settings")
 
 app = Celery("djbeat")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-
-
-@functools.cache
-def observer() -> Observer:
-    return Observer(os.environ["TEST_OBSERVER_URL"])
 
 
 @app.task(bind=True)

@@ -1,0 +1,55 @@
+"""The one place the test apps are built: broker, results and store from the environment.
+
+Every app module under ``tests.apps`` reads its servers from the variables that
+:func:`tests.support.workers.app_env` (and the ``app_environ`` fixture) set:
+``TEST_BROKER_URL``, ``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL``.
+:func:`make_app` builds a plain Celery app on them, :func:`make_baton_app` the same with
+celery-baton installed; each app module passes only its own settings, so what is
+particular to a test app stays in its module.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from celery import Celery
+
+from celery_baton import Baton
+from tests.support.observer import Observer
+
+
+def make_app(name: str, *, results: bool = True, **conf: Any) -> Celery:
+    """A Celery app named ``name`` on ``$TEST_BROKER_URL``, with ``$TEST_RESULT_URL`` as
+    its result backend when ``results``, retrying the broker at start, and ``conf``."""
+    backend = os.environ.get("TEST_RESULT_URL") if results else None
+    app = Celery(name, broker=os.environ["TEST_BROKER_URL"], backend=backend)
+    app.conf.update(broker_connection_retry_on_startup=True, **conf)
+    return app
+
+
+def make_baton_app(
+    name: str,
+    *,
+    results: bool = True,
+    store_from_env: bool = True,
+    url: str | None = None,
+    **conf: Any,
+) -> tuple[Celery, Baton]:
+    """:func:`make_app` with celery-baton installed: ``(app, baton)``.
+
+    The store is ``$BATON_URL`` (as ``baton_url``) unless ``store_from_env`` is false:
+    then the app names it only through ``url`` (given to ``Baton``) or not at all, as the
+    tests of how the store is found need."""
+    if store_from_env:
+        conf = {"baton_url": os.environ["BATON_URL"], **conf}
+    app = make_app(name, results=results, **conf)
+    return app, Baton(app, url=url)
+
+
+@functools.cache
+def observer() -> Observer:
+    """This process's Observer (created at its first use, after the pool forked, so a
+    pool process never shares its parent's)."""
+    return Observer(os.environ["TEST_OBSERVER_URL"])

@@ -1,0 +1,259 @@
+"""Bad input and a store that goes away, at the worker (issue 2, item 7).
+
+* A key that cannot be built from a delivered message: the task fails with a clear
+  ``KeySpecError`` and is not run (never run unguarded).
+* The store paused (SIGSTOP: calls time out) or killed (connections refused) while a
+  request arrives: with the default ``baton_on_store_error="hold"`` the worker holds it,
+  runs nothing unguarded and does not crash; once the store is back the task runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from celery_baton import KeySpecError
+from tests.support.observer import Observer, assert_no_overlap
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+
+APP = "tests.apps.exclusive"
+
+
+def test_a_key_that_cannot_be_built_fails_the_task_and_it_does_not_run(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.exclusive import app, ex_skip, ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    # NaN travels in a JSON message but is not a canonical key; a wrong arity is caught
+    # only by the worker when the task is sent by name.
+    bad = [
+        ex_skip.delay(float("nan")),
+        ex_wait.delay(float("nan"), 0),
+        app.send_task("tests.apps.exclusive.ex_skip", args=["k", 0, "extra"]),
+    ]
+    for result in bad:
+        with pytest.raises(KeySpecError) as error:
+            result.get(timeout=20)
+        assert "tests.apps.exclusive.ex_" in str(error.value)
+        assert result.state == "FAILURE"
+    assert ex_skip.delay("good").get(timeout=20)  # the worker goes on
+    assert [r.key for r in observer.runs()] == ["good"]
+    log = worker.log_text()
+    assert all(f"[{result.id}] refused" in log for result in bad)
+    assert worker.is_running
+
+
+@pytest.mark.parametrize("outage", ["pause", "kill"])
+def test_store_down_at_the_worker_holds_the_request_until_it_is_back(
+    outage: str, workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    assert ex_wait.delay("warm", 0).get(timeout=20)  # connected to the store
+    getattr(store_server, outage)()
+    try:
+        results = [ex_wait.delay("outage", 0.2) for _ in range(3)]
+        wait_until(
+            lambda: worker.log_text().count("store unavailable, holding") >= 2,
+            30,
+            "worker holds the requests",
+        )
+        time.sleep(1.0)  # a request let through while the store is down would start now
+        assert [s for s in observer.started() if s["key"] == "outage"] == []
+        assert worker.is_running
+        assert all(result.state == "PENDING" for result in results)
+    finally:
+        store_server.resume()
+        store_server.start()
+
+    for result in results:
+        assert result.get(timeout=30)  # backoff is capped at 10 s
+    runs = [r for r in observer.runs() if r.key == "outage"]
+    assert len(runs) == 3
+    assert_no_overlap(runs)
+    assert worker.is_running
+    assert "Traceback" not in worker.log_text()
+    assert ex_wait.delay("after", 0).get(timeout=20)
+
+
+def test_store_down_with_run_policy_runs_unguarded_and_says_so(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """``baton_on_store_error="run"`` fails open: the task runs without its lease, and
+    every such run is logged as UNGUARDED."""
+    from tests.apps.exclusive import ex_unfenced
+
+    worker = workers.start(APP, concurrency=2, env={"BATON_TEST_ON_STORE_ERROR": "run"})
+    assert ex_unfenced.delay("warm").get(timeout=20)
+    store_server.kill()
+    try:
+        results = [ex_unfenced.delay("open") for _ in range(3)]
+        for result in results:
+            assert result.get(timeout=30)
+        assert len([r for r in observer.runs() if r.key == "open"]) == 3
+        assert worker.log_text().count("UNGUARDED") >= 3
+        assert worker.is_running
+    finally:
+        store_server.start()
+
+
+def test_scripts_flushed_mid_run_are_loaded_again(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """SCRIPT FLUSH while a worker has gate calls in flight: every call is answered in
+    order, the script is loaded again, and every task runs once."""
+    from tests.apps.exclusive import ex_wait
+
+    workers.start(APP, concurrency=2)
+    assert ex_wait.delay("warm", 0).get(timeout=20)
+    with store_server.client() as store:
+        store.script_flush()
+    results = [ex_wait.delay(f"flush-{i % 5}", 0) for i in range(40)]
+    for result in results:
+        assert result.get(timeout=30)
+    runs = [r for r in observer.runs() if r.key.startswith("flush-")]
+    assert len(runs) == 40
+    assert_no_overlap(runs)
+
+
+def test_guarded_tasks_keep_running_after_the_broker_connection_comes_back(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A broker outage makes Celery reset the worker's event loop (every registered
+    file descriptor and the connection's timers are dropped) and restart the consumer.
+    The store channel and the release-notice wake-ups must come back with it."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    assert ex_wait.delay("before", 0).get(timeout=20)
+    broker_server.restart(down_for=1.0)
+    wait_until(
+        lambda: worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker reconnects to the broker",
+    )
+    started = time.monotonic()
+    results = [ex_wait.delay(f"after-{i % 2}", 0.1) for i in range(6)]
+    for result in results:
+        assert result.get(timeout=60)
+    # Same-key runs waited for each other's release (a notice or a retry), not long.
+    assert time.monotonic() - started < 30
+    runs = [r for r in observer.runs() if r.key.startswith("after-")]
+    assert len(runs) == 6
+    assert_no_overlap(runs)
+    assert worker.is_running
+
+
+def test_a_request_admitted_while_the_pool_was_full_frees_its_key_when_the_connection_drops(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A request the gate admitted waits for a pool slot in Celery's semaphore; when the
+    broker connection drops, Celery clears that queue (its message comes back from the
+    broker) and never calls the request again. Its lease must be given back: held (and
+    renewed) by a request that will never run, it kept the key for the worker's life,
+    and every later run of the key waited for ever."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=1)
+    busy = ex_wait.delay("busy", 4.0)
+    wait_until(lambda: observer.running("busy") == 1, 20, "the pool's only process to be busy")
+    queued = ex_wait.delay("queued", 0)
+    wait_until(lambda: f"[{queued.id}] received" in worker.log_text(), 20, "the second request")
+    time.sleep(0.5)  # admitted by the gate; waiting for the pool
+    broker_server.restart(down_for=1.0)
+    wait_until(
+        lambda: worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker reconnects to the broker",
+    )
+    assert busy.get(timeout=30)
+    later = ex_wait.delay("queued", 0)
+    assert later.get(timeout=45), "the key stayed with a request that will never run"
+    assert worker.is_running
+
+
+def test_a_worker_holding_a_request_lives_through_a_broker_crash(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A worker whose broker is SIGKILLed while it polls with an unacked message in hand
+    (here a request held for a busy key) died: ``Unrecoverable error:
+    AttributeError("'NoneType' object has no attribute 'hostname'")``, exit 1, in kombu's
+    interrupted channel close (worker/transport/broker_close.py says how). The worker lives on and
+    runs the key again. The held message, which the dead broker could not take back, is
+    put back in its queue once the worker reconnects (worker/transport/held_return.py), and runs:
+    before, it stayed in the broker's unacked index for the visibility timeout (an hour
+    in this app)."""
+    from tests.apps.exclusive import ex_wait
+
+    worker = workers.start(APP, concurrency=2)
+    ex_wait.delay("broker-crash", 4.0)
+    wait_until(lambda: observer.running("broker-crash") == 1, 20, "the first run")
+    second = ex_wait.delay("broker-crash", 0)
+    wait_until(lambda: f"[{second.id}] held for" in worker.log_text(), 20, "the second held")
+    broker_server.restart(kill=True, down_for=1.0)
+    wait_until(
+        lambda: not worker.is_running or worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker to reconnect to the broker (or die)",
+    )
+    assert worker.is_running, f"the worker died:\n{worker.log_text()[-2500:]}"
+    assert "Unrecoverable error" not in worker.log_text()
+    assert "1 held requests left to the broker" in worker.log_text()
+    runs = observer.runs_of("broker-crash", 2, timeout=45)  # the first, and the held one
+    assert second.id in {run.task_id for run in runs}
+    assert "1 held messages put back in their queues" in worker.log_text()
+    third = ex_wait.delay("broker-crash", 0)  # and the key runs again
+    runs = observer.runs_of("broker-crash", 3, timeout=45)
+    assert [run.task_id for run in runs].count(second.id) == 1
+    assert third.id in {run.task_id for run in runs}
+    assert_no_overlap(runs)
+    assert worker.is_running
+
+
+def test_a_held_message_the_broker_took_back_is_not_put_back_again(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """The broker lives; only one worker's connections to it are cut (``CLIENT KILL``).
+    That worker's channel close gives its held message back to the queue and another
+    worker takes it, under the same delivery tag. When the first reconnects it must not
+    put that message back again (worker/transport/held_return.py: only what the close could not
+    restore): it would be delivered twice, and the held request would run twice."""
+    from tests.apps.exclusive import ex_wait
+
+    first_worker = workers.start(APP, concurrency=2)
+    ex_wait.delay("cut", 4.0)
+    wait_until(lambda: observer.running("cut") == 1, 20, "the first run")
+    second = ex_wait.delay("cut", 0)
+    wait_until(lambda: f"[{second.id}] held for" in first_worker.log_text(), 20, "held")
+    other = workers.start(APP, concurrency=2)
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(first_worker.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == broker_server.port
+    }
+    assert ports, "the first worker's broker connections"
+    with broker_server.client() as broker:
+        for port in ports:
+            broker.execute_command("CLIENT", "KILL", "ADDR", f"127.0.0.1:{port}")
+    wait_until(
+        lambda: f"[{second.id}] held for" in other.log_text(),
+        30,
+        "the other worker to receive the message the close gave back",
+    )
+    wait_until(
+        lambda: first_worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the first worker to reconnect",
+    )
+    observer.runs_of("cut", 2, timeout=30)
+    time.sleep(3.0)  # a second copy would wait for the key, then run
+    runs = [run for run in observer.runs() if run.key == "cut"]
+    assert [run.task_id for run in runs].count(second.id) == 1
+    assert "held messages put back" not in first_worker.log_text()
+    assert_no_overlap(runs)

@@ -1,0 +1,242 @@
+"""Fairness across keys (``fair_key``) with real workers, judged by the observer.
+
+Tenant A publishes a backlog, then tenant B publishes 20, on a cap of 4 shared by 3
+workers (2 pool threads each: 6 slots, so the cap, not the pool, is what binds). The
+observer records every run on the server's clock; from it alone:
+
+* the cap is never exceeded, and it is used (4 at once);
+* B is not starved: while B has requests waiting, freed slots alternate between the
+  tenants, so at most about one A run starts per B run between B's publish and B's
+  last start (first come first served starts A's whole backlog first);
+* A takes every slot again once B has nothing waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.limits.test_rate_limits import (
+    admissions,
+    assert_gcra_bound,
+    publish,
+    server_time_us,
+)
+from tests.support.observer import Observer, Run, max_concurrent
+from tests.support.workers import Workers
+
+APP = "tests.apps.fair"
+B_COUNT = 20
+SLEEP = 0.05
+
+
+@dataclass
+class Share:
+    """What the observer saw of one A-then-B run (times in seconds, server clock)."""
+
+    a_runs: list[Run]
+    b_runs: list[Run]
+    b_published_us: int
+    cap: int
+
+    @property
+    def b_span(self) -> float:
+        """From B's publish to B's last run's end."""
+        return (max(r.end for r in self.b_runs) - self.b_published_us) / 1e6
+
+    @property
+    def a_overtaking(self) -> int:
+        """A runs that started after B was published and before B's last start."""
+        last_b = max(r.start for r in self.b_runs)
+        return sum(self.b_published_us < r.start < last_b for r in self.a_runs)
+
+    @property
+    def a_interleaved(self) -> int:
+        """A runs that started between B's first and last starts: once B asks, the turns
+        alternate, whatever it took B's messages to reach the workers."""
+        first_b = min(r.start for r in self.b_runs)
+        last_b = max(r.start for r in self.b_runs)
+        return sum(first_b < r.start < last_b for r in self.a_runs)
+
+    @property
+    def a_remaining(self) -> int:
+        """A runs that started after B was published: A's backlog at that moment."""
+        return sum(r.start > self.b_published_us for r in self.a_runs)
+
+    @property
+    def a_after_b(self) -> list[Run]:
+        """A runs that started after B's last run ended (B has nothing waiting)."""
+        last_b_end = max(r.end for r in self.b_runs)
+        return [r for r in self.a_runs if r.start > last_b_end]
+
+    def describe(self) -> str:
+        return (
+            f"A {len(self.a_runs)}, B {len(self.b_runs)}: B done {self.b_span:.2f} s after "
+            f"its publish; {self.a_overtaking} of A's remaining {self.a_remaining} runs "
+            f"started meanwhile ({self.a_interleaved} between B's first and last starts); "
+            f"max concurrent {max_concurrent(self.a_runs + self.b_runs)}"
+        )
+
+
+def a_then_b(workers: Workers, observer: Observer, task: Any, a_count: int) -> Share:
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(task, a_count, "A", SLEEP)
+    observer.starts_of("A", fair.CAP, timeout=20)  # A's backlog is running
+    b_published = server_time_us(observer)
+    publish(task, B_COUNT, "B", SLEEP)
+    runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * SLEEP)
+    return Share(
+        [r for r in runs if r.key == "A"], [r for r in runs if r.key == "B"], b_published, fair.CAP
+    )
+
+
+def assert_fair(share: Share, a_count: int) -> None:
+    runs = share.a_runs + share.b_runs
+    assert len(share.a_runs) == a_count and len(share.b_runs) == B_COUNT
+    assert len({r.task_id for r in runs}) == a_count + B_COUNT
+    # The cap is never exceeded, and it was used.
+    assert max_concurrent(runs) == share.cap, share.describe()
+    # B not starved: once B asks, about one A start per B start (round-robin), plus the
+    # slots already running. Before B's first ask, A runs on: how long that takes is the
+    # machine's (publish, fetch), so it is bounded loosely: far from FIFO's whole backlog.
+    assert share.a_interleaved <= B_COUNT + 2 * share.cap, share.describe()
+    assert share.a_overtaking <= share.a_remaining // 2, share.describe()
+    # A uses every slot once B has nothing waiting.
+    assert max_concurrent(share.a_after_b) == share.cap, share.describe()
+
+
+def test_fair_key_gives_a_late_small_tenant_its_share(workers: Workers, observer: Observer) -> None:
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fair_capped, 400)
+    print(share.describe())
+    assert_fair(share, 400)
+
+
+def test_without_fair_key_the_small_tenant_waits_for_the_whole_backlog(
+    workers: Workers, observer: Observer
+) -> None:
+    """The old behaviour, for comparison: first come first served over the shared cap
+    starts nearly all of A's backlog before B's last run."""
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fifo_capped, 400)
+    print(share.describe())
+    assert max_concurrent(share.a_runs + share.b_runs) == share.cap
+    assert share.a_remaining >= 100, f"A's backlog was nearly done: {share.describe()}"
+    assert share.a_overtaking >= 0.8 * share.a_remaining, share.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.environ.get("BATON_FAIR_FULL"), reason="set BATON_FAIR_FULL=1")
+def test_fair_key_full_form_2000_then_20(workers: Workers, observer: Observer) -> None:
+    """The issue's own numbers: A 2000, then B 20."""
+    from tests.apps import fair
+
+    share = a_then_b(workers, observer, fair.fair_capped, 2000)
+    print(share.describe())
+    assert_fair(share, 2000)
+
+
+def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
+    """A shared rate of 40/s, A's backlog of 200 first, then B's 20: B's starts
+    interleave with A's (at most about one A start per B start meanwhile), and the
+    rate holds (strict GCRA, burst 1, on the admission instants)."""
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(fair.fair_rated, 200, "A", numbered=True)
+    observer.starts_of("A", 5, timeout=20)
+    b_published = server_time_us(observer)
+    publish(fair.fair_rated, B_COUNT, "B", numbered=True)
+    runs = observer.wait_for(200 + B_COUNT, timeout=60)
+    a = [r.start for r in runs if r.key == "A"]
+    b = [r.start for r in runs if r.key == "B"]
+    overtaking = sum(b_published < s < max(b) for s in a)
+    span = (max(b) - b_published) / 1e6
+    print(f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A meanwhile")
+    # First come first served would start A's remaining ~190 first (~4.7 s at 40/s).
+    assert overtaking <= B_COUNT + 5, (overtaking, span)
+    assert_gcra_bound(admissions(runs), 40)
+
+
+def test_fair_weights_give_a_weighted_tenant_its_multiple(
+    workers: Workers, observer: Observer
+) -> None:
+    """tin publishes 150 first, gold (weight 3) 150 after: while both wait, gold starts
+    about 3 runs per tin run (stride scheduling), by the observer's count."""
+    from tests.apps import fair
+
+    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
+    for worker in started:
+        worker.wait_ready()
+    publish(fair.fair_weighted, 150, "tin", SLEEP)
+    observer.starts_of("tin", fair.CAP, timeout=20)
+    publish(fair.fair_weighted, 150, "gold", SLEEP)
+    runs = observer.wait_for(300, timeout=60)
+    gold = sorted(r.start for r in runs if r.key == "gold")
+    tin = sorted(r.start for r in runs if r.key == "tin")
+    # The window in which both had requests waiting: from gold's 5th start (its first
+    # ones may still race the held tin requests) to the first tenant's last start.
+    window = (gold[4], min(gold[-1], tin[-1]))
+    g = sum(window[0] <= s <= window[1] for s in gold)
+    t = sum(window[0] <= s <= window[1] for s in tin)
+    print(f"weighted: {g} gold and {t} tin starts while both waited")
+    assert t > 0 and 2.0 <= g / t <= 4.5, (g, t)
+
+
+def test_a_dead_workers_key_stops_holding_slots_within_its_presence(
+    workers: Workers, observer: Observer
+) -> None:
+    """Worker V holds all of tenant B's requests (queue ``b``, which only V consumes) and
+    is SIGKILLed while B waits its turn; worker S holds only A's (queue ``a``). V's slots
+    come back after their ``lease_ttl`` (3 s), and B's place in the turn, which no live
+    worker renews, lapses within ``fairness.PRESENCE`` (6 s): then A uses the whole cap
+    again. Without the lapse a dead key would keep its slot reserved for good."""
+    from celery_baton.core import fairness
+    from tests.apps import fair
+
+    task = fair.fair_capped_short
+    victim = workers.start(APP, pool="threads", concurrency=2, queues="b")
+    with task.app.producer_or_acquire() as producer:
+        for _ in range(60):
+            task.apply_async(("B", 0.3), queue="b", producer=producer)
+    observer.starts_of("B", 2, timeout=20)
+    survivor = workers.start(APP, pool="threads", concurrency=fair.CAP, queues="a")
+    with task.app.producer_or_acquire() as producer:
+        for _ in range(400):
+            task.apply_async(("A", 0.1), queue="a", producer=producer)
+    observer.starts_of("A", 4, timeout=20)  # A and B now take turns
+    killed_at = server_time_us(observer)
+    victim.kill()
+
+    lapse_us = killed_at + round((fairness.PRESENCE + 1.0) * 1e6)
+    deadline = lapse_us + 8_000_000
+    while server_time_us(observer) < deadline:
+        if sum(r.key == "A" and r.start > lapse_us for r in observer.runs()) >= 40:
+            break
+        time.sleep(0.1)
+    a_runs = [r for r in observer.runs() if r.key == "A"]
+    after = [r for r in a_runs if r.start > lapse_us]
+    assert after, "A never ran again after the dead worker's presence lapsed"
+    assert max_concurrent(after) == fair.CAP, (
+        f"A ran at most {max_concurrent(after)} at once after B's presence lapsed"
+    )
+    # The cap held throughout (V's killed runs counting until the kill).
+    dead = [
+        Run(e["key"], None, e["start"], killed_at, e["task_id"], e["pid"])
+        for e in observer.started()
+        if e["task_id"] not in {r.task_id for r in observer.runs()} and e["pid"] != survivor.pid
+    ]
+    assert max_concurrent(observer.runs() + dead) <= fair.CAP

@@ -1,0 +1,58 @@
+"""Held requests past the per-worker cap or the time horizon go back to the broker
+(issue 3): unchanged, not lost, and without the worker spinning on them."""
+
+from __future__ import annotations
+
+import time
+
+from tests.limits.test_rate_limits import APP, publish
+from tests.support.observer import Observer
+from tests.support.workers import Workers
+
+
+def test_hold_horizon_hands_back_with_id_headers_and_retries(
+    workers: Workers, observer: Observer
+) -> None:
+    """Held past ``baton_hold_horizon`` (1 s here), a message goes back to the broker
+    unchanged: it runs later with its id, its headers and its retry count."""
+    from tests.apps import limits
+
+    worker = workers.start(APP, concurrency=2, env={"LIMITS_HOLD_HORIZON": "1"})
+    first = limits.paced.apply_async(headers={"x_marker": "one"}, retries=3)
+    second = limits.paced.apply_async(headers={"x_marker": "two"}, retries=3)
+
+    runs = observer.wait_for(2, timeout=30)  # 12/m: the second starts 5 s after the first
+
+    assert {r.task_id for r in runs} == {first.id, second.id}
+    assert {r.key for r in runs} == {"paced:3:one", "paced:3:two"}
+    assert len(observer.started()) == 2
+    log = worker.log_text()
+    assert "handed back to the broker" in log
+    assert "the horizon" in log
+
+
+def test_hold_max_stops_raising_prefetch_beyond_the_cap(
+    workers: Workers, observer: Observer
+) -> None:
+    """Past ``baton_hold_max`` held requests keep their prefetch slots, so the broker
+    stops sending to this worker: memory stays bounded, nothing is lost, and the worker
+    does not spin fetching and handing messages back."""
+    from tests.apps import limits
+
+    worker = workers.start(APP, concurrency=2, env={"LIMITS_HOLD_MAX": "2"})
+    publish(limits.crawl, 6)  # 1/m: one runs, the rest wait
+
+    time.sleep(3)
+    log = worker.log_text()
+    warnings = log.count("past baton_hold_max")
+    assert warnings >= 1, "the cap was never reached or not reported"
+    assert warnings <= 2, f"{warnings} cap warnings in 3 s: not rate-limited"
+    assert "handed back to the broker" not in log, "held requests spin through the broker"
+    assert len(observer.started()) == 1
+    # None lost: every message is held, queued, or unacked in the broker.
+    with limits.app.connection_for_write() as conn:
+        client = conn.default_channel.client
+        queued = client.llen("celery")
+        unacked = client.hlen("unacked")
+    assert queued + unacked >= 5
+    assert queued >= 1, "the worker kept taking messages past its cap"
