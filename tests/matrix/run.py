@@ -63,19 +63,19 @@ OLDEST_PYTHON = "3.10"
 WORKER_TESTS = (
     # kombu's Redis channel close (_brpop_read) and held_return (_delivered,
     # restore_by_tag): the broker SIGKILLed while requests are held.
-    "tests/worker/test_held_broker_kill.py",
+    "tests/transport/test_held_broker_kill.py",
     # the prefork semaphore (_process_task_sem, _process_task, LaxBoundedSemaphore) and
     # CountedSlots (worker.state.reserved_requests): limits judged at the body's start.
-    "tests/worker/test_limits_at_start.py",
+    "tests/limits/test_at_start.py",
     # qos.increment_eventually and the consumer's timer: held requests.
-    "tests/worker/test_hold.py",
+    "tests/limits/test_hold.py",
     # Request._announce_revoked / _announce_cancelled / on_failure (WorkerLostError),
     # Request._context (skipped duplicates' results): exclusive keys under faults.
-    "tests/worker/test_exclusive_faults.py",
+    "tests/exclusive/test_faults.py",
     # kombu's _lookup / _q_for_pri / priority_steps / unacked_key: failed acks.
-    "tests/worker/test_ack_fate.py",
+    "tests/transport/test_ack_fate.py",
     # Request._announce_revoked: a run terminated by a replacing publish.
-    "tests/worker/test_replaced_result.py",
+    "tests/flow/test_replaced_result.py",
 )
 SHORT_TESTS = ("tests/unit", "tests/store")
 QUICK_TESTS = (*SHORT_TESTS, *WORKER_TESTS)
