@@ -47,7 +47,7 @@ class Calls:
         self.channel = channel
         self.answers: list[tuple[int, Any]] = []
 
-    def make(self, numbers: range) -> None:
+    def make(self, numbers: range, *, urgent: bool = False) -> None:
         for i in numbers:
             conditions = [TakeLease(key(i))]
             keys, args = gate_call(conditions, f"t{i}|w|1", 5)
@@ -58,7 +58,7 @@ class Calls:
                 else:
                     self.answers.append((i, parse_decision(conditions, reply).granted))
 
-            self.channel.call("gate", keys, args, answer)
+            self.channel.call("gate", keys, args, answer, urgent=urgent)
 
 
 def test_calls_over_many_loop_turns_are_answered_once_each_in_order(store: Store, hub: Hub) -> None:
@@ -102,6 +102,34 @@ def test_calls_made_while_a_write_is_unanswered_wait_for_it_then_go_together(
     time.sleep(0.2)
     channel._on_readable()
     assert calls.answers[3:] == [(3, True), (4, True), (5, True)]
+    channel.close()
+
+
+def test_an_urgent_call_is_written_at_the_next_turn_though_a_write_is_unanswered(
+    store: Store, hub: Hub, r: redis.Redis
+) -> None:
+    """A gate ask made on a reserved pool slot: the process idles until the answer, so
+    it does not wait for the replies of a write in flight (a release, say)."""
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    calls.make(range(20, 23))
+    connected(channel)
+    channel._write()
+    calls.make(range(23, 24))  # waits, as above
+    calls.make(range(24, 25), urgent=True)  # takes the one before it along
+    channel._write()  # the next turn, before the replies were read
+    time.sleep(0.2)
+    assert r.exists(key(23)) and r.exists(key(24)), "the urgent call waited for the replies"
+    calls.make(range(25, 26))  # not urgent: waits again
+    channel._write()
+    time.sleep(0.2)
+    assert not r.exists(key(25))
+    channel._on_readable()
+    assert calls.answers == [(i, True) for i in range(20, 25)]
+    channel._write()
+    time.sleep(0.2)
+    channel._on_readable()
+    assert calls.answers[5:] == [(25, True)]
     channel.close()
 
 

@@ -106,7 +106,9 @@ class GateChannel:
             self._ok()
             answer(decision)
 
-        self._channel.call("gate", keys, args, answered)
+        # Urgent: the request is asked when a pool process can start it, and the
+        # process idles until the answer.
+        self._channel.call("gate", keys, args, answered, urgent=True)
 
     def run(
         self, script: str, keys: Sequence[str], args: Sequence[Any], answer: Callable[[Any], None]

@@ -56,7 +56,15 @@ class BlockingChannel:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
+    def call(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Answer,
+        *,
+        urgent: bool = False,
+    ) -> None:
         try:
             reply = self.store.scripts.call(name, keys, args)
         except STORE_ERRORS as exc:
@@ -85,6 +93,7 @@ class PipelinedChannel:
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._urgent = False  # a queued call must not wait for earlier replies (_write)
         self._connecting: threading.Thread | None = None
         self._connected: Wire | BaseException | None = None  # the connector's result
         self._down_until = 0.0  # no connecting before this (monotonic): it just broke
@@ -115,7 +124,18 @@ class PipelinedChannel:
             self.hub.remove_reader(self._notify_r)
         self._attach(hub, timer)
 
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], answer: Answer) -> None:
+    def call(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Answer,
+        *,
+        urgent: bool = False,
+    ) -> None:
+        """``urgent``: a pool slot waits for the answer, so the call is written at the
+        loop's next turn even while earlier calls are unanswered (see ``_write``)."""
+        self._urgent = self._urgent or urgent
         # evalsha_command, inline: two calls per admitted task come through here.
         self._send(("EVALSHA", script_sha(name), len(keys), *keys, *args), answer, name, keys, args)
 
@@ -157,14 +177,18 @@ class PipelinedChannel:
         polls), unless an earlier write is still unanswered: then they wait for its
         replies, and meanwhile more calls join them. The store reads a write with one
         read and answers it with one write: under load, far fewer system calls on both
-        sides than a write per call or per loop turn."""
+        sides than a write per call or per loop turn.
+
+        An urgent call (a gate ask made on a reserved pool slot: the slot idles until
+        the answer) does not wait: waiting for a release's reply first would leave the
+        slot idle for two round trips instead of one."""
         if not self._out or self._wire is None:
             return
         if self.store.master_watch is not None and self._master_changed():
             return  # every queued call was answered with StoreUnavailable
-        if len(self._pending) > len(self._out):
+        if len(self._pending) > len(self._out) and not self._urgent:
             return  # calls written earlier are unanswered (the queued ones are the last)
-        out, self._out = self._out, []
+        out, self._out, self._urgent = self._out, [], False
         try:
             self._wire.send(*out)
         except BaseException as exc:
