@@ -30,6 +30,11 @@ the name (kombu's Redis transport, Celery's worker)    without it
                                                        headers only
 ``crontab._orig_*``                                    the expanded fields (same times,
                                                        in numbers)
+``celery.worker.control.Panel.data["revoke"]``         on Celery before 5.7, a replaced
+                                                       run resolves to TaskRevokedError
+                                                       once every worker handled the
+                                                       revoke (a waiting caller still
+                                                       gets TaskSuperseded)
 =====================================================  ================================
 """
 
@@ -149,6 +154,22 @@ def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any]
         )
         return None
     return process_task if handle == through_semaphore else None
+
+
+def control_panel() -> dict[str, Any] | None:
+    """The worker's remote-control handlers by name (``Panel.data``: the dict the
+    worker's mailbox dispatches from), when its ``revoke`` handler is there."""
+    from celery.worker import control
+
+    panel = getattr(getattr(control, "Panel", None), "data", None)
+    if isinstance(panel, dict) and callable(panel.get("revoke")):
+        return panel
+    unavailable(
+        "celery's worker control Panel.data['revoke']",
+        "on Celery before 5.7 a replaced run resolves to TaskRevokedError once every "
+        "worker handled the revoke",
+    )
+    return None
 
 
 #: Celery's Request methods every terminal path of a revoke or cancel goes through.

@@ -121,6 +121,18 @@ def test_celery_ends_revoked_and_cancelled_requests_through_the_hooks_we_extend(
     assert isinstance(inspect.getattr_static(Request, "store_errors"), property)
 
 
+def test_the_worker_dispatches_revoke_from_the_panel_and_takes_unknown_arguments() -> None:
+    from celery.worker import control, pidbox
+
+    panel = internals.control_panel()
+    assert panel is control.Panel.data
+    revoke = inspect.signature(panel["revoke"])
+    assert list(revoke.parameters)[:2] == ["state", "task_id"]
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in revoke.parameters.values())
+    # The worker's mailbox dispatches from that very dict (not a copy made at import).
+    assert "handlers=control.Panel.data" in inspect.getsource(pidbox.Pidbox.__init__)
+
+
 def test_the_worker_state_tracks_reserved_and_active_requests() -> None:
     assert isinstance(worker_state.reserved_requests, Set)
     assert isinstance(worker_state.active_requests, Set)

@@ -47,6 +47,18 @@ def keep_order(request: Any, plan: RunPlan, order: int) -> None:
     ]
 
 
+#: The revoke broadcast's argument naming the replacing task and the message of the
+#: ``TaskSuperseded`` (Celery's revoke handler takes and ignores unknown arguments).
+REPLACED_BY_ARG = "baton_replaced_by"
+
+
+def superseded_error(name: str, holder: str, replacing: str) -> TaskSuperseded:
+    return TaskSuperseded(
+        f"{name}[{holder}] was replaced by a newer publish, task {replacing}; it was terminated",
+        replacing,
+    )
+
+
 def record_superseded(request: Any, holder: str) -> None:
     """The run about to be stopped resolves to ``TaskSuperseded`` naming ``request``:
     written BEFORE the revoke, so that it is the first ready state a waiting caller
@@ -60,15 +72,47 @@ def record_superseded(request: Any, holder: str) -> None:
         if task.backend.get_state(holder) in states.READY_STATES:
             return
         task.backend.store_result(
-            holder,
-            TaskSuperseded(
-                f"{request.name}[{holder}] was replaced by a newer publish, task "
-                f"{request.id}; it was terminated",
-                request.id,
-            ),
-            states.REVOKED,
+            holder, superseded_error(request.name, holder, request.id), states.REVOKED
         )
     except Exception:  # the result backend is optional; the revoke goes out regardless
+        logger.exception("baton: could not record %s as superseded", holder)
+
+
+def keep_superseded_on_revoke(panel: dict[str, Any]) -> None:
+    """Wrap the worker's ``revoke`` control handler (``panel``: Celery's
+    ``Panel.data``) so that a replaced run's ``TaskSuperseded`` outlives it.
+
+    Celery before 5.7 marks every id of a revoke ``REVOKED`` in the result backend, in
+    every worker the broadcast reaches, whatever the id's state (5.7 leaves ready and
+    running ids alone): it writes ``TaskRevokedError('revoked')`` over the record above.
+    The broadcast of a replacement names the replacing task (``REPLACED_BY_ARG``), so
+    each worker writes the record back after its own handler ran: whatever the order
+    of the workers, the last write is a record. A caller already waiting saw the
+    record first (it was written before the broadcast)."""
+    handler = panel.get("revoke")
+    if handler is None or getattr(handler, "_baton_keeps_superseded", False):
+        return
+
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        replaced_by = kwargs.get(REPLACED_BY_ARG)
+        try:
+            return handler(state, task_id, *args, **kwargs)
+        finally:
+            if isinstance(replaced_by, list) and len(replaced_by) == 3:
+                _rewrite_superseded(state.app.backend, *map(str, replaced_by))
+
+    revoke._baton_keeps_superseded = True  # type: ignore[attr-defined]
+    revoke.__doc__ = handler.__doc__
+    panel["revoke"] = revoke
+
+
+def _rewrite_superseded(backend: Any, name: str, holder: str, replacing: str) -> None:
+    try:
+        meta = backend.get_task_meta(holder, cache=False)
+        if meta.get("status") != states.REVOKED or isinstance(meta.get("result"), TaskSuperseded):
+            return  # a result of its own, or the record still there
+        backend.store_result(holder, superseded_error(name, holder, replacing), states.REVOKED)
+    except Exception:  # the result backend is optional
         logger.exception("baton: could not record %s as superseded", holder)
 
 
@@ -112,7 +156,17 @@ class Replacing:
         try:
             # A broadcast: it reaches the holder's worker wherever it runs (this one too),
             # and marks the id revoked everywhere, so a redelivered copy is discarded.
-            request.task.app.control.revoke(holder, terminate=True, signal=REPLACE_SIGNAL)
+            # It names the replacing task, for Celery's that overwrite the record
+            # (keep_superseded_on_revoke); Control.revoke cannot carry it.
+            request.task.app.control.broadcast(
+                "revoke",
+                arguments={
+                    "task_id": [holder],
+                    "terminate": True,
+                    "signal": REPLACE_SIGNAL,
+                    REPLACED_BY_ARG: [request.name, holder, request.id],
+                },
+            )
         except Exception:  # sent again at the next ask; never lose the waiting request
             logger.exception("baton: could not send the revoke of %s; trying again", holder)
             self._sent_at.pop(holder, None)

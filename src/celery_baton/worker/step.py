@@ -29,6 +29,7 @@ from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.releasing import Releasing
+from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
 from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
@@ -157,6 +158,9 @@ class BatonWorker:
             self._take_over_rate_limits(parent, parts)
         # Without Celery's Request._announce_revoked, its task_revoked signal ends a run.
         self._revoked_by_signal = "_announce_revoked" in internals.missing_request_hooks(Request)
+        panel = internals.control_panel()
+        if panel is not None:  # a replaced run's TaskSuperseded outlives the revoke
+            keep_superseded_on_revoke(panel)
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
 
     def _take_over_rate_limits(self, consumer: Any, parts: AppParts) -> None:
