@@ -272,10 +272,13 @@ def test_a_rate_key_outlives_its_schedule_and_then_goes(gate: Gate, r: redis.Red
         decision = gate.decide([Rate(key, interval, 3)], owner="-", reserve=0.2)
         if decision.granted:
             granted += 1
-        seconds, micros = r.time()
+        # One MULTI: the three read at the same instant of the store's clock (read one
+        # by one, the PTTL came a loaded machine's round trips after the TIME).
+        (seconds, micros), tat, pttl = (
+            r.pipeline(transaction=True).time().get(key).pttl(key).execute()
+        )
         now_us = seconds * 1_000_000 + micros
-        tat_us = int(r.get(key) or 0)
-        pttl = r.pttl(key)
+        tat_us = int(tat or 0)
         assert pttl > 0, "a rate key without a TTL"
         # The key outlives its TAT (so no decision forgets the schedule) by at most 1 s.
         assert (tat_us - now_us) / 1000 - 1 <= pttl <= (tat_us - now_us) / 1000 + 1_001
