@@ -59,6 +59,7 @@ class Delivery:
     waiting_slot: bool = False  # waits for a pool process to come free
     slot: bool = False  # a pool slot is reserved for it
     reserved_start: bool = False  # granted a rate slot for later: keeps its pool slot
+    start_due: float = 0.0  # when its grant was to start (a reserved slot: its instant)
     # The key its last task-baton-held event named, and why (worker/events.py).
     announced: str | None = None
     announced_reason: str = ""

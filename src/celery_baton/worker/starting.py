@@ -5,15 +5,24 @@ ends, whichever way) and kept alive by the lease book; its fence is put in the r
 It goes on the pool slot it was asked on (``worker/pool_slots.py``); a reserved rate
 slot (``Start.start_after``, at most one interval ahead) keeps that pool slot until its
 instant, so that the run starts then, not whenever a process frees up.
+
+A rate grant is for a moment: the store spent the token when it answered, for a start
+then (or at the reserved instant). If the consumer's loop stood still meanwhile (a
+broker call that blocks it, a stopped process), the answer is read, or the reserved
+instant comes round, late: started now, the run would start together with the grants
+that follow. Such a stale grant (``STALE_GRANT``) is given back and asked again: its
+token is lost, which errs on the side of the limit.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from celery_baton import metrics
+from celery_baton.core.conditions import Rate, WeightedRate
 from celery_baton.core.leases import LeaseBook
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
@@ -22,9 +31,23 @@ from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import PoolSlots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
-from celery_baton.worker.verdict import Start
+from celery_baton.worker.verdict import Reason, Start, Wait
 
 logger = logging.getLogger("celery_baton.worker")
+
+#: How late (s) a rate grant may be started after the store gave it (or after its
+#: reserved instant). The hand-over to a pool process takes milliseconds; the rest of
+#: the quarter second a start may come early by (docs/guides/rate-limits.md) is kept
+#: for it.
+STALE_GRANT = 0.15
+
+
+def rate_key(delivery: Delivery) -> str | None:
+    """The key of ``delivery``'s first rate condition (its own or a named limit's)."""
+    for condition in delivery.plan.conditions:
+        if isinstance(condition, Rate | WeightedRate):
+            return condition.key
+    return None
 
 
 class Starting:
@@ -54,6 +77,10 @@ class Starting:
 
     def start(self, delivery: Delivery, start: Start, *, guarded: bool = True) -> None:
         request = delivery.request
+        now = time.monotonic()
+        if guarded and self._stale(delivery, now - delivery.asked_at):
+            return
+        delivery.start_due = now + start.start_after
         if guarded:
             attach(request, self.releasing, delivery.policy, delivery.plan)
             self.book.add(
@@ -82,6 +109,26 @@ class Starting:
             self.releasing.handed(request)
         self._to_pool(delivery)
 
+    def _stale(self, delivery: Delivery, late: float) -> bool:
+        """Whether ``delivery``'s grant came ``late`` seconds ago and holds a rate token:
+        then it is given back and the delivery held to be asked again at once."""
+        if late <= STALE_GRANT:
+            return False
+        key = rate_key(delivery)
+        if key is None:
+            return False
+        self.stats["stale_grants"] = self.stats.get("stale_grants", 0) + 1
+        logger.info(
+            "%s[%s] granted %.2fs ago (the worker's loop stood still): asking again, "
+            "not starting together with later grants",
+            delivery.request.name,
+            delivery.request.id,
+            late,
+        )
+        self.releasing.give_back(delivery.plan)
+        self.holding.hold(delivery, Wait(Reason.RATE, key, 0.0, jitter=False, quiet=True))
+        return True
+
     def _to_pool(self, delivery: Delivery) -> None:
         if delivery.slot:
             delivery.slot = False
@@ -98,6 +145,11 @@ class Starting:
                     # will not run here, so give back what it was granted.
                     self.releasing.give_back(delivery.plan)
                     if delivery.slot:
+                        delivery.slot = False
+                        self.slots.give_back()
+                    return
+                if self._stale(delivery, time.monotonic() - delivery.start_due):
+                    if delivery.slot:  # asked again on a slot of its own
                         delivery.slot = False
                         self.slots.give_back()
                     return
