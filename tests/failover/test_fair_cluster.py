@@ -20,6 +20,9 @@ def prod_store(cluster: ClusterTopology, cluster_url: str) -> ProdStore:
 def test_fair_key_shares_the_cap_on_cluster(prod_workers: Workers, observer: Observer) -> None:
     from tests.apps import fair
 
-    share = a_then_b(prod_workers, observer, fair.fair_capped, 200)
+    # A's backlog as in tests/limits/test_fairness.py (400): with 200, A runs out before
+    # the bound on the runs that start before B's first ask (the machine's publish and
+    # fetch time) tells fair from FIFO on a loaded machine (110 of 188 seen, bound 94).
+    share = a_then_b(prod_workers, observer, fair.fair_capped, 400)
     print(share.describe())
-    assert_fair(share, 200)
+    assert_fair(share, 400)
