@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,6 +197,10 @@ def stamp(cell: Cell) -> str:
 
 def requirements() -> list[str]:
     """pyproject.toml's dependencies but Celery's, with the test and embedded extras."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10 runs this script too
+        import tomli as tomllib  # type: ignore[no-redef]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     wanted = [*project["dependencies"], *extras["test"], *extras["embedded"]]
