@@ -37,7 +37,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.scripts import STORE_REPLY_ERRORS, script_sha, script_source
-from celery_baton.store.wire import Wire
+from celery_baton.store.wire import Wire, pooled_connection
 
 logger = logging.getLogger("celery_baton.store")
 
@@ -225,7 +225,7 @@ class PipelinedChannel:
 
     def _open(self) -> Wire:
         pool = self.store.client.connection_pool
-        conn = pool.get_connection()
+        conn = pooled_connection(pool)
         try:
             wire = Wire(conn)
             # Load the scripts once per connection: NOSCRIPT then only follows a

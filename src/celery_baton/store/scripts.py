@@ -27,7 +27,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_baton.store.wire import Wire
+from celery_baton.store.wire import Wire, pooled_connection
 
 #: Seconds a line may sit idle before it is checked for a close by the server.
 IDLE_CHECK = 1.0
@@ -282,7 +282,7 @@ class Scripts:
         if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
-            line = self._local.line = _Line(Wire(self._pool.get_connection()), generation)
+            line = self._local.line = _Line(Wire(pooled_connection(self._pool)), generation)
         return line
 
     def _drop(self, line: _Line, exc: BaseException) -> None:

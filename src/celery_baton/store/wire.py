@@ -22,6 +22,8 @@ is then unusable and must be closed.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import select
 import socket
@@ -43,6 +45,21 @@ except (ImportError, AttributeError):  # pragma: no cover - other redis-py layou
 
 READ_SIZE = 65536
 _pack = hiredis.pack_command
+
+
+def pooled_connection(pool: Any) -> Any:
+    """A connection from redis-py's ``pool``. redis-py before 5.3 requires a command
+    name (unused since); 5.3 and later warn when given one. Celery 5.5's kombu pins
+    redis-py 5.2 or older."""
+    if _needs_command_name(pool.get_connection.__func__):
+        return pool.get_connection("PING")
+    return pool.get_connection()
+
+
+@functools.cache
+def _needs_command_name(get_connection: Any) -> bool:
+    parameter = inspect.signature(get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 class Wire:
