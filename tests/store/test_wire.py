@@ -14,13 +14,13 @@ import pytest
 import redis
 
 from celery_baton.store.connection import Store, connect
-from celery_baton.store.wire import Wire
+from celery_baton.store.wire import Wire, pooled_connection
 
 
 @pytest.fixture
 def wire(store_url: str) -> Iterator[Wire]:
     store: Store = connect(store_url, socket_timeout=2)
-    wire = Wire(store.client.connection_pool.get_connection())
+    wire = Wire(pooled_connection(store.client.connection_pool))
     yield wire
     wire.close()
     store.client.close()
