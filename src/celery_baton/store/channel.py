@@ -65,6 +65,7 @@ class BlockingChannel:
         *,
         urgent: bool = False,
     ) -> None:
+        # ``urgent`` means nothing here: every call is answered before it returns.
         try:
             reply = self.store.scripts.call(name, keys, args)
         except STORE_ERRORS as exc:

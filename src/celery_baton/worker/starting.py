@@ -136,6 +136,12 @@ class Starting:
         else:  # never asked on a slot of its own: through Celery's own path
             self.slots.plain(delivery.request)
 
+    def _give_back_slot(self, delivery: Delivery) -> None:
+        """A reserved delivery that will not go to the pool now gives its slot back."""
+        if delivery.slot:
+            delivery.slot = False
+            self.slots.give_back()
+
     def _dispatch(self, delivery: Delivery) -> None:
         try:
             with self.holding.lock:
@@ -144,14 +150,10 @@ class Starting:
                     # Forgotten (the connection was lost; the broker redelivers it): it
                     # will not run here, so give back what it was granted.
                     self.releasing.give_back(delivery.plan)
-                    if delivery.slot:
-                        delivery.slot = False
-                        self.slots.give_back()
+                    self._give_back_slot(delivery)
                     return
                 if self._stale(delivery, time.monotonic() - delivery.start_due):
-                    if delivery.slot:  # asked again on a slot of its own
-                        delivery.slot = False
-                        self.slots.give_back()
+                    self._give_back_slot(delivery)  # asked again on a slot of its own
                     return
                 self.holding.release(delivery)
                 self.releasing.handed(delivery.request)
