@@ -42,6 +42,16 @@ def rated(self: Task, n: int) -> None:
     observer().run("rated", task_id=self.request.id)
 
 
+#: The throttle's window (s): at most one start in it.
+THROTTLE = 2.0
+
+
+@app.task(bind=True, throttle=THROTTLE, throttle_mode="trailing")
+def throttled(self: Task, n: int) -> None:
+    """A throttle: one start per window, the newest of the others after it."""
+    observer().run("throttled", task_id=self.request.id)
+
+
 @app.task(bind=True, global_rate_limit=[RATE, "600/m"])
 def two_rates(self: Task, n: int) -> None:
     """Two rates in one call; 2/s binds."""

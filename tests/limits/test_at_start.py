@@ -143,7 +143,7 @@ def test_a_named_limit_holds_at_task_start_across_two_busy_workers(
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_stalled_worker_loop_does_not_start_its_rate_grants_together(
-    workers: Workers, observer: Observer, pool: str
+    workers: Workers, observer: Observer, store_url: str, pool: str
 ) -> None:
     """The worker's main process stands still (SIGSTOP here; in a deployment a broker
     call that blocks its event loop, as a paused broker does) while it holds a rate
@@ -167,3 +167,74 @@ def test_a_stalled_worker_loop_does_not_start_its_rate_grants_together(
     starts = _starts(observer, "rated")
     assert len(starts) == count
     assert_gcra_bound(starts, PER_SECOND, burst=1, tolerance_us=START_JITTER_US)
+    # A grant asked again is one admission, not two (the worker's report in the store).
+    assert _admitted(store_url, worker.hostname, count) == count
+
+
+def _admitted(store_url: str, hostname: str, at_least: int) -> int:
+    """The worker's count of admissions, once its report shows ``at_least`` and one
+    more report came (they are written on the renewal tick)."""
+    from celery_baton.store.connection import connect
+    from celery_baton.store.inspect import workers as worker_reports
+
+    store = connect(store_url)
+
+    def admitted() -> int:
+        reports = [r for r in worker_reports(store, "baton") if r["hostname"] == hostname]
+        return int(reports[0].get("admitted", 0)) if reports else 0
+
+    deadline = time.monotonic() + 30
+    while admitted() < at_least and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(4)  # one renewal tick more: a double count would show by then
+    return admitted()
+
+
+def test_a_stalled_pool_process_does_not_start_its_rate_grant_late(
+    workers: Workers, observer: Observer
+) -> None:
+    """A rate grant handed to a pool process that stands still before the task body
+    starts (SIGSTOP here; in a deployment a process swapped out, or a main process
+    stopped between the hand-over and the pool's write to its child) starts late, and
+    together with the grants that follow. The main process cannot see it: judged at the
+    body's start, in the pool process, such a grant is stale and a fresh token is taken
+    there before the body runs."""
+    from tests.apps import busy_pool
+
+    worker = workers.start("tests.apps.busy_pool", pool="prefork", concurrency=2)
+    children = worker.pool_pids()
+    assert len(children) == 2
+    for pid in children:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        count = 6
+        for n in range(count):
+            busy_pool.rated.delay(n)
+        # Each stopped process is handed one grant, 0.5 s apart; both then wait.
+        time.sleep(2.5)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
+    observer.wait_for(count, timeout=60)
+    starts = _starts(observer, "rated")
+    assert len(starts) == count
+    assert_gcra_bound(starts, PER_SECOND, burst=1, tolerance_us=START_JITTER_US)
+
+
+def test_a_throttle_holds_at_task_start_on_a_saturated_pool(
+    workers: Workers, observer: Observer
+) -> None:
+    """A throttle is a limit too: at most one start per window. Decided when the
+    message arrived, its window opened while every pool process ran other work: the
+    leading run started when they freed, and the trailing one, due at the window's end,
+    started with it. Asked on a free pool slot, the window opens at the start."""
+    from tests.apps import busy_pool
+
+    workers.start("tests.apps.busy_pool", pool="prefork", concurrency=2)
+    _fill_pool(observer, 2, 4.0)
+    busy_pool.throttled.delay(0)
+    time.sleep(1.0)  # within the window the first opened (if it opened now)
+    busy_pool.throttled.delay(1)
+    starts = sorted(s["start"] for s in observer.starts_of("throttled", 2, timeout=30))
+    window_us = busy_pool.THROTTLE * 1_000_000
+    assert starts[1] - starts[0] >= window_us - START_JITTER_US, starts

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery_baton import metrics, signals
 from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
+from celery_baton.core.debounce import FlowKind
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Wait
@@ -71,7 +72,10 @@ class Delivery:
         marker, or a beat slot's run record) limits no other work: granted while it
         waits for a process, it keeps out only copies of itself, which must wait anyway.
         It is asked at once, as before pool slots, and its round trip overlaps the runs
-        ahead of it."""
+        ahead of it. A throttle is a limit too (one start per window): its window opens
+        when its run starts."""
+        if self.policy.flow is not None and self.policy.flow.kind is FlowKind.THROTTLE:
+            return True
         run_key = self.plan.run_key
         return any(
             not (

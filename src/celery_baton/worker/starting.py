@@ -11,7 +11,8 @@ then (or at the reserved instant). If the consumer's loop stood still meanwhile 
 broker call that blocks it, a stopped process), the answer is read, or the reserved
 instant comes round, late: started now, the run would start together with the grants
 that follow. Such a stale grant (``STALE_GRANT``) is given back and asked again: its
-token is lost, which errs on the side of the limit.
+token is lost, which errs on the side of the limit. After the hand-over the pool
+process judges it again, at the body's start (``worker/pool/rate_grant.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.pool.context import FENCE_FIELD
+from celery_baton.worker.pool.rate_grant import STALE_GRANT
+from celery_baton.worker.pool.rate_grant import mark as mark_rate_grant
 from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import PoolSlots
 from celery_baton.worker.releasing import Releasing
@@ -34,12 +37,6 @@ from celery_baton.worker.request import attach
 from celery_baton.worker.verdict import Reason, Start, Wait
 
 logger = logging.getLogger("celery_baton.worker")
-
-#: How late (s) a rate grant may be started after the store gave it (or after its
-#: reserved instant). The hand-over to a pool process takes milliseconds; the rest of
-#: the quarter second a start may come early by (docs/guides/rate-limits.md) is kept
-#: for it.
-STALE_GRANT = 0.15
 
 
 def rate_key(delivery: Delivery) -> str | None:
@@ -93,9 +90,10 @@ class Starting:
             if start.fence:
                 request.request_dict[FENCE_FIELD] = start.fence
             mark_run_end(request.request_dict, delivery.policy, delivery.plan)
-        self.events.admitted(delivery, guarded=guarded)
-        self.stats["admitted"] += 1
-        metrics.admissions.labels(request.name).inc()
+            due = delivery.start_due if start.start_after > 0 else delivery.asked_at
+            mark_rate_grant(
+                request.request_dict, delivery.plan.conditions, delivery.plan.owner, due
+            )
         if start.start_after > 0:
             # A reserved rate slot: hold it, and its pool slot, until the slot's instant.
             self.holding.hold_reserved(delivery)
@@ -104,10 +102,18 @@ class Starting:
                 start.start_after, self._dispatch, (delivery,), priority=5
             )
             return
+        self._count_admitted(delivery, guarded=guarded)
         self.holding.release(delivery)
         if guarded:
             self.releasing.handed(request)
         self._to_pool(delivery)
+
+    def _count_admitted(self, delivery: Delivery, *, guarded: bool) -> None:
+        """Counted when it goes to the pool: a reserved slot found stale at its instant
+        is asked again, and counted once, when its fresh grant starts."""
+        self.events.admitted(delivery, guarded=guarded)
+        self.stats["admitted"] += 1
+        metrics.admissions.labels(delivery.request.name).inc()
 
     def _stale(self, delivery: Delivery, late: float) -> bool:
         """Whether ``delivery``'s grant came ``late`` seconds ago and holds a rate token:
@@ -155,6 +161,7 @@ class Starting:
                 if self._stale(delivery, time.monotonic() - delivery.start_due):
                     self._give_back_slot(delivery)  # asked again on a slot of its own
                     return
+                self._count_admitted(delivery, guarded=True)
                 self.holding.release(delivery)
                 self.releasing.handed(delivery.request)
                 self._to_pool(delivery)

@@ -185,3 +185,20 @@ def test_only_a_plan_that_limits_other_work_waits_for_a_pool_slot() -> None:
     assert at_start([TakeLease("baton:{t}:cc", limit=2)])  # concurrency
     assert at_start([*guard, FreeUnique("baton:{t}:u:k", "1")])  # unique until started
     assert at_start([*guard, NotSuperseded("baton:{t}:n:1", 30)])
+
+
+def test_a_throttle_waits_for_a_pool_slot_and_a_debounce_does_not() -> None:
+    """A throttle is one start per window: its window opens at the start. A debounce
+    limits nothing (the newest call runs once the key is quiet): asked on arrival."""
+    import dataclasses
+
+    from celery_baton.core.debounce import FlowKind, FlowPolicy
+
+    plan = RunPlan(owner="o", conditions=[], leases=[], flow_key="baton:{t}:flow:k")
+
+    def at_start(kind: FlowKind) -> bool:
+        policy = dataclasses.replace(POLICY, flow=FlowPolicy(kind, 2.0, None))
+        return Delivery(Request("1"), policy, plan, generation=0).at_start
+
+    assert at_start(FlowKind.THROTTLE)
+    assert not at_start(FlowKind.DEBOUNCE)
