@@ -26,14 +26,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import RedisServer, machine_note, parse_args, table  # noqa: E402
 from tests.beat.helpers import beat_env  # noqa: E402
-from tests.support.observer import Observer  # noqa: E402
-from tests.support.workers import (  # noqa: E402
+from tests.support.celery_processes import (  # noqa: E402
     BeatProcess,
     WorkerProcess,
     app_env,
     start_beat,
     start_worker,
 )
+from tests.support.observer import Observer  # noqa: E402
 
 APP = "tests.apps.beat_app"
 SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import RedisServer, machine_note, parse_args, table  # noqa: E402
 from tests.beat.helpers import beat_env  # noqa: E402
+from tests.support.celery_processes import app_env, start_beat, start_worker  # noqa: E402
 from tests.support.observer import Observer  # noqa: E402
-from tests.support.topologies import SERVICE, SentinelTopology  # noqa: E402
-from tests.support.workers import app_env, start_beat, start_worker  # noqa: E402
+from tests.support.sentinel_topology import SERVICE, SentinelTopology  # noqa: E402
 
 APP = "tests.apps.beat_app"
 BEFORE, AFTER = 5.0, 15.0

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import machine_note, parse_args, table  # noqa: E402
+from tests.support.celery_processes import app_env, start_worker  # noqa: E402
 from tests.support.servers import StoreServer  # noqa: E402
-from tests.support.workers import app_env, start_worker  # noqa: E402
 
 
 def _commands(server: StoreServer) -> int:

@@ -25,9 +25,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # so that `tests.support` and `tests.apps` import
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.support.celery_processes import app_env  # noqa: E402
 from tests.support.observer import Observer  # noqa: E402
 from tests.support.servers import StoreServer  # noqa: E402
-from tests.support.workers import Workers, app_env  # noqa: E402
+from tests.support.workers import Workers  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 

@@ -2,8 +2,9 @@
 
 Run by workers as ``celery -A tests.apps.basic worker``; reads ``TEST_BROKER_URL``,
 ``TEST_RESULT_URL`` and ``TEST_OBSERVER_URL`` from the environment (see
-``tests.support.workers.app_env``). In the test process, import it inside a test that
-uses the ``app_environ`` fixture (or any fixture built on it), which sets those variables.
+``tests.support.celery_processes.app_env``). In the test process, import it inside a
+test that uses the ``app_environ`` fixture (or any fixture built on it), which sets those
+variables.
 """
 
 from __future__ import annotations

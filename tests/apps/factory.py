@@ -1,7 +1,7 @@
 """The one place the test apps are built: broker, results and store from the environment.
 
 Every app module under ``tests.apps`` reads its servers from the variables that
-:func:`tests.support.workers.app_env` (and the ``app_environ`` fixture) set:
+:func:`tests.support.celery_processes.app_env` (and the ``app_environ`` fixture) set:
 ``TEST_BROKER_URL``, ``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL``.
 :func:`make_app` builds a plain Celery app on them, :func:`make_baton_app` the same with
 celery-baton installed; each app module passes only its own settings, so what is

@@ -1,8 +1,8 @@
 """Supersede modes under test (issue 15 §4): replace, keep_last, unique replace.
 
 Run by workers as ``celery -A tests.apps.supersede worker``; reads the URLs of
-:func:`tests.support.workers.app_env`. Every run is recorded by the observer with its
-argument ``n`` in the task id's entry, and while it runs it writes a heartbeat (the
+:func:`tests.support.celery_processes.app_env`. Every run is recorded by the observer
+with its argument ``n`` in the task id's entry, and while it runs it writes a heartbeat (the
 observer server's ``TIME``) every 20 ms: a run that was terminated leaves its last
 heartbeat behind, so the test can see from outside when it really stopped.
 """

@@ -11,8 +11,9 @@ from typing import Any
 import redis
 
 from celery_baton.beat.state import BeatKeys
+from tests.support.celery_processes import BeatProcess
 from tests.support.observer import Observer
-from tests.support.workers import BeatProcess, Workers
+from tests.support.workers import Workers
 
 #: The keys of tests.apps.beat_app's beat. Built by the library, not spelled here: each
 #: app's beat keys carry its name in their hash tag (a Cluster test that kills "the beat

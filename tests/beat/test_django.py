@@ -30,10 +30,12 @@ import redis
 from celery_baton.beat.state import BeatKeys
 from tests.beat.helpers import runs_per_slot, wait_for_slots
 from tests.beat.test_processes import assert_each_slot_once, drain
+from tests.support.celery_processes import BeatProcess, start_beat
+from tests.support.machine import Machine
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
-from tests.support.workers import BeatProcess, Machine, Workers, start_beat
+from tests.support.workers import Workers
 
 if importlib.util.find_spec("django_celery_beat") is None:
     pytest.skip(

@@ -14,7 +14,7 @@ from celery import Celery
 from celery_baton.beat import ScheduleStore, describe_schedule
 from celery_baton.errors import BeatEntryError
 from tests.beat.conftest import Clock, RecordingScheduler
-from tests.beat.test_scheduler import entry, tick
+from tests.beat.scheduler_helpers import entry, tick
 
 Build = Callable[[Celery, Clock], RecordingScheduler]
 

@@ -22,9 +22,10 @@ from tests.beat.helpers import (
     runs_per_slot,
     wait_for_leader,
 )
+from tests.support.celery_processes import BeatProcess
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.workers import BeatProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.beat_app"
 

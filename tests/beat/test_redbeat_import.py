@@ -11,8 +11,9 @@ from typing import Any
 
 import redis
 
+from tests.support.celery_processes import _process_env
 from tests.support.processes import REPO_ROOT
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.beat_app"
 TASK = "tests.apps.beat_app.record"

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from tests.beat.helpers import beat_env
+from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.beat_app"
 

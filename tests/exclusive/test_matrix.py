@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import redis
 
+from tests.support.celery_processes import WorkerProcess, app_env
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import WorkerProcess, Workers, app_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 

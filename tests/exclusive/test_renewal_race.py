@@ -22,10 +22,11 @@ import time
 import psutil
 import redis
 
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.renewal"
 

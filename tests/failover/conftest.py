@@ -22,9 +22,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import _failed
+from tests.support.celery_processes import app_env
+from tests.support.cluster_topology import ClusterTopology
+from tests.support.sentinel_topology import SentinelTopology
 from tests.support.servers import StoreServer
-from tests.support.topologies import ClusterTopology, SentinelTopology, missing_binaries
-from tests.support.workers import Workers, app_env
+from tests.support.topologies import missing_binaries
+from tests.support.workers import Workers
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,8 @@ from tests.beat.helpers import (
 from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.failover.conftest import ProdStore
 from tests.limits.test_rate_limits import publish, start_workers
+from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer, Run, assert_no_overlap, max_concurrent
-from tests.support.topologies import ClusterTopology
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -254,8 +254,8 @@ def test_the_cli_reads_leases_and_unique_claims_on_the_cluster(
     import sys
 
     from tests.apps import exclusive
+    from tests.support.celery_processes import _process_env
     from tests.support.processes import REPO_ROOT
-    from tests.support.workers import _process_env
 
     use_store(exclusive, prod_store.url)
     worker = prod_workers.start("tests.apps.exclusive", concurrency=2)

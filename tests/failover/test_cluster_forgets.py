@@ -29,11 +29,12 @@ from collections.abc import Iterator
 import pytest
 
 from tests.failover.conftest import ProdStore
+from tests.support.celery_processes import _process_env
+from tests.support.cluster_topology import ClusterNode, ClusterTopology
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.processes import REPO_ROOT
-from tests.support.topologies import ClusterNode, ClusterTopology
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 KEYS = [f"forgotten-{n}" for n in range(4)]

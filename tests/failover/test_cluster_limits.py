@@ -17,8 +17,8 @@ import pytest
 
 from tests.failover.conftest import ProdStore
 from tests.limits.test_shared import weighted_excess
+from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer
-from tests.support.topologies import ClusterTopology
 from tests.support.workers import Workers
 
 APP = "tests.apps.shared_limits"

@@ -20,11 +20,12 @@ import pytest
 
 from tests.failover.conftest import ProdStore
 from tests.failover.test_cluster import start
+from tests.support.celery_processes import _process_env
+from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer, max_concurrent
 from tests.support.processes import REPO_ROOT
-from tests.support.topologies import ClusterTopology
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 
 @pytest.fixture

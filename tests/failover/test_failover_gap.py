@@ -22,7 +22,7 @@ import pytest
 from tests.failover.conftest import ProdStore
 from tests.failover.test_sentinel import _wait_new_master
 from tests.support.observer import Observer, assert_no_overlap
-from tests.support.topologies import SentinelTopology
+from tests.support.sentinel_topology import SentinelTopology
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 

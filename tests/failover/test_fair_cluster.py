@@ -7,8 +7,8 @@ import pytest
 
 from tests.failover.conftest import ProdStore
 from tests.limits.test_fairness import a_then_b, assert_fair
+from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer
-from tests.support.topologies import ClusterTopology
 from tests.support.workers import Workers
 
 

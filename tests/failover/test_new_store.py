@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 
 from celery_baton.config import Settings
+from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.first_run"
 

@@ -22,7 +22,7 @@ from tests.beat.helpers import beat_env, runs_per_slot, start_two_beats, wait_fo
 from tests.failover.conftest import ProdStore
 from tests.failover.test_cluster import Stream, overlap_us
 from tests.support.observer import Observer, assert_no_overlap
-from tests.support.topologies import SentinelTopology
+from tests.support.sentinel_topology import SentinelTopology
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 

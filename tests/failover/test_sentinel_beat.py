@@ -22,7 +22,7 @@ from tests.beat.test_processes import drain
 from tests.failover.conftest import ProdStore
 from tests.failover.test_sentinel import _wait_new_master
 from tests.support.observer import Observer
-from tests.support.topologies import SentinelTopology
+from tests.support.sentinel_topology import SentinelTopology
 from tests.support.workers import Workers
 
 

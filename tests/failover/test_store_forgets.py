@@ -18,11 +18,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 KEYS = [f"forgotten-{n}" for n in range(4)]

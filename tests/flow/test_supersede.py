@@ -27,11 +27,12 @@ import pytest
 from celery.result import AsyncResult
 
 from celery_baton import TaskSuperseded
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.supersede"
 

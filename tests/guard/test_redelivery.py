@@ -22,8 +22,9 @@ import redis
 from celery import Celery
 
 from celery_baton.core.policy.headers import PUBLISH_HEADER
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.guard"
 SHORT_VISIBILITY = {"GUARD_VISIBILITY": "2"}

@@ -16,9 +16,10 @@ import re
 
 import pytest
 
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.republish"
 GRACE = 60  # seconds for the warm-up: the store's grace (one lease_ttl, 30 s) and more

@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer, Run
 from tests.support.stalls import Stall, StallWatch
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.limits"
 

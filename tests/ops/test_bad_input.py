@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
+from tests.support.celery_processes import _process_env
 from tests.support.processes import REPO_ROOT
 from tests.support.waiting import wait_until
-from tests.support.workers import Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.bad_settings"
 BAD_PORT = "redis://127.0.0.1:notaport/1"

@@ -79,7 +79,7 @@ def test_two_workers_on_one_host_share_a_port_range_and_the_web_view_scrapes_bot
     fail with `Address already in use`); the web view's /metrics covers both from the
     store."""
     from tests.apps.exclusive import ex_skip
-    from tests.ops.test_web import Web
+    from tests.ops.web_process import Web
 
     low, high = free_range(5)
     env = {"BATON_TEST_METRICS_PORT": f"{low}-{high}"}

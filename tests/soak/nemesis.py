@@ -79,9 +79,9 @@ from tests.soak.checker import (
     received_task_ids,
 )
 from tests.support import processes
+from tests.support.celery_processes import BeatProcess, WorkerProcess
 from tests.support.observer import RUNS, STARTED
 from tests.support.servers import StoreServer
-from tests.support.workers import BeatProcess, WorkerProcess
 
 APP = "tests.apps.soak"
 SKIPPED = "soak:skipped"  # tests.apps.soak.SKIPPED, without importing the app here

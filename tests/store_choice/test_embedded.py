@@ -31,10 +31,11 @@ import psutil
 import pytest
 import redis
 
+from tests.support.machine import Machine
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.servers import STORE_EPOCH, StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import Machine, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 

@@ -26,11 +26,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.celery_processes import _process_env
+from tests.support.machine import Machine
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import STORE_EPOCH, StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import Machine, Workers, _process_env
+from tests.support.workers import Workers
 
 APP = "tests.apps.no_store_url"
 

@@ -21,9 +21,10 @@ import redis
 
 from celery_baton.beat import ScheduleStore
 from celery_baton.store.connection import redact_url
+from tests.support.machine import Machine
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
-from tests.support.workers import Machine, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.url_given"
 

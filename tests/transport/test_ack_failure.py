@@ -23,10 +23,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.ackfail"
 KEPT_TTL_MS = 60_000  # the claim's ttl while its copy comes back: a few visibility_timeouts

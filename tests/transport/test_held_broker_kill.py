@@ -25,9 +25,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.soak.checker import KILL_SLACK, REDELIVERY_WINDOW, broker_moments
+from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.workers import WorkerProcess, Workers
+from tests.support.workers import Workers
 
 APP = "tests.apps.limits"
 VISIBILITY = 15  # s: the hold horizon is a third of it, 5 s (as in the soak)
