@@ -30,6 +30,10 @@ the name (kombu's Redis transport, Celery's worker)    without it
                                                        headers only
 ``crontab._orig_*``                                    the expanded fields (same times,
                                                        in numbers)
+``Pool._cache`` (billiard's prefork pool)               on Celery before 5.6, a run
+                                                       going on when the broker
+                                                       connection was lost keeps its
+                                                       keys for the worker's life
 ``celery.worker.control.Panel.data["revoke"]``         on Celery before 5.7, a replaced
                                                        run resolves to TaskRevokedError
                                                        once every worker handled the
@@ -154,6 +158,23 @@ def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any]
         )
         return None
     return process_task if handle == through_semaphore else None
+
+
+def pool_job_cache(task_pool: Any) -> dict[Any, Any] | None:
+    """The prefork pool's jobs by id (billiard's ``Pool._cache``; an entry has
+    ``_accepted`` once its process took it), when ``task_pool`` has one and a ``flush``
+    that Celery calls when the broker connection is lost; None otherwise."""
+    cache = getattr(getattr(task_pool, "_pool", None), "_cache", None)
+    if not callable(getattr(task_pool, "flush", None)):
+        return None  # not a pool that Celery flushes (threads, solo, ...)
+    if isinstance(cache, dict):
+        return cache
+    unavailable(
+        "billiard's Pool._cache",
+        "on Celery before 5.6, a run that was going on when the broker connection was "
+        "lost keeps its exclusive keys and concurrency slots for the worker's life",
+    )
+    return None
 
 
 def control_panel() -> dict[str, Any] | None:

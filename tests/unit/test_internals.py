@@ -139,6 +139,26 @@ def test_the_worker_state_tracks_reserved_and_active_requests() -> None:
     assert params(worker_state.task_ready)[0] == "request"
 
 
+def test_the_prefork_pool_keeps_its_jobs_by_id_and_is_flushed_by_the_consumer() -> None:
+    from billiard.pool import ApplyResult
+    from celery import Celery
+    from celery.concurrency.prefork import TaskPool
+    from celery.worker.consumer.consumer import Consumer
+
+    app = Celery("internals", set_as_current=False)
+    # As the worker starts it on its event loop: AsynPool.
+    pool = TaskPool(1, threads=False, initargs=(app, "internals@test"), app=app)
+    pool.start()
+    try:
+        cache = internals.pool_job_cache(pool)
+        assert isinstance(cache, dict)
+        job = ApplyResult(cache, callback=None)  # enters the cache under its id
+        assert cache[job._job] is job and job._accepted is False
+    finally:
+        pool.stop()
+    assert "self.pool.flush()" in inspect.getsource(Consumer.on_close)
+
+
 # -- Celery's schedules, redis-py -------------------------------------------------------
 
 
@@ -176,8 +196,9 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.queue_lists(bare, "e", "k") is None
         assert internals.redis_channel_close(type("Channel", (), {"close": print})) is None
         assert internals.missing_request_hooks(object) == list(internals.REQUEST_HOOKS)
+        assert internals.pool_job_cache(SimpleNamespace(flush=print)) is None
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 6, warned
+    assert len(warned) == 7, warned
     assert all("docs/compatibility.md" in line for line in warned)
 
 

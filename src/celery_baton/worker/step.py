@@ -28,6 +28,7 @@ from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.pool import stand_ins
+from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
@@ -192,6 +193,7 @@ class BatonWorker:
                     "machines.",
                     parts.store.safe_url,
                 )
+            keep_running_jobs(getattr(parent, "pool", None))
             warn_long_tasks(parent.app, self.broker.visibility)
             warn_eviction(parts.gate)
             metrics.serve(parts.settings.metrics_port)
