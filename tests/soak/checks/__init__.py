@@ -1,0 +1,1 @@
+"""The nemesis soak's checks, a module per group; :mod:`tests.soak.checker` runs them all."""

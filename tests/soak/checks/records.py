@@ -1,0 +1,100 @@
+"""The history's records read back: the observer's entries as runs (:class:`Run`), and
+what the workers' logs say (received, lost leases, handed to the broker, why a worker died)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from tests.soak.checks.history import SECOND, Run
+
+
+def merge_runs(started: Iterable[dict[str, Any]], finished: Iterable[dict[str, Any]]) -> list[Run]:
+    """One :class:`Run` per start entry of the observer, with its end if it finished."""
+    ends: dict[tuple[str, str, int, int], list[int]] = defaultdict(list)
+    for entry in finished:
+        ends[_identity(entry)].append(int(entry["end"]))
+    runs = []
+    for entry in started:
+        found = ends.get(_identity(entry))
+        end = found.pop(0) if found else None
+        fence = entry.get("fence")
+        runs.append(
+            Run(
+                key=str(entry["key"]),
+                task_id=str(entry.get("task_id") or ""),
+                start=int(entry["start"]),
+                end=end,
+                fence=int(fence) if fence is not None else None,
+                pid=int(entry.get("pid") or 0),
+            )
+        )
+    return runs
+
+
+def _identity(entry: dict[str, Any]) -> tuple[str, str, int, int]:
+    return (str(entry["key"]), str(entry.get("task_id") or ""), int(entry["start"]), entry["pid"])
+
+
+_LOST = re.compile(r"lost its lease \S+ \(owner ([^|\s)]+)|lease lost: \S+ held by ([^|\s]+)\|")
+
+
+_RECEIVED = re.compile(r"\] Task [\w.]+\[([0-9a-f-]{36})\] received$", re.M)
+
+
+def received_task_ids(log_text: str) -> set[str]:
+    """Task ids a worker's log says it received (Celery's INFO line, logged before any
+    of celery-baton's consumer code sees the message)."""
+    return set(_RECEIVED.findall(log_text))
+
+
+_LOG_AT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] (.*)$", re.M)
+_HANDED = re.compile(r"\[([0-9a-f-]{36})\] handed back to the broker")
+_PUT_BACK = re.compile(r"held messages put back in their queues .*?: (.*)$")
+_NAMED = re.compile(r"\[([0-9a-f-]{36})\]")
+
+
+def broker_moments(log_text: str) -> dict[str, tuple[int, bool]]:
+    """Each task id's last moment in a worker's log (us since the epoch, local clock),
+    and whether it was handed to the broker then (handed back, or put back after a
+    reconnect) rather than received or worked on."""
+    last: dict[str, tuple[int, bool]] = {}
+    for stamp, text in _LOG_AT.findall(log_text):
+        at = int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * SECOND)
+        put_back = _PUT_BACK.search(text)
+        if put_back:
+            for task_id in put_back.group(1).split(", "):
+                last[task_id] = (at, True)
+            continue
+        handed = _HANDED.search(text)
+        for task_id in _NAMED.findall(text):
+            last[task_id] = (at, bool(handed) and task_id == handed.group(1))
+    return last
+
+
+def lost_lease_task_ids(log_text: str) -> set[str]:
+    """Task ids whose lease a worker's log says was lost (celery_baton's ERROR lines)."""
+    return {a or b for a, b in _LOST.findall(log_text)}
+
+
+_LOGGED = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): (CRITICAL|ERROR)/MainProcess\] (.*)$", re.M
+)
+_EXCEPTION = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.M)
+
+
+def crash_reason(log_text: str) -> tuple[str, float | None]:
+    """Why a worker's main process died, from its log: Celery's ``Unrecoverable error``
+    line (else its last CRITICAL line, else the last exception line) and, when the line
+    has one, its time (seconds since the epoch, the worker's local clock)."""
+    logged = _LOGGED.findall(log_text)
+    chosen = next((e for e in reversed(logged) if "Unrecoverable error" in e[2]), None)
+    chosen = chosen or next((e for e in reversed(logged) if e[1] == "CRITICAL"), None)
+    if chosen is not None:
+        at = datetime.strptime(chosen[0], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return chosen[2].strip()[:300], at
+    found = _EXCEPTION.findall(log_text)
+    return (found[-1].strip()[:300] if found else ""), None

@@ -1,0 +1,117 @@
+"""The soak's workload: the publishers that send its tasks and record what they were told.
+
+A publisher thread sends every kind of task at a moderate rate and records what it sent
+and what it was told (deduplicated into which id, or the publish failed). A second one
+sends plain ``busy`` tasks in surges that take every pool process for seconds at a
+time, so that guarded requests meet saturated pools, as on a real worker.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+import uuid
+from typing import Any
+
+from celery_baton.core.policy.headers import PUBLISH_HEADER
+from tests.soak.checker import Published
+from tests.soak.config import SoakConfig
+from tests.soak.machines import Clock
+
+
+class Workload:
+    """The publishers, a part of :class:`tests.soak.nemesis.Nemesis` (run as its threads)."""
+
+    # The Nemesis's state that the publishers read and write.
+    config: SoakConfig
+    publish_rng: random.Random
+    busy_rng: random.Random
+    clock: Clock
+    module: Any
+    published: list[Published]
+    guarded_ids: list[tuple[str, float, str]]
+    _stop_publishing: threading.Event
+    _lock: threading.Lock
+
+    def _publish_loop(self) -> None:
+        rng = self.publish_rng
+        weighted = {"ex_skip": 2, "ex_wait": 2, "capped": 2, "uq": 2, "guarded": 1.5, "rated": 1.5}
+        kinds = [k for k in weighted if not self.config.only or k in self.config.only]
+        if not kinds:
+            return  # --only busy
+        weights = [weighted[k] for k in kinds]
+        n = 0
+        while not self._stop_publishing.wait(rng.uniform(*self.config.publish_gap)):
+            kind = rng.choices(kinds, weights)[0]
+            n += 1
+            if kind == "ex_skip":
+                self._send(kind, (rng.choice("ab"), round(rng.uniform(0.2, 1.5), 2)))
+            elif kind == "ex_wait":
+                self._send(kind, (rng.choice("ab"), round(rng.uniform(0.2, 1.0), 2)))
+            elif kind == "capped":
+                self._send(kind, (n, round(rng.uniform(0.5, 2.0), 2)))
+            elif kind == "uq":
+                # Half of them with expires= shorter than some runs (issue 11, item 4).
+                expiring = rng.random() < 0.5
+                args = (rng.choice("abc"), round(rng.uniform(0.5, 3.0), 2))
+                if expiring:
+                    self._send(kind, args, detail="expires=2", expires=2)
+                else:
+                    self._send(kind, args)
+            elif kind == "guarded":
+                sleep = round(rng.uniform(0.2, 1.0), 2)
+                stamp = secrets.token_hex(8)  # not from rng: the seeded stream is kept
+                task_id = self._send(kind, (sleep,), headers={PUBLISH_HEADER: stamp})
+                if task_id:
+                    with self._lock:
+                        self.guarded_ids.append((task_id, sleep, stamp))
+            else:
+                # Groups of up to 8 (admitted over up to 1.5 s at 4/s, burst 2): a group
+                # that meets a saturated pool shows whether the limit holds at the start.
+                for _ in range(rng.randint(1, 8)):
+                    n += 1
+                    self._send(kind, (n,))
+
+    def _busy_loop(self) -> None:
+        """Plain ``busy`` tasks in surges and calms (``SoakConfig.busy_*``)."""
+        rng, config = self.busy_rng, self.config
+        surge = True
+        while not self._stop_publishing.is_set():
+            length = config.busy_surge if surge else config.busy_calm
+            until = time.monotonic() + rng.uniform(*length)
+            gap = config.busy_surge_gap if surge else config.busy_calm_gap
+            while time.monotonic() < until:
+                if self._stop_publishing.wait(rng.uniform(*gap)):
+                    return
+                self._send("busy", (round(rng.uniform(*config.busy_sleep), 2),))
+            surge = not surge
+
+    def _send(
+        self,
+        kind: str,
+        args: tuple[Any, ...],
+        *,
+        task_id: str | None = None,
+        detail: str = "",
+        **options: Any,
+    ) -> str | None:
+        """Publish one task and record what the publisher was told; its id if it was sent."""
+        task = getattr(self.module, kind)
+        task_id = task_id or str(uuid.uuid4())
+        at = self.clock.now()
+        try:
+            result = task.apply_async(args, task_id=task_id, **options)
+        except Exception as exc:
+            self.published.append(
+                Published(task_id, kind, at, "failed", detail=f"{detail} {exc!r}"[:300])
+            )
+            return None
+        if result.id != task_id:
+            self.published.append(
+                Published(task_id, kind, at, "deduplicated", into=result.id, detail=detail)
+            )
+            return None
+        self.published.append(Published(task_id, kind, at, "sent", detail=detail))
+        return task_id
