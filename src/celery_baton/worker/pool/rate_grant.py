@@ -20,7 +20,6 @@ the main process, which judged it already: nothing is done here.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -42,6 +41,8 @@ RATE_GRANT_FIELD = "baton_rate_grant"
 _RATE_KINDS: dict[str, type[Rate | WeightedRate | Penalty | Override]] = {
     kind.__name__: kind for kind in (Rate, WeightedRate, Penalty, Override)
 }
+#: The kinds that spend a token.
+_TOKENS = ("Rate", "WeightedRate")
 
 #: How late (s) a rate grant may be started after the store gave it (or after its
 #: reserved instant). The hand-over to a pool process takes milliseconds; the rest of
@@ -59,11 +60,11 @@ def mark(
     """Main process, as the request goes to the pool: the moment its rate grant is for
     (``time.monotonic()``) and what a fresh one would ask. Nothing if it holds no rate."""
     rates = [
-        (type(c).__name__, dataclasses.astuple(c))
+        (kind, tuple(getattr(c, name) for name in c.__slots__))
         for c in conditions
-        if type(c).__name__ in _RATE_KINDS
+        if (kind := type(c).__name__) in _RATE_KINDS
     ]
-    if any(kind in ("Rate", "WeightedRate") for kind, _ in rates):
+    if any(kind in _TOKENS for kind, _ in rates):
         request_dict[RATE_GRANT_FIELD] = (os.getpid(), due, owner, rates)
 
 
