@@ -23,6 +23,7 @@ from tests.beat.test_processes import assert_each_slot_once, drain
 from tests.failover.conftest import ProdStore
 from tests.limits.test_rate_limits import admissions, assert_gcra_bound, publish, start_workers
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 
@@ -37,8 +38,16 @@ def test_exclusive_wait_and_skip_never_overlap(prod_workers: Workers, observer: 
     waited = [ex_wait.delay(key, 0.05) for key in keys]
     skipped = [ex_skip.delay(f"skip{i % 2}", 0.5) for i in range(6)]
 
-    runs = observer.wait_for(60, timeout=60)
-    time.sleep(1.5)  # the skip runs are 0.5 s; let them end
+    observer.wait_for(60, timeout=60)
+    # The skip runs are 0.5 s: every call answered (run or skipped) and every run ended.
+    wait_until(
+        lambda: (
+            all(result.ready() for result in waited + skipped)
+            and len(observer.runs()) == len(observer.started())
+        ),
+        15,
+        "every call answered and every started run ended",
+    )
     runs = observer.runs()
 
     waited_runs = [r for r in runs if r.key.startswith("key")]

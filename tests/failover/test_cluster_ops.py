@@ -96,7 +96,7 @@ def test_store_down_on_the_cluster(
                 30,
                 "the worker holds the requests",
             )
-            time.sleep(1.0)
+            time.sleep(1.0)  # not a wait: a request let through would start meanwhile
             assert [s for s in observer.started() if s["key"].startswith("outage")] == []
             assert all(result.state == "PENDING" for result in results)
         else:

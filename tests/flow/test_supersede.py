@@ -161,11 +161,15 @@ def test_a_terminated_run_keeps_its_key_until_it_really_stopped(
     SIGTERM goes on. Its key must stay held until the run really ended."""
     from tests.apps.supersede import app, ex_stubborn, heartbeats
 
-    workers.start(APP, concurrency=2)
+    worker = workers.start(APP, concurrency=2)
     first = ex_stubborn.delay("s", 0, 1.5)
     observer.starts_of("s")
     second = ex_stubborn.delay("s", 1, 0)
-    time.sleep(0.3)  # the second waits for the key in the consumer
+    wait_until(
+        lambda: f"[{second.id}] held for" in worker.log_text(),
+        3,
+        "the second to wait for the key in the consumer",
+    )
     app.control.revoke(first.id, terminate=True)  # SIGTERM: trapped, the run goes on
 
     assert second.get(timeout=20) == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.observer import Observer
 from tests.support.servers import free_port
 from tests.support.workers import Workers
 
@@ -35,13 +36,13 @@ def value(values: dict[str, float], name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name}{labels} in {sorted(values)}")
 
 
-def test_worker_serves_counters(workers: Workers) -> None:
+def test_worker_serves_counters(workers: Workers, observer: Observer) -> None:
     from tests.apps.exclusive import ex_skip, ex_wait
 
     port = free_port()
     workers.start(APP, concurrency=2, env={"BATON_TEST_METRICS_PORT": str(port)})
     first = ex_skip.delay("metrics", 1.5)
-    time.sleep(0.3)  # the first holds the key before its duplicate is published
+    observer.starts_of("metrics", 1, timeout=3)  # it holds the key: the duplicate skips
     duplicate = ex_skip.delay("metrics", 0)
     waiting = [ex_wait.delay("mwait", 0.3) for _ in range(2)]
     assert first.get(timeout=20) and all(r.get(timeout=20) for r in waiting)

@@ -20,6 +20,7 @@ from celery_baton.core.conditions import Condition, TakeLease
 from celery_baton.core.gate import gate_call, parse_decision
 from celery_baton.store.channel import PipelinedChannel
 from celery_baton.store.connection import Store, connect
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -94,12 +95,12 @@ def test_calls_made_while_a_write_is_unanswered_wait_for_it_then_go_together(
     channel._write()  # the loop's turn: the first three go out
     calls.make(range(3, 6))
     channel._write()  # the next turn, before the replies were read
-    time.sleep(0.2)
+    time.sleep(0.2)  # not only a wait: the later calls must stay unwritten meanwhile
     assert r.exists(key(0)) and not r.exists(key(3)), "the later calls were written early"
     channel._on_readable()  # the replies of the first write (all in by now)
     assert calls.answers == [(0, True), (1, True), (2, True)]
     channel._write()  # the next turn: the three that waited go out together
-    time.sleep(0.2)
+    time.sleep(0.2)  # their replies come in; one read takes them all
     channel._on_readable()
     assert calls.answers[3:] == [(3, True), (4, True), (5, True)]
     channel.close()
@@ -118,16 +119,19 @@ def test_an_urgent_call_is_written_at_the_next_turn_though_a_write_is_unanswered
     calls.make(range(23, 24))  # waits, as above
     calls.make(range(24, 25), urgent=True)  # takes the one before it along
     channel._write()  # the next turn, before the replies were read
-    time.sleep(0.2)
-    assert r.exists(key(23)) and r.exists(key(24)), "the urgent call waited for the replies"
+    wait_until(
+        lambda: r.exists(key(23)) and r.exists(key(24)),
+        2,
+        "the urgent call and the one before it written (not waiting for the replies)",
+    )
     calls.make(range(25, 26))  # not urgent: waits again
     channel._write()
-    time.sleep(0.2)
+    time.sleep(0.2)  # not a wait: it must stay unwritten meanwhile
     assert not r.exists(key(25))
     channel._on_readable()
     assert calls.answers == [(i, True) for i in range(20, 25)]
     channel._write()
-    time.sleep(0.2)
+    time.sleep(0.2)  # its reply comes in; one read takes it
     channel._on_readable()
     assert calls.answers[5:] == [(25, True)]
     channel.close()

@@ -24,6 +24,7 @@ from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import Store, connect
 from tests.store.lease_helpers import KEY, owners
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -124,8 +125,8 @@ def test_an_unlocked_or_expired_lease_is_not_written_back(
     # since, as a grant removes the expired leases it finds.)
     expired = Lease(gate, "baton:{t}:ex:e", ttl=0.2)
     assert expired.acquire()
-    time.sleep(0.35)  # nobody renewed it: it expired, and its key with it
-    assert not r.exists(expired.key)
+    # Nobody renews it: it expires (ttl 0.2 s), and its key with it.
+    wait_until(lambda: not r.exists(expired.key), 3.5, "the expired lease's key gone")
     assert expired.renew() is False
     assert not r.exists(expired.key)
     assert Lease(gate, expired.key).acquire()

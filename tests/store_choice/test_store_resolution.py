@@ -50,7 +50,7 @@ def test_two_beats_on_two_machines_use_the_store_given_to_baton(
         try:
             for beat in beats:
                 beat.wait_started()
-            time.sleep(8)
+            time.sleep(8)  # not a wait: the ticks are counted over these 8 s (one leader)
             ids = _sent_ids(broker)
             embedded = [m.embedded_servers() for m in machines]
         finally:

@@ -45,7 +45,7 @@ def test_held_and_admitted_name_what_the_task_waited_for(workers: Workers, broke
     with EventCapture(broker_url) as events:
         # An exclusive key held by a run: the duplicate waits for it.
         first = wait_turn.delay("a", 1.5)
-        time.sleep(0.3)
+        events.wait_for("task-started", first.id, timeout=3)  # it holds the key
         second = wait_turn.delay("a", 0.0)
         held = events.wait_for("task-baton-held", second.id)
         assert held["reason"] == "exclusive"
@@ -85,7 +85,7 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
     with EventCapture(broker_url) as events:
         # Skipped: an exclusive duplicate while the key is held.
         holder = skip_busy.delay("b", 1.5)
-        time.sleep(0.3)
+        events.wait_for("task-started", holder.id, timeout=3)  # it holds the key
         dup = skip_busy.delay("b", 0.0)
         skipped = events.wait_for("task-baton-skipped", dup.id)
         assert skipped["reason"] == "exclusive"
@@ -96,9 +96,9 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
 
         # Superseded: keep_last keeps only the newest of the calls that wait.
         running = latest.delay("c", 1, 1.5)
-        time.sleep(0.3)
+        events.wait_for("task-started", running.id, timeout=3)  # it holds the key
         older = latest.delay("c", 2)
-        time.sleep(0.3)
+        events.wait_for("task-baton-held", older.id, timeout=3)  # it waits for the key
         newest = latest.delay("c", 3)
         superseded = events.wait_for("task-baton-superseded", older.id)
         assert superseded["replaced_by"] == newest.id
@@ -151,7 +151,7 @@ def test_handed_back_says_how_long_it_was_held(workers: Workers, broker_url: str
     workers.start(APP, concurrency=2, extra_args=["-E"], env={"EVENTS_HOLD_HORIZON": "1"})
     with EventCapture(broker_url) as events:
         first = wait_turn.delay("h", 4.0)
-        time.sleep(0.3)
+        events.wait_for("task-started", first.id, timeout=3)  # it holds the key
         second = wait_turn.delay("h", 0.0)
         events.wait_for("task-baton-held", second.id)
         handed = events.wait_for("task-baton-handed-back", second.id)
@@ -171,15 +171,18 @@ def test_without_task_events_nothing_is_sent_until_they_are_enabled(
     worker = workers.start(APP, concurrency=2, heartbeat=True)
     with EventCapture(broker_url) as events:
         holder = skip_busy.delay("e", 1.0)
+        # A fixed head start for the holder: no task event to wait on, their absence is
+        # what this part checks.
         time.sleep(0.3)
         dup = skip_busy.delay("e", 0.0)
         first = wait_turn.delay("f", 1.0)
-        time.sleep(0.3)
+        time.sleep(0.3)  # the same head start
         waiter = wait_turn.delay("f", 0.0)
         for result in (holder, first, waiter):
             result.get(timeout=10)
         wait_until(lambda: dup.state == "FAILURE", 10, "the duplicate skipped")
-        time.sleep(1.0)  # whatever was sent has arrived
+        # Not a wait: nothing must arrive, and whatever was sent has arrived by now.
+        time.sleep(1.0)
         task_events: list[Any] = [e for e in events.events if e["type"].startswith("task-")]
         assert task_events == []
         assert any(e["type"] == "worker-heartbeat" for e in events.events)  # it does send
@@ -188,6 +191,6 @@ def test_without_task_events_nothing_is_sent_until_they_are_enabled(
         replies = app.control.enable_events(destination=[worker.hostname], reply=True)
         assert replies, "the worker did not answer enable_events"
         holder = skip_busy.delay("g", 1.0)
-        time.sleep(0.3)
+        events.wait_for("task-started", holder.id, timeout=3)  # sent now: it holds the key
         dup = skip_busy.delay("g", 0.0)
         assert events.wait_for("task-baton-skipped", dup.id)["holder"] == holder.id

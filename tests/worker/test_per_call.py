@@ -141,12 +141,16 @@ def test_under_a_saturated_key_a_higher_priority_is_admitted_first(
     0 is the highest) that arrives after them is admitted before them (issue 15 §5)."""
     from tests.apps.per_call import job
 
-    workers.start(APP, concurrency=4)
+    worker = workers.start(APP, concurrency=4)
     wait = {"exclusive": "prio", "conflict": "wait"}
     holder = job.apply_async(("holder", 3.0), baton=wait)
     wait_until(lambda: observer.started(), 20, "the holder started")
     low = [job.apply_async((f"low-{n}",), baton=wait, priority=9) for n in range(3)]
-    time.sleep(1.0)  # the low ones are held in the consumer by now
+    wait_until(
+        lambda: all(f"[{r.id}] held for" in worker.log_text() for r in low),
+        10,
+        "the low ones held in the consumer",
+    )
     high = job.apply_async(("high",), baton=wait, priority=0)
     for result in [holder, high, *low]:
         assert result.get(timeout=60)
