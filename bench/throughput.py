@@ -69,7 +69,7 @@ def with_revisions(
     pairs = []
     for label, task, env in variants[1:]:
         for tag, src in (("before", before_src), ("after", after_src)):
-            # Workers read PYTHONPATH (bench/common.py): bench/ first, then the revision.
+            # Workers read PYTHONPATH (bench/servers.py): bench/ first, then the revision.
             path = os.pathsep.join([str(BENCH_DIR), str(src)])
             out.append((f"{label} [{tag}]", task, {**env, "PYTHONPATH": path}))
         pairs.append((len(out) - 2, len(out) - 1))
