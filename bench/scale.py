@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from celery_baton.core.conditions import Rate, TakeLease
 from celery_baton.core.gate import Gate, gate_call
-from celery_baton.core.keys import KeyNames
+from celery_baton.core.keys import KeyNames, given_back
 from celery_baton.store import connect
 from common import import_package, machine_note, parse_args, table
 from scale_clients import BATCH, LANES, Measure, measure
@@ -162,7 +162,7 @@ def memory_table(url: str) -> str:
     gate.decide([Rate(rk, 1000, 1)], owner="t|w|1", ttl=30)
     rows.append(["rate key", usage(rk)])
     uq = names.unique("bench.task", "k" * 16)
-    store.scripts.call("unique_claim", [uq], [f"{7:036d}", 3_600_000])
+    store.scripts.call("unique_claim", [uq, given_back(uq, f"{7:036d}")], [f"{7:036d}", 3_600_000])
     rows.append(["unique claim key", usage(uq)])
     dk = names.done("bench.task", f"{7:036d}")
     gate.release([], owner="t|w|1", done_key=dk, done_ttl=86400)

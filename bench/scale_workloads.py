@@ -14,7 +14,7 @@ import redis
 
 from celery_baton.beat.state import BeatState, Claim
 from celery_baton.core.gate import Release, gate_call
-from celery_baton.core.keys import KeyNames, KeySpec
+from celery_baton.core.keys import KeyNames, KeySpec, given_back
 from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
 from celery_baton.core.policy.plan import plan_delivery
 from celery_baton.store import connect
@@ -89,7 +89,8 @@ def task_units(feature: str, store: Store, lane: int, count: int) -> list[Unit]:
         if feature == "unique":
             assert plan.unique_key is not None
             ttl_ms = round(policy.unique_ttl * 1000)
-            commands.append(evalsha_command("unique_claim", [plan.unique_key], [task_id, ttl_ms]))
+            keys = [plan.unique_key, given_back(plan.unique_key, task_id)]
+            commands.append(evalsha_command("unique_claim", keys, [task_id, ttl_ms]))
         else:
             keys, argv = gate_call(plan.conditions, owner, policy.lease_ttl, plan.reserve)
             commands.append(evalsha_command("gate", keys, argv))
