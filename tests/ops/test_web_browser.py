@@ -29,6 +29,7 @@ def _screenshot_dir(tmp_path: Path) -> Path:
 def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     workers: Workers, observer: Observer, web_server: Any, browser: Any, tmp_path: Path
 ) -> None:
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.expected_conditions import staleness_of
     from selenium.webdriver.support.wait import WebDriverWait
@@ -50,10 +51,26 @@ def test_browser_shows_a_live_lease_and_unlocks_it_with_the_token(
     def row(selector: str) -> list[Any]:
         return list(browser.find_elements(By.CSS_SELECTOR, selector))
 
+    def gone(element: Any) -> Any:
+        """``staleness_of``, and the other way ChromeDriver says it while the page is
+        being replaced: "Node with given id does not belong to the document" (seen in a
+        CI run, Chromium 156), a plain WebDriverException."""
+        check = staleness_of(element)
+
+        def replaced(driver: Any) -> bool:
+            try:
+                return bool(check(driver))
+            except WebDriverException as exc:
+                if "does not belong to the document" in str(exc):
+                    return True
+                raise
+
+        return replaced
+
     def submit(element: Any) -> None:
         """Click a form's button and wait until the browser shows the answer."""
         element.click()
-        WebDriverWait(browser, 20).until(staleness_of(element))
+        WebDriverWait(browser, 20).until(gone(element))
 
     def click(selector: str, button: str) -> None:
         [found] = row(selector)
