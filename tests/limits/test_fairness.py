@@ -88,8 +88,10 @@ def a_then_b(workers: Workers, observer: Observer, task: Any, a_count: int) -> S
     started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
     for worker in started:
         worker.wait_ready()
+    # B right behind A's backlog in the queue: waiting for A's first starts first made
+    # A's backlog the test's own speed (a loaded test process published B after A's
+    # 400 had nearly all run). B's messages still reach the workers after A's.
     publish(task, a_count, "A", SLEEP)
-    observer.starts_of("A", fair.CAP, timeout=20)  # A's backlog is running
     b_published = server_time_us(observer)
     publish(task, B_COUNT, "B", SLEEP)
     runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * SLEEP)
@@ -125,14 +127,17 @@ def test_without_fair_key_the_small_tenant_waits_for_the_whole_backlog(
     workers: Workers, observer: Observer
 ) -> None:
     """The old behaviour, for comparison: first come first served over the shared cap
-    starts nearly all of A's backlog before B's last run."""
+    starts most of A's backlog before B's last run, and so fails the bound that
+    ``assert_fair`` holds the fair key to (at most half). Not all of it: each worker
+    serves the requests it holds in order, and a worker that fetched fewer of A's
+    reaches its share of B's sooner (on a loaded machine the workers fetch unevenly)."""
     from tests.apps import fair
 
     share = a_then_b(workers, observer, fair.fifo_capped, 400)
     print(share.describe())
     assert max_concurrent(share.a_runs + share.b_runs) == share.cap
     assert share.a_remaining >= 100, f"A's backlog was nearly done: {share.describe()}"
-    assert share.a_overtaking >= 0.8 * share.a_remaining, share.describe()
+    assert share.a_overtaking > share.a_remaining // 2, share.describe()
 
 
 @pytest.mark.slow
@@ -181,8 +186,7 @@ def test_fair_weights_give_a_weighted_tenant_its_multiple(
     started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
     for worker in started:
         worker.wait_ready()
-    publish(fair.fair_weighted, 150, "tin", SLEEP)
-    observer.starts_of("tin", fair.CAP, timeout=20)
+    publish(fair.fair_weighted, 150, "tin", SLEEP)  # gold right behind (see a_then_b)
     publish(fair.fair_weighted, 150, "gold", SLEEP)
     runs = observer.wait_for(300, timeout=60)
     gold = sorted(r.start for r in runs if r.key == "gold")

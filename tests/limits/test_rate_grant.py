@@ -46,8 +46,10 @@ def test_a_plan_without_a_token_is_not_marked() -> None:
 
 def test_a_fresh_grant_waits_for_the_next_token_on_the_stores_clock(gate: Gate) -> None:
     rate = Rate("baton:{t}:rate:fresh", 400_000, 1)
-    assert gate.decide([rate], owner="a").granted  # the stale grant's token, spent
+    # Read before the first grant, so a test process paused between the two calls
+    # cannot shorten the wait it measures: that token's instant is >= before.
     before = server_us(gate)
+    assert gate.decide([rate], owner="a").granted  # the stale grant's token, spent
     wait_for_grant(gate, [rate], "b")
     waited_us = server_us(gate) - before
     # The next token is one interval after the first: a fresh one is not free before.

@@ -153,7 +153,7 @@ def test_locks_show_whole_keys_and_unique_claims_that_unlock_frees(
     worker.kill()  # the run would go on for 40 s; nothing more to see
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_a_lease_of_a_worker_that_stopped_reporting_is_stale(
     workers: Workers, observer: Observer
 ) -> None:
@@ -161,11 +161,13 @@ def test_a_lease_of_a_worker_that_stopped_reporting_is_stale(
 
     # A lease that outlives the worker's reports: with the default lease_ttl (8 s,
     # renewed every third of it) a dead worker's lease may end before its reports do,
-    # and then there is nothing stale left to show. (A store up less than 20 s, new to
-    # this session, holds the first lease back until its start + 20 s.)
-    worker = workers.start(APP, concurrency=1, env={"BATON_TEST_APP_LEASE_TTL": "20"})
-    ex_skip.delay("stale", 30.0)
-    observer.starts_of("stale", timeout=45)
+    # and then there is nothing stale left to show. After the kill this test runs five
+    # commands while the lease must still be there: each starts Celery, seconds apiece
+    # on a loaded machine, so the lease lasts 60 s. (A store up less than 60 s, new to
+    # this session, holds the first lease back until its start + 60 s.)
+    worker = workers.start(APP, concurrency=1, env={"BATON_TEST_APP_LEASE_TTL": "60"})
+    ex_skip.delay("stale", 120.0)
+    observer.starts_of("stale", timeout=90)
     worker.kill()  # SIGKILL: its lease lives on until lease_ttl, its reports stop
     wait_until(
         lambda: as_json(workers, "status")["workers"] == [], timeout=20, what="reports expire"

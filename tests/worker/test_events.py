@@ -45,7 +45,7 @@ def test_held_and_admitted_name_what_the_task_waited_for(workers: Workers, broke
     with EventCapture(broker_url) as events:
         # An exclusive key held by a run: the duplicate waits for it.
         first = wait_turn.delay("a", 1.5)
-        events.wait_for("task-started", first.id, timeout=3)  # it holds the key
+        events.wait_for("task-started", first.id, timeout=20)  # it holds the key
         second = wait_turn.delay("a", 0.0)
         held = events.wait_for("task-baton-held", second.id)
         assert held["reason"] == "exclusive"
@@ -85,7 +85,7 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
     with EventCapture(broker_url) as events:
         # Skipped: an exclusive duplicate while the key is held.
         holder = skip_busy.delay("b", 1.5)
-        events.wait_for("task-started", holder.id, timeout=3)  # it holds the key
+        events.wait_for("task-started", holder.id, timeout=20)  # it holds the key
         dup = skip_busy.delay("b", 0.0)
         skipped = events.wait_for("task-baton-skipped", dup.id)
         assert skipped["reason"] == "exclusive"
@@ -96,9 +96,9 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
 
         # Superseded: keep_last keeps only the newest of the calls that wait.
         running = latest.delay("c", 1, 1.5)
-        events.wait_for("task-started", running.id, timeout=3)  # it holds the key
+        events.wait_for("task-started", running.id, timeout=20)  # it holds the key
         older = latest.delay("c", 2)
-        events.wait_for("task-baton-held", older.id, timeout=3)  # it waits for the key
+        events.wait_for("task-baton-held", older.id, timeout=20)  # it waits for the key
         newest = latest.delay("c", 3)
         superseded = events.wait_for("task-baton-superseded", older.id)
         assert superseded["replaced_by"] == newest.id
@@ -150,14 +150,14 @@ def test_handed_back_says_how_long_it_was_held(workers: Workers, broker_url: str
 
     workers.start(APP, concurrency=2, extra_args=["-E"], env={"EVENTS_HOLD_HORIZON": "1"})
     with EventCapture(broker_url) as events:
-        first = wait_turn.delay("h", 4.0)
-        events.wait_for("task-started", first.id, timeout=3)  # it holds the key
+        first = wait_turn.delay("h", 8.0)  # long enough to be seen running on a loaded machine
+        events.wait_for("task-started", first.id, timeout=20)  # it holds the key
         second = wait_turn.delay("h", 0.0)
         events.wait_for("task-baton-held", second.id)
         handed = events.wait_for("task-baton-handed-back", second.id)
         assert "the horizon" in handed["reason"] and handed["waited"] >= 1.0, handed
         # Back from the broker, the same task id waits again and runs once the key is free.
-        assert first.get(timeout=10) == ["h", 4.0] and second.get(timeout=15) == ["h", 0.0]
+        assert first.get(timeout=30) == ["h", 8.0] and second.get(timeout=30) == ["h", 0.0]
 
 
 def test_without_task_events_nothing_is_sent_until_they_are_enabled(
@@ -191,6 +191,6 @@ def test_without_task_events_nothing_is_sent_until_they_are_enabled(
         replies = app.control.enable_events(destination=[worker.hostname], reply=True)
         assert replies, "the worker did not answer enable_events"
         holder = skip_busy.delay("g", 1.0)
-        events.wait_for("task-started", holder.id, timeout=3)  # sent now: it holds the key
+        events.wait_for("task-started", holder.id, timeout=20)  # sent now: it holds the key
         dup = skip_busy.delay("g", 0.0)
         assert events.wait_for("task-baton-skipped", dup.id)["holder"] == holder.id
