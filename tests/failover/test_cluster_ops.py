@@ -52,6 +52,7 @@ def as_json(workers: Workers, app: str, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.timeout(180)  # five commands, each starting Celery: seconds apiece when loaded
 def test_limits_set_on_the_cluster_reaches_every_worker(
     prod_workers: Workers, observer: Observer
 ) -> None:
