@@ -241,6 +241,7 @@ def test_beat_master_killed_beats_recover(
     assert_each_slot_once(observer, "every1", 1000, at_least=18)
 
 
+@pytest.mark.timeout(180)  # three commands, each starting Celery
 def test_the_cli_reads_leases_and_unique_claims_on_the_cluster(
     prod_workers: Workers,
     prod_store: ProdStore,
@@ -259,7 +260,9 @@ def test_the_cli_reads_leases_and_unique_claims_on_the_cluster(
 
     use_store(exclusive, prod_store.url)
     worker = prod_workers.start("tests.apps.exclusive", concurrency=2)
-    exclusive.mx_skip.delay("cli-cluster", "sleep", 30.0, 1)
+    # Runs until killed below: three commands read and unlock its lease meanwhile,
+    # each starting Celery (seconds apiece on a loaded machine).
+    exclusive.mx_skip.delay("cli-cluster", "sleep", 300.0, 1)
     observer.starts_of("cli-cluster")
 
     def baton(*args: str) -> subprocess.CompletedProcess[str]:

@@ -285,9 +285,10 @@ def test_burst_starts_back_to_back_then_paced(
     admitted = sorted(admissions(runs))
     assert_gcra_bound(admitted, 10, burst=5)
     assert_rate_near([r.start for r in runs], 10, burst=5, stalls=stalls)
-    # The burst was used: the first 5 were admitted back to back, well within the one
-    # interval (100 ms) that burst 1 would have put between each two of them.
-    assert admitted[4] - admitted[0] < 100_000, [a - admitted[0] for a in admitted[:6]]
+    # The burst was used: burst 1 would have put one interval (100 ms) between each two
+    # of the first 5 admissions, 400 ms from the first to the fifth; sooner than that is
+    # the burst (back to back on a quiet machine; the workers' own pace on a loaded one).
+    assert admitted[4] - admitted[0] < 4 * 100_000, [a - admitted[0] for a in admitted[:6]]
 
 
 def test_celery_rate_limit_becomes_global_and_follows_control(

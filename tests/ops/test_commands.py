@@ -79,6 +79,7 @@ def test_status_locks_and_unlock(workers: Workers, observer: Observer) -> None:
     worker.kill()  # the run would go on for 40 s; nothing more to see
 
 
+@pytest.mark.timeout(180)  # a dozen commands, each starting Celery: seconds apiece when loaded
 def test_limits_set_and_clear(workers: Workers) -> None:
     app = "tests.apps.limits"
     listing = as_json(workers, "limits", app=app)
