@@ -37,7 +37,10 @@ app, baton = make_baton_app(
     },
 )
 
-#: The queue a retry is sent to: no worker consumes it until the test starts one.
+#: The queue a retry or a replacement is sent to: no worker consumes it until the test
+#: starts one (a worker whose main process is stopped still takes the next message of
+#: a queue it consumes: kombu's BRPOP was sent before the stop, and the message is lost
+#: with the worker).
 PARKED = "parked"
 
 
@@ -60,12 +63,13 @@ def _first_run_stops_its_main_process(key: str) -> None:
 @app.task(bind=True, redelivery_guard=True, acks_late=True)
 def replace_main_dies(self: Task, key: str, step: int) -> str:
     """Guarded: replaces itself with ``step - 1`` down to 0 (each step recorded as
-    ``key:step``); the first step's first run stops its main process as it replaces."""
+    ``key:step``), sent to the ``parked`` queue; the first step's first run stops its
+    main process as it replaces."""
     observer().run(f"{key}:{step}", task_id=self.request.id)
     if step == 0:
         return "done"
     _first_run_stops_its_main_process(key)
-    raise self.replace(replace_main_dies.si(key, step - 1))
+    raise self.replace(replace_main_dies.si(key, step - 1).set(queue=PARKED))
 
 
 @app.task(bind=True, redelivery_guard=True, acks_late=True)
