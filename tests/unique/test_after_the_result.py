@@ -20,12 +20,24 @@ TRIES = 200
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("task_name", ["uq_quick", "uq_quick_guarded", "uq_quick_late"])
-def test_a_publish_after_get_returned_is_a_new_run(workers: Workers, task_name: str) -> None:
+@pytest.mark.parametrize(
+    ("task_name", "pool"),
+    [
+        ("uq_quick", "prefork"),
+        ("uq_quick_guarded", "prefork"),
+        ("uq_quick_late", "prefork"),
+        # The task runs in the main process: its end is recorded there, before the result.
+        ("uq_quick", "solo"),
+        ("uq_quick_late", "threads"),
+    ],
+)
+def test_a_publish_after_get_returned_is_a_new_run(
+    workers: Workers, task_name: str, pool: str
+) -> None:
     from tests.apps import run_ends
 
     task = getattr(run_ends, task_name)
-    workers.start(APP, concurrency=2)
+    workers.start(APP, concurrency=2, pool=pool)
     previous = task.delay("k")
     assert previous.get(timeout=60) == previous.id
     deduplicated = 0
