@@ -22,6 +22,7 @@ import signal
 
 import redis
 from celery import Task
+from celery.exceptions import Reject
 
 from tests.apps.factory import make_baton_app, observer
 
@@ -82,6 +83,15 @@ def retry_main_dies(self: Task, key: str) -> str:
         return "done"
     _first_run_stops_its_main_process(key)
     raise self.retry(countdown=0, queue=PARKED, max_retries=3)
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def reject_main_dies(self: Task, key: str) -> str:
+    """Guarded: its first run stops its main process and rejects its message for good
+    (``Reject(requeue=False)``: Celery rejects it, and stores FAILURE)."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_stops_its_main_process(key)
+    raise Reject("not wanted", requeue=False)
 
 
 @app.task(bind=True, unique="key")

@@ -15,6 +15,8 @@ returned; here for the two ends after which the same task id goes on:
   more) and raises ``Retry``. A copy of the retried attempt that runs again retries
   again. The retry itself must still run: it is the next attempt, not a copy.
 
+and for ``Reject(requeue=False)``, an end Celery makes final (as a return).
+
 The task stops its own main process (SIGSTOP) as its body ends; the test SIGKILLs that
 worker a moment later and starts another, which receives the copy once the broker's
 ``visibility_timeout`` (10 s in this app) has passed.
@@ -107,3 +109,17 @@ def test_a_retried_attempt_whose_worker_died_before_the_ack_does_not_run_again(
     workers.start(APP, concurrency=2, queues=run_ends.PARKED)
     assert first.get(timeout=30) == "done"
     assert _runs(observer, "rt:") == {"rt:0": 1, "rt:1": 1}
+
+
+@pytest.mark.timeout(150)
+def test_a_rejected_run_whose_worker_died_before_the_reject_does_not_run_again(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps import run_ends
+
+    workers.start(APP, concurrency=2)
+    first = run_ends.reject_main_dies.delay("rj")
+    second_worker = _kill_after_the_end(workers, observer, "rj")
+    _copy_judged(second_worker, first.id, lambda: _runs(observer, "rj")["rj"] > 1)
+    time.sleep(0.5)  # the copy, if it was being run rather than skipped, has started now
+    assert _runs(observer, "rj") == {"rj": 1}, "the rejected run ran again"
