@@ -8,8 +8,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_baton.core.conditions import FreeUnique, KeepUnique, NotDone, Override, Rate, TakeLease
-from celery_baton.core.gate import Gate, HeldLease, owner_task_id
+from celery_baton.core.conditions import (
+    FreeUnique,
+    KeepUnique,
+    NotDone,
+    Override,
+    Rate,
+    TakeLease,
+    attempt_stamp,
+)
+from celery_baton.core.gate import Gate, HeldLease, Release, owner_task_id
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import new_owner
 from celery_baton.store.connection import connect
@@ -83,9 +91,10 @@ def test_expired_owners_are_swept_when_the_key_is_taken(gate: Gate, r: redis.Red
     assert owner_fields(r, EX) == [f"o:{live}"]
 
 
-def _not_done(gate: Gate, stamp: str) -> bool:
-    """Whether a delivery of task-1 published as ``stamp`` passes the done marker."""
-    condition = NotDone(DONE, stamp, "task-1")
+def _not_done(gate: Gate, stamp: str, attempt: int = 0) -> bool:
+    """Whether a delivery of task-1 published as ``stamp`` (its ``attempt``: Celery's
+    retries) passes the done marker."""
+    condition = NotDone(DONE, stamp, "task-1", attempt)
     decision = gate.decide([condition, TakeLease(EX)], owner=new_owner("task-1", "w"))
     if decision.granted:
         r = gate.store.client
@@ -109,6 +118,31 @@ def test_done_marker_refuses_a_copy_of_a_publish_that_ran_not_a_new_publish(
     assert not r.exists(EX)
     gate.release([], owner="task-1|w|2", done_key=DONE, done_ttl=60, done_stamp="b")
     assert not _not_done(gate, "a") and not _not_done(gate, "b")  # both remembered
+
+
+def test_an_attempt_that_retried_refuses_its_copies_not_its_retry(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """A retry keeps its publish's stamp, one attempt later: the attempt that retried is
+    recorded as ``<stamp>@<retries>``, so a copy of its message is refused and the retry
+    runs; once a run of the publish finished, every attempt of it is refused."""
+    retried = attempt_stamp("a", 0)
+    gate.release([], owner="task-1|w|1", done_key=DONE, done_ttl=60, done_stamp=retried)
+    assert not _not_done(gate, "a", 0)  # a copy of the attempt that retried
+    assert _not_done(gate, "a", 1) and _not_done(gate, "b", 0)  # its retry; a new publish
+    gate.release([], owner="task-1|w|2", done_key=DONE, done_ttl=60, done_stamp="a")
+    assert not _not_done(gate, "a", 1) and not _not_done(gate, "a", 2)
+
+
+def test_a_kept_claim_is_taken_again_only_while_the_key_is_free(gate: Gate, r: redis.Redis) -> None:
+    """A run whose ack failed keeps its claim for the copy; the run's end may have freed
+    it already (before its result was stored): taken again, unless a publish took it."""
+    kept = Release((), "task-1|w|1", unique_key=UQ, unique_owner="task-1", unique_keep=30)
+    gate.release_many([kept])
+    assert r.get(UQ) == "task-1" and 29_000 < r.pttl(UQ) <= 30_000
+    r.set(UQ, "task-2")
+    gate.release_many([kept])
+    assert r.get(UQ) == "task-2" and r.pttl(UQ) == -1
 
 
 def test_an_unstamped_run_refuses_unstamped_copies_only(gate: Gate, r: redis.Redis) -> None:

@@ -67,11 +67,22 @@ class Override:
 class NotDone:
     """Denies a copy of a publish of ``task_id`` that already finished: one whose
     ``stamp`` (its publish, policy/headers.PUBLISH_HEADER) is recorded in ``key``; with
-    no stamp (a message sent without celery-baton), any finished run of the id."""
+    no stamp (a message sent without celery-baton), any finished run of the id. Also
+    denies a copy of an attempt that retried: ``attempt_stamp(stamp, attempt)``
+    recorded (``attempt``: the delivery's Celery ``retries``); its retry, one attempt
+    later, runs."""
 
     key: str
     stamp: str = ""
     task_id: str = ""
+    attempt: int = 0
+
+
+def attempt_stamp(stamp: str, attempt: int) -> str:
+    """What the done marker records for ``attempt`` of the publish ``stamp`` when that
+    attempt retried: the retry keeps the stamp (publish.py) and runs as the next
+    attempt, while a copy of the retried message must not run (gate/done.lua)."""
+    return f"{stamp}@{attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +196,7 @@ def encode(c: Condition) -> tuple[str, str, str]:
         case Rate():
             return "R", str(c.interval_us), str(c.burst)
         case NotDone():
-            return "D", c.stamp, c.task_id
+            return "D", attempt_stamp(c.stamp, c.attempt), c.task_id
         case SlotNotRun():
             return "B", str(c.slot), c.task_id
         case KeepUnique():

@@ -43,6 +43,7 @@ from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
+from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import pool_slots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import Replacing, keep_order
@@ -134,6 +135,7 @@ class Admission:
             return None
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
+            mark_run_end(request.request_dict, policy, plan)  # freed before the result
             return self.slots.plain(request)
         with self.holding.lock:
             self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))

@@ -80,6 +80,7 @@ class Planner:
             redelivered=_redelivered(request),
             order=order_of(request),
             stamp=publish_stamp(request),
+            attempt=attempt_of(request),
             slot_run=slot_run(request.request_dict),
         )
         slot = request.request_dict.get(BEAT_SLOT_HEADER)
@@ -121,6 +122,12 @@ def publish_stamp(request: Any) -> str:
         return ""
     stamp = headers.get(PUBLISH_HEADER)
     return stamp if isinstance(stamp, str) else ""
+
+
+def attempt_of(request: Any) -> int:
+    """The delivery's attempt: Celery's ``retries`` header (0: its first run)."""
+    retries = request.request_dict.get("retries")
+    return retries if isinstance(retries, int) and retries > 0 else 0
 
 
 def _redelivered(request: Any) -> bool:

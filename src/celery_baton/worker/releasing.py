@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from celery_baton.core.conditions import attempt_stamp
 from celery_baton.core.gate import Release
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
-from celery_baton.worker.request import detach, reached_the_pool
+from celery_baton.worker.request import detach, reached_the_pool, retried
 from celery_baton.worker.transport.ack_fate import AckFates
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -93,6 +94,12 @@ class Releasing:
         self._handed.discard(request)
         self.book.remove(plan.owner)
         done_key = plan.done_key if final else None
+        done_stamp = plan.done_stamp
+        if not final and plan.done_key and not plan.done_link and retried(request):
+            # The attempt retried: a copy of its message must not run; its retry (the
+            # same stamp, one attempt later) does (worker/pool/run_end.py did the same).
+            done_key = plan.done_key
+            done_stamp = attempt_stamp(plan.done_stamp, plan.done_attempt)
         unique_key = policy.freed_at_end(plan) if final else None
         # Under the guard the copy will not run (its id is done): nothing to keep it for.
         keep = self.unacked_claim_ttl(policy) if unique_key and unacked and not done_key else 0.0
@@ -122,7 +129,7 @@ class Releasing:
                 unique_key,
                 request.id,
                 keep,
-                plan.done_stamp,
+                done_stamp,
                 plan.done_link,
             )
         )

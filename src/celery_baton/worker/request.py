@@ -270,5 +270,10 @@ def detach(request: Any) -> tuple[Any, Any, RunPlan] | None:
     return run
 
 
+def retried(request: Any) -> bool:
+    """Whether ``request``'s run ended in a retry (the same task id was sent again)."""
+    return getattr(request, "__dict__", {}).get(COMES_BACK_ATTR) == "retried"
+
+
 def reached_the_pool(request: Any) -> bool:
     return bool(request.__dict__.get(POOLED_ATTR))

@@ -48,6 +48,7 @@ class RunPlan:
     unique_key: str | None = None
     done_key: str | None = None
     done_stamp: str = ""  # the publish this delivery is (PUBLISH_HEADER; '': unstamped)
+    done_attempt: int = 0  # its Celery retries: an attempt that retries is recorded too
     done_link: str = ""  # a scheduled beat slot: done_key is its entry's run record
     # The text each key's digest was made of (a named limit's keys: its name), for the
     # operator: `celery baton locks` and the task events say what a request waits for.

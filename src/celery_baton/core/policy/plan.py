@@ -49,6 +49,7 @@ def plan_delivery(
     now: float | None = None,
     order: int | None = None,
     stamp: str = "",
+    attempt: int = 0,
     slot_run: SlotRun | None = None,
 ) -> RunPlan:
     """The gate conditions of one delivery; raises KeySpecError for bad arguments.
@@ -65,6 +66,7 @@ def plan_delivery(
     ``order``: a superseding publish's order (its header; None: the gate gives one).
     ``stamp``: the publish this delivery is (``PUBLISH_HEADER``; '': a message sent
     without celery-baton, judged by its task id alone).
+    ``attempt``: its Celery ``retries`` (a retry keeps its publish's stamp).
     ``slot_run``: a scheduled beat slot, recorded in its entry's run record.
     """
     plan = RunPlan(owner, [], [])
@@ -73,7 +75,7 @@ def plan_delivery(
         flow_key = policy.flow.key
         plan.labels[plan.flow_key] = flow_key.material(args, kwargs) if flow_key else ""
     if policy.redelivery_guard:
-        _redelivery_guard(policy, plan, names, task_id, stamp, slot_run)
+        _redelivery_guard(policy, plan, names, task_id, stamp, attempt, slot_run)
     if policy.exclusive is not None:
         _exclusive(policy, plan, names, task_id, order, args, kwargs)
     if policy.concurrency is not None:
@@ -96,12 +98,15 @@ def _redelivery_guard(
     names: KeyNames,
     task_id: str,
     stamp: str,
+    attempt: int,
     slot_run: SlotRun | None,
 ) -> None:
-    """Not a copy of a publish that finished, and no other copy of it running."""
+    """Not a copy of a publish that finished (or of an attempt that retried), and no
+    other copy of it running."""
     plan.done_key = names.done(policy.name, task_id)
     plan.done_stamp = stamp
-    plan.conditions.append(NotDone(plan.done_key, stamp, task_id))
+    plan.done_attempt = attempt
+    plan.conditions.append(NotDone(plan.done_key, stamp, task_id, attempt))
     if slot_run is not None:
         # Recorded in one key per entry, not one per slot (slot_runs.py); the task id's
         # marker above is still read (an older version wrote one per slot).

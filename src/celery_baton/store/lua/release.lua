@@ -13,6 +13,7 @@
 -- ARGV[4]     task id owning the unique key ('' : leave it)
 -- ARGV[5]     notice channel
 -- ARGV[6]     (optional) > 0: keep the unique claim this many ms instead of freeing it
+--             (taken again if it is free: the run's end freed it already)
 -- ARGV[7]     (with ARGV[3] > 0) the stamp of the publish whose run finished ('' : none)
 -- ARGV[8]     (with ARGV[3] > 0, optional) a scheduled beat slot: "<slot> <the fired
 --             slot before it, or nothing>" (ms); KEYS[n+1] is then its entry's run
@@ -107,11 +108,17 @@ if done_ttl > 0 then
   end
   next_key = next_key + 1
 end
-if unique_owner ~= '' and redis.call('GET', KEYS[next_key]) == unique_owner then
+if unique_owner ~= '' then
   local keep_ms = tonumber(ARGV[6] or '0') or 0
+  local holder = redis.call('GET', KEYS[next_key])
   if keep_ms > 0 then
-    redis.call('PEXPIRE', KEYS[next_key], keep_ms)
-  else
+    -- The run's pool process freed the claim before storing its result (a caller who
+    -- saw the result gets a new run): taken back for the copy, unless a publish since
+    -- took the key.
+    if holder == unique_owner or not holder then
+      redis.call('SET', KEYS[next_key], unique_owner, 'PX', keep_ms)
+    end
+  elseif holder == unique_owner then
     redis.call('DEL', KEYS[next_key])
   end
 end

@@ -1,35 +1,56 @@
-"""A guarded run's end, recorded by the pool process that ran it.
+"""A run's end, recorded by the process that ran it, before anyone can see it ended.
 
 The main process records a run's end when Celery tells it the job is over
-(``worker/request.py``). Between the pool process returning and that moment, the main
-process may die: killed, or its consumer lost on an unrecoverable error (Celery 5.7
-and kombu can die that way on a broker restart). The message was never acknowledged,
-so the broker delivers it again, and without a record of the run the redelivery guard
-would run it a second time.
+(``worker/request.py``), after Celery acked the message. Two things happen before that:
 
-So the process that ran the task writes the record itself, right after the task body
-ended and its result was stored (``task_postrun``), before it reports back: the done
-marker (a copy of the message is then acked without running), and the unique claim
-freed (its copy will not run, so the key is free for the next publish). Only for an end
-that Celery makes final whatever it does next: the body returned (``SUCCESS``) or raised
-(``FAILURE``); a message Celery then acks, or rejects without requeue. A retry, a
-``Reject`` or an ``Ignore`` is left to the main process, which reads what Celery did.
-A pool process that dies inside the task records nothing: its run did not end.
+* the result is stored, in the pool process: a caller waiting on it sees the run
+  end, and a publish it makes next must be a new run, not deduplicated into the
+  finished task (the unique claim was freed after the result: 16-27 % of such
+  publishes got the old id);
+* the pool process reports back, and the main process may die before it acks:
+  killed, or its consumer lost on an unrecoverable error (Celery 5.7 and kombu can
+  die that way on a broker restart). The message comes back, and without a record
+  of the run the redelivery guard would run it a second time.
 
-The main process records the same again when it learns of the end (idempotent); the
-run's leases are left to it (a lease freed here while its renewals go on there could be
-mistaken for one the store forgot). Without a pool (solo, threads) the task runs in the
-main process, which records the end a moment later itself: nothing is written here.
+So the process that ran the task records the end itself: right before the result is
+stored (``backend.store_result`` of its own task id with a final state), or, when no
+result is stored (``ignore_result``, ``Ignore``, ``Reject``), in ``task_postrun``,
+before it reports back. What it records is what the main process would record later,
+decided the way Celery decides it:
+
+* ``SUCCESS``, ``FAILURE``, ``Ignore`` (``Task.replace``), ``Reject(requeue=False)``
+  and ``Reject`` of a message acked at the start: Celery is done with the message.
+  The done marker (a copy is acked without running) and the unique claim freed.
+* ``Retry`` (``Task.retry``, ``autoretry_for``): the same task id was sent again, as
+  the next attempt. Under the guard, this attempt is recorded (its stamp and retries,
+  ``attempt_stamp``): a copy of its message is refused, the retry runs. The unique
+  claim stays: the retry owns it.
+* ``Reject(requeue=True)`` of an ``acks_late`` message: it comes back to run again.
+  Nothing.
+
+A pool process that dies inside the task records nothing: its run did not end (the
+main process judges it: time limit, ``WorkerLostError``, revoke).
+
+The main process records the same again when it learns of the end (idempotent, every
+release compares its owner, so a claim a new publish took meanwhile stays). The run's
+leases are left to it (a lease freed here while its renewals go on there could be
+mistaken for one the store forgot). Without a pool (solo, threads) the task runs in a
+thread of the main process: its end is recorded here all the same, before the result.
+
+Without the redelivery guard an ``acks_late`` copy of a run whose worker died after
+the result was stored runs again (Celery's at-least-once): its claim was freed, so a
+publish made after the result may run beside it. The guard refuses that copy.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from dataclasses import dataclass
 from typing import Any
 
 from celery import signals, states
 
+from celery_baton.core.conditions import attempt_stamp
 from celery_baton.core.gate import Release
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.parts import parts_for
@@ -37,54 +58,124 @@ from celery_baton.parts import parts_for
 logger = logging.getLogger("celery_baton.worker")
 
 RUN_END_FIELD = "baton_run_end"
+#: Set on a result backend whose ``store_result`` records a run's end first.
+_WRAPPED_ATTR = "_baton_records_run_ends"
 
-#: The body ended and Celery will not deliver this task id again for it.
-_ENDED_FOR_GOOD = frozenset({states.SUCCESS, states.FAILURE})
+#: The states Celery stores for a run that ended (a retry is an end of its attempt).
+_STORED_ENDS = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """What a guarded or unique run records at its end (``mark``: in the request)."""
+
+    owner: str
+    done_key: str  # '': no redelivery guard
+    retention: float
+    unique_key: str  # '': none freed at the end
+    stamp: str
+    link: str
+    attempt: int
+
+    def release(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
+        """The record of an end in ``state`` (``exc``: what the body raised), or None."""
+        if state == states.RETRY:
+            if not self.done_key or self.link:  # (a beat slot's record is per slot)
+                return None
+            return Release(
+                (),
+                self.owner,
+                self.done_key,
+                self.retention,
+                done_stamp=attempt_stamp(self.stamp, self.attempt),
+            )
+        if state == states.REJECTED and getattr(exc, "requeue", False) and acks_late:
+            return None  # back to the broker, to run again
+        if state not in (states.SUCCESS, states.FAILURE, states.IGNORED, states.REJECTED):
+            return None
+        return Release(
+            (),
+            self.owner,
+            self.done_key or None,
+            self.retention,
+            self.unique_key or None,
+            task_id,
+            done_stamp=self.stamp,
+            done_link=self.link,
+        )
 
 
 def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> None:
-    """Main process, as the run starts: what its pool process records at its end."""
-    if plan.done_key is None:  # no redelivery guard: a copy would run anyway
-        return
+    """Main process, as the run starts: what its end records, wherever it runs."""
     unique_key = policy.freed_at_end(plan)
+    if plan.done_key is None and unique_key is None:
+        return
     request_dict[RUN_END_FIELD] = (
-        os.getpid(),
         plan.owner,
-        plan.done_key,
+        plan.done_key or "",
         policy.redelivery_retention,
         unique_key or "",
         plan.done_stamp,
         plan.done_link,
+        plan.done_attempt,
     )
 
 
-def record_run_end(sender: Any = None, task: Any = None, state: str = "", **_: Any) -> None:
-    """``task_postrun``: in the pool process, record a guarded run that ended for good."""
-    if task is None or state not in _ENDED_FOR_GOOD:
+#: The runs of this process whose end is not recorded yet: task id -> (task, RunEnd).
+_running: dict[str, tuple[Any, RunEnd]] = {}
+
+
+def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> None:
+    """``task_prerun``: a run whose end is to be recorded starts in this process."""
+    if task is None or not task_id:
         return
     fields = getattr(task.request, RUN_END_FIELD, None)
     if not fields:
         return
-    main_pid, owner, done_key, retention, unique_key, stamp, link = fields
-    if main_pid == os.getpid():  # no pool: the main process records it itself
+    try:
+        run_end = RunEnd(*fields)
+    except TypeError:  # not what mark() wrote: never guess
+        logger.error("baton: %s[%s]: unreadable %s %r", task.name, task_id, RUN_END_FIELD, fields)
         return
-    release = Release(
-        (),
-        owner,
-        done_key,
-        retention,
-        unique_key or None,
-        task.request.id,
-        done_stamp=stamp,
-        done_link=link,
-    )
+    _running[task_id] = (task, run_end)
+    _record_before_the_result(task.backend)
+
+
+def _record_before_the_result(backend: Any) -> None:
+    """Make ``backend`` record a running task's end before it stores its final state."""
+    if getattr(backend, _WRAPPED_ATTR, False):
+        return
+    store_result = backend.store_result
+
+    def recording_store_result(task_id: Any, result: Any, state: Any, *a: Any, **kw: Any) -> Any:
+        if state in _STORED_ENDS and task_id in _running:
+            _record(task_id, state, result)
+        return store_result(task_id, result, state, *a, **kw)
+
+    backend.store_result = recording_store_result
+    setattr(backend, _WRAPPED_ATTR, True)
+
+
+def record_run_end(
+    sender: Any = None, task_id: str = "", state: str | None = None, retval: Any = None, **_: Any
+) -> None:
+    """``task_postrun``: an end whose result was not stored, recorded before the pool
+    process reports back."""
+    if task_id in _running:
+        _record(task_id, state or "", retval)
+
+
+def _record(task_id: str, state: str, exc: Any) -> None:
+    task, run_end = _running.pop(task_id)
+    release = run_end.release(task_id, state, exc, bool(task.acks_late))
+    if release is None:
+        return
     try:
         parts_for(task.app).gate.release_many([release])
-    except Exception as exc:  # the main process records it too, when it learns of the end
-        logger.warning(
-            "baton: %s[%s] ended; recording it failed: %s", task.name, task.request.id, exc
-        )
+    except Exception as error:  # the main process records it too, when it learns of the end
+        logger.warning("baton: %s[%s] ended; recording it failed: %s", task.name, task_id, error)
 
 
 def install() -> None:
+    signals.task_prerun.connect(arm, weak=False, dispatch_uid="baton-run-end-arm")
     signals.task_postrun.connect(record_run_end, weak=False, dispatch_uid="baton-run-end")

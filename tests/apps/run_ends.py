@@ -1,0 +1,112 @@
+"""A Celery app with celery-baton installed whose runs end in every way Celery knows:
+returned, ``Task.replace`` (Ignore), ``Task.retry`` (issue 34.4, 35.5).
+
+Run by workers as ``celery -A tests.apps.run_ends worker``. Reads ``TEST_BROKER_URL``,
+``TEST_RESULT_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL`` from the environment.
+
+The broker gives an unacked message back soon (``visibility_timeout`` 10 s, a restore
+scan every second), so a test can kill a worker and see the copy of its message.
+
+The ``*_main_dies`` tasks stop their worker's main process (SIGSTOP) as their body
+ends, on the first run of their key only, and mark it: the test then SIGKILLs that
+worker, as if it had died between the run's end and Celery's ack.
+
+In the test process, import it inside a test that uses the ``app_environ`` fixture.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import redis
+from celery import Task
+from celery.exceptions import Reject
+
+from tests.apps.factory import make_baton_app, observer
+
+app, baton = make_baton_app(
+    "run_ends",
+    broker_transport_options={
+        "visibility_timeout": 10,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        # A worker killed while it held kombu's restore lock keeps every message from
+        # coming back until the lock expires (300 s by default).
+        "unacked_mutex_expire": 5,
+    },
+)
+
+#: The queue a retry or a replacement is sent to: no worker consumes it until the test
+#: starts one (a worker whose main process is stopped still takes the next message of
+#: a queue it consumes: kombu's BRPOP was sent before the stop, and the message is lost
+#: with the worker).
+PARKED = "parked"
+
+
+@functools.cache
+def _marks() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
+
+
+def main_stopped_mark(key: str) -> str:
+    """Set by the first run of a ``*_main_dies`` task with ``key`` that stopped its main
+    process (only the first: a later run of the key must end normally)."""
+    return f"run_ends:main-stopped:{key}"
+
+
+def _first_run_stops_its_main_process(key: str) -> None:
+    if _marks().set(main_stopped_mark(key), str(os.getppid()), nx=True):
+        os.kill(os.getppid(), signal.SIGSTOP)
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def replace_main_dies(self: Task, key: str, step: int) -> str:
+    """Guarded: replaces itself with ``step - 1`` down to 0 (each step recorded as
+    ``key:step``), sent to the ``parked`` queue; the first step's first run stops its
+    main process as it replaces."""
+    observer().run(f"{key}:{step}", task_id=self.request.id)
+    if step == 0:
+        return "done"
+    _first_run_stops_its_main_process(key)
+    raise self.replace(replace_main_dies.si(key, step - 1).set(queue=PARKED))
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def retry_main_dies(self: Task, key: str) -> str:
+    """Guarded: its first attempt (recorded as ``key:0``) stops its main process and
+    retries to the ``parked`` queue; the retry (``key:1``) returns."""
+    attempt = self.request.retries
+    observer().run(f"{key}:{attempt}", task_id=self.request.id)
+    if attempt > 0:
+        return "done"
+    _first_run_stops_its_main_process(key)
+    raise self.retry(countdown=0, queue=PARKED, max_retries=3)
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def reject_main_dies(self: Task, key: str) -> str:
+    """Guarded: its first run stops its main process and rejects its message for good
+    (``Reject(requeue=False)``: Celery rejects it, and stores FAILURE)."""
+    observer().run(key, task_id=self.request.id)
+    _first_run_stops_its_main_process(key)
+    raise Reject("not wanted", requeue=False)
+
+
+@app.task(bind=True, unique="key")
+def uq_quick(self: Task, key: str) -> str:
+    """Unique (Celery's defaults otherwise): returns at once."""
+    return self.request.id
+
+
+@app.task(bind=True, unique="key", redelivery_guard=True)
+def uq_quick_guarded(self: Task, key: str) -> str:
+    """Unique and guarded: returns at once."""
+    return self.request.id
+
+
+@app.task(bind=True, unique="key", acks_late=True)
+def uq_quick_late(self: Task, key: str) -> str:
+    """Unique, acks_late: returns at once."""
+    return self.request.id
