@@ -34,6 +34,10 @@ the name (kombu's Redis transport, Celery's worker)    without it
                                                        going on when the broker
                                                        connection was lost keeps its
                                                        keys for the worker's life
+``kombu.Consumer._active_tags``                         where RabbitMQ keeps each
+                                                       consumer's prefetch fixed,
+                                                       held requests keep their slots
+                                                       in it (one warning at start)
 ``celery.worker.control.Panel.data["revoke"]``         on Celery before 5.7, a replaced
                                                        run resolves to TaskRevokedError
                                                        once every worker handled the
@@ -140,7 +144,49 @@ def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | No
     return None
 
 
+# -- kombu's consumers ----------------------------------------------------------------
+
+
+def consumer_tags(task_consumer: Any) -> frozenset[str] | None:
+    """The tags of a kombu ``Consumer``'s consumers now (``_active_tags``: queue name ->
+    tag), which the broker names in each delivery."""
+    tags = getattr(task_consumer, "_active_tags", None)
+    if isinstance(tags, Mapping) and all(isinstance(tag, str) for tag in tags.values()):
+        return frozenset(tags.values())
+    unavailable(
+        "kombu's Consumer._active_tags",
+        "where RabbitMQ keeps each consumer's prefetch fixed, held requests keep their slots in it",
+    )
+    return None
+
+
 # -- Celery's worker ------------------------------------------------------------------
+
+
+def task_qos_global(consumer: Any) -> bool | None:
+    """Whether the prefetch count Celery raises for ETA (and held) requests is one for
+    the task channel (True), per consumer on an AMQP broker (False: RabbitMQ applies a
+    new count only to consumers created after it), or None (not AMQP: kombu's virtual
+    transports count on the channel)."""
+    connection: Any = getattr(consumer, "connection", None)
+    if getattr(getattr(connection, "transport", None), "driver_type", None) != "amqp":
+        return None
+    recorded = getattr(consumer, "qos_global", None)  # Celery 5.7 records what it chose
+    if isinstance(recorded, bool):
+        return recorded
+    # Before 5.7: Tasks.start's own choice, from the same public parts.
+    if connection.qos_semantics_matches_spec:
+        return False
+    app = consumer.app
+    try:
+        from celery.utils.quorum_queues import detect_quorum_queues
+    except ImportError:  # before Celery 5.5: global QoS, also on quorum queues
+        return True
+    if app.conf.get("worker_detect_quorum_queues", True):
+        quorum, _ = detect_quorum_queues(app, "amqp")
+        if quorum:
+            return False
+    return True
 
 
 def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any] | None:

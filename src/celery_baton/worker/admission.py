@@ -41,7 +41,7 @@ from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.events import DecisionEvents
-from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool_slots import pool_slots
 from celery_baton.worker.releasing import Releasing
@@ -70,6 +70,7 @@ class Admission:
         settings: Settings,
         horizon: float,
         lower_priority_first: bool = False,
+        window: PrefetchWindow | None = None,
     ) -> None:
         self.consumer = consumer
         self.names = names
@@ -92,6 +93,7 @@ class Admission:
             stats=self.stats,
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
             on_held=self.events.held,
+            window=window,
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         # A delivery asks only while a pool process can start it now (issue 24 §1).

@@ -34,6 +34,7 @@ from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
 from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
+from celery_baton.worker.transport.consumer_window import ConsumerWindow
 from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -135,6 +136,11 @@ class BatonWorker:
         )
         self.unsent.attach(self.channel)
         self.releasing.attach(self.channel)
+        # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
+        self.window = ConsumerWindow(
+            waiting=self._waiting,
+            held_messages=lambda: self.admission.holding.counted_messages(),
+        )
         self.admission = Admission(
             parent,
             parent.on_task_request,
@@ -146,6 +152,7 @@ class BatonWorker:
             settings=parts.settings,
             horizon=hold_horizon(parts.settings.hold_horizon, broker.visibility),
             lower_priority_first=broker.kombu_redis,
+            window=self.window,
         )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
@@ -207,10 +214,16 @@ class BatonWorker:
             if self.held_return is not None:
                 self.held_return.put_back(_task_channel(parent))
         self.admission.holding.install_wakeup(parent)
+        self.window.start(parent)
         try:
             self._report(parent)
         except BatonError as exc:
             logger.warning("baton: store unavailable at start (%s); holding guarded tasks", exc)
+
+    def _waiting(self) -> int:
+        """Requests in this worker waiting for a pool process (not running, not held)."""
+        reserved = len(worker_state.reserved_requests) - len(worker_state.active_requests)
+        return max(0, reserved - int(self.admission.holding.held_count))
 
     def stop(self, parent: Any) -> None:
         # The connection is going away: the broker gives held messages to others again.
