@@ -99,7 +99,7 @@ class ConsumerWindow:
         self._due_now = False  # an opening is scheduled on the loop's next turn
         self._recheck_due = False  # a look again is scheduled
         self._opening = False
-        self._warned = False
+        self._warned = self._told = False  # each said once per worker
 
     # -- at every consumer start ----------------------------------------------------
 
@@ -130,8 +130,8 @@ class ConsumerWindow:
         self.prefetch = window
         self.tags = tags
         self.taken = 0
-        if not self._warned:
-            self._warned = True
+        if not self._told:
+            self._told = True
             logger.info(
                 "baton: the broker keeps each consumer's prefetch count fixed: the task "
                 "consumer is opened again when held requests take half of its window (%d)",
