@@ -17,6 +17,9 @@ the name (kombu's Redis transport, Celery's worker)    without it
 ``redis.QoS._delivered`` + ``QoS.restore_by_tag``      held messages a broker crash
                                                        left unacked come back after the
                                                        visibility timeout
+``Channel.conn_or_acquire`` +                          a held message goes back to its
+``unacked_index_key``                                  queue at the hold horizon
+                                                       instead of being kept
 ``Channel._lookup``, ``_q_for_pri``,                   a unique key whose ack failed is
 ``priority_steps``                                     kept for the redelivery window
 ``WorkController._process_task_sem`` and               pool slots counted against the
@@ -126,6 +129,31 @@ def restore_by_tag(channel: Any) -> Callable[[str], Any] | None:
             "held messages a broker crash left unacked come back after the visibility timeout",
         )
     return None
+
+
+def restamp_unacked(channel: Any) -> Callable[[list[str], float], list[bool]] | None:
+    """A function that renews, in one round trip, the delivery time of unacked messages
+    in kombu's Redis unacked index (the score its visibility scan compares with the
+    timeout), for those still there; it says which were."""
+    acquire = getattr(channel, "conn_or_acquire", None)
+    index = getattr(channel, "unacked_index_key", None)
+    if not callable(acquire) or not isinstance(index, str):
+        unavailable(
+            "kombu's Redis Channel.conn_or_acquire/unacked_index_key",
+            "a held message goes back to its queue at the hold horizon",
+        )
+        return None
+
+    def restamp(tags: list[str], now: float) -> list[bool]:
+        with acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for tag in tags:
+                # XX: never adds one that is gone (acked, or restored by a scan);
+                # CH: counts the ones whose score changed, i.e. that were there.
+                pipe.zadd(index, {tag: now}, xx=True, ch=True)
+            return [bool(changed) for changed in pipe.execute()]
+
+    return restamp
 
 
 def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | None:

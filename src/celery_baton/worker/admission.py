@@ -71,6 +71,7 @@ class Admission:
         horizon: float,
         lower_priority_first: bool = False,
         window: PrefetchWindow | None = None,
+        renew: Callable[[list[Delivery]], list[Delivery]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.names = names
@@ -83,6 +84,10 @@ class Admission:
         self.settings = settings
         self.on_store_error = settings.on_store_error
         self.horizon = horizon
+        # Renews held messages' claims on the broker at the horizon (kombu's Redis
+        # transport); returns those it could not renew. None: handed back there.
+        self.renew = renew
+        self._renewal: Any = None  # the timer entry of the renewal sweep
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
         self.events = DecisionEvents(consumer, names)
         self.holding = Holding(
@@ -196,9 +201,12 @@ class Admission:
             self.holding.release(delivery)
             return
         now = time.monotonic()
-        elapsed = now - delivery.since
-        if delivery.held and elapsed >= self.horizon:
-            self._hand_back(delivery, f"held {elapsed:.0f}s, the horizon")
+        if (
+            delivery.held
+            and now - delivery.claimed_at >= self.horizon
+            and (self.renew is None or self.renew([delivery]))
+        ):
+            self._hand_back(delivery, f"held {now - delivery.since:.0f}s, the horizon")
             return
         if not delivery.held and self.store_down.failed_moments_ago(now):
             # The store failed moments ago: do not wait on it again for every new
@@ -333,6 +341,35 @@ class Admission:
         self.stats["handed_back"] += 1
         self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why)
+
+    def start_renewal(self, consumer: Any) -> None:
+        """At every consumer start: renew the claims of held messages as they reach the
+        horizon, also those that are not at the head of their queue (only a head is
+        asked again, and a long queue's tail may wait past the horizon)."""
+        if self.renew is None:
+            return
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self._renewal = consumer.timer.call_repeatedly(
+            max(0.1, self.horizon / 4), self._renew_due, priority=5
+        )
+
+    def _renew_due(self) -> None:
+        # kombu's timer swallows exceptions: catch everything, no request is lost.
+        try:
+            with self.holding.lock:
+                now = time.monotonic()
+                due = [
+                    d
+                    for d in self.holding.held_deliveries()
+                    if now - d.claimed_at >= self.horizon and not d.asking and not d.reserved_start
+                ]
+                if not due or self.renew is None:
+                    return
+                for delivery in self.renew(due):
+                    self._hand_back(delivery, f"held {now - delivery.since:.0f}s, the horizon")
+        except Exception:
+            logger.exception("baton: renewing held messages failed")
 
     def forget_held(self) -> list[Delivery]:
         """Drop every held request (the connection is gone; the broker redelivers them)."""

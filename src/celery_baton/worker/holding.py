@@ -85,6 +85,12 @@ class Delivery:
     # The key its last task-baton-held event named, and why (worker/events.py).
     announced: str | None = None
     announced_reason: str = ""
+    # When its message's claim on the broker began: its delivery, or its last renewal
+    # (worker/transport/held_renewal.py). The hold horizon counts from here.
+    claimed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.claimed_at = self.claimed_at or self.since
 
     @property
     def at_start(self) -> bool:
@@ -147,6 +153,9 @@ class Holding:
     @property
     def held_count(self) -> int:
         return len(self._held)
+
+    def held_deliveries(self) -> list[Delivery]:
+        return list(self._held.values())
 
     def counted_messages(self) -> list[Any]:
         """The messages of the held deliveries that raised the prefetch count."""

@@ -35,6 +35,7 @@ from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
 from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
 from celery_baton.worker.transport.consumer_window import ConsumerWindow
+from celery_baton.worker.transport.held_renewal import HeldRenewal
 from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -153,6 +154,8 @@ class BatonWorker:
             horizon=hold_horizon(parts.settings.hold_horizon, broker.visibility),
             lower_priority_first=broker.kombu_redis,
             window=self.window,
+            # Held messages stay past the horizon where the broker's claim can be renewed.
+            renew=HeldRenewal().renew if broker.kombu_redis and broker.visibility else None,
         )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
@@ -215,6 +218,7 @@ class BatonWorker:
                 self.held_return.put_back(_task_channel(parent))
         self.admission.holding.install_wakeup(parent)
         self.window.start(parent)
+        self.admission.start_renewal(parent)
         try:
             self._report(parent)
         except BatonError as exc:

@@ -12,7 +12,8 @@ consumes), puts back those that can only still be its own:
 * the old channel's close could not restore them (they are still in its ``_delivered``):
   a message it did restore may already be another worker's, under the same delivery tag
   (kombu tags a message when it is published, not when it is delivered);
-* received less than half the visibility timeout ago: an older one may have been
+* received (or its claim renewed: ``held_renewal``) less than half the visibility
+  timeout ago: an older one may have been
   restored by another worker's visibility scan and delivered again, under the same tag;
 * still in the unacked index, checked and moved in one transaction (kombu's
   ``restore_by_tag``): of two that put the same message back, one does.
@@ -41,9 +42,9 @@ def returnable(
     now: float,
     visibility: float,
 ) -> list[str]:
-    """The delivery tags to put back, from ``(tag, received at)`` pairs (monotonic
-    seconds): tags the old channel could not restore, received within half of
-    ``visibility``."""
+    """The delivery tags to put back, from ``(tag, claimed at)`` pairs (monotonic
+    seconds: received, or renewed since): tags the old channel could not restore,
+    claimed within half of ``visibility``."""
     return [
         tag for tag, since in held if tag and tag in unrestored and now - since < visibility / 2
     ]
@@ -65,7 +66,7 @@ class HeldReturn:
 
     def remember(self, forgotten: Sequence[Delivery], channel: Any) -> None:
         """At the consumer's stop after a lost connection: ``channel`` is the old one."""
-        self._dropped += [(delivery_tag(d), d.since) for d in forgotten]
+        self._dropped += [(delivery_tag(d), d.claimed_at) for d in forgotten]
         self._task_ids.update((delivery_tag(d) or "", d.request.id) for d in forgotten)
         if forgotten:
             self._old_channel = channel
