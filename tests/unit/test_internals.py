@@ -80,6 +80,30 @@ def test_a_redis_channel_keeps_unacked_messages_by_tag_and_restores_one(broker_u
         assert channel.closed is True
 
 
+def test_a_redis_channel_scores_unacked_messages_by_delivery_time(broker_url: str) -> None:
+    """The score kombu's visibility scan compares with the timeout, renewed for a held
+    message still unacked and never added back for one that is gone (held_renewal)."""
+    queue = Queue("baton-internals-restamp", Exchange("baton-restamp"), routing_key="r")
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        queue(channel).declare()
+        conn.Producer(channel).publish({"n": 1}, exchange="baton-restamp", routing_key="r")
+        message = channel.basic_get(queue.name, no_ack=False)
+        assert message is not None
+        restamp = internals.restamp_unacked(channel)
+        assert restamp is not None
+        with channel.conn_or_acquire() as client:
+            index = channel.unacked_index_key
+            delivered = client.zscore(index, message.delivery_tag)
+            assert delivered is not None
+            assert restamp([message.delivery_tag], delivered + 100.0) == [True]
+            assert client.zscore(index, message.delivery_tag) == delivered + 100.0
+            message.ack()
+            assert restamp([message.delivery_tag], delivered + 200.0) == [False]
+            assert client.zscore(index, message.delivery_tag) is None
+        channel.close()
+
+
 def test_the_consumer_counts_held_messages_in_its_prefetch() -> None:
     qos = QoS(lambda prefetch_count: None, 2)
     assert qos.increment_eventually() == 3
@@ -244,8 +268,9 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.missing_request_hooks(object) == list(internals.REQUEST_HOOKS)
         assert internals.pool_job_cache(SimpleNamespace(flush=print)) is None
         assert internals.consumer_tags(SimpleNamespace()) is None
+        assert internals.restamp_unacked(SimpleNamespace()) is None
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 8, warned
+    assert len(warned) == 9, warned
     assert all("docs/compatibility.md" in line for line in warned)
 
 

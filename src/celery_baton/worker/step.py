@@ -234,6 +234,11 @@ class BatonWorker:
         forgotten = self.admission.forget_held()
         if forgotten:
             logger.info("baton: %d held requests left to the broker", len(forgotten))
+        if self.window.reopened:
+            logger.info(
+                "baton: the task consumer was opened again %d times for held requests",
+                self.window.reopened,
+            )
         if parent.blueprint.state == bootsteps.RUN:  # a restart: the connection was lost
             if self.held_return is not None:
                 self.held_return.remember(forgotten, _task_channel(parent))

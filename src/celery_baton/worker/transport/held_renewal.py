@@ -12,7 +12,8 @@ Here the delivery time is written again instead (``internals.restamp_unacked``):
 message stays with the worker, unacked, and the scan leaves it alone for another
 timeout. Only a message no longer in the unacked index is handed back (a stalled
 worker's message that a scan already put back: the hand-back removes nothing there and
-restores nothing twice). On other transports the horizon hands back as before:
+restores nothing twice); one the broker could not be asked about stays held and is
+renewed at the next try. On other transports the horizon hands back as before:
 RabbitMQ's deliveries have no timeout to renew, and its ``consumer_timeout`` (30 min by
 default) closes a channel that keeps one longer.
 """
@@ -41,20 +42,22 @@ class HeldRenewal:
         self.renewed = 0  # claims renewed, for the log and the tests
 
     def renew(self, deliveries: Iterable[Delivery]) -> list[Delivery]:
-        """Renew the claim of each of ``deliveries``; returns those not renewed (gone
-        from the unacked index, or the broker did not answer): they are handed back."""
+        """Renew the claim of each of ``deliveries``; returns those that are no longer
+        in the unacked index (to hand back). When the broker does not answer, none is
+        returned: they stay held and are renewed at the next try (a lost connection
+        restarts the consumer, and ``held_return`` takes over)."""
         by_channel: dict[int, tuple[object, list[tuple[Delivery, str]]]] = {}
-        failed: list[Delivery] = []
+        gone: list[Delivery] = []
         for delivery in deliveries:
             channel = getattr(getattr(delivery.request, "message", None), "channel", None)
             tag = delivery_tag(delivery)
             if channel is None or tag is None:
-                failed.append(delivery)
+                gone.append(delivery)  # nothing to renew: handed back as before
                 continue
             by_channel.setdefault(id(channel), (channel, []))[1].append((delivery, tag))
         for channel, held in by_channel.values():
-            failed += self._renew_on(channel, held)
-        return failed
+            gone += self._renew_on(channel, held)
+        return gone
 
     def _renew_on(self, channel: object, held: list[tuple[Delivery, str]]) -> list[Delivery]:
         restamp = internals.restamp_unacked(channel)
@@ -65,20 +68,20 @@ class HeldRenewal:
             present = restamp([tag for _, tag in held], now_wall)
         except Exception as exc:
             logger.warning(
-                "baton: renewing %d held messages on the broker failed (%r); they go "
-                "back to their queues",
+                "baton: renewing %d held messages on the broker failed (%r); tried again "
+                "in a moment",
                 len(held),
                 exc,
             )
-            return [delivery for delivery, _ in held]
-        failed = []
+            return []
+        gone = []
         for (delivery, _), there in zip(held, present, strict=True):
             if there:
                 delivery.claimed_at = now
                 self.renewed += 1
             else:
-                failed.append(delivery)
-        return failed
+                gone.append(delivery)
+        return gone
 
 
 def due(deliveries: Iterable[Delivery], now: float, horizon: float) -> list[Delivery]:
