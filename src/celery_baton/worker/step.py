@@ -165,6 +165,7 @@ class BatonWorker:
         self.reports = WorkerReports(parts.store, parts.names)
         self._started = False
         self._shut = False
+        self._reopens_told = 0
         if parts.settings.global_rate_limits:
             self._take_over_rate_limits(parent, parts)
         # Without Celery's Request._announce_revoked, its task_revoked signal ends a run.
@@ -234,7 +235,8 @@ class BatonWorker:
         forgotten = self.admission.forget_held()
         if forgotten:
             logger.info("baton: %d held requests left to the broker", len(forgotten))
-        if self.window.reopened:
+        if self.window.reopened > self._reopens_told:
+            self._reopens_told = self.window.reopened
             logger.info(
                 "baton: the task consumer was opened again %d times for held requests",
                 self.window.reopened,
