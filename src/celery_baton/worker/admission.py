@@ -14,9 +14,11 @@ asks for) asks the gate once, and the verdict
   newer publish of the same key replaces it);
 * **Wait**: held in the consumer (``worker/holding.py``), occupying no pool slot, and
   asked again when the gate said it may pass or when the key is released. A
-  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). Past the
-  hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
-  same id, headers and retry count; never ``task.retry``).
+  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). At the
+  hold horizon its message's claim on a Redis broker is renewed
+  (``worker/transport/held_renewal.py``); elsewhere it is handed back to the broker
+  unchanged (``reject(requeue=True)``: same id, headers and retry count; never
+  ``task.retry``).
 
 When the store does not answer, ``worker/store_down.py`` says what the request does
 (``baton_on_store_error``: held with back-off, or run unguarded). Each decision is also
