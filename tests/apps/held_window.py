@@ -7,6 +7,7 @@ Run by workers as ``celery -A tests.apps.held_window worker``. Reads the usual
 * ``HELD_QUEUE`` -- the default queue's name (unique per test: a queue's type cannot
   change once declared);
 * ``HELD_QUEUE_TYPE`` -- ``quorum`` or ``classic`` (default);
+* ``HELD_SINGLE_ACTIVE`` -- ``"1"``: the queue has a single active consumer;
 * ``HELD_PER_CONSUMER`` -- ``"1"``: kombu reads the broker as RabbitMQ 4, which has no
   global QoS on any queue type, so every prefetch is per consumer (kombu's
   ``qos_semantics_matches_spec``), also on the RabbitMQ 3 of the test machine.
@@ -27,6 +28,15 @@ from tests.apps.factory import make_baton_app, observer
 QUEUE = os.environ.get("HELD_QUEUE", "celery")
 QUEUE_TYPE = os.environ.get("HELD_QUEUE_TYPE", "classic")
 
+
+def queue_arguments(queue_type: str, single_active: bool) -> dict[str, object]:
+    """The default queue's arguments (the test's publisher declares it alike)."""
+    arguments: dict[str, object] = {"x-queue-type": queue_type}
+    if single_active:
+        arguments["x-single-active-consumer"] = True
+    return arguments
+
+
 if os.environ.get("HELD_PER_CONSUMER") == "1":
     from kombu.transport import pyamqp
 
@@ -38,7 +48,14 @@ app, baton = make_baton_app(
     baton_socket_timeout=1.0,
     task_ignore_result=True,
     task_default_queue=QUEUE,
-    task_queues=[Queue(QUEUE, queue_arguments={"x-queue-type": QUEUE_TYPE})],
+    task_queues=[
+        Queue(
+            QUEUE,
+            queue_arguments=queue_arguments(
+                QUEUE_TYPE, os.environ.get("HELD_SINGLE_ACTIVE") == "1"
+            ),
+        )
+    ],
     worker_prefetch_multiplier=4,
 )
 

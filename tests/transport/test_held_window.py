@@ -64,7 +64,8 @@ def test_plain_tasks_start_while_200_requests_are_held(
         "HELD_PER_CONSUMER": "1" if per_consumer else "0",
     }
     publisher = Celery("publisher", broker=rabbitmq_url, set_as_current=False)
-    publisher.conf.task_queues = [Queue(queue, queue_arguments={"x-queue-type": queue_type})]
+    arguments = held_window.queue_arguments(queue_type, single_active=False)
+    publisher.conf.task_queues = [Queue(queue, queue_arguments=arguments)]
     try:
         worker = workers.start(APP, concurrency=2, env=env)
         with publisher.producer_or_acquire() as producer:
@@ -116,3 +117,21 @@ def _wait_for_starts(observer: Observer, key: str, n: int, timeout: float) -> li
 def _queued(url: str, queue: str) -> int:
     with kombu.Connection(url) as conn:
         return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+
+
+def test_a_queue_with_a_single_active_consumer_is_warned_about(
+    workers: Workers, rabbitmq_url: str, queue: str
+) -> None:
+    """Its consumer is never opened again (a new one would hand the active role to
+    another worker): the worker says at start, once, that held requests fill its window
+    there."""
+    env = {
+        "TEST_BROKER_URL": rabbitmq_url,
+        "HELD_QUEUE": queue,
+        "HELD_QUEUE_TYPE": "quorum",
+        "HELD_SINGLE_ACTIVE": "1",
+    }
+    worker = workers.start(APP, concurrency=2, env=env)
+    log = worker.log_text()
+    assert log.count(f"and {queue} has a single active consumer") == 1, log
+    assert "opened again when held requests" not in log
