@@ -20,6 +20,10 @@ the name (kombu's Redis transport, Celery's worker)    without it
 ``Channel.conn_or_acquire`` +                          a held message goes back to its
 ``unacked_index_key``                                  queue at the hold horizon
                                                        instead of being kept
+``Channel.unacked_key``, ``Channel.Message`` and      held messages a broker crash
+kombu's virtual ``QoS.append``                         left unacked are put back in
+                                                       their queues at the reconnect
+                                                       instead of kept
 ``Channel._lookup``, ``_q_for_pri``,                   a unique key whose ack failed is
 ``priority_steps``                                     kept for the redelivery window
 ``WorkController._process_task_sem`` and               pool slots counted against the
@@ -154,6 +158,56 @@ def restamp_unacked(channel: Any) -> Callable[[list[str], float], list[bool]] | 
             return [bool(changed) for changed in pipe.execute()]
 
     return restamp
+
+
+def adopt_unacked(channel: Any) -> Callable[[str, float], Any] | None:
+    """A function that takes a message still in kombu's Redis unacked index into
+    ``channel``, as if the channel had just delivered it, without it leaving the index:
+    its delivery time written anew (checked and written in one transaction) and the
+    message in the channel's delivered set, acked or restored through it from then on.
+    It returns the kombu message, or None when the message is no longer unacked."""
+    from kombu.transport import virtual
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    qos = getattr(channel, "qos", None)
+    acquire = getattr(channel, "conn_or_acquire", None)
+    unacked = getattr(channel, "unacked_key", None)
+    index = getattr(channel, "unacked_index_key", None)
+    message_class = getattr(channel, "Message", None)
+    if not (
+        isinstance(qos, virtual.QoS)
+        and callable(acquire)
+        and isinstance(unacked, str)
+        and isinstance(index, str)
+        and callable(message_class)
+    ):
+        if channel is not None:
+            unavailable(
+                "kombu's Redis Channel.unacked_key/Message and QoS.append",
+                "held messages a broker crash left unacked are put back in their queues",
+            )
+        return None
+
+    def adopt(tag: str, now: float) -> Any:
+        def claim(pipe: Any) -> Any:
+            raw = pipe.hget(unacked, tag)
+            pipe.multi()
+            if raw is not None:
+                pipe.zadd(index, {tag: now})
+            return raw
+
+        with acquire() as client:
+            raw = client.transaction(claim, unacked, value_from_callable=True)
+        if raw is None:
+            return None
+        payload = loads(bytes_to_str(raw))[0]  # type: ignore[no-untyped-call]
+        message = message_class(payload, channel=channel)
+        # The channel's delivered set only (the Redis QoS's own append writes again).
+        virtual.QoS.append(qos, message, tag)  # type: ignore[no-untyped-call]
+        return message
+
+    return adopt
 
 
 def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | None:

@@ -47,6 +47,20 @@ def _task_channel(consumer: Any) -> Any:
     return getattr(getattr(consumer, "task_consumer", None), "channel", None)
 
 
+def _deliver(consumer: Any, message: Any) -> None:
+    """Hand ``message`` to the consumer as a new delivery, on its loop's first turn
+    (Celery's loop sets the task consumer's message handler when it starts)."""
+
+    def delivered() -> None:
+        on_message = getattr(getattr(consumer, "task_consumer", None), "on_message", None)
+        if on_message is None:  # not consuming yet: kept in its channel meanwhile
+            consumer.timer.call_after(0.1, delivered)
+            return
+        on_message(message)
+
+    consumer.timer.call_after(0, delivered)
+
+
 def _parts(parent: Any) -> AppParts | None:
     return installed_parts(parent.app)
 
@@ -216,7 +230,9 @@ class BatonWorker:
             self.channel.rebind(getattr(parent, "hub", None), parent.timer)
             self.releasing.restart(parent.timer)
             if self.held_return is not None:
-                self.held_return.put_back(_task_channel(parent))
+                self.held_return.put_back(
+                    _task_channel(parent), deliver=lambda message: _deliver(parent, message)
+                )
         self.admission.holding.install_wakeup(parent)
         self.window.start(parent)
         self.admission.start_renewal(parent)
