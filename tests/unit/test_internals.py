@@ -104,6 +104,36 @@ def test_a_redis_channel_scores_unacked_messages_by_delivery_time(broker_url: st
         channel.close()
 
 
+def test_an_unacked_message_is_taken_into_another_channel(broker_url: str) -> None:
+    """held_return keeps a held message across a reconnect: the new channel takes it
+    from the unacked index (delivery time renewed), acks it, and it is gone; one no
+    longer unacked is not taken."""
+    queue = Queue("baton-internals-adopt", Exchange("baton-adopt"), routing_key="a")
+    with Connection(broker_url) as conn, Connection(broker_url) as again:
+        old = conn.channel()
+        queue(old).declare()
+        conn.Producer(old).publish({"n": 7}, exchange="baton-adopt", routing_key="a")
+        message = old.basic_get(queue.name, no_ack=False)
+        assert message is not None
+        tag = message.delivery_tag
+        new = again.channel()
+        adopt = internals.adopt_unacked(new)
+        assert adopt is not None
+        with new.conn_or_acquire() as client:
+            delivered = client.zscore(new.unacked_index_key, tag)
+            kept = adopt(tag, delivered + 50.0)
+            assert kept is not None and kept.delivery_tag == tag and kept.payload == {"n": 7}
+            assert client.zscore(new.unacked_index_key, tag) == delivered + 50.0
+            kept.ack()  # through the new channel
+            assert not client.hexists(new.unacked_key, tag)
+            assert client.zscore(new.unacked_index_key, tag) is None
+            assert adopt(tag, delivered + 60.0) is None  # gone: not taken
+            assert client.zscore(new.unacked_index_key, tag) is None
+        internals.unrestored(old).pop(tag, None)  # as held_return does
+        old.close()
+        new.close()
+
+
 def test_the_consumer_counts_held_messages_in_its_prefetch() -> None:
     qos = QoS(lambda prefetch_count: None, 2)
     assert qos.increment_eventually() == 3
@@ -269,8 +299,9 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.pool_job_cache(SimpleNamespace(flush=print)) is None
         assert internals.consumer_tags(SimpleNamespace()) is None
         assert internals.restamp_unacked(SimpleNamespace()) is None
+        assert internals.adopt_unacked(SimpleNamespace()) is None
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 9, warned
+    assert len(warned) == 10, warned
     assert all("docs/compatibility.md" in line for line in warned)
 
 
