@@ -17,6 +17,13 @@ the name (kombu's Redis transport, Celery's worker)    without it
 ``redis.QoS._delivered`` + ``QoS.restore_by_tag``      held messages a broker crash
                                                        left unacked come back after the
                                                        visibility timeout
+``Channel.conn_or_acquire`` +                          a held message goes back to its
+``unacked_index_key``                                  queue at the hold horizon
+                                                       instead of being kept
+``Channel.unacked_key``, ``Channel.Message`` and      held messages a broker crash
+kombu's virtual ``QoS.append``                         left unacked are put back in
+                                                       their queues at the reconnect
+                                                       instead of kept
 ``Channel._lookup``, ``_q_for_pri``,                   a unique key whose ack failed is
 ``priority_steps``                                     kept for the redelivery window
 ``WorkController._process_task_sem`` and               pool slots counted against the
@@ -34,6 +41,10 @@ the name (kombu's Redis transport, Celery's worker)    without it
                                                        going on when the broker
                                                        connection was lost keeps its
                                                        keys for the worker's life
+``kombu.Consumer._active_tags``                         where RabbitMQ keeps each
+                                                       consumer's prefetch fixed,
+                                                       held requests keep their slots
+                                                       in it (one warning at start)
 ``celery.worker.control.Panel.data["revoke"]``         on Celery before 5.7, a replaced
                                                        run resolves to TaskRevokedError
                                                        once every worker handled the
@@ -124,6 +135,81 @@ def restore_by_tag(channel: Any) -> Callable[[str], Any] | None:
     return None
 
 
+def restamp_unacked(channel: Any) -> Callable[[list[str], float], list[bool]] | None:
+    """A function that renews, in one round trip, the delivery time of unacked messages
+    in kombu's Redis unacked index (the score its visibility scan compares with the
+    timeout), for those still there; it says which were."""
+    acquire = getattr(channel, "conn_or_acquire", None)
+    index = getattr(channel, "unacked_index_key", None)
+    if not callable(acquire) or not isinstance(index, str):
+        unavailable(
+            "kombu's Redis Channel.conn_or_acquire/unacked_index_key",
+            "a held message goes back to its queue at the hold horizon",
+        )
+        return None
+
+    def restamp(tags: list[str], now: float) -> list[bool]:
+        with acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for tag in tags:
+                # XX: never adds one that is gone (acked, or restored by a scan);
+                # CH: counts the ones whose score changed, i.e. that were there.
+                pipe.zadd(index, {tag: now}, xx=True, ch=True)
+            return [bool(changed) for changed in pipe.execute()]
+
+    return restamp
+
+
+def adopt_unacked(channel: Any) -> Callable[[str, float], Any] | None:
+    """A function that takes a message still in kombu's Redis unacked index into
+    ``channel``, as if the channel had just delivered it, without it leaving the index:
+    its delivery time written anew (checked and written in one transaction) and the
+    message in the channel's delivered set, acked or restored through it from then on.
+    It returns the kombu message, or None when the message is no longer unacked."""
+    from kombu.transport import virtual
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    qos = getattr(channel, "qos", None)
+    acquire = getattr(channel, "conn_or_acquire", None)
+    unacked = getattr(channel, "unacked_key", None)
+    index = getattr(channel, "unacked_index_key", None)
+    message_class = getattr(channel, "Message", None)
+    if not (
+        isinstance(qos, virtual.QoS)
+        and callable(acquire)
+        and isinstance(unacked, str)
+        and isinstance(index, str)
+        and callable(message_class)
+    ):
+        if channel is not None:
+            unavailable(
+                "kombu's Redis Channel.unacked_key/Message and QoS.append",
+                "held messages a broker crash left unacked are put back in their queues",
+            )
+        return None
+
+    def adopt(tag: str, now: float) -> Any:
+        def claim(pipe: Any) -> Any:
+            raw = pipe.hget(unacked, tag)
+            pipe.multi()
+            if raw is not None:
+                pipe.zadd(index, {tag: now})
+            return raw
+
+        with acquire() as client:
+            raw = client.transaction(claim, unacked, value_from_callable=True)
+        if raw is None:
+            return None
+        payload = loads(bytes_to_str(raw))[0]  # type: ignore[no-untyped-call]
+        message = message_class(payload, channel=channel)
+        # The channel's delivered set only (the Redis QoS's own append writes again).
+        virtual.QoS.append(qos, message, tag)  # type: ignore[no-untyped-call]
+        return message
+
+    return adopt
+
+
 def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | None:
     """The Redis lists a message sent to ``exchange`` with ``routing_key`` is restored to
     (every priority of every queue bound; ``_lookup``, ``_q_for_pri``)."""
@@ -140,7 +226,49 @@ def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | No
     return None
 
 
+# -- kombu's consumers ----------------------------------------------------------------
+
+
+def consumer_tags(task_consumer: Any) -> frozenset[str] | None:
+    """The tags of a kombu ``Consumer``'s consumers now (``_active_tags``: queue name ->
+    tag), which the broker names in each delivery."""
+    tags = getattr(task_consumer, "_active_tags", None)
+    if isinstance(tags, Mapping) and all(isinstance(tag, str) for tag in tags.values()):
+        return frozenset(tags.values())
+    unavailable(
+        "kombu's Consumer._active_tags",
+        "where RabbitMQ keeps each consumer's prefetch fixed, held requests keep their slots in it",
+    )
+    return None
+
+
 # -- Celery's worker ------------------------------------------------------------------
+
+
+def task_qos_global(consumer: Any) -> bool | None:
+    """Whether the prefetch count Celery raises for ETA (and held) requests is one for
+    the task channel (True), per consumer on an AMQP broker (False: RabbitMQ applies a
+    new count only to consumers created after it), or None (not AMQP: kombu's virtual
+    transports count on the channel)."""
+    connection: Any = getattr(consumer, "connection", None)
+    if getattr(getattr(connection, "transport", None), "driver_type", None) != "amqp":
+        return None
+    recorded = getattr(consumer, "qos_global", None)  # Celery 5.7 records what it chose
+    if isinstance(recorded, bool):
+        return recorded
+    # Before 5.7: Tasks.start's own choice, from the same public parts.
+    if connection.qos_semantics_matches_spec:
+        return False
+    app = consumer.app
+    try:
+        from celery.utils.quorum_queues import detect_quorum_queues
+    except ImportError:  # before Celery 5.5: global QoS, also on quorum queues
+        return True
+    if app.conf.get("worker_detect_quorum_queues", True):
+        quorum, _ = detect_quorum_queues(app, "amqp")
+        if quorum:
+            return False
+    return True
 
 
 def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any] | None:

@@ -2,7 +2,8 @@
 
 Run by workers as ``celery -A tests.apps.events worker -E`` (tests/worker/test_events.py).
 Reads ``TEST_BROKER_URL``, ``TEST_RESULT_URL`` and ``BATON_URL`` from the environment,
-and ``EVENTS_HOLD_HORIZON`` (``baton_hold_horizon``, default 300 s).
+``EVENTS_HOLD_HORIZON`` (``baton_hold_horizon``, default 300 s) and ``EVENTS_QUEUE``
+(the default queue, default ``celery``: a RabbitMQ test uses a queue of its own).
 Every task sleeps ``sleep`` seconds and returns its arguments.
 """
 
@@ -21,6 +22,7 @@ app, baton = make_baton_app(
     worker_prefetch_multiplier=1,
     # A held request goes back to the broker after this long (EVENTS_HOLD_HORIZON).
     baton_hold_horizon=float(os.environ.get("EVENTS_HOLD_HORIZON", "300")),
+    task_default_queue=os.environ.get("EVENTS_QUEUE", "celery"),
 )
 
 

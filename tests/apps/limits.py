@@ -8,6 +8,8 @@ the environment, and these knobs:
   3600). A test that needs a killed worker's ``acks_late`` messages redelivered sets it
   low; the broker then sweeps for them every second (``unacked_restore_*``).
 * ``LIMITS_ACKS_LATE`` (``1``: acks late) and ``LIMITS_PREFETCH`` (default 1).
+* ``LIMITS_QUEUE`` -- the default queue (default ``celery``): a RabbitMQ test uses a
+  queue of its own on the shared server.
 * ``LIMITS_HOLD_MAX`` / ``LIMITS_HOLD_HORIZON`` -- ``baton_hold_max`` (default 10000) and
   ``baton_hold_horizon`` (default 300 s).
 
@@ -46,6 +48,7 @@ app, baton = make_baton_app(
     baton_hold_horizon=float(os.environ.get("LIMITS_HOLD_HORIZON", "300")),
     task_acks_late=os.environ.get("LIMITS_ACKS_LATE") == "1",
     task_ignore_result=True,
+    task_default_queue=os.environ.get("LIMITS_QUEUE", "celery"),
     worker_prefetch_multiplier=int(os.environ.get("LIMITS_PREFETCH", "1")),
     broker_transport_options={
         "visibility_timeout": VISIBILITY,

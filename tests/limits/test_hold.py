@@ -1,9 +1,15 @@
-"""Held requests past the per-worker cap or the time horizon go back to the broker
-(issue 3): unchanged, not lost, and without the worker spinning on them."""
+"""Held requests past the per-worker cap or the time horizon (where the broker's claim
+cannot be renewed) go back to the broker (issue 3): unchanged, not lost, and without
+the worker spinning on them."""
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import time
+
+import kombu
+from celery import Celery
 
 from tests.limits.test_rate_limits import APP, publish
 from tests.support.observer import Observer
@@ -11,24 +17,38 @@ from tests.support.workers import Workers
 
 
 def test_hold_horizon_hands_back_with_id_headers_and_retries(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, rabbitmq_url: str
 ) -> None:
-    """Held past ``baton_hold_horizon`` (1 s here), a message goes back to the broker
-    unchanged: it runs later with its id, its headers and its retry count."""
+    """Held past ``baton_hold_horizon`` (1 s here) on RabbitMQ, whose deliveries have no
+    timeout to renew, a message goes back to the broker unchanged: it runs later with
+    its id, its headers and its retry count. (On Redis the horizon renews the message's
+    claim instead: tests/transport/test_held_renewal.py.)"""
     from tests.apps import limits
 
-    worker = workers.start(APP, concurrency=2, env={"LIMITS_HOLD_HORIZON": "1"})
-    first = limits.paced.apply_async(headers={"x_marker": "one"}, retries=3)
-    second = limits.paced.apply_async(headers={"x_marker": "two"}, retries=3)
+    queue = f"hold-{secrets.token_hex(4)}"
+    env = {"TEST_BROKER_URL": rabbitmq_url, "LIMITS_QUEUE": queue, "LIMITS_HOLD_HORIZON": "1"}
+    publisher = Celery("publisher", broker=rabbitmq_url, set_as_current=False)
+    try:
+        worker = workers.start(APP, concurrency=2, env=env)
+        sent = [
+            publisher.send_task(
+                limits.paced.name, queue=queue, headers={"x_marker": marker}, retries=3
+            )
+            for marker in ("one", "two")
+        ]
+        runs = observer.wait_for(2, timeout=30)  # 12/m: the second starts 5 s after the first
 
-    runs = observer.wait_for(2, timeout=30)  # 12/m: the second starts 5 s after the first
-
-    assert {r.task_id for r in runs} == {first.id, second.id}
-    assert {r.key for r in runs} == {"paced:3:one", "paced:3:two"}
-    assert len(observer.started()) == 2
-    log = worker.log_text()
-    assert "handed back to the broker" in log
-    assert "the horizon" in log
+        assert {r.task_id for r in runs} == {s.id for s in sent}
+        assert {r.key for r in runs} == {"paced:3:one", "paced:3:two"}
+        assert len(observer.started()) == 2
+        log = worker.log_text()
+        assert "handed back to the broker" in log
+        assert "the horizon" in log
+    finally:
+        workers.stop_all(timeout=10)
+        with contextlib.suppress(Exception), kombu.Connection(rabbitmq_url) as conn:
+            conn.default_channel.queue_delete(queue)
+        publisher.close()
 
 
 def test_hold_max_stops_raising_prefetch_beyond_the_cap(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import secrets
 from collections.abc import Iterator, Set
 from functools import cached_property
 from types import SimpleNamespace
@@ -79,10 +80,109 @@ def test_a_redis_channel_keeps_unacked_messages_by_tag_and_restores_one(broker_u
         assert channel.closed is True
 
 
+def test_a_redis_channel_scores_unacked_messages_by_delivery_time(broker_url: str) -> None:
+    """The score kombu's visibility scan compares with the timeout, renewed for a held
+    message still unacked and never added back for one that is gone (held_renewal)."""
+    queue = Queue("baton-internals-restamp", Exchange("baton-restamp"), routing_key="r")
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        queue(channel).declare()
+        conn.Producer(channel).publish({"n": 1}, exchange="baton-restamp", routing_key="r")
+        message = channel.basic_get(queue.name, no_ack=False)
+        assert message is not None
+        restamp = internals.restamp_unacked(channel)
+        assert restamp is not None
+        with channel.conn_or_acquire() as client:
+            index = channel.unacked_index_key
+            delivered = client.zscore(index, message.delivery_tag)
+            assert delivered is not None
+            assert restamp([message.delivery_tag], delivered + 100.0) == [True]
+            assert client.zscore(index, message.delivery_tag) == delivered + 100.0
+            message.ack()
+            assert restamp([message.delivery_tag], delivered + 200.0) == [False]
+            assert client.zscore(index, message.delivery_tag) is None
+        channel.close()
+
+
+def test_an_unacked_message_is_taken_into_another_channel(broker_url: str) -> None:
+    """held_return keeps a held message across a reconnect: the new channel takes it
+    from the unacked index (delivery time renewed), acks it, and it is gone; one no
+    longer unacked is not taken."""
+    queue = Queue("baton-internals-adopt", Exchange("baton-adopt"), routing_key="a")
+    with Connection(broker_url) as conn, Connection(broker_url) as again:
+        old = conn.channel()
+        queue(old).declare()
+        conn.Producer(old).publish({"n": 7}, exchange="baton-adopt", routing_key="a")
+        message = old.basic_get(queue.name, no_ack=False)
+        assert message is not None
+        tag = message.delivery_tag
+        new = again.channel()
+        adopt = internals.adopt_unacked(new)
+        assert adopt is not None
+        with new.conn_or_acquire() as client:
+            delivered = client.zscore(new.unacked_index_key, tag)
+            kept = adopt(tag, delivered + 50.0)
+            assert kept is not None and kept.delivery_tag == tag and kept.payload == {"n": 7}
+            assert client.zscore(new.unacked_index_key, tag) == delivered + 50.0
+            kept.ack()  # through the new channel
+            assert not client.hexists(new.unacked_key, tag)
+            assert client.zscore(new.unacked_index_key, tag) is None
+            assert adopt(tag, delivered + 60.0) is None  # gone: not taken
+            assert client.zscore(new.unacked_index_key, tag) is None
+        internals.unrestored(old).pop(tag, None)  # as held_return does
+        old.close()
+        new.close()
+
+
 def test_the_consumer_counts_held_messages_in_its_prefetch() -> None:
     qos = QoS(lambda prefetch_count: None, 2)
     assert qos.increment_eventually() == 3
     assert qos.decrement_eventually() == 2
+
+
+def test_a_kombu_consumer_keeps_its_consumer_tags_by_queue(rabbitmq_url: str) -> None:
+    """The tags the broker names in each delivery (``Consumer._active_tags``), new ones
+    after a cancel and a consume (worker/transport/consumer_window.py)."""
+    queue = Queue(f"baton-internals-{secrets.token_hex(4)}")
+    with Connection(rabbitmq_url) as conn:
+        consumer = conn.Consumer([queue], callbacks=[lambda body, message: None])
+        consumer.declare()
+        assert internals.consumer_tags(consumer) == frozenset()
+        consumer.consume()
+        first = internals.consumer_tags(consumer)
+        assert first is not None and len(first) == 1
+        consumer.cancel()
+        consumer.consume()
+        again = internals.consumer_tags(consumer)
+        assert again is not None and len(again) == 1 and again != first
+        consumer.cancel()
+        conn.default_channel.queue_delete(queue.name)
+
+
+def test_celery_reads_the_task_channel_qos_as_global_or_per_consumer() -> None:
+    """What ``Tasks.start`` chose for the prefetch it raises: per consumer on an AMQP
+    broker that applies it so (RabbitMQ 4, quorum queues), not asked elsewhere."""
+    from celery import Celery
+
+    def with_queue(queue: Queue) -> Celery:
+        app = Celery("internals", set_as_current=False)
+        app.conf.task_queues = [queue]
+        return app
+
+    app = with_queue(Queue("q", queue_arguments={"x-queue-type": "quorum"}))
+
+    def consumer(driver: str, matches_spec: bool, recorded: object = None) -> SimpleNamespace:
+        transport = SimpleNamespace(driver_type=driver)
+        connection = SimpleNamespace(transport=transport, qos_semantics_matches_spec=matches_spec)
+        return SimpleNamespace(connection=connection, app=app, qos_global=recorded)
+
+    assert internals.task_qos_global(consumer("redis", False)) is None
+    assert internals.task_qos_global(consumer("amqp", False, recorded=True)) is True
+    assert internals.task_qos_global(consumer("amqp", False, recorded=False)) is False
+    assert internals.task_qos_global(consumer("amqp", True)) is False  # RabbitMQ 4
+    assert internals.task_qos_global(consumer("amqp", False)) is False  # quorum queue
+    app = with_queue(Queue("q"))
+    assert internals.task_qos_global(consumer("amqp", False)) is True  # RabbitMQ 3, classic
 
 
 # -- Celery's worker ------------------------------------------------------------------
@@ -197,8 +297,11 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.redis_channel_close(type("Channel", (), {"close": print})) is None
         assert internals.missing_request_hooks(object) == list(internals.REQUEST_HOOKS)
         assert internals.pool_job_cache(SimpleNamespace(flush=print)) is None
+        assert internals.consumer_tags(SimpleNamespace()) is None
+        assert internals.restamp_unacked(SimpleNamespace()) is None
+        assert internals.adopt_unacked(SimpleNamespace()) is None
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 7, warned
+    assert len(warned) == 10, warned
     assert all("docs/compatibility.md" in line for line in warned)
 
 

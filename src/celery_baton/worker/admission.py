@@ -14,9 +14,11 @@ asks for) asks the gate once, and the verdict
   newer publish of the same key replaces it);
 * **Wait**: held in the consumer (``worker/holding.py``), occupying no pool slot, and
   asked again when the gate said it may pass or when the key is released. A
-  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). Past the
-  hold horizon it is handed back to the broker unchanged (``reject(requeue=True)``:
-  same id, headers and retry count; never ``task.retry``).
+  ``"replace"`` delivery first has the run it waits for terminated (a revoke broadcast). At the
+  hold horizon its message's claim on a Redis broker is renewed
+  (``worker/transport/held_renewal.py``); elsewhere it is handed back to the broker
+  unchanged (``reject(requeue=True)``: same id, headers and retry count; never
+  ``task.retry``).
 
 When the store does not answer, ``worker/store_down.py`` says what the request does
 (``baton_on_store_error``: held with back-off, or run unguarded). Each decision is also
@@ -41,7 +43,7 @@ from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
 from celery_baton.worker.events import DecisionEvents
-from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import pool_slots
@@ -71,6 +73,8 @@ class Admission:
         settings: Settings,
         horizon: float,
         lower_priority_first: bool = False,
+        window: PrefetchWindow | None = None,
+        renew: Callable[[list[Delivery]], list[Delivery]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.names = names
@@ -83,6 +87,10 @@ class Admission:
         self.settings = settings
         self.on_store_error = settings.on_store_error
         self.horizon = horizon
+        # Renews held messages' claims on the broker at the horizon (kombu's Redis
+        # transport); returns those it could not renew. None: handed back there.
+        self.renew = renew
+        self._renewal: Any = None  # the timer entry of the renewal sweep
         self.stats = {"admitted": 0, "held": 0, "skipped": 0, "handed_back": 0, "throttled": 0}
         self.events = DecisionEvents(consumer, names)
         self.holding = Holding(
@@ -93,6 +101,7 @@ class Admission:
             stats=self.stats,
             rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
             on_held=self.events.held,
+            window=window,
         )
         self.generation = 0  # bumped when held requests are forgotten (connection lost)
         # A delivery asks only while a pool process can start it now (issue 24 §1).
@@ -196,9 +205,12 @@ class Admission:
             self.holding.release(delivery)
             return
         now = time.monotonic()
-        elapsed = now - delivery.since
-        if delivery.held and elapsed >= self.horizon:
-            self._hand_back(delivery, f"held {elapsed:.0f}s, the horizon")
+        if (
+            delivery.held
+            and now - delivery.claimed_at >= self.horizon
+            and (self.renew is None or self.renew([delivery]))
+        ):
+            self._hand_back(delivery, f"held {now - delivery.since:.0f}s, the horizon")
             return
         if not delivery.held and self.store_down.failed_moments_ago(now):
             # The store failed moments ago: do not wait on it again for every new
@@ -333,6 +345,35 @@ class Admission:
         self.stats["handed_back"] += 1
         self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why)
+
+    def start_renewal(self, consumer: Any) -> None:
+        """At every consumer start: renew the claims of held messages as they reach the
+        horizon, also those that are not at the head of their queue (only a head is
+        asked again, and a long queue's tail may wait past the horizon)."""
+        if self.renew is None:
+            return
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self._renewal = consumer.timer.call_repeatedly(
+            max(0.1, self.horizon / 4), self._renew_due, priority=5
+        )
+
+    def _renew_due(self) -> None:
+        # kombu's timer swallows exceptions: catch everything, no request is lost.
+        try:
+            with self.holding.lock:
+                now = time.monotonic()
+                due = [
+                    d
+                    for d in self.holding.held_deliveries()
+                    if now - d.claimed_at >= self.horizon and not d.asking and not d.reserved_start
+                ]
+                if not due or self.renew is None:
+                    return
+                for delivery in self.renew(due):
+                    self._hand_back(delivery, f"held {now - delivery.since:.0f}s, the horizon")
+        except Exception:
+            logger.exception("baton: renewing held messages failed")
 
     def forget_held(self) -> list[Delivery]:
         """Drop every held request (the connection is gone; the broker redelivers them)."""

@@ -8,7 +8,10 @@ notice, relayed onto the consumer's own loop by ``worker/wake_pipe.py``).
 
 Held deliveries raise the prefetch count like ETA tasks do, so they do not use up the
 window the worker needs to receive work it can run; past ``baton_hold_max`` they keep
-their slot, so the broker stops sending and memory stays bounded.
+their slot, so the broker stops sending and memory stays bounded. Where the broker keeps
+each consumer's prefetch fixed (RabbitMQ: quorum queues, every queue on RabbitMQ 4) the
+raise does not reach it: a ``PrefetchWindow`` (``worker/transport/consumer_window.py``)
+is told of each counted hold and opens the consumer again.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from celery_baton import metrics, signals
 from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
@@ -37,6 +40,24 @@ BACKOFF_START = 0.25
 #: How long a release is remembered: a denial may still be on its way back to the loop
 #: while the release that follows it is already announced.
 REMEMBER_RELEASES = 10.0
+
+
+class PrefetchWindow(Protocol):
+    """Told of each held message that raised the prefetch count, and of its leaving."""
+
+    def held(self, message: Any) -> None: ...
+
+    def left(self, message: Any) -> None: ...
+
+
+class _CountOnly:
+    """The prefetch count alone keeps held messages out of the window."""
+
+    def held(self, message: Any) -> None:
+        pass
+
+    def left(self, message: Any) -> None:
+        pass
 
 
 @dataclass(eq=False)
@@ -64,6 +85,12 @@ class Delivery:
     # The key its last task-baton-held event named, and why (worker/events.py).
     announced: str | None = None
     announced_reason: str = ""
+    # When its message's claim on the broker began: its delivery, or its last renewal
+    # (worker/transport/held_renewal.py). The hold horizon counts from here.
+    claimed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.claimed_at = self.claimed_at or self.since
 
     @property
     def at_start(self) -> bool:
@@ -103,8 +130,10 @@ class Holding:
         stats: dict[str, int],
         rank: Callable[[Any], float | None] = lambda request: None,
         on_held: Callable[[Delivery, Wait], None] = lambda delivery, wait: None,
+        window: PrefetchWindow | None = None,
     ) -> None:
         self.consumer = consumer
+        self.window: PrefetchWindow = window or _CountOnly()
         self.ask = ask
         self.on_held = on_held  # every hold, also of one held already (its task event)
         self.stats = stats
@@ -124,6 +153,13 @@ class Holding:
     @property
     def held_count(self) -> int:
         return len(self._held)
+
+    def held_deliveries(self) -> list[Delivery]:
+        return list(self._held.values())
+
+    def counted_messages(self) -> list[Any]:
+        """The messages of the held deliveries that raised the prefetch count."""
+        return [_message(d) for d in list(self._held.values()) if d.counted]
 
     # -- holding and letting go -------------------------------------------------------
 
@@ -178,6 +214,7 @@ class Holding:
             delivery.counted = True
             self.counted += 1
             self.consumer.qos.increment_eventually()
+            self.window.held(_message(delivery))
         else:
             # Past the cap held requests keep their prefetch slot: the window fills and
             # the broker stops sending to this worker, so memory stays bounded (handing
@@ -199,6 +236,7 @@ class Holding:
                 delivery.counted = False
                 self.counted -= 1
                 self.consumer.qos.decrement_eventually()
+                self.window.left(_message(delivery))
 
     def remove(self, delivery: Delivery) -> None:
         """Take ``delivery`` out of its queue (it stays counted)."""
@@ -319,3 +357,7 @@ class Holding:
             queues = self._queues.woken_by(key)
         for queue_key in queues:
             self._on_timer(queue_key)
+
+
+def _message(delivery: Delivery) -> Any:
+    return getattr(delivery.request, "message", None)

@@ -34,6 +34,8 @@ from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
 from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
+from celery_baton.worker.transport.consumer_window import ConsumerWindow
+from celery_baton.worker.transport.held_renewal import HeldRenewal
 from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
@@ -43,6 +45,20 @@ logger = logging.getLogger("celery_baton.worker")
 def _task_channel(consumer: Any) -> Any:
     """The channel the consumer receives tasks on (None before the Tasks step made it)."""
     return getattr(getattr(consumer, "task_consumer", None), "channel", None)
+
+
+def _deliver(consumer: Any, message: Any) -> None:
+    """Hand ``message`` to the consumer as a new delivery, on its loop's first turn
+    (Celery's loop sets the task consumer's message handler when it starts)."""
+
+    def delivered() -> None:
+        on_message = getattr(getattr(consumer, "task_consumer", None), "on_message", None)
+        if on_message is None:  # not consuming yet: kept in its channel meanwhile
+            consumer.timer.call_after(0.1, delivered)
+            return
+        on_message(message)
+
+    consumer.timer.call_after(0, delivered)
 
 
 def _parts(parent: Any) -> AppParts | None:
@@ -135,6 +151,11 @@ class BatonWorker:
         )
         self.unsent.attach(self.channel)
         self.releasing.attach(self.channel)
+        # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
+        self.window = ConsumerWindow(
+            waiting=self._waiting,
+            held_messages=lambda: self.admission.holding.counted_messages(),
+        )
         self.admission = Admission(
             parent,
             parent.on_task_request,
@@ -146,6 +167,9 @@ class BatonWorker:
             settings=parts.settings,
             horizon=hold_horizon(parts.settings.hold_horizon, broker.visibility),
             lower_priority_first=broker.kombu_redis,
+            window=self.window,
+            # Held messages stay past the horizon where the broker's claim can be renewed.
+            renew=HeldRenewal().renew if broker.kombu_redis and broker.visibility else None,
         )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
@@ -155,6 +179,7 @@ class BatonWorker:
         self.reports = WorkerReports(parts.store, parts.names)
         self._started = False
         self._shut = False
+        self._reopens_told = 0
         if parts.settings.global_rate_limits:
             self._take_over_rate_limits(parent, parts)
         # Without Celery's Request._announce_revoked, its task_revoked signal ends a run.
@@ -205,18 +230,33 @@ class BatonWorker:
             self.channel.rebind(getattr(parent, "hub", None), parent.timer)
             self.releasing.restart(parent.timer)
             if self.held_return is not None:
-                self.held_return.put_back(_task_channel(parent))
+                self.held_return.put_back(
+                    _task_channel(parent), deliver=lambda message: _deliver(parent, message)
+                )
         self.admission.holding.install_wakeup(parent)
+        self.window.start(parent)
+        self.admission.start_renewal(parent)
         try:
             self._report(parent)
         except BatonError as exc:
             logger.warning("baton: store unavailable at start (%s); holding guarded tasks", exc)
+
+    def _waiting(self) -> int:
+        """Requests in this worker waiting for a pool process (not running, not held)."""
+        reserved = len(worker_state.reserved_requests) - len(worker_state.active_requests)
+        return max(0, reserved - int(self.admission.holding.held_count))
 
     def stop(self, parent: Any) -> None:
         # The connection is going away: the broker gives held messages to others again.
         forgotten = self.admission.forget_held()
         if forgotten:
             logger.info("baton: %d held requests left to the broker", len(forgotten))
+        if self.window.reopened > self._reopens_told:
+            self._reopens_told = self.window.reopened
+            logger.info(
+                "baton: the task consumer was opened again %d times for held requests",
+                self.window.reopened,
+            )
         if parent.blueprint.state == bootsteps.RUN:  # a restart: the connection was lost
             if self.held_return is not None:
                 self.held_return.remember(forgotten, _task_channel(parent))

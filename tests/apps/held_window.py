@@ -1,0 +1,72 @@
+"""A Celery app with celery-baton installed: held requests and the prefetch window on
+RabbitMQ (issue 35 §4).
+
+Run by workers as ``celery -A tests.apps.held_window worker``. Reads the usual
+``TEST_*`` variables and ``BATON_URL``, and these knobs:
+
+* ``HELD_QUEUE`` -- the default queue's name (unique per test: a queue's type cannot
+  change once declared);
+* ``HELD_QUEUE_TYPE`` -- ``quorum`` or ``classic`` (default);
+* ``HELD_SINGLE_ACTIVE`` -- ``"1"``: the queue has a single active consumer;
+* ``HELD_PER_CONSUMER`` -- ``"1"``: kombu reads the broker as RabbitMQ 4, which has no
+  global QoS on any queue type, so every prefetch is per consumer (kombu's
+  ``qos_semantics_matches_spec``), also on the RabbitMQ 3 of the test machine.
+
+Celery's defaults otherwise, except ``worker_prefetch_multiplier = 4`` (the issue's
+setting). Every task reports its start to the observer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Task
+from kombu import Queue
+
+from tests.apps.factory import make_baton_app, observer
+
+QUEUE = os.environ.get("HELD_QUEUE", "celery")
+QUEUE_TYPE = os.environ.get("HELD_QUEUE_TYPE", "classic")
+
+
+def queue_arguments(queue_type: str, single_active: bool) -> dict[str, object]:
+    """The default queue's arguments (the test's publisher declares it alike)."""
+    arguments: dict[str, object] = {"x-queue-type": queue_type}
+    if single_active:
+        arguments["x-single-active-consumer"] = True
+    return arguments
+
+
+if os.environ.get("HELD_PER_CONSUMER") == "1":
+    from kombu.transport import pyamqp
+
+    # RabbitMQ 4 reports its version and kombu answers True: per-consumer prefetch.
+    pyamqp.Transport.qos_semantics_matches_spec = lambda self, connection: True
+
+app, baton = make_baton_app(
+    "held_window",
+    baton_socket_timeout=1.0,
+    task_ignore_result=True,
+    task_default_queue=QUEUE,
+    task_queues=[
+        Queue(
+            QUEUE,
+            queue_arguments=queue_arguments(
+                QUEUE_TYPE, os.environ.get("HELD_SINGLE_ACTIVE") == "1"
+            ),
+        )
+    ],
+    worker_prefetch_multiplier=4,
+)
+
+
+@app.task(bind=True, global_rate_limit="2/s")
+def paced(self: Task, n: int) -> None:
+    """Two starts per second across all workers: a backlog of them is held."""
+    observer().run("paced", task_id=self.request.id)
+
+
+@app.task(bind=True)
+def quick(self: Task, n: int) -> None:
+    """A plain task: no limit, nothing to wait for."""
+    observer().run("quick", task_id=self.request.id)
