@@ -272,3 +272,42 @@ def test_admin_edits_are_picked_up_within_seconds(
     assert rows["to_disable"]["enabled"] is False
     assert not store.exists(KEYS.entry("to_disable"))
     assert rows["added"]["total_run_count"] in (len(added), len(added) - 1)
+
+
+@pytest.mark.timeout(200)
+def test_a_slot_the_killed_leader_claimed_is_written_by_the_leader_that_sends_it(
+    workers: Workers,
+    observer: Observer,
+    store: redis.Redis,
+    project: dict[str, str],
+    hosts: list[Machine],
+    tmp_path: Path,
+) -> None:
+    """The leader SIGKILLed right after it claimed a crontab slot (before it sent it):
+    the next leader re-sends the slot and writes the row's ``last_run_at`` and
+    ``total_run_count``. Before, the row said it never ran (4 of 15 runs of issue 35)."""
+    edit(project, [{"name": "minutely", "cron": {"minute": "*"}}])
+    marker = tmp_path / "killed"
+    workers.start(APP, env=project)
+    beats = start_beats(
+        workers,
+        project,
+        hosts,
+        DJBEAT_SCHEDULER="tests.apps.django_project.killed_after_claim:Scheduler",
+        DJBEAT_KILL_AFTER_CLAIM=f"minutely:{marker}",
+    )
+    first = leader(store, beats)
+    deadline = time.monotonic() + 80  # the next minute's slot, claimed
+    while not marker.exists() or first.is_running:
+        assert time.monotonic() < deadline, "the leader did not claim the minute's slot"
+        time.sleep(0.1)
+    second = leader(store, beats, not_pid=first.pid)
+    wait_for_slots(observer, "minutely", 1, timeout=40)
+    slot = min(runs_per_slot(observer, "minutely"))
+    assert "re-sending 'minutely'" in second.log_text(), second.log_tail()
+    deadline = time.monotonic() + 20
+    while (row := edit(project, [])["minutely"])["total_run_count"] != 1:
+        assert time.monotonic() < deadline, f"the re-sent slot {slot} left the row {row}"
+        time.sleep(1)
+    assert row["last_run_at"] == slot, (row, slot)
+    assert runs_per_slot(observer, "minutely")[slot] == 1

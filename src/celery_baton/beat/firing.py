@@ -18,7 +18,7 @@ from celery.utils.log import get_logger
 
 from celery_baton import metrics
 from celery_baton.beat.leader import Leader
-from celery_baton.beat.outbox import Outbox, slot_task_id
+from celery_baton.beat.outbox import Outbox, slot_task_id, slot_time
 from celery_baton.beat.reload import Entries, StoredSlots
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim
@@ -146,13 +146,13 @@ class Firing:
         history: list[str] = []
         missed = len(plan.missed) + plan.missed_beyond
         if missed:
-            line = {"at": now, "kind": "missed", "count": missed}
+            line: dict[str, Any] = {"at": now, "kind": "missed", "count": missed}
             if plan.missed:
                 line.update(first=plan.missed[0], last=plan.missed[-1])
+            if plan.coalesced:
+                line.update(coalesced=True, into=fire[-1])
             history.append(json.dumps(line))
-            logger.warning(
-                "beat: entry %r missed %d slot(s) (misfire=%s)", name, missed, c.policy.misfire
-            )
+            self._log_missed(name, plan.missed, missed, fire[-1] if plan.coalesced else None)
         for slot in suppressed:
             history.append(
                 json.dumps(
@@ -183,6 +183,24 @@ class Firing:
             fired=len(fire),
             missed=missed,
             suppressed=len(suppressed),
+        )
+
+    def _log_missed(self, name: str, slots: list[int], count: int, into: int | None) -> None:
+        misfire = self.entries.compiled[name].policy.misfire
+        span = f" ({slot_time(slots[0])} .. {slot_time(slots[-1])})" if slots else ""
+        if into is None:
+            logger.warning(
+                "beat: entry %r missed %d slot(s)%s (misfire=%s)", name, count, span, misfire
+            )
+            return
+        logger.warning(
+            "beat: entry %r: %d late slot(s)%s coalesced into one run, slot %s; recorded as "
+            "missed (misfire=%s; baton_misfire='all' runs each)",
+            name,
+            count,
+            span,
+            slot_time(into),
+            misfire,
         )
 
     def _plan_trigger(self, name: str, slots: StoredSlots, now: int) -> Claim:
