@@ -165,10 +165,14 @@ def test_two_hosts_leader_killed_each_slot_once_and_runs_written(
     project: dict[str, str],
     hosts: list[Machine],
 ) -> None:
-    edit(project, [{"name": "every1", "every": 1}])
-    settings_entries = json.dumps({"settings2": 2})
-    workers.start(APP, env={**project, "DJBEAT_SETTINGS_ENTRIES": settings_entries})
-    beats = start_beats(workers, project, hosts, DJBEAT_SETTINGS_ENTRIES=settings_entries)
+    # Each slot runs, caught up across the failover (baton_misfire="all"; the default
+    # coalesces late slots: tests/beat/test_late_slots.py).
+    catch_up = json.dumps({"baton_misfire": "all"})
+    edit(project, [{"name": "every1", "every": 1, "fields": {"headers": catch_up}}])
+    settings = {"DJBEAT_SETTINGS_ENTRIES": json.dumps({"settings2": 2})}
+    settings["DJBEAT_SETTINGS_OPTIONS"] = catch_up
+    workers.start(APP, env={**project, **settings})
+    beats = start_beats(workers, project, hosts, **settings)
     first = leader(store, beats)
     wait_for_slots(observer, "every1", 6, timeout=30)  # the first leader fires
     first.kill()
@@ -311,3 +315,8 @@ def test_a_slot_the_killed_leader_claimed_is_written_by_the_leader_that_sends_it
         time.sleep(1)
     assert row["last_run_at"] == slot, (row, slot)
     assert runs_per_slot(observer, "minutely")[slot] == 1
+    # Who leads, in each beat's log: the one that took over named the killed one while
+    # it stood by, and names itself as it leads.
+    lines = second.log_text().splitlines()
+    assert any("standing by;" in x and f":{first.pid}:" in x for x in lines), lines[:20]
+    assert any("leading the schedule" in x and f":{second.pid}:" in x for x in lines)

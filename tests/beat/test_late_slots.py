@@ -11,6 +11,8 @@ in any second.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -26,7 +28,9 @@ from tests.beat.helpers import (
     wait_for_slots,
 )
 from tests.beat.test_processes import drain
+from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer
+from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -66,6 +70,24 @@ def test_a_failover_runs_the_late_slots_of_an_entry_once(
     coalesced = [x for x in history if x["kind"] == "missed" and x.get("coalesced")]
     assert coalesced and coalesced[0]["count"] >= 2, history
     assert "coalesced into one run" in second.log_text(), second.log_tail()
+    # Where the operator looks: the history lists the missed slots, counted.
+    shown = baton_text(workers, env, "schedule", "history", "every1")
+    assert f"missed {coalesced[0]['count']}" in shown and "coalesced into" in shown, shown
+    assert "fired / missed" in baton_text(workers, env, "schedule")
+
+
+def baton_text(workers: Workers, env: dict[str, str], *args: str) -> str:
+    """``celery -A tests.apps.beat_app baton ARGS``: what the operator reads."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "baton", *args],
+        env={**_process_env({**workers.env, **env}), "COLUMNS": "200"},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.fixture

@@ -40,7 +40,8 @@ STORE_FAILURES: tuple[type[BaseException], ...] = (*STORE_ERRORS, redis.RedisErr
 
 class Firing:
     """Plans, claims and publishes the due slots of ``entries``; ``fired`` is called
-    with the claims the store accepted, after their slots were published."""
+    with the claims the store accepted, after their slots were published and before
+    they leave the outbox."""
 
     def __init__(
         self,
@@ -112,10 +113,13 @@ class Firing:
             for task_id, payload in claim.outbox:
                 if self.outbox.publish_slot(claim.name, task_id, json.loads(payload)):
                     published.append(task_id)
-        if published:
-            self.state.sent(published)
+        # Recorded before the items leave the outbox: a leader killed in between leaves
+        # them to the next one, which re-sends them and records the same slots again
+        # (a record that changes nothing: the Django scheduler's row write).
         if accepted:
             self.fired(accepted)
+        if published:
+            self.state.sent(published)
 
     def _advance(self, claim: Claim) -> None:
         """Keep what an accepted claim wrote: the next slot, the last one fired."""

@@ -45,12 +45,14 @@ CELERY_BEAT_SCHEDULER = os.environ.get(
     "DJBEAT_SCHEDULER", "celery_baton.beat.django:DjangoScheduler"
 )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Entries of beat_schedule stay apart from the tables: {name: seconds}.
+# Entries of beat_schedule stay apart from the tables: {name: seconds}, each with the
+# options DJBEAT_SETTINGS_OPTIONS (JSON) names.
 CELERY_BEAT_SCHEDULE = {
     name: {
         "task": "tests.apps.django_project.celery_app.record",
         "schedule": float(every),
         "args": (name,),
+        "options": json.loads(os.environ.get("DJBEAT_SETTINGS_OPTIONS", "{}")),
     }
     for name, every in json.loads(os.environ.get("DJBEAT_SETTINGS_ENTRIES", "{}")).items()
 }
