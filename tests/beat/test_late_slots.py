@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from celery_baton.beat.state import BeatKeys
 from tests.beat.helpers import (
     BEAT_KEYS,
     beat_env,
@@ -118,3 +119,11 @@ def test_slots_held_for_a_new_stores_grace_run_once(
     print(f"\nNEW STORE: at most {most} runs of the 1 s entry within one second")
     assert most <= 2, f"{most} runs of a 1 s entry within one second after the grace"
     assert "coalesced into the later slot" in worker.log_text(), worker.log_tail()
+    # Counted as missed in the entry, where `celery baton schedule` shows it.
+    keys = BeatKeys(app="first_run")
+    with fresh.client() as store:
+        missed = int(store.hget(keys.entry("every1"), "missed") or 0)
+        lines = [json.loads(x) for x in store.lrange(keys.history("every1"), 0, -1)]
+    held = [x for x in lines if x["kind"] == "missed" and x.get("at_worker")]
+    assert held and all(x["coalesced"] and x["into"] > x["first"] for x in held), lines
+    assert missed >= len(held) >= 3, (missed, lines)

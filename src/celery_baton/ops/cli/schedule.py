@@ -158,6 +158,8 @@ def _kind(line: dict[str, Any]) -> str:
         text += f" (to {str(line['last'])[11:23]})"
     if line.get("coalesced"):
         text += f", coalesced into {str(line.get('into'))[11:23]}"
+    if line.get("at_worker"):
+        text += " (held at a worker)"
     return text
 
 
