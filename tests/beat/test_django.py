@@ -229,6 +229,9 @@ def test_admin_edits_are_picked_up_within_seconds(
     leader(store, [b for b in workers.started if isinstance(b, BeatProcess)])
     time.sleep(7)
     clocked_at = ms_now() + 4000
+    # The edit's save lands before its process ends: a beat may pick it up before then
+    # (a loaded machine saw the new interval's first slot before ``edited``).
+    editing = ms_now()
     edit(
         project,
         [
@@ -251,7 +254,7 @@ def test_admin_edits_are_picked_up_within_seconds(
 
     pickup = 5000  # poll (2 s) + an interval (1 s) + a loaded machine's margin
     every2 = sorted(runs_per_slot(observer, "every2"))
-    before = [s for s in every2 if s < edited]
+    before = [s for s in every2 if s < editing]
     after = [s for s in every2 if s > edited + pickup]
     assert {b - a for a, b in itertools.pairwise(before)} == {2000}, before
     assert {b - a for a, b in itertools.pairwise(after)} == {1000}, after
