@@ -219,9 +219,13 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.misfire not in MISFIRE_POLICIES:
-            raise ValueError(f"baton_misfire must be one of {MISFIRE_POLICIES}")
+            raise ValueError(
+                f"baton_misfire must be one of {MISFIRE_POLICIES}, got {self.misfire!r}"
+            )
         if self.overlap not in OVERLAP_POLICIES:
-            raise ValueError(f"baton_overlap must be one of {OVERLAP_POLICIES}")
+            raise ValueError(
+                f"baton_overlap must be one of {OVERLAP_POLICIES}, got {self.overlap!r}"
+            )
         if self.grace < 0:
             raise ValueError("baton_misfire_grace must be >= 0")
         if self.max_runs < 1:
