@@ -57,7 +57,8 @@ def test_a_failover_runs_the_late_slots_of_an_entry_once(
     first.kill()
     killed_ms = int(time.time() * 1000)
     second = wait_for_leader(store, beats, not_pid=first.pid)
-    wait_for_slots(observer, "every1", 4, after_ms=killed_ms, timeout=40)
+    # Soon after the takeover: its history line is then among the newest the CLI lists.
+    wait_for_slots(observer, "every1", 3, after_ms=killed_ms, timeout=40)
     second.stop()
     drain(observer)
 
@@ -69,11 +70,13 @@ def test_a_failover_runs_the_late_slots_of_an_entry_once(
     assert missed >= 2, f"the coalesced slots are not recorded as missed ({missed})"
     history = [json.loads(x) for x in store.lrange(BEAT_KEYS.history("every1"), 0, -1)]
     coalesced = [x for x in history if x["kind"] == "missed" and x.get("coalesced")]
-    assert coalesced and coalesced[0]["count"] >= 2, history
+    # The takeover's; a loaded machine's beat late by a second coalesces two slots too.
+    burst = max(coalesced, key=lambda x: int(x["count"]), default={"count": 0})
+    assert burst["count"] >= 2, history
     assert "coalesced into one run" in second.log_text(), second.log_tail()
     # Where the operator looks: the history lists the missed slots, counted.
     shown = baton_text(workers, env, "schedule", "history", "every1")
-    assert f"missed {coalesced[0]['count']}" in shown and "coalesced into" in shown, shown
+    assert f"missed {burst['count']}" in shown and "coalesced into" in shown, shown
     assert "fired / missed" in baton_text(workers, env, "schedule")
 
 
