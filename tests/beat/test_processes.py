@@ -68,7 +68,14 @@ BEAT_SECONDS = float(os.environ.get("BATON_TEST_BEAT_SECONDS", "45"))
 def test_three_beats_leader_killed_twice_each_slot_once(
     workers: Workers, observer: Observer, store_server: StoreServer, store: redis.Redis
 ) -> None:
-    env = beat_env({"every1": {"every": 1}, "minutely": {"cron": "* * * * *"}})
+    # every1 catches up (baton_misfire="all"): each slot runs, once, across the failovers;
+    # the default (late slots coalesced) is tests/beat/test_late_slots.py.
+    env = beat_env(
+        {
+            "every1": {"every": 1, "options": {"baton_misfire": "all"}},
+            "minutely": {"cron": "* * * * *"},
+        }
+    )
     workers.start(APP, env=env, concurrency=4)
     beats: list[BeatProcess] = [workers.start_beat(APP, env=env, wait=False) for _ in range(3)]
     for beat in beats:
@@ -116,7 +123,10 @@ def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
 ) -> None:
     env = beat_env(
         {
-            "every1": {"every": 1},
+            "every1": {
+                "every": 1,
+                "options": {"baton_misfire": "all"},
+            },  # each slot, across the restart
             "zero": {"every": 0},
             "ghost": {"every": 5, "task": "no.such.task"},
         }
@@ -148,7 +158,7 @@ def test_store_restart_beat_goes_on_and_bad_entries_are_refused(
 def test_single_beat_restarted_no_extra_runs(
     workers: Workers, observer: Observer, store_server: StoreServer, store: redis.Redis
 ) -> None:
-    env = beat_env({"every2": {"every": 2}})
+    env = beat_env({"every2": {"every": 2, "options": {"baton_misfire": "all"}}})
     workers.start(APP, env=env, concurrency=2)
     for _ in range(5):
         beat = workers.start_beat(APP, env=env)

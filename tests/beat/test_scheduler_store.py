@@ -73,7 +73,7 @@ def test_a_claim_the_store_lost_is_written_back_not_sent_again(
 def test_store_down_fires_nothing_and_resumes(
     make_app: Callable[..., Celery], clock: Clock, schedulers: Build, store_server: Any
 ) -> None:
-    s = schedulers(make_app({"e": entry(1.0)}), clock)
+    s = schedulers(make_app({"e": entry(1.0, baton_misfire="all")}), clock)
     tick(s)
     clock.advance(1)
     tick(s)

@@ -78,7 +78,9 @@ def test_global_rate_limit(prod_workers: Workers, observer: Observer) -> None:
 def test_two_beats_leader_killed_each_slot_once(
     prod_workers: Workers, observer: Observer, prod_store: ProdStore
 ) -> None:
-    env = beat_env({"every1": {"every": 1}})
+    env = beat_env(
+        {"every1": {"every": 1, "options": {"baton_misfire": "all"}}}
+    )  # each slot, caught up
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
     beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:

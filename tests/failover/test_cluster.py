@@ -224,7 +224,9 @@ def test_beat_master_killed_beats_recover(
 ) -> None:
     """SIGKILL the master serving the beat's keys under two beats: the beats go on
     on the promoted replica; every slot after the failover runs; duplicates measured."""
-    env = beat_env({"every1": {"every": 1}})
+    env = beat_env(
+        {"every1": {"every": 1, "options": {"baton_misfire": "all"}}}
+    )  # each slot, caught up
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
     beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:

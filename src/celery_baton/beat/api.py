@@ -262,7 +262,7 @@ def describe_schedule(
 
 def _history_line(raw: str) -> dict[str, Any]:
     line: dict[str, Any] = json.loads(raw)
-    for key in ("at", "slot", "first", "last"):
+    for key in ("at", "slot", "first", "last", "into"):
         if key in line:
             line[key] = _iso(line[key])
     return line

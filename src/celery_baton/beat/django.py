@@ -370,30 +370,55 @@ class DjangoScheduler(Scheduler):
     def fired(self, claims: list[Claim]) -> None:
         """Write each fired row's ``last_run_at`` and ``total_run_count``; disable a
         one-off row (django-celery-beat's end state: disabled, count 0, no last run)."""
+        for claim in claims:
+            self._record_runs(claim.name, claim.fired, claim.last_slot)
+
+    def resent(self, items: list[dict[str, Any]]) -> None:
+        """The slots this leader re-sent for a leader that claimed them and died: their
+        rows are written as if this leader had fired them (it is the one that sent)."""
+        runs: dict[str, list[int | None]] = {}
+        for item in items:
+            slot = int(item["slot"]) if item.get("kind") == "fired" else None
+            runs.setdefault(str(item.get("entry")), []).append(slot)
+        for name, slots in runs.items():
+            scheduled = [slot for slot in slots if slot is not None]
+            self._record_runs(name, len(slots), max(scheduled) if scheduled else None)
+
+    def _record_runs(self, name: str, runs: int, last_slot: int | None) -> None:
+        """``runs`` more runs of ``name``'s row, the last at ``last_slot``. Only a row
+        whose ``last_run_at`` is before ``last_slot`` is written: the same slots recorded
+        again (a leader killed after its write, before clearing the outbox: the next one
+        re-sends them) change nothing."""
         from django.db.models import F
 
-        for claim in claims:
-            ref = self._rows.get(claim.name)
-            if ref is None or not claim.fired:
-                continue
-            if ref.one_off:  # django-celery-beat's one-off disable bumps the change signal
-                self._update(
-                    [ref.pk], bump=True, enabled=False, total_run_count=0, last_run_at=None
-                )
-                continue
-            values: dict[str, Any] = {"total_run_count": F("total_run_count") + claim.fired}
-            if claim.last_slot is not None:
-                values["last_run_at"] = _db_time(claim.last_slot)
+        ref = self._rows.get(name)
+        if ref is None or not runs:
+            return
+        if ref.one_off:  # django-celery-beat's one-off disable bumps the change signal
+            self._update([ref.pk], bump=True, enabled=False, total_run_count=0, last_run_at=None)
+            return
+        values: dict[str, Any] = {"total_run_count": F("total_run_count") + runs}
+        if last_slot is None:  # a triggered run: counted, its slot is not the schedule's
             self._update([ref.pk], **values)
+            return
+        at = _db_time(last_slot)
+        self._update([ref.pk], before=at, last_run_at=at, **values)
 
-    def _update(self, pks: list[Any], *, bump: bool = False, **values: Any) -> None:
+    def _update(
+        self, pks: list[Any], *, bump: bool = False, before: datetime | None = None, **values: Any
+    ) -> None:
         """An UPDATE of these columns only: no model save, so no change signal (unless
-        ``bump``), and an admin edit of the other columns at that moment is not undone."""
+        ``bump``), and an admin edit of the other columns at that moment is not undone.
+        With ``before``: only rows whose ``last_run_at`` is unset or earlier."""
         from django.db import Error
+        from django.db.models import Q
         from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
+        rows = PeriodicTask.objects.filter(pk__in=pks)
+        if before is not None:
+            rows = rows.filter(Q(last_run_at__isnull=True) | Q(last_run_at__lt=before))
         try:
-            PeriodicTask.objects.filter(pk__in=pks).update(**values)
+            rows.update(**values)
             if bump:
                 PeriodicTasks.update_changed()
         except Error as exc:

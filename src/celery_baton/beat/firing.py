@@ -18,7 +18,7 @@ from celery.utils.log import get_logger
 
 from celery_baton import metrics
 from celery_baton.beat.leader import Leader
-from celery_baton.beat.outbox import Outbox, slot_task_id
+from celery_baton.beat.outbox import Outbox, slot_task_id, slot_time
 from celery_baton.beat.reload import Entries, StoredSlots
 from celery_baton.beat.slots import plan_due
 from celery_baton.beat.state import BeatState, Claim
@@ -40,7 +40,8 @@ STORE_FAILURES: tuple[type[BaseException], ...] = (*STORE_ERRORS, redis.RedisErr
 
 class Firing:
     """Plans, claims and publishes the due slots of ``entries``; ``fired`` is called
-    with the claims the store accepted, after their slots were published."""
+    with the claims the store accepted, after their slots were published and before
+    they leave the outbox."""
 
     def __init__(
         self,
@@ -112,10 +113,13 @@ class Firing:
             for task_id, payload in claim.outbox:
                 if self.outbox.publish_slot(claim.name, task_id, json.loads(payload)):
                     published.append(task_id)
-        if published:
-            self.state.sent(published)
+        # Recorded before the items leave the outbox: a leader killed in between leaves
+        # them to the next one, which re-sends them and records the same slots again
+        # (a record that changes nothing: the Django scheduler's row write).
         if accepted:
             self.fired(accepted)
+        if published:
+            self.state.sent(published)
 
     def _advance(self, claim: Claim) -> None:
         """Keep what an accepted claim wrote: the next slot, the last one fired."""
@@ -146,13 +150,13 @@ class Firing:
         history: list[str] = []
         missed = len(plan.missed) + plan.missed_beyond
         if missed:
-            line = {"at": now, "kind": "missed", "count": missed}
+            line: dict[str, Any] = {"at": now, "kind": "missed", "count": missed}
             if plan.missed:
                 line.update(first=plan.missed[0], last=plan.missed[-1])
+            if plan.coalesced:
+                line.update(coalesced=True, into=fire[-1])
             history.append(json.dumps(line))
-            logger.warning(
-                "beat: entry %r missed %d slot(s) (misfire=%s)", name, missed, c.policy.misfire
-            )
+            self._log_missed(name, plan.missed, missed, fire[-1] if plan.coalesced else None)
         for slot in suppressed:
             history.append(
                 json.dumps(
@@ -183,6 +187,24 @@ class Firing:
             fired=len(fire),
             missed=missed,
             suppressed=len(suppressed),
+        )
+
+    def _log_missed(self, name: str, slots: list[int], count: int, into: int | None) -> None:
+        misfire = self.entries.compiled[name].policy.misfire
+        span = f" ({slot_time(slots[0])} .. {slot_time(slots[-1])})" if slots else ""
+        if into is None:
+            logger.warning(
+                "beat: entry %r missed %d slot(s)%s (misfire=%s)", name, count, span, misfire
+            )
+            return
+        logger.warning(
+            "beat: entry %r: %d late slot(s)%s coalesced into one run, slot %s; recorded as "
+            "missed (misfire=%s; baton_misfire='all' runs each)",
+            name,
+            count,
+            span,
+            slot_time(into),
+            misfire,
         )
 
     def _plan_trigger(self, name: str, slots: StoredSlots, now: int) -> Claim:

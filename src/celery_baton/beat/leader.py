@@ -73,7 +73,9 @@ class Leader:
         new_term = False
         if reply.leading:
             if not self.leading or reply.fence != self.fence:
-                logger.info("beat: leading the schedule (fence %s)", reply.fence)
+                # Who leads, named as the other beats' "standing by" lines and
+                # `celery baton schedule` name it (host:pid:id).
+                logger.info("beat: leading the schedule (fence %s) as %s", reply.fence, self.owner)
                 metrics.beat_leader_changes.inc()
                 new_term = True
             self.leading = True

@@ -29,6 +29,8 @@ SLOT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "celery-baton:beat:slot")
 
 #: ``Scheduler.publish``: sends one slot's message (a test records it instead).
 Publish = Callable[..., Any]
+#: ``Scheduler.resent``: told the outbox items (``{entry, slot, kind}``) a re-send published.
+Resent = Callable[[list[dict[str, Any]]], None]
 
 
 def slot_task_id(
@@ -55,7 +57,9 @@ class Outbox:
     """Publishes the leader's claimed slots; re-sends what a claim left unsent.
 
     ``compiled`` is the leader's compiled entries (read, never written), ``publish``
-    sends one message, ``ttl`` is how often the outbox is read (the lease's ttl).
+    sends one message, ``ttl`` is how often the outbox is read (the lease's ttl),
+    ``resent`` is told what a re-send published (the leader that sends a slot records
+    its run, whoever claimed it: the Django scheduler writes the row).
     """
 
     def __init__(
@@ -64,11 +68,13 @@ class Outbox:
         compiled: Mapping[str, CompiledEntry],
         publish: Publish,
         ttl: float,
+        resent: Resent | None = None,
     ) -> None:
         self.state = state
         self.compiled = compiled
         self.publish = publish
         self.ttl = ttl
+        self.resent = resent
         self.resend_at = 0.0  # monotonic
 
     def publish_slot(self, name: str, task_id: str, item: dict[str, Any]) -> bool:
@@ -100,6 +106,7 @@ class Outbox:
             return
         published: list[str] = []
         dropped: list[str] = []
+        sent_items: list[dict[str, Any]] = []
         for task_id, item in pending.items():
             name = str(item.get("entry"))
             if name not in self.compiled:
@@ -111,6 +118,11 @@ class Outbox:
             )
             if self.publish_slot(name, task_id, item):
                 published.append(task_id)
+                sent_items.append(item)
+        # Recorded before the items leave the outbox: a leader killed in between leaves
+        # them to the next one, whose record of the same slots changes nothing.
+        if sent_items and self.resent is not None:
+            self.resent(sent_items)
         self.state.sent(published + dropped)
 
 

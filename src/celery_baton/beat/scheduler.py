@@ -118,7 +118,7 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         self._beat = state
         self.leader.attach(state)
         self.entries = Entries(self.app, self.settings, state, self.leader, self.Entry)
-        self.outbox = Outbox(state, self.entries.compiled, self.publish, self.ttl)
+        self.outbox = Outbox(state, self.entries.compiled, self.publish, self.ttl, self.resent)
         self.firing = Firing(
             self.app, self.settings, state, self.leader, self.entries, self.outbox, self.fired
         )
@@ -222,6 +222,12 @@ class Scheduler(celery.beat.Scheduler):  # type: ignore[misc]
         """Called by the leader with the claims the store accepted, after their slots
         were published: for a subclass that records runs elsewhere too (the Django
         scheduler writes django-celery-beat's ``last_run_at``)."""
+
+    def resent(self, items: list[dict[str, Any]]) -> None:
+        """Called by the leader with the outbox items (``{entry, slot, kind}``) it
+        re-sent: slots another leader claimed and did not send (or did not clear), for
+        a subclass that records runs elsewhere too. The same slot may come again (sent,
+        then re-sent): a record of it must change nothing the second time."""
 
     def publish(
         self,

@@ -219,9 +219,13 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.misfire not in MISFIRE_POLICIES:
-            raise ValueError(f"baton_misfire must be one of {MISFIRE_POLICIES}")
+            raise ValueError(
+                f"baton_misfire must be one of {MISFIRE_POLICIES}, got {self.misfire!r}"
+            )
         if self.overlap not in OVERLAP_POLICIES:
-            raise ValueError(f"baton_overlap must be one of {OVERLAP_POLICIES}")
+            raise ValueError(
+                f"baton_overlap must be one of {OVERLAP_POLICIES}, got {self.overlap!r}"
+            )
         if self.grace < 0:
             raise ValueError("baton_misfire_grace must be >= 0")
         if self.max_runs < 1:
@@ -245,15 +249,20 @@ class DuePlan:
     #: how many more missed slots there were than ``missed`` lists (enumeration cut)
     missed_beyond: int
     next_slot: int
+    #: whether the missed slots were coalesced into the one that fires (the late slots
+    #: of one entry run once), rather than dropped (past the grace, or ``max_runs``)
+    coalesced: bool = False
 
 
 def plan_due(rule: SlotRule, next_slot: int, now_ms: int, policy: Policy) -> DuePlan:
     """Split the slots in ``[next_slot, now_ms]`` into fired and missed.
 
-    A slot at most ``policy.grace`` seconds old is on time and fires (so the slots of a
-    short failover are caught up). Older slots are late: ``skip`` fires none of them,
-    ``latest`` fires the newest one unless an on-time slot fires anyway, ``all`` fires
-    them. At most ``policy.max_runs`` slots fire (the newest); the rest are missed.
+    When several slots of one entry are due at once (a leader failover, a beat or store
+    outage), they are late: as Celery's own beat, the entry runs once for them, and the
+    others are recorded as missed. A slot at most ``policy.grace`` seconds old is on
+    time: ``skip`` and ``latest`` fire the newest on-time slot; ``latest`` fires the
+    newest late one when none is on time; ``skip`` then fires none. ``all`` fires every
+    slot, the newest ``policy.max_runs`` (a catch-up); the rest are missed.
     """
     slots: list[int] = []
     slot = next_slot
@@ -270,12 +279,16 @@ def plan_due(rule: SlotRule, next_slot: int, now_ms: int, policy: Policy) -> Due
     on_time = [s for s in slots if now_ms - s <= grace_ms]
     late = [s for s in slots if now_ms - s > grace_ms]
     if policy.misfire == "all":
-        fire = late + on_time
-    elif policy.misfire == "latest" and late and not on_time:
+        fire = (late + on_time)[-policy.max_runs :]
+    elif on_time:
+        fire = on_time[-1:]
+    elif policy.misfire == "latest":
         fire = late[-1:]
     else:
-        fire = on_time
-    fire = fire[-policy.max_runs :]
+        fire = []
     fired = set(fire)
     missed = [s for s in slots if s not in fired]
-    return DuePlan(fire=fire, missed=missed, missed_beyond=beyond, next_slot=slot)
+    coalesced = bool(fire) and policy.misfire != "all" and bool(missed or beyond)
+    return DuePlan(
+        fire=fire, missed=missed, missed_beyond=beyond, next_slot=slot, coalesced=coalesced
+    )

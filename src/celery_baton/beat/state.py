@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_baton.core.keys import digest
+from celery_baton.core.policy.slot_runs import beat_base
 from celery_baton.store.connection import Store
 
 #: The schedule name of an app created without a name (``Celery()``).
@@ -50,7 +51,7 @@ class BeatKeys:
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}:{{beat:{self.app}}}"
+        return beat_base(self.prefix, self.app)
 
     @property
     def leader(self) -> str:

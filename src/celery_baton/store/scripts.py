@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "beat_define",
     "beat_remove",
     "beat_mark",
+    "beat_missed",
     "debounce_record",
     "debounce_decide",
     "throttle_decide",

@@ -293,7 +293,13 @@ class Admission:
             wait_timeout=delivery.policy.exclusive_wait_timeout,
         )
         if isinstance(outcome, Start):
-            late = misfire.follow(delivery, decision, self.releasing)  # a held beat slot
+            late = misfire.follow(  # a held beat slot
+                delivery,
+                decision,
+                self.releasing,
+                prefix=self.names.prefix,
+                history=self.settings.beat_history,
+            )
             if late is not None:
                 self._skip(delivery, late)
             else:

@@ -40,14 +40,19 @@ CELERY_RESULT_BACKEND = os.environ.get("TEST_RESULT_URL")
 CELERY_BATON_URL = os.environ["BATON_URL"]
 CELERY_TIMEZONE = "UTC"
 CELERY_RESULT_EXPIRES = None
-CELERY_BEAT_SCHEDULER = "celery_baton.beat.django:DjangoScheduler"
+# DJBEAT_SCHEDULER: a test's subclass (killed_after_claim.py).
+CELERY_BEAT_SCHEDULER = os.environ.get(
+    "DJBEAT_SCHEDULER", "celery_baton.beat.django:DjangoScheduler"
+)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Entries of beat_schedule stay apart from the tables: {name: seconds}.
+# Entries of beat_schedule stay apart from the tables: {name: seconds}, each with the
+# options DJBEAT_SETTINGS_OPTIONS (JSON) names.
 CELERY_BEAT_SCHEDULE = {
     name: {
         "task": "tests.apps.django_project.celery_app.record",
         "schedule": float(every),
         "args": (name,),
+        "options": json.loads(os.environ.get("DJBEAT_SETTINGS_OPTIONS", "{}")),
     }
     for name, every in json.loads(os.environ.get("DJBEAT_SETTINGS_ENTRIES", "{}")).items()
 }

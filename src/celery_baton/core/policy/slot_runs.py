@@ -23,6 +23,13 @@ from typing import Any
 from celery_baton.core.policy.headers import BEAT_ENTRY_HEADER, BEAT_SLOT_HEADER, SERIES_HEADER
 
 
+def beat_base(prefix: str, app: str) -> str:
+    """The start of every key of the beat schedule of the app named ``app`` (its hash
+    tag keeps them on one Cluster slot): beat/state.py's keys, and the entry's hash and
+    history a worker counts a held slot it did not run in (worker/misfire.py)."""
+    return f"{prefix}:{{beat:{app}}}"
+
+
 @dataclass(frozen=True)
 class SlotRun:
     """A scheduled slot of ``entry`` (of the app whose schedule is ``app``) and the slot

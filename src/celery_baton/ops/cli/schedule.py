@@ -48,14 +48,12 @@ def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = No
                     (e.get("next_slot") or "-")[:19],
                     (e.get("last_slot") or "-")[:19],
                     e.get("last_id") or "-",
+                    f"{e.get('fired', 0)} / {e.get('missed', 0)}",
                     flags + (" paused" if e.get("paused") else ""),
                 )
             )
-        text += "\n\n" + (
-            table(rows, ["entry", "next slot (UTC)", "last slot", "task id", "policy"], keep=(0,))
-            if rows
-            else "no entries"
-        )
+        headers = ["entry", "next slot (UTC)", "last slot", "task id", "fired / missed", "policy"]
+        text += "\n\n" + (table(rows, headers, keep=(0,)) if rows else "no entries")
         if data.get("refused"):
             text += "\n\nrefused: " + ", ".join(f"{k} ({v})" for k, v in data["refused"].items())
         return data, text
@@ -132,8 +130,8 @@ def schedule_history(ctx: click.Context, name: str, as_json: bool = False) -> No
         table(
             [
                 (
-                    x.get("slot") or "-",
-                    x.get("kind") or "-",
+                    x.get("slot") or x.get("first") or "-",
+                    _kind(x),
                     x.get("id") or "-",
                     x.get("at") or "-",
                     x["state"] or "-",
@@ -147,6 +145,22 @@ def schedule_history(ctx: click.Context, name: str, as_json: bool = False) -> No
         else f"{name}: no runs yet"
     )
     emit(ctx, lines, text)
+
+
+def _kind(line: dict[str, Any]) -> str:
+    """A history line's kind; a missed line with its count and, when the late slots were
+    coalesced into one run, the slot that ran for them."""
+    kind = str(line.get("kind") or "-")
+    if kind != "missed":
+        return kind
+    text = f"missed {line.get('count', '?')}"
+    if line.get("last") and line.get("last") != line.get("first"):
+        text += f" (to {str(line['last'])[11:23]})"
+    if line.get("coalesced"):
+        text += f", coalesced into {str(line.get('into'))[11:23]}"
+    if line.get("at_worker"):
+        text += " (held at a worker)"
+    return text
 
 
 @schedule.command("import")
