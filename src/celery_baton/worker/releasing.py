@@ -19,7 +19,6 @@ had buffered, which is what makes the give-back of a lost ask safe.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -35,10 +34,10 @@ from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")
 
-GONE_POLL = 0.01  # seconds between looks at a terminated run's process
-#: Seconds a terminated run's leases are kept at most while its process still lives (a
-#: process stuck in the kernel; or a pid taken again): then released, logged. The fence
-#: of the next holder still guards against the late run.
+GONE_POLL = 0.01  # seconds between looks at a terminated run's process or greenlet
+#: Seconds a terminated run's leases are kept at most while its body still runs (a
+#: process stuck in the kernel, or a pid taken again; a greenlet that ignores its exit):
+#: then released, logged. The fence of the next holder still guards against the late run.
 GONE_WAIT_MAX = 10.0
 
 
@@ -156,9 +155,10 @@ class Releasing:
             return policy.unique_ttl
         return max(1.0, min(policy.unique_ttl, self.redelivery_window))
 
-    def finish_when_gone(
+    def finish_when_ended(
         self,
-        pid: int,
+        ended: Callable[[], bool],
+        what: str,
         request: Any,
         policy: TaskPolicy,
         plan: RunPlan,
@@ -166,11 +166,12 @@ class Releasing:
         final: bool,
         unacked: bool = False,
     ) -> Callable[[], None]:
-        """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
-        announces the revoke right after sending the signal, while the process may still
-        run; until it is gone the run keeps its leases (and the lease book renews them).
-        Returns the call that finishes it at once (the job's end was reported after all:
-        the run survived the signal and returned)."""
+        """:meth:`finish` a terminated run once ``ended()`` (its pool process is gone, its
+        greenlet dead: ``worker/pool/job_end.py``): Celery announces the revoke right
+        after asking the pool to stop it, while the body may still run; until it ended
+        the run keeps its leases (and the lease book renews them). ``what`` ran it (for
+        the log). Returns the call that finishes it at once (the job's end was reported:
+        the body unwound, or survived the stop and returned)."""
         deadline = time.monotonic() + GONE_WAIT_MAX
         pending = [True]
 
@@ -183,15 +184,15 @@ class Releasing:
             if not pending:
                 return
             try:
-                if process_gone(pid):
+                if ended():
                     end_now()
                 elif time.monotonic() > deadline:
                     logger.warning(
-                        "baton: %s[%s] was terminated but its process %d still runs after "
-                        "%.0fs; releasing its keys",
+                        "baton: %s[%s] was terminated but %s still runs after %.0fs; "
+                        "releasing its keys",
                         request.name,
                         request.id,
-                        pid,
+                        what,
                         GONE_WAIT_MAX,
                     )
                     end_now()
@@ -279,22 +280,3 @@ class Releasing:
         """The consumer restarted (a lost broker connection): its timers were reset."""
         self.timer = timer
         self.unsent.restart(timer)
-
-
-def process_gone(pid: int) -> bool:
-    """Whether process ``pid`` no longer runs code (exited; a zombie counts as gone)."""
-    if os.path.isdir("/proc/self"):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
-        except FileNotFoundError:
-            return True
-        except (OSError, IndexError):
-            pass
-    try:  # no /proc (not Linux): ask the kernel (a zombie counts as running until reaped)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
