@@ -28,6 +28,7 @@ from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
+from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool
 from celery_baton.worker.transport.ack_fate import AckFates
 from celery_baton.worker.unsent import UnsentReleases
@@ -69,6 +70,8 @@ class Releasing:
         self.channel: GateChannel
         # Admitted requests handed to Celery whose run has not ended (drop_unstarted).
         self._handed: set[Any] = set()
+        #: A run's end reported on another thread (the threads pool) is handled on the loop.
+        self.door = LoopDoor()
 
     def attach(self, channel: GateChannel) -> None:
         self.channel = channel
@@ -125,6 +128,13 @@ class Releasing:
                 plan.done_link,
             )
         )
+
+    def on_loop(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the consumer's loop thread (now, when this is it)."""
+        self.door.run(call)
+
+    def on_loop_thread(self) -> bool:
+        return self.door.on_loop_thread()
 
     def after_ack(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the acks Celery queued on the loop so far were sent.

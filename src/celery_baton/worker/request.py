@@ -60,6 +60,7 @@ POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaph
 COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
 SUPERSEDED_ATTR = "_baton_superseded"  # its result is TaskSuperseded: Celery keeps it
 ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends after all
+FINISHER_ATTR = "_baton_finisher"  # kept after the run ended: a late path reaches the loop
 
 
 class Finisher(Protocol):
@@ -80,6 +81,10 @@ class Finisher(Protocol):
     ) -> Callable[[], None]: ...
 
     def after_ack(self, callback: Callable[[], None]) -> None: ...
+
+    def on_loop(self, call: Callable[[], None]) -> None: ...
+
+    def on_loop_thread(self) -> bool: ...
 
 
 class BatonRequestMixin:
@@ -143,6 +148,12 @@ class BatonRequestMixin:
     # -- where a path ends: give the run back -----------------------------------------
 
     def _baton_finish(self, *, terminated: bool = False) -> None:
+        finisher = self.__dict__.get(FINISHER_ATTR)
+        if finisher is not None and not finisher.on_loop_thread():
+            # assumes: a run's end is handled on the consumer's loop thread. The threads
+            # pool calls on_success/on_failure from its own threads (tests/pools/test_threads.py).
+            finisher.on_loop(lambda: self._baton_finish(terminated=terminated))
+            return
         run = self.__dict__.pop(RUN_ATTR, None)
         if run is None:
             ended = self.__dict__.pop(ENDED_ATTR, None)
@@ -267,6 +278,7 @@ def attach(request: Any, finisher: Finisher, policy: TaskPolicy, plan: RunPlan) 
             _classes[cls] = sub
         request.__class__ = sub
     request.__dict__[RUN_ATTR] = (finisher, policy, plan)
+    request.__dict__[FINISHER_ATTR] = finisher
     request.__dict__.pop(COMES_BACK_ATTR, None)
     request.__dict__.pop(POOLED_ATTR, None)
 

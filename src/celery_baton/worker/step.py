@@ -207,6 +207,7 @@ class BatonWorker:
             if self.held_return is not None:
                 self.held_return.put_back(_task_channel(parent))
         self.admission.holding.install_wakeup(parent)
+        self.releasing.door.install(parent)  # runs ended on the threads pool's threads
         try:
             self._report(parent)
         except BatonError as exc:
@@ -234,6 +235,7 @@ class BatonWorker:
         self._shut = True
         self.stop(parent)
         self.listener.stop()
+        self.releasing.door.close()  # the runs' ends handed to the loop, sent below
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below
         with contextlib.suppress(BatonError):
