@@ -28,7 +28,11 @@ app, baton = make_baton_app(
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
     worker_lost_wait=1.0,
+    # The limited task has a queue of its own: a threads or solo worker consumes it
+    # alone, since it refuses to start on a queue of "replace" tasks.
+    task_routes={"tests.apps.pools.capped": {"queue": "capped"}},
 )
+CAPPED_QUEUE = "capped"
 
 BEAT_EVERY = 0.02
 # KEYS[1] the last-write hash of a key; ARGV[1] the task id. Sets the id's field to the

@@ -27,7 +27,10 @@ def test_releases_from_the_pool_threads_never_take_an_asks_reply(
     every start."""
     from tests.apps import pools
 
-    started = [workers.start(APP, wait=False, pool="threads", concurrency=8) for _ in range(2)]
+    started = [
+        workers.start(APP, wait=False, pool="threads", concurrency=8, queues=pools.CAPPED_QUEUE)
+        for _ in range(2)
+    ]
     for worker in started:
         worker.wait_ready()
     total = 3000

@@ -29,6 +29,7 @@ from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.pool.flush import keep_running_jobs
+from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
@@ -47,6 +48,25 @@ def _task_channel(consumer: Any) -> Any:
 
 def _parts(parent: Any) -> AppParts | None:
     return installed_parts(parent.app)
+
+
+def _replacing_here(parts: AppParts) -> list[str]:
+    """The tasks declared ``exclusive_conflict="replace"`` that this worker consumes (by
+    their route without arguments; a task whose route cannot be read counts)."""
+    app = parts.app
+    consumed = app.amqp.queues.consume_from
+    names = []
+    for name, task in sorted(app.tasks.items()):
+        policy = parts.policy_for(task)
+        if policy is None or policy.exclusive is None or policy.exclusive_conflict != "replace":
+            continue
+        try:
+            queue = app.amqp.router.route({}, name)["queue"].name
+        except Exception:  # a router that needs the arguments
+            queue = None
+        if queue is None or not consumed or queue in consumed:
+            names.append(name)
+    return names
 
 
 class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -90,6 +110,7 @@ class BatonWorker:
 
     def __init__(self, parts: AppParts, parent: Any) -> None:
         parts.validate_all_tasks()  # a bad option stops the worker at start
+        refuse_unstoppable_replace(getattr(parent, "pool", None), _replacing_here(parts))
         self.broker = broker = read_broker(parts.app)
         # Held messages a crashed broker could not take back (kombu's Redis transport).
         self.held_return = (

@@ -27,6 +27,8 @@ from typing import Any
 
 from celery.concurrency.base import BasePool
 
+from celery_baton.errors import ConfigError
+
 #: The request attribute holding a green pool's greenlet for the run (see ``keep_job``).
 GREENLET_ATTR = "_baton_greenlet"
 
@@ -81,3 +83,24 @@ def process_gone(pid: int) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def pool_name(pool: Any) -> str:
+    """The name ``celery worker -P`` knows ``pool`` by (threads, solo, ...)."""
+    module = type(pool).__module__.rsplit(".", 1)[-1]
+    return "threads" if module == "thread" else module
+
+
+def refuse_unstoppable_replace(pool: Any, replacing: list[str]) -> None:
+    """``replacing``: the tasks this worker consumes whose ``exclusive_conflict`` is
+    ``"replace"``. A newer publish of such a task stops the running one; a pool that
+    cannot stop a run (threads, solo) would let it go on to its end while the newer
+    one waits: the promise would not hold, so the worker does not start."""
+    if not replacing or pool is None or can_terminate(pool):
+        return
+    more = f" and {len(replacing) - 1} more" if len(replacing) > 1 else ""
+    raise ConfigError(
+        f"exclusive_conflict='replace' stops the run it replaces, and the "
+        f"{pool_name(pool)} pool cannot stop a running task (task {replacing[0]}{more}): "
+        f"run it on a prefork, gevent or eventlet worker, or route it to another queue"
+    )
