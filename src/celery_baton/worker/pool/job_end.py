@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.concurrency.base import BasePool
+from celery.concurrency.prefork import TaskPool as PreforkPool
 
 from celery_baton.errors import ConfigError
 
@@ -34,7 +35,11 @@ GREENLET_ATTR = "_baton_greenlet"
 
 
 def can_terminate(pool: Any) -> bool:
-    """Whether ``pool`` can stop a running job (``revoke(terminate=True)``)."""
+    """Whether ``pool`` can stop a running job (``revoke(terminate=True)``): it has a
+    ``terminate_job`` of its own (gevent, eventlet), or is prefork, which takes billiard's
+    when it starts (after the worker's parts are built)."""
+    if isinstance(pool, PreforkPool):
+        return True
     method = getattr(type(pool), "terminate_job", None)
     return method is not None and method is not BasePool.terminate_job
 
