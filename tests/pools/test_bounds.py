@@ -13,6 +13,7 @@ from tests.support.workers import Workers
 APP = "tests.apps.pools"
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("pool", "concurrency"),
     [

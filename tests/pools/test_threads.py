@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.support.observer import Observer, max_concurrent
 from tests.support.workers import Workers
 
@@ -19,6 +21,7 @@ APP = "tests.apps.pools"
 WRONG_REPLY = re.compile(r"ERROR/|not subscriptable")
 
 
+@pytest.mark.timeout(400)  # 3000 runs: ~50 s on a loaded 2-core machine
 def test_releases_from_the_pool_threads_never_take_an_asks_reply(
     workers: Workers, observer: Observer
 ) -> None:
