@@ -25,9 +25,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from celery.concurrency.base import BasePool
-from celery.concurrency.prefork import TaskPool as PreforkPool
-
 from celery_baton.errors import ConfigError
 
 #: The request attribute holding a green pool's greenlet for the run (see ``keep_job``).
@@ -38,6 +35,11 @@ def can_terminate(pool: Any) -> bool:
     """Whether ``pool`` can stop a running job (``revoke(terminate=True)``): it has a
     ``terminate_job`` of its own (gevent, eventlet), or is prefork, which takes billiard's
     when it starts (after the worker's parts are built)."""
+    # Imported here: billiard's pool, imported by a publisher, changes what runs at its
+    # exit (a pending AsyncResult's __del__ then met a finalized interpreter).
+    from celery.concurrency.base import BasePool
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
     if isinstance(pool, PreforkPool):
         return True
     method = getattr(type(pool), "terminate_job", None)
