@@ -30,9 +30,13 @@ app, baton = make_baton_app(
     worker_lost_wait=1.0,
     # The limited task has a queue of its own: a threads or solo worker consumes it
     # alone, since it refuses to start on a queue of "replace" tasks.
-    task_routes={"tests.apps.pools.capped": {"queue": "capped"}},
+    task_routes={
+        "tests.apps.pools.capped": {"queue": "capped"},
+        "tests.apps.pools.stoppable": {"queue": "stoppable"},
+    },
 )
 CAPPED_QUEUE = "capped"
+STOPPABLE_QUEUE = "stoppable"
 
 BEAT_EVERY = 0.02
 # KEYS[1] the last-write hash of a key; ARGV[1] the task id. Sets the id's field to the

@@ -80,9 +80,9 @@ def test_replace_frees_the_key_once_the_replaced_body_ended(
 def test_revoke_terminate_frees_the_key_once_the_body_ended(
     pool: str, workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
-    from tests.apps.pools import app, stoppable
+    from tests.apps.pools import STOPPABLE_QUEUE, app, stoppable
 
-    workers.start(APP, pool=pool, concurrency=4)
+    workers.start(APP, pool=pool, concurrency=4, queues=STOPPABLE_QUEUE)
     first = stoppable.delay("t", 0, 60, CLEANUP)
     observer.starts_of("t")
     waiting = stoppable.delay("t", 1, NEXT_RUN)
