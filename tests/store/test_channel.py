@@ -8,6 +8,8 @@ an exact state (a write in flight) that a running loop passes through too fast t
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +19,7 @@ import redis
 from kombu.asynchronous import Hub
 
 from celery_baton.core.conditions import Condition, TakeLease
-from celery_baton.core.gate import gate_call, parse_decision
+from celery_baton.core.gate import Release, gate_call, parse_decision
 from celery_baton.store.channel import PipelinedChannel
 from celery_baton.store.connection import Store, connect
 from tests.support.waiting import wait_until
@@ -151,3 +153,45 @@ def test_flush_answers_calls_queued_behind_an_unanswered_write(store: Store, hub
     assert calls.answers == [(i, True) for i in range(10, 16)]
     assert time.monotonic() - started < 1.5, "flush waited for a reply never asked for"
     channel.close()
+
+
+def test_calls_from_other_threads_are_answered_with_their_own_replies(
+    store: Store, hub: Hub
+) -> None:
+    """Celery's threads pool ends a run on its own threads: releases made there while the
+    loop makes its asks must each get their own reply (issue 34 §5: asks read a
+    release's reply, ``'int' object is not subscriptable``)."""
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    released: list[Any] = []
+    per_thread = 500
+    asks = 1500
+
+    def releases(t: int) -> None:
+        for i in range(per_thread):
+            keys, args = Release((key(10_000 + t),), f"x{t}|w|{i}").script_call("c")
+            channel.call("release", keys, args, released.append)
+            time.sleep(0.001)  # a run of the pool
+
+    threads = [threading.Thread(target=releases, args=(t,)) for t in range(8)]
+    loop = hub.create_loop()
+    switch_every = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as on a busy worker, not every 5 ms
+    for thread in threads:
+        thread.start()
+    made = 0
+    deadline = time.monotonic() + 30
+    while (len(calls.answers) < asks or len(released) < 8 * per_thread) and (
+        time.monotonic() < deadline
+    ):
+        if made < asks:
+            calls.make(range(made, made + 1), urgent=True)  # (asks are)
+            made += 1
+        next(loop)
+    for thread in threads:
+        thread.join()
+    sys.setswitchinterval(switch_every)
+    channel.close()
+    assert calls.answers[:asks] == [(i, True) for i in range(asks)]
+    assert len(calls.answers) == asks
+    assert released == [0] * (8 * per_thread)

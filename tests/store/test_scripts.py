@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -122,3 +123,26 @@ def test_the_first_call_after_the_store_restarted_goes_through(
         "",
         None,
     )
+
+
+def test_calls_from_short_lived_greenlets_leave_no_connection_behind(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gevent and eventlet make ``threading.local`` per greenlet, and a greenlet lives for
+    one task or one timer entry: a connection kept per "thread" was a connection lost per
+    greenlet, and redis-py's pool (100) ran out within seconds (issue 34: a gevent
+    worker's asks failed with MaxConnectionsError after ~20 tasks)."""
+    gevent_local = pytest.importorskip("gevent.local")
+    gevent = pytest.importorskip("gevent")
+    monkeypatch.setattr(threading, "local", gevent_local.local)  # what patch_all does
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+
+    def one_task(i: int) -> None:
+        scripts.call("unique_claim", [key, key + "-gb"], [f"id-{i}", 60_000])
+        scripts.call_many("unique_release", [([key], [f"id-{i}"]), ([key], [f"id-{i}"])])
+
+    for i in range(150):
+        gevent.spawn(one_task, i).join()
+    pool = store.client.connection_pool  # type: ignore[attr-defined]
+    assert len(pool._available_connections) + len(pool._in_use_connections) <= 2

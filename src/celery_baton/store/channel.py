@@ -14,6 +14,12 @@ at the next loop turn.
 Every call gets exactly one answer: the reply, or an exception (``StoreUnavailable``
 when the connection broke or a reply took longer than the socket timeout).
 
+Only the loop's thread writes the connection and reads its replies: were a call written
+from another thread (Celery's threads pool ends a run on its own threads), two writes
+could interleave with the queue of pending calls, and replies would answer the wrong
+calls. A call made on another thread is queued and handed to the loop (a byte on a pipe
+it reads), which sends it at once.
+
 Nothing here waits for the store on the loop. Connecting (TCP, TLS, AUTH, client name,
 loading the scripts) is a conversation with the store, so it runs on a thread of its
 own while the calls made meanwhile wait in order; a pipe tells the loop when it is
@@ -94,6 +100,7 @@ class PipelinedChannel:
         # (answer, name, keys, args, sent at): one per call not yet answered, in order.
         self._pending: deque[tuple[Answer, str, Sequence[str], Sequence[Any], float]] = deque()
         self._out: list[tuple[Any, ...]] = []  # calls not written yet (see _write)
+        self._from_threads: deque[Callable[[], None]] = deque()  # calls made off the loop
         self._urgent = False  # a queued call must not wait for earlier replies (_write)
         self._connecting: threading.Thread | None = None
         self._connected: Wire | BaseException | None = None  # the connector's result
@@ -110,7 +117,7 @@ class PipelinedChannel:
         self._ticker = timer.call_repeatedly(max(0.05, self.timeout / 4), self._check_overdue)
         self._loop_thread = threading.get_ident()
         hub.on_tick.add(self._write)
-        hub.add_reader(self._notify_r, self._on_connected)
+        hub.add_reader(self._notify_r, self._on_notified)
 
     def rebind(self, hub: Any, timer: Any) -> None:
         """After the consumer restarted (a lost broker connection): Celery reset the
@@ -136,6 +143,9 @@ class PipelinedChannel:
     ) -> None:
         """``urgent``: a pool slot waits for the answer, so the call is written at the
         loop's next turn even while earlier calls are unanswered (see ``_write``)."""
+        if threading.get_ident() != self._loop_thread:
+            self._hand_to_loop(lambda: self.call(name, keys, args, answer, urgent=urgent))
+            return
         self._urgent = self._urgent or urgent
         # evalsha_command, inline: two calls per admitted task come through here.
         self._send(("EVALSHA", script_sha(name), len(keys), *keys, *args), answer, name, keys, args)
@@ -143,7 +153,16 @@ class PipelinedChannel:
     def ping(self, answer: Answer) -> None:
         """PING, answered like a call: a reply proves the store is executing commands
         again (what was sent before it, on any connection, has been read by then)."""
+        if threading.get_ident() != self._loop_thread:
+            self._hand_to_loop(lambda: self.ping(answer))
+            return
         self._send(("PING",), answer)
+
+    def _hand_to_loop(self, call: Callable[[], None]) -> None:
+        """From another thread: ``call`` runs on the loop's thread at its next turn."""
+        self._from_threads.append(call)
+        with contextlib.suppress(OSError):  # full: the loop is woken already; closed
+            os.write(self._notify_w, b"!")
 
     def _send(
         self,
@@ -170,8 +189,6 @@ class PipelinedChannel:
             self._connect()
         self._out.append(command)
         self._pending.append((answer, name, keys, args, time.monotonic()))
-        if threading.get_ident() != self._loop_thread:
-            self._write()  # no loop turn will come soon for a call from another thread
 
     def _write(self) -> None:
         """Write every queued call in one write (the loop calls this just before it
@@ -242,11 +259,23 @@ class PipelinedChannel:
             raise
         return wire
 
-    def _on_connected(self, *args: Any) -> None:
+    def _on_notified(self, *args: Any) -> None:
+        """On the loop: the connector finished, or calls were made on other threads."""
+        with contextlib.suppress(OSError):
+            os.read(self._notify_r, 4096)
+        self._on_connected()
+        self._send_from_threads()
+
+    def _send_from_threads(self) -> None:
+        waiting = len(self._from_threads)  # (off the loop, each would be handed back)
+        for _ in range(waiting):
+            self._from_threads.popleft()()
+        if waiting:
+            self._write()  # at once: the loop may poll for a while before its next tick
+
+    def _on_connected(self) -> None:
         """On the loop: the connector finished. Use its connection, or answer the calls
         that waited for it with its error."""
-        with contextlib.suppress(OSError):
-            os.read(self._notify_r, 64)
         thread, self._connecting = self._connecting, None
         result, self._connected = self._connected, None
         if thread is None or result is None:
@@ -279,6 +308,7 @@ class PipelinedChannel:
         if connecting is not None:
             connecting.join(timeout=3 * self.timeout + 1)
             self._on_connected()
+        self._send_from_threads()
         self._write()
         wire = self._wire
         try:

@@ -187,8 +187,15 @@ class Scripts:
         self._client = client
         self._generation = generation
         self._registered: dict[str, Any] = {}
-        self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
         self._local = threading.local()
+        # assumes: a thread lives long, so its own connection (its line) is reused.
+        # gevent and eventlet make threading.local per greenlet, and a greenlet lives for
+        # one task or one timer entry: a line each would leak a connection of the pool
+        # each time (redis-py's 100 are gone within seconds; tests/pools/test_bounds.py).
+        # There every call takes a connection from the pool and gives it back.
+        per_greenlet = type(self._local).__module__ != "_thread"
+        self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
+        self._lines = self._pool is not None and not per_greenlet
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The hot path: one EVALSHA; on NOSCRIPT (a restarted or flushed server) load the
@@ -198,7 +205,7 @@ class Scripts:
         (pool checkout, retry wrapper, instrumentation: about half the client CPU of a
         call) and talks on a connection of its own per thread (see ``wire``).
         """
-        if self._pool is None:
+        if not self._lines:
             sha = script_sha(name)
             try:
                 return self._client.evalsha(sha, len(keys), *keys, *args)
@@ -211,7 +218,7 @@ class Scripts:
         """Write a call now and read its reply later with ``result``, on the same thread:
         the round trip then overlaps whatever the caller does meanwhile. Raises the
         store's errors."""
-        if self._pool is None:  # Cluster: no shared line; the call runs in result()
+        if not self._lines:  # Cluster, greenlets: no line; the call runs in result()
             return Pending(name, keys, args)
         line = self._line()
         pending = Pending(name, keys, args)
@@ -225,7 +232,7 @@ class Scripts:
 
     def result(self, pending: Pending) -> Any:
         """The reply of a call ``send`` wrote; raises its error reply or the store's."""
-        if self._pool is None:
+        if not self._lines:
             if pending.reply is _UNREAD:
                 pending.reply = self.call(pending.name, pending.keys, pending.args)
             return pending.reply
@@ -311,7 +318,7 @@ class Scripts:
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
         """Several calls of one script in one round trip (pipelined, not a transaction)."""
-        if self._pool is None or len(calls) == 1:
+        if not self._lines or len(calls) == 1:
             return [self.call(name, keys, args) for keys, args in calls]
         line = self._line()
         pending = [Pending(name, keys, args) for keys, args in calls]

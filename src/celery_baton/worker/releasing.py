@@ -19,7 +19,6 @@ had buffered, which is what makes the give-back of a lost ask safe.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -30,16 +29,17 @@ from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
+from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool, retried
 from celery_baton.worker.transport.ack_fate import AckFates
 from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")
 
-GONE_POLL = 0.01  # seconds between looks at a terminated run's process
-#: Seconds a terminated run's leases are kept at most while its process still lives (a
-#: process stuck in the kernel; or a pid taken again): then released, logged. The fence
-#: of the next holder still guards against the late run.
+GONE_POLL = 0.01  # seconds between looks at a terminated run's process or greenlet
+#: Seconds a terminated run's leases are kept at most while its body still runs (a
+#: process stuck in the kernel, or a pid taken again; a greenlet that ignores its exit):
+#: then released, logged. The fence of the next holder still guards against the late run.
 GONE_WAIT_MAX = 10.0
 
 
@@ -71,6 +71,8 @@ class Releasing:
         self.channel: GateChannel
         # Admitted requests handed to Celery whose run has not ended (drop_unstarted).
         self._handed: set[Any] = set()
+        #: A run's end reported on another thread (the threads pool) is handled on the loop.
+        self.door = LoopDoor()
 
     def attach(self, channel: GateChannel) -> None:
         self.channel = channel
@@ -134,6 +136,13 @@ class Releasing:
             )
         )
 
+    def on_loop(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the consumer's loop thread (now, when this is it)."""
+        self.door.run(call)
+
+    def on_loop_thread(self) -> bool:
+        return self.door.on_loop_thread()
+
     def after_ack(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the acks Celery queued on the loop so far were sent.
 
@@ -163,9 +172,10 @@ class Releasing:
             return policy.unique_ttl
         return max(1.0, min(policy.unique_ttl, self.redelivery_window))
 
-    def finish_when_gone(
+    def finish_when_ended(
         self,
-        pid: int,
+        ended: Callable[[], bool],
+        what: str,
         request: Any,
         policy: TaskPolicy,
         plan: RunPlan,
@@ -173,11 +183,12 @@ class Releasing:
         final: bool,
         unacked: bool = False,
     ) -> Callable[[], None]:
-        """:meth:`finish` a terminated run once its pool process ``pid`` is gone: Celery
-        announces the revoke right after sending the signal, while the process may still
-        run; until it is gone the run keeps its leases (and the lease book renews them).
-        Returns the call that finishes it at once (the job's end was reported after all:
-        the run survived the signal and returned)."""
+        """:meth:`finish` a terminated run once ``ended()`` (its pool process is gone, its
+        greenlet dead: ``worker/pool/job_end.py``): Celery announces the revoke right
+        after asking the pool to stop it, while the body may still run; until it ended
+        the run keeps its leases (and the lease book renews them). ``what`` ran it (for
+        the log). Returns the call that finishes it at once (the job's end was reported:
+        the body unwound, or survived the stop and returned)."""
         deadline = time.monotonic() + GONE_WAIT_MAX
         pending = [True]
 
@@ -190,15 +201,15 @@ class Releasing:
             if not pending:
                 return
             try:
-                if process_gone(pid):
+                if ended():
                     end_now()
                 elif time.monotonic() > deadline:
                     logger.warning(
-                        "baton: %s[%s] was terminated but its process %d still runs after "
-                        "%.0fs; releasing its keys",
+                        "baton: %s[%s] was terminated but %s still runs after %.0fs; "
+                        "releasing its keys",
                         request.name,
                         request.id,
-                        pid,
+                        what,
                         GONE_WAIT_MAX,
                     )
                     end_now()
@@ -286,22 +297,3 @@ class Releasing:
         """The consumer restarted (a lost broker connection): its timers were reset."""
         self.timer = timer
         self.unsent.restart(timer)
-
-
-def process_gone(pid: int) -> bool:
-    """Whether process ``pid`` no longer runs code (exited; a zombie counts as gone)."""
-    if os.path.isdir("/proc/self"):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X", "x")
-        except FileNotFoundError:
-            return True
-        except (OSError, IndexError):
-            pass
-    try:  # no /proc (not Linux): ask the kernel (a zombie counts as running until reaped)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False

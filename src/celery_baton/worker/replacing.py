@@ -24,7 +24,7 @@ logger = logging.getLogger("celery_baton.worker")
 
 #: The signal a replaced run is terminated with. SIGKILL: a run that traps SIGTERM (or
 #: is stuck in C code) would otherwise go on beside its replacement; the holder's worker
-#: releases the key only once that process is gone (``Releasing.finish_when_gone``).
+#: releases the key only once that process is gone (``Releasing.finish_when_ended``).
 REPLACE_SIGNAL = "SIGKILL"
 
 

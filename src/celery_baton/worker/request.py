@@ -10,11 +10,13 @@ end (some paths run two: a hard time limit, then the failure; a failed result ha
 to ``on_success``, which calls ``on_failure``).
 
 A run *terminated* by a revoke (``revoke(terminate=True)``, and every replaced run of
-``exclusive_conflict="replace"``) is announced by Celery as soon as the signal is sent,
-while its pool process may still be running: it is given back only once that process is
-gone (``Releasing.finish_when_gone``), or once Celery reports the job's end after all
-(a run that survived the signal and returned), so the next holder of its key never
-overlaps it.
+``exclusive_conflict="replace"``) or cancelled (a lost broker connection with
+``worker_cancel_long_running_tasks_on_connection_loss``) is announced by Celery as soon
+as it asked the pool to stop it, while the body may still run: it is given back only
+once the body has ended (its pool process gone, its greenlet dead:
+``worker/pool/job_end.py``, ``Releasing.finish_when_ended``), or once Celery reports the
+job's end after all (a greenlet that unwound, a run that survived the signal and
+returned), so the next holder of its key never overlaps it.
 
 Whether the delivery is over for good (``final``: mark its task id done, free its
 unique key) is read from what Celery did with the message on that path, never guessed
@@ -42,11 +44,11 @@ ack is still to be sent is finished once the loop has sent it (``Finisher.after_
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_baton.worker import events
+from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
 
@@ -58,6 +60,7 @@ POOLED_ATTR = "_baton_pooled"  # handed to the pool (not only to Celery's semaph
 COMES_BACK_ATTR = "_baton_comes_back"  # why this task id will be delivered again
 SUPERSEDED_ATTR = "_baton_superseded"  # its result is TaskSuperseded: Celery keeps it
 ENDED_ATTR = "_baton_ended"  # a terminated run's release, due when its job ends after all
+FINISHER_ATTR = "_baton_finisher"  # kept after the run ended: a late path reaches the loop
 
 
 class Finisher(Protocol):
@@ -65,9 +68,10 @@ class Finisher(Protocol):
         self, request: Any, policy: TaskPolicy, plan: RunPlan, *, final: bool, unacked: bool
     ) -> None: ...
 
-    def finish_when_gone(
+    def finish_when_ended(
         self,
-        pid: int,
+        ended: Callable[[], bool],
+        what: str,
         request: Any,
         policy: TaskPolicy,
         plan: RunPlan,
@@ -77,6 +81,10 @@ class Finisher(Protocol):
     ) -> Callable[[], None]: ...
 
     def after_ack(self, callback: Callable[[], None]) -> None: ...
+
+    def on_loop(self, call: Callable[[], None]) -> None: ...
+
+    def on_loop_thread(self) -> bool: ...
 
 
 class BatonRequestMixin:
@@ -133,11 +141,19 @@ class BatonRequestMixin:
         # Past Celery's semaphore: a connection loss no longer drops it unseen, except
         # from the pool's own queue (``Releasing.drop_unstarted``).
         self.__dict__[POOLED_ATTR] = True
-        return super().execute_using_pool(pool, **kwargs)  # type: ignore[misc]
+        job = super().execute_using_pool(pool, **kwargs)  # type: ignore[misc]
+        keep_job(self, pool, job)  # a green pool's greenlet: its end is the run's
+        return job
 
     # -- where a path ends: give the run back -----------------------------------------
 
     def _baton_finish(self, *, terminated: bool = False) -> None:
+        finisher = self.__dict__.get(FINISHER_ATTR)
+        if finisher is not None and not finisher.on_loop_thread():
+            # assumes: a run's end is handled on the consumer's loop thread. The threads
+            # pool calls on_success/on_failure from its own threads (tests/pools/test_threads.py).
+            finisher.on_loop(lambda: self._baton_finish(terminated=terminated))
+            return
         run = self.__dict__.pop(RUN_ATTR, None)
         if run is None:
             ended = self.__dict__.pop(ENDED_ATTR, None)
@@ -187,12 +203,13 @@ class BatonRequestMixin:
         ack_read: bool,
     ) -> None:
         unacked = ack_read and final and self._baton_unacked()
-        pid = self.worker_pid  # type: ignore[attr-defined]
-        if terminated and pid and pid != os.getpid():  # a pool process was signalled
-            self.__dict__[ENDED_ATTR] = finisher.finish_when_gone(
-                pid, self, policy, plan, final=final, unacked=unacked
+        ended = run_ended(self) if terminated else None
+        if ended is not None:  # the pool was asked to stop a body that may still run
+            self.__dict__[ENDED_ATTR] = finisher.finish_when_ended(
+                *ended, self, policy, plan, final=final, unacked=unacked
             )
         else:
+            forget_job(self)
             finisher.finish(self, policy, plan, final=final, unacked=unacked)
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
@@ -241,10 +258,11 @@ class BatonRequestMixin:
             self._baton_finish(terminated=terminated)
 
     def _announce_cancelled(self, *args: Any, **kwargs: Any) -> Any:
+        # Celery announces a cancel right after asking the pool to stop the run.
         try:
             return super()._announce_cancelled(*args, **kwargs)  # type: ignore[misc]
         finally:
-            self._baton_finish()
+            self._baton_finish(terminated=True)
 
 
 _classes: dict[type, type] = {}
@@ -260,6 +278,7 @@ def attach(request: Any, finisher: Finisher, policy: TaskPolicy, plan: RunPlan) 
             _classes[cls] = sub
         request.__class__ = sub
     request.__dict__[RUN_ATTR] = (finisher, policy, plan)
+    request.__dict__[FINISHER_ATTR] = finisher
     request.__dict__.pop(COMES_BACK_ATTR, None)
     request.__dict__.pop(POOLED_ATTR, None)
 

@@ -29,6 +29,7 @@ from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.pool.flush import keep_running_jobs
+from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
@@ -63,6 +64,25 @@ def _deliver(consumer: Any, message: Any) -> None:
 
 def _parts(parent: Any) -> AppParts | None:
     return installed_parts(parent.app)
+
+
+def _replacing_here(parts: AppParts) -> list[str]:
+    """The tasks declared ``exclusive_conflict="replace"`` that this worker consumes (by
+    their route without arguments; a task whose route cannot be read counts)."""
+    app = parts.app
+    consumed = app.amqp.queues.consume_from
+    names = []
+    for name, task in sorted(app.tasks.items()):
+        policy = parts.policy_for(task)
+        if policy is None or policy.exclusive is None or policy.exclusive_conflict != "replace":
+            continue
+        try:
+            queue = app.amqp.router.route({}, name)["queue"].name
+        except Exception:  # a router that needs the arguments
+            queue = None
+        if queue is None or not consumed or queue in consumed:
+            names.append(name)
+    return names
 
 
 class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -106,6 +126,7 @@ class BatonWorker:
 
     def __init__(self, parts: AppParts, parent: Any) -> None:
         parts.validate_all_tasks()  # a bad option stops the worker at start
+        refuse_unstoppable_replace(getattr(parent, "pool", None), _replacing_here(parts))
         self.broker = broker = read_broker(parts.app)
         # Held messages a crashed broker could not take back (kombu's Redis transport).
         self.held_return = (
@@ -236,6 +257,7 @@ class BatonWorker:
         self.admission.holding.install_wakeup(parent)
         self.window.start(parent)
         self.admission.start_renewal(parent)
+        self.releasing.door.install(parent)  # runs ended on the threads pool's threads
         try:
             self._report(parent)
         except BatonError as exc:
@@ -274,6 +296,7 @@ class BatonWorker:
         self._shut = True
         self.stop(parent)
         self.listener.stop()
+        self.releasing.door.close()  # the runs' ends handed to the loop, sent below
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below
         with contextlib.suppress(BatonError):
