@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
@@ -22,6 +22,7 @@ from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, d
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import BatonError
+from celery_baton.cancel import Cancelled, cancel
 from celery_baton.parts import AppParts, installed_parts, parts_for
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
@@ -220,6 +221,33 @@ class Baton:
         (limit,) = resolve(table, [name], subject=f"baton.limit({name!r})")
         limit.check_cost(cost, subject=f"baton.limit({name!r})")
         return NamedLimit(self.gate, self.names, limit, cost=cost, timeout=timeout)
+
+    def cancel(
+        self,
+        task_id: str | None = None,
+        *,
+        task: Any = None,
+        key: Mapping[str, Any] | None = None,
+        terminate: bool = False,
+        ttl: float | None = None,
+    ) -> Cancelled:
+        """Cancel a call, or every queued call of one key, so that it never starts,
+        wherever its message is (the broker, held in a worker, an ETA or countdown, a
+        retry's re-publish, a redelivered copy) and whichever worker receives it, also
+        one started after the cancel::
+
+            baton.cancel(result.id)                                 # one call
+            baton.cancel(task=apply_event, key={"account_id": 7})  # its queued calls
+            baton.cancel(result.id, terminate=True)                # also a running body
+
+        The result state is ``REVOKED`` (``AsyncResult.get()`` raises
+        ``TaskRevokedError``). A cancel is kept ``ttl`` seconds (``baton_cancel_ttl``;
+        by default the broker's visibility timeout, or a day), then forgotten. A cancel
+        by key cancels the calls published until now whose arguments hold ``key``'s
+        values; later calls run. Raises StoreUnavailable, KeySpecError (a key naming no
+        argument of the task), BatonError (bad arguments).
+        """
+        return cancel(self.parts, task_id, task=task, key=key, terminate=terminate, ttl=ttl)
 
     @property
     def unique(self) -> UniqueClaims:

@@ -54,6 +54,11 @@ SCRIPT_NAMES = (
     "debounce_record",
     "debounce_decide",
     "throttle_decide",
+    "cancel_mark",
+    "cancel_id",
+    "cancel_key",
+    "cancel_check",
+    "cancel_read",
 )
 
 

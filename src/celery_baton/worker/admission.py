@@ -40,6 +40,7 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.planning import Planner
@@ -70,9 +71,11 @@ class Admission:
         settings: Settings,
         horizon: float,
         lower_priority_first: bool = False,
+        cancelling: Cancelling | None = None,
     ) -> None:
         self.consumer = consumer
         self.names = names
+        self.cancelling = cancelling
         self.planner = Planner(
             policy_for=policy_for, names=names, settings=settings, hostname=consumer.hostname
         )
@@ -118,6 +121,11 @@ class Admission:
     # -- entry point ----------------------------------------------------------------
 
     def __call__(self, request: Any) -> Any:
+        if self.cancelling is None:
+            return self._admit(request)
+        return self.cancelling.screen(request, self._admit)
+
+    def _admit(self, request: Any) -> Any:
         policy = self.planner.policy(request)
         if policy is None:
             return self.slots.plain(request)
@@ -193,6 +201,40 @@ class Admission:
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
             self.holding.release(delivery)
             return
+        if delivery.held and self.cancelling is not None:  # cancelled while held?
+            why = self.cancelling.known(request)
+            if why is not None:
+                self.holding.release(delivery)
+                self.cancelling.revoke(request, why)
+                return
+            if self.cancelling.watch.ids_live():
+                delivery.asking = True  # keeps its pool slot until the store answered
+                self.cancelling.check(request, functools.partial(self._screened, delivery))
+                return
+        self._decide_now(delivery)
+
+    def _screened(self, delivery: Delivery, cancelled: bool | BaseException) -> None:
+        """The store said whether a held ``delivery`` was cancelled (on the loop; none
+        may escape). A check that failed goes on: the gate's ask meets the store's
+        trouble and follows the store-down policy."""
+        try:
+            with self.holding.lock:
+                delivery.asking = False
+                if delivery.generation != self.generation:
+                    return
+                if cancelled is True:
+                    self.holding.release(delivery)
+                    assert self.cancelling is not None
+                    self.cancelling.revoke(delivery.request, "cancelled by id")
+                    return
+                self._decide_now(delivery)
+        except Exception:
+            self._hold_after_error(delivery)
+        finally:
+            with self.holding.lock:
+                self._settle_slot(delivery)
+
+    def _decide_now(self, delivery: Delivery) -> None:
         now = time.monotonic()
         elapsed = now - delivery.since
         if delivery.held and elapsed >= self.horizon:
