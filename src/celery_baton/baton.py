@@ -12,6 +12,7 @@ from celery import Celery
 from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
+from celery_baton.cancel import Cancelled, cancel
 from celery_baton.config import Settings
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
@@ -22,7 +23,6 @@ from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, d
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import BatonError
-from celery_baton.cancel import Cancelled, cancel
 from celery_baton.parts import AppParts, installed_parts, parts_for
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store

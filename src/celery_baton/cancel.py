@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import states
 
-from celery_baton.core.cancels import KeyCancel, key_material
+from celery_baton.core.cancels import Cancels, KeyCancel, key_material
 from celery_baton.core.keys import KeySpec
 from celery_baton.errors import BatonError, KeySpecError
 from celery_baton.parts import AppParts
@@ -68,22 +68,27 @@ def cancel(
     key: Mapping[str, Any] | None = None,
     terminate: bool = False,
     ttl: float | None = None,
+    records: Cancels | None = None,
 ) -> Cancelled:
-    """See ``Baton.cancel``."""
+    """See ``Baton.cancel``. ``records``: the store's cancels to write to (the CLI's own
+    connection, which never starts an embedded store); default the app's."""
     kept = cancel_ttl(parts, ttl)
+    records = records or parts.cancels
     if task_id is not None:
         if task is not None or key is not None:
             raise BatonError("baton.cancel: a task id, or task= and key=, not both")
         if not isinstance(task_id, str) or not task_id:
             raise BatonError(f"baton.cancel: a task id is a non-empty str, got {task_id!r}")
-        return _cancel_id(parts, task_id, terminate=terminate, ttl=kept)
+        return _cancel_id(parts, records, task_id, terminate=terminate, ttl=kept)
     if task is None or key is None:
         raise BatonError("baton.cancel: give a task id, or task= and key=")
-    return _cancel_key(parts, task, key, terminate=terminate, ttl=kept)
+    return _cancel_key(parts, records, task, key, terminate=terminate, ttl=kept)
 
 
-def _cancel_id(parts: AppParts, task_id: str, *, terminate: bool, ttl: float) -> Cancelled:
-    parts.cancels.cancel_id(task_id, ttl=ttl)
+def _cancel_id(
+    parts: AppParts, records: Cancels, task_id: str, *, terminate: bool, ttl: float
+) -> Cancelled:
+    records.cancel_id(task_id, ttl=ttl)
     app = parts.app
     revoked = False
     backend = app.backend
@@ -103,7 +108,13 @@ def _cancel_id(parts: AppParts, task_id: str, *, terminate: bool, ttl: float) ->
 
 
 def _cancel_key(
-    parts: AppParts, task: Any, key: Mapping[str, Any], *, terminate: bool, ttl: float
+    parts: AppParts,
+    records: Cancels,
+    task: Any,
+    key: Mapping[str, Any],
+    *,
+    terminate: bool,
+    ttl: float,
 ) -> Cancelled:
     name = task if isinstance(task, str) else getattr(task, "name", None)
     if not isinstance(name, str) or not name:
@@ -114,7 +125,7 @@ def _cancel_key(
     if known is not None:  # a task of this app: its arguments are known, check the names
         spec = KeySpec.build(list(key), known.run, subject=f"baton.cancel({name})")
     cut_ms = time.time_ns() // 1_000_000
-    live = parts.cancels.cancel_key(name, KeyCancel(cut_ms, material), ttl=ttl)
+    live = records.cancel_key(name, KeyCancel(cut_ms, material), ttl=ttl)
     terminated: tuple[str, ...] = ()
     if terminate:
         terminated = _terminate_running(parts, name, material, spec)
