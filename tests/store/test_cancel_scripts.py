@@ -11,6 +11,8 @@ import pytest
 import redis
 
 from celery_baton.core.cancels import Cancels, CancelWatch, KeyCancel, key_material, parse_notice
+from celery_baton.core.conditions import NotCancelled, TakeLease
+from celery_baton.core.gate import Decision, Gate
 from celery_baton.core.keys import KeyNames
 from celery_baton.store.connection import connect
 
@@ -115,3 +117,22 @@ def test_memory_of_100000_cancels(cancels: Cancels, r: redis.Redis) -> None:
     for n in range(200):
         cancels.cancel_id(f"timed-{n}", ttl=3600)
     print(f"cancel_id: {(time.monotonic() - started) / 200 * 1000:.2f} ms per call")
+
+
+def test_the_gate_call_itself_refuses_a_cancelled_id(cancels: Cancels, r: redis.Redis) -> None:
+    """A guarded delivery learns of its cancel in the gate call it makes anyway (one
+    server): refused first, nothing written, no lease taken."""
+    gate = Gate(cancels.store)
+    lease = NAMES.lease("t", "ex", "k")
+
+    def ask(task_id: str) -> Decision:
+        checked = [NotCancelled(NAMES.cancel_id(task_id), task_id), TakeLease(lease)]
+        return gate.decide(checked, owner=f"{task_id}|w|1", ttl=5)
+
+    cancels.cancel_id("gone", ttl=30)
+    refused = ask("gone")
+    assert not refused.granted
+    assert isinstance(refused.denied_by, NotCancelled) and refused.holder == "gone"
+    assert refused.retry_after == -1
+    assert not r.exists(lease), "a cancelled delivery took its lease"
+    assert ask("kept").granted

@@ -76,6 +76,7 @@ GATE_KINDS = (
     "not_superseded",
     "free_unique",
     "keep_unique",
+    "not_cancelled",
 )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from celery_baton.config import Settings
 from celery_baton.core import fairness
+from celery_baton.core.conditions import NotCancelled
 from celery_baton.core.gate import Decision
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.keys import KeyNames
@@ -121,19 +122,29 @@ class Admission:
     # -- entry point ----------------------------------------------------------------
 
     def __call__(self, request: Any) -> Any:
+        if self.cancelling is not None:
+            why = self.cancelling.known(request)  # in memory: noticed ids, key cancels
+            if why is not None:
+                self.cancelling.revoke(request, why)
+                return None
+        return self._admit(request)
+
+    def _plain(self, request: Any) -> Any:
+        """A request that asks the gate nothing goes to Celery, once screened for a
+        cancel by id (a store check only while cancels by id live)."""
         if self.cancelling is None:
-            return self._admit(request)
-        return self.cancelling.screen(request, self._admit)
+            return self.slots.plain(request)
+        return self.cancelling.screen(request, self.slots.plain)
 
     def _admit(self, request: Any) -> Any:
         policy = self.planner.policy(request)
         if policy is None:
-            return self.slots.plain(request)
+            return self._plain(request)
         celery_rate = None
         if policy.rate_from_celery:
             celery_rate = self.planner.celery_rate(request.task)
             if celery_rate is None and policy.celery_rate_only:
-                return self.slots.plain(request)  # no rate_limit now: nothing to ask
+                return self._plain(request)  # no rate_limit now: nothing to ask
         try:
             plan = self.planner.plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
@@ -142,7 +153,7 @@ class Admission:
             return None
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
-            return self.slots.plain(request)
+            return self._plain(request)
         with self.holding.lock:
             self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))
         return None
@@ -201,13 +212,15 @@ class Admission:
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
             self.holding.release(delivery)
             return
-        if delivery.held and self.cancelling is not None:  # cancelled while held?
-            why = self.cancelling.known(request)
-            if why is not None:
+        if self.cancelling is not None:
+            why = self.cancelling.known(request) if delivery.held else None
+            if why is not None:  # cancelled while held (this worker was told)
                 self.holding.release(delivery)
                 self.cancelling.revoke(request, why)
                 return
-            if self.cancelling.watch.ids_live():
+            if not self.cancelling.in_gate and self.cancelling.watch.ids_live():
+                # Redis Cluster: the id's record is not on the task's slot, so it is
+                # checked in a call of its own (one server: in the gate's, NotCancelled).
                 delivery.asking = True  # keeps its pool slot until the store answered
                 self.cancelling.check(request, functools.partial(self._screened, delivery))
                 return
@@ -267,6 +280,9 @@ class Admission:
                     plan.fair_queues[plan.fair_limits[fair]], delivery
                 ),
             )
+        if self.cancelling is not None and self.cancelling.in_gate:
+            # While cancels by id live, the gate call itself says whether this id is one.
+            conditions = self.cancelling.with_check(delivery.request, conditions)
         self.channel.ask(
             conditions,
             owner=delivery.plan.owner,
@@ -307,6 +323,11 @@ class Admission:
 
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request
+        if isinstance(decision.denied_by, NotCancelled):  # baton.cancel: never runs
+            assert self.cancelling is not None
+            self.holding.release(delivery)
+            self.cancelling.revoke(request, "cancelled by id")
+            return
         now = time.monotonic()
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)

@@ -13,7 +13,10 @@ worker receives it, whichever worker, whenever it started), an ETA or countdown
 What a delivery pays: nothing while no cancel by id lives (the worker knows from the
 store-wide marker, re-read on every notice and every ``REFRESH`` seconds); key
 cancels are matched in memory; while cancels by id live, one check pipelined on the
-gate channel (``cancel_check.lua``).
+gate channel (``cancel_check.lua``) for a delivery that asks the gate nothing, and
+none of its own for one that asks the gate: the gate call checks it (``NotCancelled``,
+gate/not_cancelled.lua; on Redis Cluster, where the id's record is on a slot of its
+own, a call of its own beside it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from celery_baton.core.cancels import REFRESH, Cancels, CancelWatch, parse_notice
+from celery_baton.core.conditions import Condition, NotCancelled
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.errors import BatonError
@@ -50,8 +54,12 @@ class Cancelling:
         *,
         keep_noticed: float,
         generation: Callable[[], int],
+        in_gate: bool,
     ) -> None:
         self.cancels = cancels
+        #: A delivery that asks the gate is checked in that very call (NotCancelled):
+        #: on one server; on Redis Cluster the id's record is on a slot of its own.
+        self.in_gate = in_gate
         self.channel = channel
         self.watch = CancelWatch(cancels, keep_noticed=keep_noticed)
         self.generation = generation
@@ -131,6 +139,13 @@ class Cancelling:
 
         self.channel.run(script, keys, args, answered)
         return None
+
+    def with_check(self, request: Any, conditions: list[Condition]) -> list[Condition]:
+        """``conditions`` with the check of ``request``'s id first, while cancels by id
+        live (asked first: a cancelled delivery writes nothing, spends nothing)."""
+        if not self.watch.ids_live():
+            return conditions
+        return [NotCancelled(self.cancels.names.cancel_id(request.id), request.id), *conditions]
 
     def check(self, request: Any, answer: Callable[[bool | BaseException], None]) -> None:
         """Ask the store whether ``request`` is cancelled by id: ``answer`` gets True,

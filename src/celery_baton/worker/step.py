@@ -143,6 +143,7 @@ class BatonWorker:
             self.channel,
             keep_noticed=horizon,
             generation=lambda: self.admission.generation,
+            in_gate=not parts.store.cluster,
         )
         self.admission = Admission(
             parent,
