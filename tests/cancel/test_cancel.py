@@ -12,6 +12,7 @@ import pytest
 from celery import states
 
 from tests.support.observer import Observer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.cancel"
@@ -69,6 +70,13 @@ def test_cancelled_calls_never_run_wherever_their_message_is(
     held = [r for r in held if r.id not in raced]
     assert len(held) >= group // 2, f"{len(raced)} of {group} started before their cancel"
     assert _revoked_within(held + later, REVOKED_WITHIN) == []
+    # Held in the running worker: acked and announced at the notice, not at their turn
+    # (seconds to a minute later at 5/s).
+    wait_until(
+        lambda: all(f"[{r.id}] cancelled" in second.log_text() for r in held),
+        timeout=10,
+        what="the held calls dropped at the cancel's notice",
+    )
     workers.start(APP, concurrency=2)  # started after the cancel: it must know of it
 
     cancelled = {r.id for r in in_broker + held + later}

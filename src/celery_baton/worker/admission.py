@@ -395,6 +395,24 @@ class Admission:
         self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why)
 
+    def drop_cancelled(self) -> None:
+        """A cancel notice (on the loop): the held deliveries it names leave now (acked,
+        REVOKED, their event), not at their next turn. One asking the gate is left to
+        its answer (its next turn checks again)."""
+        if self.cancelling is None:
+            return
+        try:
+            with self.holding.lock:
+                for delivery in self.holding.held():
+                    if delivery.asking or delivery.generation != self.generation:
+                        continue
+                    why = self.cancelling.known(delivery.request)
+                    if why is not None:
+                        self.holding.release(delivery)
+                        self.cancelling.revoke(delivery.request, why)
+        except Exception:  # on the loop: never raise there
+            logger.exception("baton: dropping cancelled held requests failed")
+
     def forget_held(self) -> list[Delivery]:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self.holding.lock:

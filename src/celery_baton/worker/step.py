@@ -293,7 +293,9 @@ class BatonWorker:
 
     def _noticed(self, text: str) -> None:
         """A notice (the listener's thread): a cancel, or a released key."""
-        if not self.cancelling.notice(text):
+        if self.cancelling.notice(text):
+            self.admission.holding.wake_for_cancel(self.admission.drop_cancelled)
+        else:
             self.admission.holding.wake(text)
 
     def _heartbeat(self, consumer: Any) -> None:
