@@ -174,23 +174,26 @@ class Cancels:
         """``cancel_check``'s script, keys and arguments, for a pipelined channel."""
         return "cancel_check", [self.names.cancel_id(task_id)], []
 
-    def _read(self, key: str) -> list[tuple[str, float]]:
+    def _read(self, key: str) -> list[tuple[str, int, float]]:
+        """``(name, until ms, seconds left)`` of each live field or member of ``key``."""
         reply = self._call("cancel_read", [key], [])
         now_ms = int(reply[0])
         rest = reply[1:]
-        return [
-            (_text(rest[i]), (float(rest[i + 1]) - now_ms) / 1000) for i in range(0, len(rest), 2)
-        ]
+        read = []
+        for i in range(0, len(rest), 2):
+            until_ms = int(float(rest[i + 1]))
+            read.append((_text(rest[i]), until_ms, (until_ms - now_ms) / 1000))
+        return read
 
-    def marker(self) -> dict[str, float]:
-        """The marker's live fields: field -> seconds left."""
-        return dict(self._read(self.names.cancels))
+    def marker(self) -> dict[str, tuple[int, float]]:
+        """The marker's live fields: field -> (until ms on the store's clock, seconds left)."""
+        return {name: (until_ms, left) for name, until_ms, left in self._read(self.names.cancels)}
 
     def key_cancels(self, task: str) -> list[tuple[KeyCancel, float]]:
         """``task``'s live key cancels with their seconds left."""
         return [
             (KeyCancel.from_member(member), left)
-            for member, left in self._read(self.names.cancel_keys(task))
+            for member, _, left in self._read(self.names.cancel_keys(task))
         ]
 
 
@@ -214,7 +217,7 @@ class CancelWatch:
         self.keep_noticed = keep_noticed
         self._lock = threading.Lock()
         self._ids_until = 0.0
-        self._marker_keys: dict[str, float] = {}  # task -> its marker field's until, as read
+        self._marker_keys: dict[str, int] = {}  # task -> its marker field's until (ms), as read
         self._keys: dict[str, _TaskKeys] = {}
         self._noticed: dict[str, float] = {}  # task id -> monotonic end
 
@@ -226,15 +229,15 @@ class CancelWatch:
         fields = self.cancels.marker()
         now = time.monotonic()
         with self._lock:
-            self._ids_until = now + fields.get(ID_FIELD, 0.0)
+            self._ids_until = max(self._ids_until, now + fields.get(ID_FIELD, (0, 0.0))[1])
         stale = []
-        for name, left in fields.items():
+        for name, (until_ms, _) in fields.items():
             if not name.startswith(KEY_FIELD_PREFIX):
                 continue
             task = name[len(KEY_FIELD_PREFIX) :]
-            until = round(now + left)
-            if self._marker_keys.get(task) != until:
-                stale.append((task, until))
+            # A new cancel of the task moved its field: read its key cancels again.
+            if self._marker_keys.get(task) != until_ms:
+                stale.append((task, until_ms))
         for task, until in stale:
             live = self.cancels.key_cancels(task)
             with self._lock:
@@ -262,6 +265,10 @@ class CancelWatch:
     def ids_live(self) -> bool:
         """Whether a delivery must be checked against the store (cancels by id live)."""
         return time.monotonic() < self._ids_until
+
+    def has_key_cancels(self, task: str) -> bool:
+        """Whether ``task`` may have live key cancels (a dict lookup: every delivery)."""
+        return task in self._keys
 
     def noticed(self, task_id: str) -> bool:
         """Whether this worker was told that ``task_id`` is cancelled (lately)."""

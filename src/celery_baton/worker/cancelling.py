@@ -75,6 +75,8 @@ class Cancelling:
             self.watch.refresh()
         except BatonError as exc:
             logger.debug("baton: could not read the cancels (%s)", exc)
+        except Exception:  # the lease book's thread calls it: never raise there
+            logger.exception("baton: reading the cancels failed")
 
     def heartbeat(self) -> None:
         if time.monotonic() - self._refreshed >= REFRESH:
@@ -94,6 +96,8 @@ class Cancelling:
         """Why ``request`` is cancelled by what this worker knows already, or None."""
         if self.watch.noticed(request.id):
             return "cancelled by id"
+        if not self.watch.has_key_cancels(request.name):  # every delivery: keep it cheap
+            return None
         task = request.task
         cancel = self.watch.key_cancelled(
             request.name,
