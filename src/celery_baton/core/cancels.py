@@ -41,6 +41,9 @@ logger = logging.getLogger("celery_baton.core.cancels")
 #: worker that missed a notice (its subscription broken) learns of a cancel.
 REFRESH = 2.0
 
+#: The most ids a worker remembers from notices (about 100 bytes each).
+NOTICED_MAX = 10_000
+
 ID_FIELD = "id"
 KEY_FIELD_PREFIX = "key:"
 
@@ -252,13 +255,23 @@ class CancelWatch:
             if notice.kind == ID_FIELD:
                 self._ids_until = max(self._ids_until, now + notice.ttl)
                 self._noticed[notice.task_id] = now + min(notice.ttl, self.keep_noticed)
-                if len(self._noticed) > 1024:
-                    self._noticed = {k: end for k, end in self._noticed.items() if end > now}
+                if len(self._noticed) > NOTICED_MAX:
+                    self._forget_noticed(now)
             elif notice.cancel is not None:
                 keys = self._keys.setdefault(notice.task, _TaskKeys())
                 keys.cancels[notice.cancel] = max(
                     keys.cancels.get(notice.cancel, 0.0), now + notice.ttl
                 )
+
+    def _forget_noticed(self, now: float) -> None:
+        """Bound the ids remembered from notices: the expired go, then the oldest half.
+        Safe: a delivery of a forgotten id is still found by the store check; only its
+        drop at the notice is lost."""
+        live = {k: end for k, end in self._noticed.items() if end > now}
+        if len(live) > NOTICED_MAX:
+            kept = sorted(live.items(), key=lambda item: item[1])[len(live) // 2 :]
+            live = dict(kept)
+        self._noticed = live
 
     # -- asking -----------------------------------------------------------------------
 

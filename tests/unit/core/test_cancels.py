@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 
 from celery_baton.core.cancels import (
+    NOTICED_MAX,
+    CancelWatch,
     KeyCancel,
+    Notice,
     cancel_notice,
     key_material,
     parse_notice,
@@ -66,3 +69,12 @@ def test_a_stamp_says_when_it_was_published() -> None:
     assert stamp_time("0123456789abcdef") is None  # an older version's stamp
     assert stamp_time("zz.ab") is None
     assert stamp_time(None) is None
+
+
+def test_a_worker_remembers_a_bounded_number_of_noticed_ids() -> None:
+    watch = CancelWatch(None, keep_noticed=60)  # type: ignore[arg-type]
+    for n in range(NOTICED_MAX + 10):
+        watch.notice(Notice("id", 30, task_id=f"id-{n}"))
+    assert len(watch._noticed) <= NOTICED_MAX
+    assert watch.noticed(f"id-{NOTICED_MAX + 9}")  # the newest are kept
+    assert watch.ids_live()
