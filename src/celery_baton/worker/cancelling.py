@@ -111,12 +111,9 @@ class Cancelling:
         return None
 
     def screen(self, request: Any, admit: Callable[[Any], Any]) -> Any:
-        """Revoke ``request`` when it is cancelled, else ``admit`` it (at once, or when
-        the store answered the check)."""
-        why = self.known(request)
-        if why is not None:
-            self._revoke(request, why)
-            return None
+        """For a delivery that asks the gate nothing (what :meth:`known` says was asked
+        already): revoke ``request`` when the store says it is cancelled by id, else
+        ``admit`` it (at once while no cancel by id lives, or when the store answered)."""
         if not self.watch.ids_live():
             return admit(request)
         script, keys, args = self.cancels.check_call(request.id)
