@@ -221,31 +221,9 @@ class Admission:
             if not self.cancelling.in_gate and self.cancelling.watch.ids_live():
                 # Redis Cluster: the id's record is not on the task's slot, so it is
                 # checked in a call of its own (one server: in the gate's, NotCancelled).
-                delivery.asking = True  # keeps its pool slot until the store answered
-                self.cancelling.check(request, functools.partial(self._screened, delivery))
+                self._unless_cancelled(delivery, functools.partial(self._decide_now, delivery))
                 return
         self._decide_now(delivery)
-
-    def _screened(self, delivery: Delivery, cancelled: bool | BaseException) -> None:
-        """The store said whether a held ``delivery`` was cancelled (on the loop; none
-        may escape). A check that failed goes on: the gate's ask meets the store's
-        trouble and follows the store-down policy."""
-        try:
-            with self.holding.lock:
-                delivery.asking = False
-                if delivery.generation != self.generation:
-                    return
-                if cancelled is True:
-                    self.holding.release(delivery)
-                    assert self.cancelling is not None
-                    self.cancelling.revoke(delivery.request, "cancelled by id")
-                    return
-                self._decide_now(delivery)
-        except Exception:
-            self._hold_after_error(delivery)
-        finally:
-            with self.holding.lock:
-                self._settle_slot(delivery)
 
     def _decide_now(self, delivery: Delivery) -> None:
         now = time.monotonic()
@@ -374,8 +352,43 @@ class Admission:
             self.holding.hold(delivery, outcome)
         elif delivery.plan.conditions:
             self._ask(delivery)  # debounced: now the task's other conditions
+        elif self.cancelling is not None and self.cancelling.in_gate:
+            # Debounced and nothing else: no gate call to check a cancel in.
+            self._unless_cancelled(delivery, lambda: self.starting.start(delivery, outcome))
         else:
             self.starting.start(delivery, outcome)
+
+    def _unless_cancelled(self, delivery: Delivery, then: Callable[[], None]) -> None:
+        """``then()`` once the store said ``delivery`` is not cancelled by id (a check of
+        its own: Redis Cluster, or nothing asked of the gate); a cancelled one is revoked.
+        A check that failed goes on: a gate ask meets the store's trouble and follows
+        the store-down policy."""
+        assert self.cancelling is not None
+        if not self.cancelling.watch.ids_live():
+            then()
+            return
+        delivery.asking = True  # keeps its pool slot until the store answered
+
+        def answered(cancelled: bool | BaseException) -> None:
+            # On the loop; kombu swallows exceptions there: none may escape.
+            try:
+                with self.holding.lock:
+                    delivery.asking = False
+                    if delivery.generation != self.generation:
+                        return
+                    if cancelled is True:
+                        self.holding.release(delivery)
+                        assert self.cancelling is not None
+                        self.cancelling.revoke(delivery.request, "cancelled by id")
+                    else:
+                        then()
+            except Exception:
+                self._hold_after_error(delivery)
+            finally:
+                with self.holding.lock:
+                    self._settle_slot(delivery)
+
+        self.cancelling.check(delivery.request, answered)
 
     # -- outcomes -------------------------------------------------------------------
 
