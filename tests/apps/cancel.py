@@ -35,3 +35,10 @@ def keyed(self: Task, account_id: int, n: int) -> int:
     """A plain task (nothing asked of the gate), cancelled by key."""
     observer().run(f"keyed:{account_id}", sleep=0.05, task_id=self.request.id)
     return n
+
+
+@app.task(bind=True, debounce=0.5, debounce_key="doc_id")
+def debounced(self: Task, doc_id: str) -> str:
+    """Debounced and nothing else: no gate call a cancel could be checked in."""
+    observer().run(f"debounced:{doc_id}", task_id=self.request.id)
+    return doc_id
