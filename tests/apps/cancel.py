@@ -42,3 +42,10 @@ def debounced(self: Task, doc_id: str) -> str:
     """Debounced and nothing else: no gate call a cancel could be checked in."""
     observer().run(f"debounced:{doc_id}", task_id=self.request.id)
     return doc_id
+
+
+@app.task(bind=True)
+def slow(self: Task, seconds: float) -> float:
+    """A body that runs for a while: stopped by ``terminate=True``."""
+    observer().run("slow", sleep=seconds, task_id=self.request.id)
+    return seconds

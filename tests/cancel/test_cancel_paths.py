@@ -1,11 +1,14 @@
-"""``baton.cancel`` on the admission paths that make no gate call of their own to check
-it in (issue 38 §2): a debounced task that asks nothing more."""
+"""``baton.cancel`` on the paths beside the common one (issue 38 §2): a debounced task
+that asks nothing more (no gate call to check a cancel in), and ``terminate=True``."""
 
 from __future__ import annotations
+
+import time
 
 from celery import states
 
 from tests.support.observer import Observer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.cancel"
@@ -23,3 +26,25 @@ def test_a_cancelled_debounced_call_never_runs(workers: Workers, observer: Obser
     assert gone.state == states.REVOKED
     observer.wait_for(1, timeout=10)
     assert {s["task_id"] for s in observer.started()} == {kept.id}
+
+
+def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps import cancel
+
+    worker = workers.start(APP, concurrency=2)
+    running = cancel.slow.delay(60)
+    observer.starts_of("slow")
+    done = cancel.baton.cancel(running.id, terminate=True)
+    assert done.terminated == (running.id,)
+    wait_until(lambda: "Terminating" in worker.log_text(), 15, "the running body terminated")
+    assert running.state == states.REVOKED
+    # Stopped: its 60 s body ended (its SIGTERM ran the observer's finally) at once.
+    assert all(run.end - run.start < 30_000_000 for run in observer.runs())
+    again = cancel.slow.apply_async((0,), task_id=running.id)  # the same id, sent again
+    marker = cancel.keyed.delay(0, 0)
+    marker.get(timeout=30)
+    time.sleep(1)  # not a wait: a copy that would run runs now
+    assert [s["task_id"] for s in observer.started()].count(again.id) == 1  # the first run
+    assert again.state == states.REVOKED
