@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from celery import states
+from celery.exceptions import TaskRevokedError
 
 from tests.support.observer import Observer
+from tests.support.task_events import EventCapture
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -48,3 +51,20 @@ def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
     time.sleep(1)  # not a wait: a copy that would run runs now
     assert [s["task_id"] for s in observer.started()].count(again.id) == 1  # the first run
     assert again.state == states.REVOKED
+
+
+def test_a_dropped_cancelled_call_sends_the_task_revoked_event_and_get_raises(
+    workers: Workers, observer: Observer, broker_url: str
+) -> None:
+    """What Flower and ``celery events`` see, and what a caller's ``get()`` does."""
+    from tests.apps import cancel
+
+    gone = cancel.keyed.delay(1, 0)
+    cancel.baton.cancel(gone.id)
+    with pytest.raises(TaskRevokedError):
+        gone.get(timeout=10)
+    with EventCapture(broker_url) as events:
+        workers.start(APP, concurrency=1, extra_args=["-E"])
+        event = events.wait_for("task-revoked", gone.id)
+    assert event["terminated"] is False
+    assert observer.started() == []
