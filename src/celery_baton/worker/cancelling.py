@@ -1,14 +1,16 @@
 """Sticky cancels in the worker (``baton.cancel``; core/cancels.py holds the records).
 
-Every delivery passes :meth:`Cancelling.screen` before admission: a cancelled one is
-revoked the way Celery revokes (its id joins the worker's revoked set, and
-``Request.revoked()`` sends the ``task-revoked`` event, marks the result ``REVOKED``,
-acks the message, sends ``task_revoked`` and logs one line), so it never starts and
-its message never comes back. That covers a message in the broker (checked when a
-worker receives it, whichever worker, whenever it started), an ETA or countdown
-(checked when Celery's timer hands it on), a retry's re-publish and a redelivered copy
-(the same id). A delivery held by admission is checked again at its next turn
-(``Admission._decide``).
+Every delivery is screened before it starts (``Admission``): in memory at its entry
+(:meth:`Cancelling.known`: the ids this worker was told of, the key cancels of its
+task), then in the store while cancels by id live. A cancelled one is revoked the way
+Celery revokes (its id joins the worker's revoked set, and ``Request.revoked()`` sends
+the ``task-revoked`` event, marks the result ``REVOKED``, acks the message, sends
+``task_revoked`` and logs Celery's "Discarding revoked task"; the line before it says
+why), so it never starts and its message never comes back. That covers a message in
+the broker (checked when a worker receives it, whichever worker, whenever it started),
+an ETA or countdown (checked when Celery's timer hands it on), a retry's re-publish and
+a redelivered copy (the same id). A delivery held by admission is dropped when a
+notice names it, and checked again at its next turn.
 
 What a delivery pays: nothing while no cancel by id lives (the worker knows from the
 store-wide marker, re-read on every notice and every ``REFRESH`` seconds); key
