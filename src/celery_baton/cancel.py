@@ -4,10 +4,10 @@ worker/cancelling.py: what a worker does with a cancelled delivery).
 A cancel by id is written to the store (so every worker, also one started later, finds
 it when the message reaches it), and the call's result is marked ``REVOKED`` at once
 (``AsyncResult.get()`` raises ``TaskRevokedError``) unless the call already finished or
-is running. ``terminate=True`` also sends Celery's ``revoke(terminate=True)`` for a
-running body. A cancel by key cancels every call of the task whose arguments hold the
-key's values and that was published until now; each is marked ``REVOKED`` by the worker
-that receives it.
+its result says it runs (``STARTED``, with ``task_track_started``). ``terminate=True``
+also sends Celery's ``revoke(terminate=True)`` for a running body. A cancel by key
+cancels every call of the task whose arguments hold the key's values and that was
+published until now; each is marked ``REVOKED`` by the worker that receives it.
 """
 
 from __future__ import annotations
