@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
 from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
+from celery_baton.cancel import Cancelled, cancel
 from celery_baton.config import Settings
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
@@ -220,6 +221,33 @@ class Baton:
         (limit,) = resolve(table, [name], subject=f"baton.limit({name!r})")
         limit.check_cost(cost, subject=f"baton.limit({name!r})")
         return NamedLimit(self.gate, self.names, limit, cost=cost, timeout=timeout)
+
+    def cancel(
+        self,
+        task_id: str | None = None,
+        *,
+        task: Any = None,
+        key: Mapping[str, Any] | None = None,
+        terminate: bool = False,
+        ttl: float | None = None,
+    ) -> Cancelled:
+        """Cancel a call, or every queued call of one key, so that it never starts,
+        wherever its message is (the broker, held in a worker, an ETA or countdown, a
+        retry's re-publish, a redelivered copy) and whichever worker receives it, also
+        one started after the cancel::
+
+            baton.cancel(result.id)                                 # one call
+            baton.cancel(task=apply_event, key={"account_id": 7})  # its queued calls
+            baton.cancel(result.id, terminate=True)                # also a running body
+
+        The result state is ``REVOKED`` (``AsyncResult.get()`` raises
+        ``TaskRevokedError``). A cancel is kept ``ttl`` seconds (``baton_cancel_ttl``;
+        by default the broker's visibility timeout, or a day), then forgotten. A cancel
+        by key cancels the calls published until now whose arguments hold ``key``'s
+        values; later calls run. Raises StoreUnavailable, KeySpecError (a key naming no
+        argument of the task), BatonError (bad arguments).
+        """
+        return cancel(self.parts, task_id, task=task, key=key, terminate=terminate, ttl=ttl)
 
     @property
     def unique(self) -> UniqueClaims:

@@ -46,6 +46,9 @@ class Settings:
     hold_max: int = 10_000
     hold_horizon: float = 300.0
     unique_ttl: float = 3600.0
+    #: How long a cancel (baton.cancel) is kept; None: the broker's visibility timeout
+    #: when it has one, else a day (cancel.py).
+    cancel_ttl: float | None = None
     key_prefix: str = "baton"
     metrics_port: int | None = None
     # Named limits shared by tasks (shared_limits.py): the raw ``baton_limits`` mapping;
@@ -191,6 +194,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         hold_max=hold_max,
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
+        cancel_ttl=_optional_seconds(_get(conf, "cancel_ttl", None), "cancel_ttl"),
         key_prefix=str(_get(conf, "key_prefix", "baton")),
         metrics_port=_get(conf, "metrics_port", None),
         limits=_get(conf, "limits", {}),
@@ -201,6 +205,10 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         beat_check_tasks=_bool(_get(conf, "beat_check_tasks", True), "beat_check_tasks"),
         beat_django_poll=_seconds(_get(conf, "beat_django_poll", 2.0), "beat_django_poll"),
     )
+
+
+def _optional_seconds(value: Any, name: str) -> float | None:
+    return None if value is None else _seconds(value, name)
 
 
 def _positive_int(value: Any, name: str) -> int:

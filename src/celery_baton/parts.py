@@ -22,6 +22,7 @@ import weakref
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
+from celery_baton.core.cancels import Cancels
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
@@ -107,6 +108,10 @@ class AppParts:
     @functools.cached_property
     def supersede(self) -> Supersede:
         return Supersede(self.store, self.names)
+
+    @functools.cached_property
+    def cancels(self) -> Cancels:
+        return Cancels(self.store, self.names)
 
     @functools.cached_property
     def debounces(self) -> Debounces:

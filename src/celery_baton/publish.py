@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from celery_baton.core.policy.headers import (
     CALL_HEADER,
     ORDER_HEADER,
     PUBLISH_HEADER,
+    new_publish_stamp,
 )
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.core.policy.per_call import policy_for_call
@@ -176,7 +178,9 @@ def _stamp_publish(options: dict[str, Any]) -> None:
     headers = options.get("headers") or {}
     if PUBLISH_HEADER in headers or BEAT_SLOT_HEADER in headers:
         return
-    stamp = _retried_stamp(options) or secrets.token_hex(8)
+    stamp = _retried_stamp(options)
+    if stamp is None:  # its publish time: a cancel by key cancels calls published until it
+        stamp = new_publish_stamp(time.time_ns() // 1_000_000, secrets.token_hex(6))
     options["headers"] = {**headers, PUBLISH_HEADER: stamp}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import namedtuple
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from celery import Celery
 from celery._state import _task_stack
 
-from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, PUBLISH_HEADER, stamp_time
 from celery_baton.publish import _message_id, _stamp_publish
 
 Message = namedtuple("Message", "headers properties body sent_event")
@@ -35,7 +36,10 @@ def _stamped(**options: Any) -> Any:
 
 def test_every_publish_is_stamped_with_a_stamp_of_its_own() -> None:
     first, second = _stamped(task_id="x"), _stamped(task_id="x")
-    assert isinstance(first, str) and len(first) == 16 and first != second
+    assert isinstance(first, str) and first != second
+    # it says when it was published (a cancel by key cancels calls published until it)
+    sent = stamp_time(first)
+    assert sent is not None and abs(sent - time.time() * 1000) < 60_000
     headers = {"mine": 1}
     options: dict[str, Any] = {"headers": headers}
     _stamp_publish(options)

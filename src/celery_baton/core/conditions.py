@@ -116,6 +116,16 @@ class NotSuperseded:
 
 
 @dataclass(frozen=True, slots=True)
+class NotCancelled:
+    """Denies a delivery of ``task_id`` while its cancel record ``key`` exists
+    (``baton.cancel``, core/cancels.py). On one server only: the record's hash tag is the
+    id, never the task's."""
+
+    key: str
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class FreeUnique:
     """Never denies; on grant, ``task_id``'s unique claim of ``key`` is freed
     (``unique_until="started"``)."""
@@ -176,6 +186,7 @@ Condition = (
     | SlotNotRun
     | PublishOrder
     | NotSuperseded
+    | NotCancelled
     | FreeUnique
     | KeepUnique
     | FairTurn
@@ -207,6 +218,8 @@ def encode(c: Condition) -> tuple[str, str, str]:
             return "S", "" if c.order is None else str(c.order), c.task_id
         case NotSuperseded():
             return "N", _ms(c.ttl), ""
+        case NotCancelled():
+            return "X", c.task_id, ""
         case WeightedRate():
             return "W", str(c.increment_us), str(c.tolerance_us)
         case Penalty():

@@ -356,6 +356,22 @@ class KeyNames:
         return f"{self.prefix}:epoch"
 
     @property
+    def cancels(self) -> str:
+        """The store-wide cancel marker (a hash, ``core/cancels.py``): field ``id`` and
+        ``key:<task>`` hold until when (ms, store clock) cancels of that kind may live.
+        A worker reads it to know whether a delivery needs a cancel check at all."""
+        return f"{self.prefix}:cancels"
+
+    def cancel_id(self, task_id: str) -> str:
+        """The cancel record of one task id. Its hash tag is the id: ``baton.cancel``
+        knows only the id, and on Redis Cluster the records spread over the slots."""
+        return f"{self.prefix}:cancel:{{{task_id}}}"
+
+    def cancel_keys(self, task: str) -> str:
+        """The key cancels of ``task`` (a sorted set, ``core/cancels.py``), in its family."""
+        return f"{self.family(task)}:cancel-keys"
+
+    @property
     def notice_channel(self) -> str:
         return f"{self.prefix}:released"
 

@@ -55,6 +55,11 @@ SCRIPT_NAMES = (
     "debounce_record",
     "debounce_decide",
     "throttle_decide",
+    "cancel_mark",
+    "cancel_id",
+    "cancel_key",
+    "cancel_check",
+    "cancel_read",
 )
 
 
@@ -72,6 +77,7 @@ GATE_KINDS = (
     "not_superseded",
     "free_unique",
     "keep_unique",
+    "not_cancelled",
 )
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from celery_baton.config import Settings
 from celery_baton.core import fairness
+from celery_baton.core.conditions import NotCancelled
 from celery_baton.core.gate import Decision
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.keys import KeyNames
@@ -42,6 +43,7 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
@@ -75,9 +77,11 @@ class Admission:
         lower_priority_first: bool = False,
         window: PrefetchWindow | None = None,
         renew: Callable[[list[Delivery]], list[Delivery]] | None = None,
+        cancelling: Cancelling | None = None,
     ) -> None:
         self.consumer = consumer
         self.names = names
+        self.cancelling = cancelling
         self.planner = Planner(
             policy_for=policy_for, names=names, settings=settings, hostname=consumer.hostname
         )
@@ -128,14 +132,29 @@ class Admission:
     # -- entry point ----------------------------------------------------------------
 
     def __call__(self, request: Any) -> Any:
+        if self.cancelling is not None:
+            why = self.cancelling.known(request)  # in memory: noticed ids, key cancels
+            if why is not None:
+                self.cancelling.revoke(request, why)
+                return None
+        return self._admit(request)
+
+    def _plain(self, request: Any) -> Any:
+        """A request that asks the gate nothing goes to Celery, once screened for a
+        cancel by id (a store check only while cancels by id live)."""
+        if self.cancelling is None:
+            return self.slots.plain(request)
+        return self.cancelling.screen(request, self.slots.plain)
+
+    def _admit(self, request: Any) -> Any:
         policy = self.planner.policy(request)
         if policy is None:
-            return self.slots.plain(request)
+            return self._plain(request)
         celery_rate = None
         if policy.rate_from_celery:
             celery_rate = self.planner.celery_rate(request.task)
             if celery_rate is None and policy.celery_rate_only:
-                return self.slots.plain(request)  # no rate_limit now: nothing to ask
+                return self._plain(request)  # no rate_limit now: nothing to ask
         try:
             plan = self.planner.plan(policy, request, celery_rate)
         except (KeySpecError, CostError) as exc:
@@ -145,7 +164,7 @@ class Admission:
         if not plan.conditions and plan.flow_key is None:  # only a unique key to free
             attach(request, self.releasing, policy, plan)
             mark_run_end(request.request_dict, policy, plan)  # freed before the result
-            return self.slots.plain(request)
+            return self._plain(request)
         with self.holding.lock:
             self._ask(Delivery(request, policy, plan, self.generation, celery_rate=celery_rate))
         return None
@@ -204,6 +223,20 @@ class Admission:
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
             self.holding.release(delivery)
             return
+        if self.cancelling is not None:
+            why = self.cancelling.known(request) if delivery.held else None
+            if why is not None:  # cancelled while held (this worker was told)
+                self.holding.release(delivery)
+                self.cancelling.revoke(request, why)
+                return
+            if not self.cancelling.in_gate and self.cancelling.watch.ids_live():
+                # Redis Cluster: the id's record is not on the task's slot, so it is
+                # checked in a call of its own (one server: in the gate's, NotCancelled).
+                self._unless_cancelled(delivery, functools.partial(self._decide_now, delivery))
+                return
+        self._decide_now(delivery)
+
+    def _decide_now(self, delivery: Delivery) -> None:
         now = time.monotonic()
         if (
             delivery.held
@@ -239,6 +272,9 @@ class Admission:
                     plan.fair_queues[plan.fair_limits[fair]], delivery
                 ),
             )
+        if self.cancelling is not None and self.cancelling.in_gate:
+            # While cancels by id live, the gate call itself says whether this id is one.
+            conditions = self.cancelling.with_check(delivery.request, conditions)
         self.channel.ask(
             conditions,
             owner=delivery.plan.owner,
@@ -279,6 +315,11 @@ class Admission:
 
     def _apply(self, delivery: Delivery, decision: Decision) -> None:
         request = delivery.request
+        if isinstance(decision.denied_by, NotCancelled):  # baton.cancel: never runs
+            assert self.cancelling is not None
+            self.holding.release(delivery)
+            self.cancelling.revoke(request, "cancelled by id")
+            return
         now = time.monotonic()
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
@@ -331,8 +372,43 @@ class Admission:
             self.holding.hold(delivery, outcome)
         elif delivery.plan.conditions:
             self._ask(delivery)  # debounced: now the task's other conditions
+        elif self.cancelling is not None and self.cancelling.in_gate:
+            # Debounced and nothing else: no gate call to check a cancel in.
+            self._unless_cancelled(delivery, lambda: self.starting.start(delivery, outcome))
         else:
             self.starting.start(delivery, outcome)
+
+    def _unless_cancelled(self, delivery: Delivery, then: Callable[[], None]) -> None:
+        """``then()`` once the store said ``delivery`` is not cancelled by id (a check of
+        its own: Redis Cluster, or nothing asked of the gate); a cancelled one is revoked.
+        A check that failed goes on: a gate ask meets the store's trouble and follows
+        the store-down policy."""
+        assert self.cancelling is not None
+        if not self.cancelling.watch.ids_live():
+            then()
+            return
+        delivery.asking = True  # keeps its pool slot until the store answered
+
+        def answered(cancelled: bool | BaseException) -> None:
+            # On the loop; kombu swallows exceptions there: none may escape.
+            try:
+                with self.holding.lock:
+                    delivery.asking = False
+                    if delivery.generation != self.generation:
+                        return
+                    if cancelled is True:
+                        self.holding.release(delivery)
+                        assert self.cancelling is not None
+                        self.cancelling.revoke(delivery.request, "cancelled by id")
+                    else:
+                        then()
+            except Exception:
+                self._hold_after_error(delivery)
+            finally:
+                with self.holding.lock:
+                    self._settle_slot(delivery)
+
+        self.cancelling.check(delivery.request, answered)
 
     # -- outcomes -------------------------------------------------------------------
 
@@ -380,6 +456,24 @@ class Admission:
                     self._hand_back(delivery, f"held {now - delivery.since:.0f}s, the horizon")
         except Exception:
             logger.exception("baton: renewing held messages failed")
+
+    def drop_cancelled(self) -> None:
+        """A cancel notice (on the loop): the held deliveries it names leave now (acked,
+        REVOKED, their event), not at their next turn. One asking the gate is left to
+        its answer (its next turn checks again)."""
+        if self.cancelling is None:
+            return
+        try:
+            with self.holding.lock:
+                for delivery in self.holding.held():
+                    if delivery.asking or delivery.generation != self.generation:
+                        continue
+                    why = self.cancelling.known(delivery.request)
+                    if why is not None:
+                        self.holding.release(delivery)
+                        self.cancelling.revoke(delivery.request, why)
+        except Exception:  # on the loop: never raise there
+            logger.exception("baton: dropping cancelled held requests failed")
 
     def forget_held(self) -> list[Delivery]:
         """Drop every held request (the connection is gone; the broker redelivers them)."""

@@ -60,6 +60,11 @@ class _CountOnly:
         pass
 
 
+#: What the wake pipe carries for a cancel notice (never a store key: those have no
+#: newline).
+CANCEL_WAKE = "\ncancel"
+
+
 @dataclass(eq=False)
 class Delivery:
     """A delivered request the consumer is deciding about, or holding."""
@@ -147,6 +152,7 @@ class Holding:
         self._queues: WaitQueues[Delivery] = WaitQueues(rank)
         self._timers: dict[str, tuple[float, Any]] = {}
         self._wake_pipe = WakePipe(consumer, self._on_release)
+        self._on_cancel: Callable[[], None] | None = None
         self._released = ReleaseLog()
         self._cap_warned = -1e9
 
@@ -351,8 +357,23 @@ class Holding:
         if self._queues.waiting_for(key):
             self._wake_pipe.send(key)
 
+    def wake_for_cancel(self, on_loop: Callable[[], None]) -> None:
+        """Called from another thread on a cancel notice: ``on_loop()`` runs on the
+        consumer's loop (where held deliveries may be touched), when any is held."""
+        self._on_cancel = on_loop
+        if self._held:
+            self._wake_pipe.send(CANCEL_WAKE)
+
+    def held(self) -> list[Delivery]:
+        """The deliveries held now."""
+        return list(self._held.values())
+
     def _on_release(self, key: str) -> None:
         """``key`` was released: its queue, and each fair queue of it, asks again."""
+        if key == CANCEL_WAKE:
+            if self._on_cancel is not None:
+                self._on_cancel()
+            return
         with self.lock:
             queues = self._queues.woken_by(key)
         for queue_key in queues:

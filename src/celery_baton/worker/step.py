@@ -27,6 +27,7 @@ from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, Wor
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
+from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
@@ -150,7 +151,7 @@ class BatonWorker:
             on_lost=parts.on_lease_lost,
             on_tick=lambda: self._report(parent),
             heartbeat=HEARTBEAT,
-            on_heartbeat=lambda: self._alive(parent),
+            on_heartbeat=lambda: self._heartbeat(parent),
         )
         self.unsent = UnsentReleases(self.book, parent.timer)
         self.releasing = Releasing(
@@ -172,6 +173,15 @@ class BatonWorker:
         )
         self.unsent.attach(self.channel)
         self.releasing.attach(self.channel)
+        horizon = hold_horizon(parts.settings.hold_horizon, broker.visibility)
+        # Sticky cancels (baton.cancel): every delivery is screened before admission.
+        self.cancelling = Cancelling(
+            parts.cancels,
+            self.channel,
+            keep_noticed=horizon,
+            generation=lambda: self.admission.generation,
+            in_gate=not parts.store.cluster,
+        )
         # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
         self.window = ConsumerWindow(
             waiting=self._waiting,
@@ -186,17 +196,16 @@ class BatonWorker:
             book=self.book,
             releasing=self.releasing,
             settings=parts.settings,
-            horizon=hold_horizon(parts.settings.hold_horizon, broker.visibility),
+            horizon=horizon,
             lower_priority_first=broker.kombu_redis,
             window=self.window,
             # Held messages stay past the horizon where the broker's claim can be renewed.
             renew=HeldRenewal().renew if broker.kombu_redis and broker.visibility else None,
+            cancelling=self.cancelling,
         )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
-        self.listener = NoticeListener(
-            parts.store, parts.names.notice_channel, self.admission.holding.wake
-        )
+        self.listener = NoticeListener(parts.store, parts.names.notice_channel, self._noticed)
         self.reports = WorkerReports(parts.store, parts.names)
         self._started = False
         self._shut = False
@@ -243,6 +252,7 @@ class BatonWorker:
             warn_long_tasks(parent.app, self.broker.visibility)
             warn_eviction(parts.gate)
             metrics.serve(parts.settings.metrics_port)
+            self.cancelling.refresh()  # a worker started after a cancel knows of it
             self.book.start()
             self.listener.start()
         else:
@@ -343,6 +353,17 @@ class BatonWorker:
             "losses": self.book.losses,
         }
         self.reports.write(consumer.hostname, report, ttl=REPORT_TTL)
+
+    def _noticed(self, text: str) -> None:
+        """A notice (the listener's thread): a cancel, or a released key."""
+        if self.cancelling.notice(text):
+            self.admission.holding.wake_for_cancel(self.admission.drop_cancelled)
+        else:
+            self.admission.holding.wake(text)
+
+    def _heartbeat(self, consumer: Any) -> None:
+        self.cancelling.heartbeat()
+        self._alive(consumer)
 
     def _alive(self, consumer: Any) -> None:
         """Between reports, keep this one alive (one PEXPIRE); write it if it is gone."""

@@ -22,3 +22,25 @@ MISFIRE_HEADER = "baton_beat_misfire"
 #: a new publish of the same task id (``Task.replace``, a frozen signature sent again,
 #: ``apply_async(task_id=...)``) another. The redelivery guard refuses the first only.
 PUBLISH_HEADER = "baton_publish"
+
+
+def new_publish_stamp(now_ms: int, token: str) -> str:
+    """A new publish's stamp (``PUBLISH_HEADER``): when it was published (ms, the
+    publisher's clock, in hex) and a random token. A cancel by key cancels the calls
+    published until it (core/cancels.py), and a retry keeps its run's stamp, so its
+    re-publish counts as published when the call first was."""
+    return f"{now_ms:x}.{token}"
+
+
+def stamp_time(stamp: object) -> int | None:
+    """When the publish stamped ``stamp`` was published (ms), or None when the stamp does
+    not say (a message from an older version, or sent without ``Baton``)."""
+    if not isinstance(stamp, str):
+        return None
+    sent, dot, _ = stamp.partition(".")
+    if not dot or not sent:
+        return None
+    try:
+        return int(sent, 16)
+    except ValueError:
+        return None

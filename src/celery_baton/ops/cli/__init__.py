@@ -1,4 +1,4 @@
-"""``celery -A proj baton status | locks | unlock KEY | limits | schedule | web``.
+"""``celery -A proj baton status | locks | unlock KEY | limits | schedule | cancel | web``.
 
 Registered through Celery's ``celery.commands`` entry point (``celery_baton.ops.cli:baton``).
 Every command takes ``--json`` (its errors are JSON too); tables fit the terminal's
@@ -10,7 +10,7 @@ width. One module per command group, each rendering the read model (``ops/state.
   ``web``
 """
 
-from celery_baton.ops.cli import limits, locks, schedule, status, web
+from celery_baton.ops.cli import cancel, limits, locks, schedule, status, web
 from celery_baton.ops.cli.group import baton
 
-__all__ = ["baton", "limits", "locks", "schedule", "status", "web"]
+__all__ = ["baton", "cancel", "limits", "locks", "schedule", "status", "web"]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import click
 
+from celery_baton.cancel import cancel as cancel_calls
+from celery_baton.core.cancels import Cancels
 from celery_baton.errors import BatonError
-from celery_baton.ops.cli.group import baton, context_of
+from celery_baton.ops.cli.group import Context, baton, context_of
 from celery_baton.ops.cli.output import fail
 
 
@@ -24,7 +27,7 @@ from celery_baton.ops.cli.output import fail
     "--token",
     envvar="BATON_WEB_TOKEN",
     default=None,
-    help="Enables the actions (unlock, pause, resume, trigger) for whoever gives it "
+    help="Enables the actions (unlock, pause, resume, trigger, cancel) for whoever gives it "
     "[env: BATON_WEB_TOKEN]. Without it the page is read-only.",
 )
 @click.option("--refresh", type=float, default=5.0, show_default=True, help="Seconds.")
@@ -61,8 +64,18 @@ def web(ctx: click.Context, host: str, port: int, token: str | None, refresh: fl
             token=token,
             refresh=refresh,
             ready=ready,
+            cancel=functools.partial(_cancel, c),
         )
     except OSError as exc:  # the port is taken, or the address is not this host's
         raise click.ClickException(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from exc
+
+
+def _cancel(c: Context, task_id: str | None, task: str | None, key: Any, terminate: bool) -> str:
+    """The web view's cancel: ``baton.cancel`` on the CLI's store connection."""
+    done = cancel_calls(
+        c.parts, task_id, task=task, key=key, terminate=terminate, records=Cancels(c.store, c.names)
+    )
+    extra = f"; terminated {', '.join(done.terminated)}" if done.terminated else ""
+    return f"cancelled {done.what} for {done.ttl:.0f}s{extra}"

@@ -70,6 +70,8 @@ def render_page(
     parts.append(_claims(state["unique_claims"], actions=controls))
     parts.append(_limits_table(state["limits"]))
     parts.append(_schedule(state["schedule"], actions=controls))
+    if controls:
+        parts.append(_cancel_form())
     parts.append(f"<script>{_SCRIPT % int(refresh * 1000)}</script></body></html>")
     return "".join(parts)
 
@@ -109,6 +111,21 @@ def _action_form(action: str, field: str, value: str, label: str, *, force: bool
         f"<input type='hidden' name='action' value='{action}'>"
         f"<input type='hidden' name='{field}' value='{e(value)}'>{tick}"
         f"<button type='submit' name='do' value='{action}'>{label}</button></form>"
+    )
+
+
+def _cancel_form() -> str:
+    """``baton.cancel`` (signed in only): a task id, or a task and its key as JSON."""
+    return (
+        "<h2>Cancel</h2><form method='post' action='/action' id='cancel'>"
+        "<input type='hidden' name='action' value='cancel'>"
+        "<input name='task_id' placeholder='task id' size='38'> or "
+        "<input name='task' placeholder='task name' size='28'> "
+        "<input name='key' placeholder='key JSON: {\"account_id\": 7}' size='26'> "
+        "<label><input type='checkbox' name='terminate' value='1'> terminate</label> "
+        "<button type='submit' name='do' value='cancel'>cancel</button></form>"
+        "<p class='muted'>A cancelled call never starts on any worker, also one started "
+        "later; its result is REVOKED.</p>"
     )
 
 

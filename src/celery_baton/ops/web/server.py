@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from celery_baton.errors import BatonError
 from celery_baton.ops.state import Schedules, Source, collect, empty_state
-from celery_baton.ops.web.actions import Refused, act
+from celery_baton.ops.web.actions import CancelAction, Refused, act
 from celery_baton.ops.web.metrics import metrics_text
 from celery_baton.ops.web.page import forbidden_page, render_page
 
@@ -50,9 +50,11 @@ class WebServer(ThreadingHTTPServer):
         *,
         token: str | None,
         refresh: float = 5.0,
+        cancel: CancelAction | None = None,
     ) -> None:
         super().__init__(address, _Handler)
         self.source, self.schedules = source, schedules
+        self.cancel = cancel
         self.token, self.refresh = token or None, refresh
         # What the store held when it last answered, and since when it does not.
         self.last_state: dict[str, Any] | None = None
@@ -140,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._forbidden(self._token(form), path)
             return
         try:
-            done = act(self.server.source, self.server.schedules, form)
+            done = act(self.server.source, self.server.schedules, form, self.server.cancel)
         except Refused as exc:
             logger.warning("web: %s refused: %s", form.get("action"), exc)
             if path == "/api/action":
@@ -254,12 +256,13 @@ def serve(
     token: str | None = None,
     refresh: float = 5.0,
     ready: Callable[[WebServer], None] | None = None,
+    cancel: CancelAction | None = None,
 ) -> None:
     """Serve the page until interrupted (``ready`` is called once it listens)."""
     if token is not None and not TOKEN_CHARS.fullmatch(token):
         # It travels in a cookie, which cannot carry spaces, quotes or semicolons.
         raise ValueError("the token may use letters, digits and . _ ~ + / = - only")
-    server = WebServer((host, port), source, schedules, token=token, refresh=refresh)
+    server = WebServer((host, port), source, schedules, token=token, refresh=refresh, cancel=cancel)
     try:
         if ready is not None:
             ready(server)

@@ -1,0 +1,166 @@
+"""``baton.cancel``: a cancel that sticks, the caller's side (core/cancels.py: the records;
+worker/cancelling.py: what a worker does with a cancelled delivery).
+
+A cancel by id is written to the store (so every worker, also one started later, finds
+it when the message reaches it), and the call's result is marked ``REVOKED`` at once
+(``AsyncResult.get()`` raises ``TaskRevokedError``) unless the call already finished or
+its result says it runs (``STARTED``, with ``task_track_started``). ``terminate=True``
+also sends Celery's ``revoke(terminate=True)`` for a running body. A cancel by key
+cancels every call of the task whose arguments hold the key's values and that was
+published until now; each is marked ``REVOKED`` by the worker that receives it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import states
+
+from celery_baton.core.cancels import Cancels, KeyCancel, key_material
+from celery_baton.core.keys import KeySpec
+from celery_baton.errors import BatonError, KeySpecError
+from celery_baton.parts import AppParts
+from celery_baton.worker.transport.broker import read_broker
+
+logger = logging.getLogger("celery_baton")
+
+#: How long a cancel is kept when neither ``ttl=`` nor ``baton_cancel_ttl`` says, and
+#: the broker has no visibility timeout (AMQP).
+DEFAULT_TTL = 24 * 3600.0
+
+#: Seconds ``terminate=True`` waits for the workers' list of running tasks (by key).
+INSPECT_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What a cancel did: ``what`` in words, ``ttl`` (seconds it is kept), ``revoked``
+    (the result marked REVOKED now), ``terminated`` (running task ids sent a revoke)."""
+
+    what: str
+    ttl: float
+    revoked: bool = False
+    terminated: tuple[str, ...] = ()
+
+
+def cancel_ttl(parts: AppParts, ttl: float | None) -> float:
+    """``ttl`` given, else ``baton_cancel_ttl``, else the longest a message waits for a
+    worker: the broker's visibility timeout when it has one, else :data:`DEFAULT_TTL`."""
+    if ttl is not None:
+        if not isinstance(ttl, int | float) or ttl <= 0:
+            raise BatonError(f"baton.cancel: ttl must be seconds > 0, got {ttl!r}")
+        return float(ttl)
+    if parts.settings.cancel_ttl is not None:
+        return parts.settings.cancel_ttl
+    return read_broker(parts.app).visibility or DEFAULT_TTL
+
+
+def cancel(
+    parts: AppParts,
+    task_id: str | None = None,
+    *,
+    task: Any = None,
+    key: Mapping[str, Any] | None = None,
+    terminate: bool = False,
+    ttl: float | None = None,
+    records: Cancels | None = None,
+) -> Cancelled:
+    """See ``Baton.cancel``. ``records``: the store's cancels to write to (the CLI's own
+    connection, which never starts an embedded store); default the app's."""
+    kept = cancel_ttl(parts, ttl)
+    records = records or parts.cancels
+    if task_id is not None:
+        if task is not None or key is not None:
+            raise BatonError("baton.cancel: a task id, or task= and key=, not both")
+        if not isinstance(task_id, str) or not task_id:
+            raise BatonError(f"baton.cancel: a task id is a non-empty str, got {task_id!r}")
+        return _cancel_id(parts, records, task_id, terminate=terminate, ttl=kept)
+    if task is None or key is None:
+        raise BatonError("baton.cancel: give a task id, or task= and key=")
+    return _cancel_key(parts, records, task, key, terminate=terminate, ttl=kept)
+
+
+def _cancel_id(
+    parts: AppParts, records: Cancels, task_id: str, *, terminate: bool, ttl: float
+) -> Cancelled:
+    records.cancel_id(task_id, ttl=ttl)
+    app = parts.app
+    revoked = False
+    backend = app.backend
+    if not _disabled(backend):
+        state = backend.get_state(task_id)
+        # A finished call keeps its outcome; a running one is marked by its worker when
+        # terminated (or ends as it ends).
+        if state not in states.READY_STATES and state != states.STARTED:
+            backend.mark_as_revoked(task_id, "cancelled (baton.cancel)")
+            revoked = True
+    terminated: tuple[str, ...] = ()
+    if terminate:
+        app.control.revoke(task_id, terminate=True)
+        terminated = (task_id,)
+    logger.info("baton: cancelled task %s for %.0fs", task_id, ttl)
+    return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated)
+
+
+def _cancel_key(
+    parts: AppParts,
+    records: Cancels,
+    task: Any,
+    key: Mapping[str, Any],
+    *,
+    terminate: bool,
+    ttl: float,
+) -> Cancelled:
+    name = task if isinstance(task, str) else getattr(task, "name", None)
+    if not isinstance(name, str) or not name:
+        raise BatonError(f"baton.cancel: task= is a task or its name, got {task!r}")
+    material = key_material(name, key)
+    known = parts.app.tasks.get(name)
+    spec = None
+    if known is not None:  # a task of this app: its arguments are known, check the names
+        spec = KeySpec.build(list(key), known.run, subject=f"baton.cancel({name})")
+    cut_ms = time.time_ns() // 1_000_000
+    live = records.cancel_key(name, KeyCancel(cut_ms, material), ttl=ttl)
+    terminated: tuple[str, ...] = ()
+    if terminate:
+        terminated = _terminate_running(parts, name, material, spec)
+    logger.info("baton: cancelled %s%s for %.0fs (%d live)", name, material, ttl, live)
+    return Cancelled(f"{name} {material}", ttl, terminated=terminated)
+
+
+def _terminate_running(
+    parts: AppParts, name: str, material: str, spec: KeySpec | None
+) -> tuple[str, ...]:
+    """Revoke with terminate the running calls of ``name`` with this key, as the
+    workers list them now (``inspect active``)."""
+    if spec is None:
+        spec = KeySpec(name, None, tuple(_names(material)))
+    active = parts.app.control.inspect(timeout=INSPECT_TIMEOUT).active() or {}
+    ids = []
+    for running in active.values():
+        for entry in running or ():
+            if entry.get("name") != name:
+                continue
+            try:
+                if spec.material(entry.get("args") or (), entry.get("kwargs") or {}) == material:
+                    ids.append(str(entry["id"]))
+            except (KeySpecError, KeyError, TypeError):
+                continue
+    if ids:
+        parts.app.control.revoke(ids, terminate=True)
+    return tuple(ids)
+
+
+def _names(material: str) -> list[str]:
+    return list(json.loads(material))
+
+
+def _disabled(backend: Any) -> bool:
+    """No result to mark here: none kept, or the rpc backend's, which only the caller
+    that published reads (the worker that drops the call marks it)."""
+    return type(backend).__name__ in ("DisabledBackend", "RPCBackend")

@@ -1,0 +1,168 @@
+"""Sticky cancels in the worker (``baton.cancel``; core/cancels.py holds the records).
+
+Every delivery is screened before it starts (``Admission``): in memory at its entry
+(:meth:`Cancelling.known`: the ids this worker was told of, the key cancels of its
+task), then in the store while cancels by id live. A cancelled one is revoked the way
+Celery revokes (its id joins the worker's revoked set, and ``Request.revoked()`` sends
+the ``task-revoked`` event, marks the result ``REVOKED``, acks the message, sends
+``task_revoked`` and logs Celery's "Discarding revoked task"; the line before it says
+why), so it never starts and its message never comes back. That covers a message in
+the broker (checked when a worker receives it, whichever worker, whenever it started),
+an ETA or countdown (checked when Celery's timer hands it on), a retry's re-publish and
+a redelivered copy (the same id). A delivery held by admission is dropped when a
+notice names it, and checked again at its next turn.
+
+What a delivery pays: nothing while no cancel by id lives (the worker knows from the
+store-wide marker, re-read on every notice and every ``REFRESH`` seconds); key
+cancels are matched in memory; while cancels by id live, one check pipelined on the
+gate channel (``cancel_check.lua``) for a delivery that asks the gate nothing, and
+none of its own for one that asks the gate: the gate call checks it (``NotCancelled``,
+gate/not_cancelled.lua; on Redis Cluster, where the id's record is on a slot of its
+own, a call of its own beside it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from celery_baton.core.cancels import REFRESH, Cancels, CancelWatch, parse_notice
+from celery_baton.core.conditions import Condition, NotCancelled
+from celery_baton.core.gate_channel import GateChannel
+from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
+from celery_baton.errors import BatonError
+
+logger = logging.getLogger("celery_baton.worker")
+
+
+def revoke(request: Any, why: str) -> None:
+    """Revoke ``request`` as Celery's own ``revoke`` does when the request reaches it."""
+    logger.info("%s[%s] cancelled (%s)", request.name, request.id, why)
+    worker_state.revoked.add(request.id)
+    request.revoked()
+
+
+class Cancelling:
+    """The worker's screen of cancelled deliveries (see the module docstring)."""
+
+    def __init__(
+        self,
+        cancels: Cancels,
+        channel: GateChannel,
+        *,
+        keep_noticed: float,
+        generation: Callable[[], int],
+        in_gate: bool,
+    ) -> None:
+        self.cancels = cancels
+        #: A delivery that asks the gate is checked in that very call (NotCancelled):
+        #: on one server; on Redis Cluster the id's record is on a slot of its own.
+        self.in_gate = in_gate
+        self.channel = channel
+        self.watch = CancelWatch(cancels, keep_noticed=keep_noticed)
+        self.generation = generation
+        self._refreshed = 0.0
+        self.revoked = 0
+
+    # -- learning (other threads) -------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the marker now (at start; on the lease book's heartbeat, every REFRESH)."""
+        self._refreshed = time.monotonic()
+        try:
+            self.watch.refresh()
+        except BatonError as exc:
+            logger.debug("baton: could not read the cancels (%s)", exc)
+        except Exception:  # the lease book's thread calls it: never raise there
+            logger.exception("baton: reading the cancels failed")
+
+    def heartbeat(self) -> None:
+        if time.monotonic() - self._refreshed >= REFRESH:
+            self.refresh()
+
+    def notice(self, text: str) -> bool:
+        """A notice from the notice channel: True when it was a cancel (taken here)."""
+        notice = parse_notice(self.cancels.names.cancels, text)
+        if notice is None:
+            return False
+        self.watch.notice(notice)
+        return True
+
+    # -- screening (the consumer's loop) ------------------------------------------------
+
+    def known(self, request: Any) -> str | None:
+        """Why ``request`` is cancelled by what this worker knows already, or None."""
+        if self.watch.noticed(request.id):
+            return "cancelled by id"
+        if not self.watch.has_key_cancels(request.name):  # every delivery: keep it cheap
+            return None
+        task = request.task
+        cancel = self.watch.key_cancelled(
+            request.name,
+            getattr(task, "run", None),
+            request.args or (),
+            request.kwargs or {},
+            stamp_time(request.request_dict.get(PUBLISH_HEADER)),
+        )
+        if cancel is not None:
+            return f"cancelled by key {cancel.material}"
+        return None
+
+    def screen(self, request: Any, admit: Callable[[Any], Any]) -> Any:
+        """For a delivery that asks the gate nothing (what :meth:`known` says was asked
+        already): revoke ``request`` when the store says it is cancelled by id, else
+        ``admit`` it (at once while no cancel by id lives, or when the store answered)."""
+        if not self.watch.ids_live():
+            return admit(request)
+        script, keys, args = self.cancels.check_call(request.id)
+        generation = self.generation()
+
+        def answered(reply: Any) -> None:
+            # On the loop; kombu swallows exceptions there: none may escape.
+            try:
+                if generation != self.generation():
+                    return  # the connection was lost meanwhile: the broker redelivers it
+                if isinstance(reply, BaseException):
+                    logger.warning(
+                        "baton: could not check whether %s[%s] is cancelled (%s); admitting it",
+                        request.name,
+                        request.id,
+                        reply,
+                    )
+                elif int(reply):
+                    self._revoke(request, "cancelled by id")
+                    return
+                admit(request)
+            except Exception:
+                logger.exception("baton: screening %s[%s] failed", request.name, request.id)
+
+        self.channel.run(script, keys, args, answered)
+        return None
+
+    def with_check(self, request: Any, conditions: list[Condition]) -> list[Condition]:
+        """``conditions`` with the check of ``request``'s id first, while cancels by id
+        live (asked first: a cancelled delivery writes nothing, spends nothing)."""
+        if not self.watch.ids_live():
+            return conditions
+        return [NotCancelled(self.cancels.names.cancel_id(request.id), request.id), *conditions]
+
+    def check(self, request: Any, answer: Callable[[bool | BaseException], None]) -> None:
+        """Ask the store whether ``request`` is cancelled by id: ``answer`` gets True,
+        False or the error (a held delivery's next turn, while cancels by id live)."""
+        script, keys, args = self.cancels.check_call(request.id)
+
+        def answered(reply: Any) -> None:
+            answer(reply if isinstance(reply, BaseException) else bool(int(reply)))
+
+        self.channel.run(script, keys, args, answered)
+
+    def revoke(self, request: Any, why: str) -> None:
+        self._revoke(request, why)
+
+    def _revoke(self, request: Any, why: str) -> None:
+        self.revoked += 1
+        revoke(request, why)

@@ -1,0 +1,70 @@
+"""``baton.cancel`` on the paths beside the common one (issue 38 §2): a debounced task
+that asks nothing more (no gate call to check a cancel in), and ``terminate=True``."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery import states
+from celery.exceptions import TaskRevokedError
+
+from tests.support.observer import Observer
+from tests.support.task_events import EventCapture
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+
+APP = "tests.apps.cancel"
+
+
+def test_a_cancelled_debounced_call_never_runs(workers: Workers, observer: Observer) -> None:
+    from tests.apps import cancel
+
+    gone = cancel.debounced.delay("a")
+    cancel.baton.cancel(gone.id)
+    kept = cancel.debounced.delay("b")
+    # Started after the cancel: no notice, so the store says it (no gate call to ask).
+    workers.start(APP, concurrency=2)
+    assert kept.get(timeout=30) == "b"
+    assert gone.state == states.REVOKED
+    observer.wait_for(1, timeout=10)
+    assert {s["task_id"] for s in observer.started()} == {kept.id}
+
+
+def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps import cancel
+
+    worker = workers.start(APP, concurrency=2)
+    running = cancel.slow.delay(60)
+    observer.starts_of("slow")
+    done = cancel.baton.cancel(running.id, terminate=True)
+    assert done.terminated == (running.id,)
+    wait_until(lambda: "Terminating" in worker.log_text(), 15, "the running body terminated")
+    assert running.state == states.REVOKED
+    # Stopped: its 60 s body ended (its SIGTERM ran the observer's finally) at once.
+    assert all(run.end - run.start < 30_000_000 for run in observer.runs())
+    again = cancel.slow.apply_async((0,), task_id=running.id)  # the same id, sent again
+    marker = cancel.keyed.delay(0, 0)
+    marker.get(timeout=30)
+    time.sleep(1)  # not a wait: a copy that would run runs now
+    assert [s["task_id"] for s in observer.started()].count(again.id) == 1  # the first run
+    assert again.state == states.REVOKED
+
+
+def test_a_dropped_cancelled_call_sends_the_task_revoked_event_and_get_raises(
+    workers: Workers, observer: Observer, broker_url: str
+) -> None:
+    """What Flower and ``celery events`` see, and what a caller's ``get()`` does."""
+    from tests.apps import cancel
+
+    gone = cancel.keyed.delay(1, 0)
+    cancel.baton.cancel(gone.id)
+    with pytest.raises(TaskRevokedError):
+        gone.get(timeout=10)
+    with EventCapture(broker_url) as events:
+        workers.start(APP, concurrency=1, extra_args=["-E"])
+        event = events.wait_for("task-revoked", gone.id)
+    assert event["terminated"] is False
+    assert observer.started() == []
