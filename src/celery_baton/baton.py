@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from celery import Celery
 from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
+from celery_baton import internals
 from celery_baton.config import Settings
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
@@ -22,7 +24,7 @@ from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, d
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import BatonError
-from celery_baton.parts import AppParts, installed_parts, parts_for
+from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
 from celery_baton.worker.pool import rate_grant, run_end
@@ -80,6 +82,67 @@ def _checked_later(
     return decorator
 
 
+def _check_declaration(
+    app: Any, fun: Callable[..., Any], options: dict[str, Any], others: frozenset[str]
+) -> None:
+    """What ``@app.task(**options)`` is checked for: misspelt option names, then the
+    options themselves (a key naming no argument, a bad rate, an option without the one
+    it qualifies), raising ConfigError naming the task."""
+    name = _name_of(fun, options)
+    check_option_names(name, options, others)
+    if declares_options(options):
+        # Named limits are checked now when the app's conf already has them.
+        conf = app.conf
+        known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
+        compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
+
+
+#: What Celery itself puts in the class it makes of ``@app.task`` (``_task_from_fun``).
+_MADE_BY_CELERY = frozenset(["app", "name", "run"])
+
+
+def _declared_on(task: Any) -> dict[str, Any]:
+    """The options a registered task was declared with: its class's own attributes.
+    ``@app.task(**options)`` puts them there; a class-based task's own attributes
+    that are not functions (its methods are not options)."""
+    own = vars(type(task))
+    decorated = bool(own.get("_decorated"))
+    return {
+        attr: value
+        for attr, value in own.items()
+        if not attr.startswith("_")
+        and attr not in _MADE_BY_CELERY
+        and (
+            decorated
+            or not (inspect.isroutine(value) or isinstance(value, property | classmethod))
+        )
+    }
+
+
+def check_task_option_names(app: Any, task: Any) -> None:
+    """A registered task's misspelt option names (``exclusiv=``), refused as at
+    declaration: for a task declared before ``Baton(app)`` or registered as a class."""
+    base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
+    options = _declared_on(task)
+    check_option_names(task.name, options, others_names({"base": base}, app.Task))
+
+
+def check_declared_tasks(app: Any) -> None:
+    """The tasks declared before ``Baton(app)``, checked as a declaration after it is:
+    the same errors, when ``Baton(app)`` is made (issue 39 §2)."""
+    declared = internals.declared_tasks(app)
+    if declared is None:
+        return  # checked at worker start (AppParts.validate_all_tasks)
+    registered, pending = declared
+    for fun, options in pending:
+        _check_declaration(app, fun, options, others_names(options, app.Task))
+    known = Settings(limits=app.conf.get("baton_limits", app.conf.get("BATON_LIMITS")))
+    for task in registered:
+        check_task_option_names(app, task)
+        if declares_options({o: getattr(task, o, None) for o in TASK_OPTIONS}):
+            compile_policy(task.name, functools.partial(task_option, task), task.run, known)
+
+
 def baton_for(app: Any) -> Baton | None:
     """The Baton installed on ``app``, if any."""
     parts = installed_parts(app)
@@ -125,8 +188,11 @@ class Baton:
     def __init__(self, app: Celery, *, url: str | None = None) -> None:
         if installed_parts(app) is not None:
             raise BatonError(f"celery-baton is already installed on app {app.main!r}")
+        # Tasks declared before Baton(app) get the checks of those declared after it.
+        check_declared_tasks(app)
         self.app = app
         self.parts: AppParts = parts_for(app, url=url)
+        self.parts.check_option_names = functools.partial(check_task_option_names, app)
         self.parts.installed_by = self
         # Celery builds the consumer bootstep from the app alone: it finds the parts
         # through parts_for(app).
@@ -186,21 +252,13 @@ class Baton:
                     return _checked_later(task_decorator(*args, **options), options, others)
                 return task_decorator(*args, **options)
 
-            def validate(fun: Callable[..., Any]) -> None:
-                name = _name_of(fun, options)
-                check_option_names(name, options, others)
-                # Named limits are checked now when the app's conf already has them.
-                conf = self.app.conf
-                known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
-                compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
-
             if len(args) == 1 and callable(args[0]):
-                validate(args[0])
+                _check_declaration(self.app, args[0], options, others)
                 return task_decorator(*args, **options)
             decorate = task_decorator(*args, **options)
 
             def decorator(fun: Callable[..., Any]) -> Any:
-                validate(fun)
+                _check_declaration(self.app, fun, options, others)
                 return decorate(fun)
 
             return decorator

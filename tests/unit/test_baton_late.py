@@ -1,0 +1,90 @@
+"""``Baton(app)`` made after the tasks are declared checks them as a declaration does
+(issue 39 §2): a typo or a bad option is refused when ``Baton(app)`` is made, with the
+same error as when it comes first, never accepted in silence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_baton import Baton, ConfigError
+
+URL = "redis://127.0.0.1:1/0"  # never connected by these tests
+
+
+@pytest.mark.parametrize("finalized", [False, True], ids=["pending", "finalized"])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"exclusiv": "feed_url"}, "did you mean `exclusive`"),
+        ({"exclusive": "missing"}, "missing"),
+        ({"global_rate_limit": "5/x"}, "global_rate_limit"),
+        ({"exclusive_conflict": "wait"}, "needs exclusive"),
+    ],
+)
+def test_baton_made_after_a_bad_declaration_refuses_it(
+    options: dict[str, Any], message: str, finalized: bool
+) -> None:
+    app = Celery("late", set_as_current=False)
+
+    @app.task(shared=False, **options)
+    def import_feed(feed_url: str) -> None: ...
+
+    if finalized:
+        app.finalize()
+    with pytest.raises(ConfigError, match=message) as error:
+        Baton(app, url=URL)
+    assert "import_feed" in str(error.value)
+
+
+def test_the_same_error_as_when_baton_comes_first() -> None:
+    first = Celery("first", set_as_current=False)
+    Baton(first, url=URL)
+    with pytest.raises(ConfigError) as before:
+
+        @first.task(shared=False, exclusiv="feed_url")
+        def import_feed(feed_url: str) -> None: ...
+
+    late = Celery("first", set_as_current=False)
+
+    @late.task(shared=False, exclusiv="feed_url")  # type: ignore[misc]
+    def import_feed(feed_url: str) -> None: ...  # noqa: F811
+
+    with pytest.raises(ConfigError) as after:
+        Baton(late, url=URL)
+    assert str(after.value) == str(before.value)
+
+
+def test_good_declarations_before_baton_are_accepted_and_guarded() -> None:
+    app = Celery("late_ok", set_as_current=False)
+
+    @app.task(shared=False, exclusive="feed_url", queue="feeds")
+    def import_feed(feed_url: str) -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    baton = Baton(app, url=URL)
+    assert not app.finalized  # Baton(app) does not finalize the app
+    assert baton.policy_for(app.tasks[import_feed.name]) is not None
+
+
+def test_a_worker_start_checks_tasks_registered_later() -> None:
+    """A task registered after ``Baton(app)`` without its decorator (a class-based task)
+    is checked when every task is validated: at worker start and in the CLI."""
+    from celery import Task
+
+    app = Celery("late_class", set_as_current=False)
+    baton = Baton(app, url=URL)
+
+    class ImportFeed(Task):  # type: ignore[misc]
+        name = "import_feed"
+        exclusiv = "feed_url"
+
+        def run(self, feed_url: str) -> None: ...
+
+    app.register_task(ImportFeed())
+    with pytest.raises(ConfigError, match="did you mean `exclusive`"):
+        baton.validate_all_tasks()
