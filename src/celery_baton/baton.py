@@ -150,26 +150,66 @@ def baton_for(app: Any) -> Baton | None:
     return baton if isinstance(baton, Baton) else None
 
 
+def _unguarded(app: Any, tasks: list[Any]) -> list[str]:
+    """The ``tasks`` of ``app`` that declare celery-baton options when it never called
+    ``Baton(app)`` (none when it did): those options do nothing there."""
+    if installed_parts(app) is not None:
+        return []
+    return sorted(
+        task.name
+        for task in tasks
+        if any(getattr(task, option, None) is not None for option in TASK_OPTIONS)
+    )
+
+
+def _say_unguarded(app: Any, names: list[str], where: str) -> None:
+    logger.warning(
+        "%s: tasks %s declare celery-baton options, but Baton(app) was never called for "
+        "app %r: they run UNGUARDED (unique publishes are not deduplicated, exclusive runs "
+        "overlap, limits are not kept). Call Baton(app) in the module that creates the "
+        "app, so every process that imports it has it (docs/configuration.md).",
+        where,
+        ", ".join(names),
+        app.main,
+    )
+
+
 def _warn_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
     """A worker of an app whose tasks declare celery-baton options but that never called
     ``Baton(app)``: those options do nothing (``unique`` would be a silent no-op)."""
     app = getattr(sender, "app", None)
-    if app is None or installed_parts(app) is not None:
+    if app is None:
         return
-    names = sorted(
-        name
-        for name, task in list(app.tasks.items())
-        if any(getattr(task, option, None) is not None for option in TASK_OPTIONS)
-    )
+    names = _unguarded(app, list(app.tasks.values()))
     if names:
-        logger.warning(
-            "tasks %s declare celery-baton options, but Baton(app) was never called for "
-            "app %r: they run UNGUARDED. Call Baton(app) where the app is created.",
-            ", ".join(names),
-            app.main,
-        )
+        _say_unguarded(app, names, "worker")
 
 
+#: Task names whose first publish was looked at (a publish of an app without Baton).
+_publishes_seen: set[str] = set()
+_apps_told: set[int] = set()
+
+
+def _warn_publish_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
+    """The first publish of each task name in this process: when the current app never
+    called ``Baton(app)`` but the task declares celery-baton options, say so once for
+    the app. Every later publish costs one set lookup."""
+    if sender in _publishes_seen:
+        return
+    _publishes_seen.add(sender)
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    declared = internals.declared_tasks(app)  # never finalizes the app
+    if id(app) in _apps_told or declared is None:
+        return
+    names = _unguarded(app, declared[0])
+    if str(sender) in names:
+        _apps_told.add(id(app))
+        _say_unguarded(app, names, "publish")
+
+
+celery_signals.before_task_publish.connect(_warn_publish_if_not_installed, weak=False)
 celery_signals.worker_init.connect(_warn_if_not_installed, weak=False)
 
 

@@ -50,7 +50,7 @@ def test_the_same_error_as_when_baton_comes_first() -> None:
     late = Celery("first", set_as_current=False)
 
     @late.task(shared=False, exclusiv="feed_url")  # type: ignore[misc]
-    def import_feed(feed_url: str) -> None: ...  # noqa: F811
+    def import_feed(feed_url: str) -> None: ...
 
     with pytest.raises(ConfigError) as after:
         Baton(late, url=URL)
