@@ -113,8 +113,7 @@ def _declared_on(task: Any) -> dict[str, Any]:
         if not attr.startswith("_")
         and attr not in _MADE_BY_CELERY
         and (
-            decorated
-            or not (inspect.isroutine(value) or isinstance(value, property | classmethod))
+            decorated or not (inspect.isroutine(value) or isinstance(value, property | classmethod))
         )
     }
 

@@ -231,9 +231,7 @@ def test_an_app_keeps_its_declared_tasks_unevaluated_until_it_is_finalized() -> 
     assert declared is not None
     registered, waiting = declared
     assert not app.finalized
-    assert [(fun.__name__, options) for fun, options in waiting] == [
-        ("pending", {"queue": "q"})
-    ]
+    assert [(fun.__name__, options) for fun, options in waiting] == [("pending", {"queue": "q"})]
     app.finalize()
     registered, waiting = internals.declared_tasks(app) or ([], [])
     assert not waiting and pending.name in {task.name for task in registered}

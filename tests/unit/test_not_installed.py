@@ -22,7 +22,9 @@ def app() -> Iterator[Celery]:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "Baton(app) was never called" in r.getMessage()]
+    return [
+        r.getMessage() for r in caplog.records if "Baton(app) was never called" in r.getMessage()
+    ]
 
 
 def test_the_first_publish_of_an_app_without_baton_says_so_once(

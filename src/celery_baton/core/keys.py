@@ -46,8 +46,7 @@ def _template_fields(template: str, subject: str) -> list[str]:
             continue
         if conversion not in (None, "r", "s", "a"):
             raise KeySpecError(
-                f"template {template!r} has the conversion !{conversion}; only !r, !s and "
-                "!a exist",
+                f"template {template!r} has the conversion !{conversion}; only !r, !s and !a exist",
                 subject=subject,
             )
         # "{user.id}" or "{items[0]}" read from the argument "user" / "items".
