@@ -247,7 +247,12 @@ class LeaseBook:
                                 functools.partial(self.gate.release, [lease.key], owner=lease.owner)
                             )
                         continue
-                    if renewal.status == REASSERTED:
+                    if renewal.status == LOST:
+                        # Lost is lost for good (unlocked, expired, taken over): one
+                        # incident, one report; renewing it again would report it at
+                        # every renewal until the run ends. Its other leases are kept.
+                        self._held[lease.owner] = [x for x in current if x.key != lease.key]
+                    elif renewal.status == REASSERTED:
                         # Renew under the store's new epoch from now on.
                         self._held[lease.owner] = [
                             HeldLease(x.key, x.owner, x.limit, x.ttl, renewal.epoch)
