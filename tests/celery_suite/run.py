@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the other files of t/integration (beat, connection recovery, inspect, ...)",
     )
-    parser.add_argument("--files", nargs="+", help="these files of t/ instead of " + FULL[0] + "...")
+    parser.add_argument(
+        "--files", nargs="+", help="these files of t/ instead of " + FULL[0] + "..."
+    )
     parser.add_argument("-k", dest="keyword", help="a pytest -k expression instead of the subset")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, plain first")
     parser.add_argument(

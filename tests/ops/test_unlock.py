@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.ops.test_commands import as_json, baton
+from tests.ops.test_commands import as_json
 from tests.support.observer import Observer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
