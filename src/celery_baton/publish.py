@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import current_task, states
+from celery.backends.base import DisabledBackend
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
@@ -256,8 +257,10 @@ def _send_replacing(
             "it is not run",
             task_id,
         )
+        backend = parts.app.backend
         try:  # a caller waiting on the old id is told at once (the worker says it too)
-            parts.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
+            if not isinstance(backend, DisabledBackend):  # no backend: nothing to tell
+                backend.store_result(replaced.holder, superseded, states.REVOKED)
         except Exception:  # the result backend is optional
             logger.exception("could not record %s as superseded", replaced.holder)
     return result
