@@ -115,7 +115,7 @@ def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes:
     freed, kept = [], []
     try:
         for row in rows:
-            removed, live = store_inspect.unlock(
+            _, live = store_inspect.unlock(
                 c.store, row.key, force=force, channel=c.names.notice_channel
             )
             (kept if live and not force else freed).append(row.key)
