@@ -112,7 +112,8 @@ def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes:
     )
     if not yes and not click.confirm(question, default=False, err=True):
         raise click.ClickException("nothing freed (answer y, or pass --yes)")
-    freed, kept = [], []
+    freed: list[str] = []
+    kept: list[str] = []
     try:
         for row in rows:
             _, live = store_inspect.unlock(
