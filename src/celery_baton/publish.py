@@ -32,6 +32,7 @@ from kombu.utils.uuid import uuid
 
 from celery_baton import signals
 from celery_baton.core.debounce import FlowKind
+from celery_baton.core.keys import words
 from celery_baton.core.policy import per_call
 from celery_baton.core.policy.headers import (
     BEAT_SLOT_HEADER,
@@ -140,14 +141,15 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         preassigned = options.get("task_id")
         task_id = preassigned or uuid()
         options["task_id"] = task_id
-        key = policy.unique_key(parts.names, args or (), kwargs or {})
+        key, material = policy.unique_key_and_material(parts.names, args or (), kwargs or {})
         ttl = policy.unique_ttl
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
         if policy.unique_conflict == "replace":
             return _send_replacing(parts, send_task, name, args, kwargs, options, key, ttl)
-        claim = _Claim(parts, key, task_id, ttl, parts.unique.send(key, task_id, ttl))
+        label = words(key, material)  # the key in words, for `locks` and the web view
+        claim = _Claim(parts, key, task_id, ttl, parts.unique.send(key, task_id, ttl, label=label))
         if not _guard_sender(parts.app):
             claim.settle()  # no hook before the broker: know the answer before sending
         by_id = _claims.__dict__.setdefault("by_id", {})
