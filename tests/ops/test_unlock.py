@@ -55,14 +55,14 @@ def _unlock(workers: Workers, *args: str, answer: str = "") -> subprocess.Comple
     )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # ten commands, each seconds long on a loaded machine
 def test_unlock_a_task_or_all_after_asking(workers: Workers, observer: Observer) -> None:
     """celery-once's and celery-singleton's ``clear_locks(app)`` had no command: the
     guide said ``redis-cli --scan`` then ``DEL`` (issue 39 §3)."""
     from tests.apps.exclusive import ex_skip, uq_idle
 
     worker = workers.start(APP, concurrency=1)
-    ex_skip.delay("many", 90.0)  # outlives the commands below
+    ex_skip.delay("many", 300.0)  # outlives the commands below
     observer.starts_of("many")
     for n in range(3):
         uq_idle.delay(f"idle-{n}")  # queued where no worker reads: claims stay
