@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -101,28 +100,28 @@ def _check_declaration(
 _MADE_BY_CELERY = frozenset(["app", "name", "run"])
 
 
-def _declared_on(task: Any) -> dict[str, Any]:
-    """The options a registered task was declared with: its class's own attributes.
-    ``@app.task(**options)`` puts them there; a class-based task's own attributes
-    that are not functions (its methods are not options)."""
+def _declared_on(task: Any) -> dict[str, Any] | None:
+    """The options a registered task was declared with, when ``@app.task(**options)``
+    (or ``@shared_task``) made its class: its class's own attributes are then exactly
+    those. None for a class-based task, whose own attributes are its author's (a near
+    miss of one of ours there may be on purpose)."""
     own = vars(type(task))
-    decorated = bool(own.get("_decorated"))
+    if not own.get("_decorated"):
+        return None
     return {
         attr: value
         for attr, value in own.items()
-        if not attr.startswith("_")
-        and attr not in _MADE_BY_CELERY
-        and (
-            decorated or not (inspect.isroutine(value) or isinstance(value, property | classmethod))
-        )
+        if not attr.startswith("_") and attr not in _MADE_BY_CELERY
     }
 
 
 def check_task_option_names(app: Any, task: Any) -> None:
     """A registered task's misspelt option names (``exclusiv=``), refused as at
     declaration: for a task declared before ``Baton(app)`` or registered as a class."""
-    base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
     options = _declared_on(task)
+    if options is None:
+        return
+    base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
     check_option_names(task.name, options, others_names({"base": base}, app.Task))
 
 

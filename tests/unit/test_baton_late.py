@@ -71,20 +71,32 @@ def test_good_declarations_before_baton_are_accepted_and_guarded() -> None:
     assert baton.policy_for(app.tasks[import_feed.name]) is not None
 
 
-def test_a_worker_start_checks_tasks_registered_later() -> None:
-    """A task registered after ``Baton(app)`` without its decorator (a class-based task)
-    is checked when every task is validated: at worker start and in the CLI."""
+def test_a_worker_start_checks_tasks_declared_around_baton() -> None:
+    """A task declared with a decorator taken before ``Baton(app)`` (``task =
+    app.task``) is not seen by it: every task's option names are checked again when
+    every task is validated (at worker start and in the CLI)."""
+    app = Celery("late_decorator", set_as_current=False)
+    task = app.task  # taken before Baton(app) wraps it
+    baton = Baton(app, url=URL)
+
+    @task(shared=False, exclusiv="feed_url")
+    def import_feed(feed_url: str) -> None: ...
+
+    with pytest.raises(ConfigError, match="did you mean `exclusive`"):
+        baton.validate_all_tasks()
+
+
+def test_a_class_based_tasks_own_attributes_are_its_authors() -> None:
     from celery import Task
 
     app = Celery("late_class", set_as_current=False)
     baton = Baton(app, url=URL)
 
-    class ImportFeed(Task):  # type: ignore[misc]
-        name = "import_feed"
-        exclusiv = "feed_url"
+    class Report(Task):  # type: ignore[misc]
+        name = "report"
+        limit = 10  # the author's own, near `limits`: not taken for a typo
 
-        def run(self, feed_url: str) -> None: ...
+        def run(self) -> None: ...
 
-    app.register_task(ImportFeed())
-    with pytest.raises(ConfigError, match="did you mean `exclusive`"):
-        baton.validate_all_tasks()
+    app.register_task(Report())
+    baton.validate_all_tasks()
