@@ -56,7 +56,7 @@ SUBSET = (
     "(replace or errback or link_error or signal or received or frozen or reapplying "
     "or retry or stamp) and not test_replaced_task_nesting_level_0"
 )
-#: The files of t/integration beyond FULL (issue 39 §6): 111 tests on Celery 5.7.0,
+#: The files of t/integration beyond FULL (issue 39 §6): 106 tests on Celery 5.7.0,
 #: ~9 minutes a run. Those here take seconds (~30 s together) and run with the subset
 #: (CI's run); ``--others`` runs them all.
 QUICK_OTHERS = (
