@@ -12,6 +12,7 @@ from celery import Celery
 from celery import Task as CeleryTask
 from celery import signals as celery_signals
 
+from celery_baton import internals
 from celery_baton.cancel import Cancelled, cancel
 from celery_baton.config import Settings
 from celery_baton.core.debounce import Debounces
@@ -23,7 +24,7 @@ from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, d
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
 from celery_baton.errors import BatonError
-from celery_baton.parts import AppParts, installed_parts, parts_for
+from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
 from celery_baton.worker.pool import rate_grant, run_end
@@ -81,6 +82,66 @@ def _checked_later(
     return decorator
 
 
+def _check_declaration(
+    app: Any, fun: Callable[..., Any], options: dict[str, Any], others: frozenset[str]
+) -> None:
+    """What ``@app.task(**options)`` is checked for: misspelt option names, then the
+    options themselves (a key naming no argument, a bad rate, an option without the one
+    it qualifies), raising ConfigError naming the task."""
+    name = _name_of(fun, options)
+    check_option_names(name, options, others)
+    if declares_options(options):
+        # Named limits are checked now when the app's conf already has them.
+        conf = app.conf
+        known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
+        compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
+
+
+#: What Celery itself puts in the class it makes of ``@app.task`` (``_task_from_fun``).
+_MADE_BY_CELERY = frozenset(["app", "name", "run"])
+
+
+def _declared_on(task: Any) -> dict[str, Any] | None:
+    """The options a registered task was declared with, when ``@app.task(**options)``
+    (or ``@shared_task``) made its class: its class's own attributes are then exactly
+    those. None for a class-based task, whose own attributes are its author's (a near
+    miss of one of ours there may be on purpose)."""
+    own = vars(type(task))
+    if not own.get("_decorated"):
+        return None
+    return {
+        attr: value
+        for attr, value in own.items()
+        if not attr.startswith("_") and attr not in _MADE_BY_CELERY
+    }
+
+
+def check_task_option_names(app: Any, task: Any) -> None:
+    """A registered task's misspelt option names (``exclusiv=``), refused as at
+    declaration: for a task declared before ``Baton(app)`` or registered as a class."""
+    options = _declared_on(task)
+    if options is None:
+        return
+    base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
+    check_option_names(task.name, options, others_names({"base": base}, app.Task))
+
+
+def check_declared_tasks(app: Any) -> None:
+    """The tasks declared before ``Baton(app)``, checked as a declaration after it is:
+    the same errors, when ``Baton(app)`` is made (issue 39 §2)."""
+    declared = internals.declared_tasks(app)
+    if declared is None:
+        return  # checked at worker start (AppParts.validate_all_tasks)
+    registered, pending = declared
+    for fun, options in pending:
+        _check_declaration(app, fun, options, others_names(options, app.Task))
+    known = Settings(limits=app.conf.get("baton_limits", app.conf.get("BATON_LIMITS")))
+    for task in registered:
+        check_task_option_names(app, task)
+        if declares_options({o: getattr(task, o, None) for o in TASK_OPTIONS}):
+            compile_policy(task.name, functools.partial(task_option, task), task.run, known)
+
+
 def baton_for(app: Any) -> Baton | None:
     """The Baton installed on ``app``, if any."""
     parts = installed_parts(app)
@@ -88,26 +149,66 @@ def baton_for(app: Any) -> Baton | None:
     return baton if isinstance(baton, Baton) else None
 
 
+def _unguarded(app: Any, tasks: list[Any]) -> list[str]:
+    """The ``tasks`` of ``app`` that declare celery-baton options when it never called
+    ``Baton(app)`` (none when it did): those options do nothing there."""
+    if installed_parts(app) is not None:
+        return []
+    return sorted(
+        task.name
+        for task in tasks
+        if any(getattr(task, option, None) is not None for option in TASK_OPTIONS)
+    )
+
+
+def _say_unguarded(app: Any, names: list[str], where: str) -> None:
+    logger.warning(
+        "%s: tasks %s declare celery-baton options, but Baton(app) was never called for "
+        "app %r: they run UNGUARDED (unique publishes are not deduplicated, exclusive runs "
+        "overlap, limits are not kept). Call Baton(app) in the module that creates the "
+        "app, so every process that imports it has it (docs/configuration.md).",
+        where,
+        ", ".join(names),
+        app.main,
+    )
+
+
 def _warn_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
     """A worker of an app whose tasks declare celery-baton options but that never called
     ``Baton(app)``: those options do nothing (``unique`` would be a silent no-op)."""
     app = getattr(sender, "app", None)
-    if app is None or installed_parts(app) is not None:
+    if app is None:
         return
-    names = sorted(
-        name
-        for name, task in list(app.tasks.items())
-        if any(getattr(task, option, None) is not None for option in TASK_OPTIONS)
-    )
+    names = _unguarded(app, list(app.tasks.values()))
     if names:
-        logger.warning(
-            "tasks %s declare celery-baton options, but Baton(app) was never called for "
-            "app %r: they run UNGUARDED. Call Baton(app) where the app is created.",
-            ", ".join(names),
-            app.main,
-        )
+        _say_unguarded(app, names, "worker")
 
 
+#: Task names whose first publish was looked at (a publish of an app without Baton).
+_publishes_seen: set[str] = set()
+_apps_told: set[int] = set()
+
+
+def _warn_publish_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
+    """The first publish of each task name in this process: when the current app never
+    called ``Baton(app)`` but the task declares celery-baton options, say so once for
+    the app. Every later publish costs one set lookup."""
+    if sender in _publishes_seen:
+        return
+    _publishes_seen.add(sender)
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    declared = internals.declared_tasks(app)  # never finalizes the app
+    if id(app) in _apps_told or declared is None:
+        return
+    names = _unguarded(app, declared[0])
+    if str(sender) in names:
+        _apps_told.add(id(app))
+        _say_unguarded(app, names, "publish")
+
+
+celery_signals.before_task_publish.connect(_warn_publish_if_not_installed, weak=False)
 celery_signals.worker_init.connect(_warn_if_not_installed, weak=False)
 
 
@@ -126,8 +227,11 @@ class Baton:
     def __init__(self, app: Celery, *, url: str | None = None) -> None:
         if installed_parts(app) is not None:
             raise BatonError(f"celery-baton is already installed on app {app.main!r}")
+        # Tasks declared before Baton(app) get the checks of those declared after it.
+        check_declared_tasks(app)
         self.app = app
         self.parts: AppParts = parts_for(app, url=url)
+        self.parts.check_option_names = functools.partial(check_task_option_names, app)
         self.parts.installed_by = self
         # Celery builds the consumer bootstep from the app alone: it finds the parts
         # through parts_for(app).
@@ -187,21 +291,13 @@ class Baton:
                     return _checked_later(task_decorator(*args, **options), options, others)
                 return task_decorator(*args, **options)
 
-            def validate(fun: Callable[..., Any]) -> None:
-                name = _name_of(fun, options)
-                check_option_names(name, options, others)
-                # Named limits are checked now when the app's conf already has them.
-                conf = self.app.conf
-                known = Settings(limits=conf.get("baton_limits", conf.get("BATON_LIMITS")))
-                compile_policy(name, options.get, fun, known, bound=bool(options.get("bind")))
-
             if len(args) == 1 and callable(args[0]):
-                validate(args[0])
+                _check_declaration(self.app, args[0], options, others)
                 return task_decorator(*args, **options)
             decorate = task_decorator(*args, **options)
 
             def decorator(fun: Callable[..., Any]) -> Any:
-                validate(fun)
+                _check_declaration(self.app, fun, options, others)
                 return decorate(fun)
 
             return decorator

@@ -29,6 +29,11 @@ URL_SCHEMES = (
 )
 
 
+#: The values of ``baton_unique_conflict``: the task option's (``core.policy.options.
+#: UniqueConflict``, above this layer; a unit test holds them equal).
+UNIQUE_CONFLICT_DEFAULTS = ("return", "raise", "replace")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved settings. All durations are in seconds."""
@@ -49,6 +54,9 @@ class Settings:
     #: How long a cancel (baton.cancel) is kept; None: the broker's visibility timeout
     #: when it has one, else a day (cancel.py).
     cancel_ttl: float | None = None
+    #: Every unique task's ``unique_conflict`` unless it declares one (as celery-singleton's
+    #: ``singleton_raise_on_duplicate``).
+    unique_conflict: str = "return"
     key_prefix: str = "baton"
     metrics_port: int | None = None
     # Named limits shared by tasks (shared_limits.py): the raw ``baton_limits`` mapping;
@@ -177,6 +185,13 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         raise ConfigError(
             f"must be one of {ON_STORE_ERROR}, got {policy!r}", subject="baton_on_store_error"
         )
+    unique_conflict = str(_get(conf, "unique_conflict", "return"))
+    if unique_conflict not in UNIQUE_CONFLICT_DEFAULTS:
+        raise ConfigError(
+            f"must be one of {UNIQUE_CONFLICT_DEFAULTS}, got {unique_conflict!r}"
+            + suggest(unique_conflict, UNIQUE_CONFLICT_DEFAULTS),
+            subject="baton_unique_conflict",
+        )
     hold_max = int(_get(conf, "hold_max", 10_000))
     if hold_max < 0:
         raise ConfigError("must be >= 0", subject="baton_hold_max")
@@ -195,6 +210,7 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
         cancel_ttl=_optional_seconds(_get(conf, "cancel_ttl", None), "cancel_ttl"),
+        unique_conflict=unique_conflict,
         key_prefix=str(_get(conf, "key_prefix", "baton")),
         metrics_port=_get(conf, "metrics_port", None),
         limits=_get(conf, "limits", {}),

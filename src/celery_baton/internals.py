@@ -50,6 +50,11 @@ kombu's virtual ``QoS.append``                         left unacked are put back
                                                        once every worker handled the
                                                        revoke (a waiting caller still
                                                        gets TaskSuperseded)
+``celery.bin.celery.find_app`` (the name the ``celery``  a bad task option prints Celery's
+command loads ``-A`` with)                              import traceback, its line last
+``Celery._tasks``, ``Celery._pending`` and a            tasks declared before
+pending ``PromiseProxy``'s ``_Proxy__args`` /           ``Baton(app)`` are checked at
+``_Proxy__kwargs``                                     worker start, not when it is made
 =====================================================  ================================
 """
 
@@ -366,3 +371,50 @@ def crontab_fields(schedule: Any) -> dict[str, Any]:
     return {
         name: ",".join(str(n) for n in sorted(getattr(schedule, name))) for name in CRONTAB_FIELDS
     }
+
+
+# -- Celery's app: the tasks declared so far ---------------------------------------------
+
+
+def declared_tasks(app: Any) -> tuple[list[Any], list[tuple[Any, dict[str, Any]]]] | None:
+    """The tasks ``app`` has so far, without finalizing it (``Baton(app)`` must not:
+    tasks still to be declared, and ``autofinalize=False``): the registered task
+    objects (``Celery._tasks``), and ``(function, options)`` of each ``@app.task`` not
+    evaluated yet (the ``PromiseProxy`` in ``Celery._pending`` keeps them as
+    ``_Proxy__args`` / ``_Proxy__kwargs`` until it is)."""
+    registered = getattr(app, "_tasks", None)
+    pending = getattr(app, "_pending", None)
+    if registered is None or pending is None:
+        unavailable(
+            "celery's Celery._tasks/_pending",
+            "tasks declared before Baton(app) are checked at worker start",
+        )
+        return None
+    declarations = []
+    for proxy in list(pending):
+        try:
+            args = object.__getattribute__(proxy, "_Proxy__args")
+            options = object.__getattribute__(proxy, "_Proxy__kwargs")
+        except AttributeError:
+            continue  # evaluated: it is among the registered tasks
+        if args and callable(args[0]) and isinstance(options, dict):
+            declarations.append((args[0], dict(options)))
+    return list(dict(registered).values()), declarations
+
+
+def cli_app_loader() -> Any:
+    """The module of the ``celery`` command while it is being set up (it loads its
+    ``celery.commands`` entry points, ``baton`` among them, before it loads ``-A``),
+    when it loads the app through its global ``find_app``; None otherwise."""
+    import sys
+
+    module = sys.modules.get("celery.bin.celery")
+    if module is None:
+        return None  # not the celery command: nothing to do
+    if callable(getattr(module, "find_app", None)):
+        return module
+    unavailable(
+        "celery.bin.celery.find_app",
+        "a bad task option prints Celery's import traceback, its own line last",
+    )
+    return None

@@ -19,6 +19,7 @@ import inspect
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
@@ -59,6 +60,9 @@ class AppParts:
         self.installed_by: object | None = None
         self._policies: dict[str, TaskPolicy | None] = {}
         self._policy_lock = threading.Lock()
+        #: Set by ``Baton(app)``: refuses a registered task's misspelt option names (which
+        #: compiling its policy cannot see: an unknown attribute is not read).
+        self.check_option_names: Callable[[Any], None] | None = None
 
     @property
     def app(self) -> Any:
@@ -174,8 +178,11 @@ class AppParts:
         return None if task is None else self.policy_for(task)
 
     def validate_all_tasks(self) -> None:
-        """Compile every registered task's policy: a bad option stops the worker at start."""
+        """Check every registered task's options and compile its policy: a bad option
+        stops the worker at start, whenever and however the task was declared."""
         for task in list(self.app.tasks.values()):
+            if self.check_option_names is not None:
+                self.check_option_names(task)
             self.policy_for(task)
 
 

@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import current_task, states
+from celery.backends.base import DisabledBackend
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
 from celery_baton.core.debounce import FlowKind
+from celery_baton.core.keys import words
 from celery_baton.core.policy import per_call
 from celery_baton.core.policy.headers import (
     BEAT_SLOT_HEADER,
@@ -141,14 +143,15 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         preassigned = options.get("task_id")
         task_id = preassigned or uuid()
         options["task_id"] = task_id
-        key = policy.unique_key(parts.names, args or (), kwargs or {})
+        key, material = policy.unique_key_and_material(parts.names, args or (), kwargs or {})
         ttl = policy.unique_ttl
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
             ttl = float(expires)
         if policy.unique_conflict == "replace":
             return _send_replacing(parts, send_task, name, args, kwargs, options, key, ttl)
-        claim = _Claim(parts, key, task_id, ttl, parts.unique.send(key, task_id, ttl))
+        label = words(key, material)  # the key in words, for `locks` and the web view
+        claim = _Claim(parts, key, task_id, ttl, parts.unique.send(key, task_id, ttl, label=label))
         if not _guard_sender(parts.app):
             claim.settle()  # no hook before the broker: know the answer before sending
         by_id = _claims.__dict__.setdefault("by_id", {})
@@ -260,8 +263,10 @@ def _send_replacing(
             "it is not run",
             task_id,
         )
+        backend = parts.app.backend
         try:  # a caller waiting on the old id is told at once (the worker says it too)
-            parts.app.backend.store_result(replaced.holder, superseded, states.REVOKED)
+            if not isinstance(backend, DisabledBackend):  # no backend: nothing to tell
+                backend.store_result(replaced.holder, superseded, states.REVOKED)
         except Exception:  # the result backend is optional
             logger.exception("could not record %s as superseded", replaced.holder)
     return result

@@ -78,3 +78,36 @@ def test_pause_resume_trigger_and_history(workers: Workers, observer: Observer) 
         lambda: max(x["slot"] for x in fired(workers, env)) > before, 20, "fired after resume"
     )
     assert "standing by" in "".join(p.log_text() for p in workers.started)
+
+
+def text(workers: Workers, env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "baton", *args],
+        env=_process_env({**workers.env, **env, "COLUMNS": "80"}),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_ids_are_whole_and_a_trigger_with_no_beat_leading_says_so(workers: Workers) -> None:
+    """`schedule` cut task ids at 80 columns (the docs promise never to cut an id), and
+    `schedule trigger` said "one extra run requested" when no beat would run it
+    (issue 39 §4)."""
+    env = beat_env({"every1_with_a_longer_name_than_most": {"every": 1}})
+    beat = workers.start_beat(APP, env=env)
+    wait_until(
+        lambda: all(e.get("last_id") for e in baton(workers, env, "schedule")["entries"]),
+        40,
+        "a slot fired",
+    )
+    beat.stop()  # a clean stop resigns the leader lease: no beat leads now
+    (entry,) = baton(workers, env, "schedule")["entries"]
+    listing = text(workers, env, "schedule")
+    assert entry["last_id"] in listing, listing
+    said = text(workers, env, "schedule", "trigger", entry["name"])
+    assert "no beat leads" in said, said

@@ -317,3 +317,40 @@ def test_a_request_without_its_context_stores_its_headers() -> None:
     request = SimpleNamespace(request_dict={"id": "t1", "task": "x"})
     context = internals.request_context(request)
     assert context.id == "t1" and context.task == "x"
+
+
+# -- Celery's app and command -----------------------------------------------------------
+
+
+def test_an_app_keeps_its_declared_tasks_unevaluated_until_it_is_finalized() -> None:
+    from celery import Celery
+
+    app = Celery("declared", set_as_current=False)
+
+    @app.task(shared=False, queue="q")
+    def pending(x: int) -> None: ...
+
+    declared = internals.declared_tasks(app)
+    assert declared is not None
+    registered, waiting = declared
+    assert not app.finalized
+    assert [(fun.__name__, options) for fun, options in waiting] == [("pending", {"queue": "q"})]
+    app.finalize()
+    registered, waiting = internals.declared_tasks(app) or ([], [])
+    assert not waiting and pending.name in {task.name for task in registered}
+
+
+def test_the_celery_command_loads_the_app_through_its_global_find_app() -> None:
+    from celery.bin import celery as command
+
+    assert internals.cli_app_loader() is command
+    source = inspect.getsource(command.celery.callback)
+    assert "find_app(app)" in source and "except Exception" in source
+
+
+def test_without_celerys_app_internals_the_checks_wait_for_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_baton")
+    assert internals.declared_tasks(SimpleNamespace()) is None
+    assert "Celery._tasks/_pending" in caplog.text

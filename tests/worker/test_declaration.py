@@ -59,3 +59,22 @@ def test_a_missing_database_is_one_line_from_the_cli(
     assert done.returncode != 0
     assert "no database 99" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_worker_names_its_store_and_its_guarded_tasks_at_start(
+    workers: Workers, store_url: str
+) -> None:
+    """Beat's banner names its store; the worker's said nothing of celery-baton, even at
+    Celery's default log level (issue 39 §2)."""
+    from tests.apps import exclusive
+
+    guarded = [
+        name
+        for name, task in exclusive.app.tasks.items()
+        if exclusive.baton.policy_for(task) is not None
+    ]
+    worker = workers.start("tests.apps.exclusive", concurrency=1, loglevel="WARNING", wait=False)
+    wait_until(lambda: ".> baton:" in worker.log_text(), timeout=30, what="the baton line")
+    line = next(text for text in worker.log_text().splitlines() if ".> baton:" in text)
+    assert store_url in line, line
+    assert "role worker" in line and f"{len(guarded)} guarded tasks" in line, line

@@ -33,9 +33,22 @@ _formatter = string.Formatter()
 
 def _template_fields(template: str, subject: str) -> list[str]:
     names = []
-    for _, name_expr, _, _ in _formatter.parse(template):
+    try:
+        fields = list(_formatter.parse(template))
+    except ValueError as exc:  # "{k": Python's own words alone named neither task nor option
+        raise KeySpecError(
+            f"template {template!r} is not a format string: {exc} (a literal brace is "
+            "written twice: '{{' or '}}')",
+            subject=subject,
+        ) from None
+    for _, name_expr, _, conversion in fields:
         if name_expr is None:
             continue
+        if conversion not in (None, "r", "s", "a"):
+            raise KeySpecError(
+                f"template {template!r} has the conversion !{conversion}; only !r, !s and !a exist",
+                subject=subject,
+            )
         # "{user.id}" or "{items[0]}" read from the argument "user" / "items".
         root = name_expr.split(".", 1)[0].split("[", 1)[0]
         if not root:

@@ -120,6 +120,10 @@ class Lease:
         self.release()
 
 
+#: While the store stays down, the renewer says so again this often (seconds).
+DOWN_REPEAT = 60.0
+
+
 class LeaseBook:
     """The leases one process holds, renewed together in one call every ``interval``.
 
@@ -158,6 +162,8 @@ class LeaseBook:
         self._thread: threading.Thread | None = None
         self.renewals = 0
         self.losses = 0
+        self._down_since: float | None = None  # monotonic time the store went down
+        self._down_said = 0.0
 
     def add(
         self,
@@ -247,7 +253,12 @@ class LeaseBook:
                                 functools.partial(self.gate.release, [lease.key], owner=lease.owner)
                             )
                         continue
-                    if renewal.status == REASSERTED:
+                    if renewal.status == LOST:
+                        # Lost is lost for good (unlocked, expired, taken over): one
+                        # incident, one report; renewing it again would report it at
+                        # every renewal until the run ends. Its other leases are kept.
+                        self._held[lease.owner] = [x for x in current if x.key != lease.key]
+                    elif renewal.status == REASSERTED:
                         # Renew under the store's new epoch from now on.
                         self._held[lease.owner] = [
                             HeldLease(x.key, x.owner, x.limit, x.ttl, renewal.epoch)
@@ -308,7 +319,7 @@ class LeaseBook:
                 return
             try:
                 if time.monotonic() < due:
-                    # The store down: the next renewal says so, once per interval.
+                    # The store down: the next renewal says so (_store_down).
                     with contextlib.suppress(BatonError):
                         self.write_labels()
                         if self.on_heartbeat is not None:
@@ -320,9 +331,33 @@ class LeaseBook:
                 if self.on_tick is not None:
                     self.on_tick()
             except BatonError as exc:
-                logger.warning("lease renewal failed, retrying in %.1fs: %s", self.interval, exc)
+                self._store_down(exc)
             except Exception:  # the renewer must outlive any surprise
                 logger.exception("lease renewal crashed; retrying")
+            else:
+                if self._down_since is not None:  # a whole renewal pass went through
+                    logger.warning(
+                        "the store answers again (down for %.0fs)",
+                        time.monotonic() - self._down_since,
+                    )
+                    self._down_since = None
+
+    def _store_down(self, exc: BaseException) -> None:
+        """The store down: said when it goes down, then once a minute while it stays
+        down (not at every renewal: every 2.7 s by default), and when it answers again."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = self._down_said = now
+            logger.warning(
+                "lease renewal failed, the store is down: %s. Retrying every %.1fs; said "
+                "again every %.0fs while it stays down",
+                exc,
+                self.interval,
+                DOWN_REPEAT,
+            )
+        elif now - self._down_said >= DOWN_REPEAT:
+            self._down_said = now
+            logger.warning("the store is still down (for %.0fs): %s", now - self._down_since, exc)
 
     def start(self) -> None:
         if self._thread is None:

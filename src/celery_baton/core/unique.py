@@ -26,7 +26,7 @@ from collections.abc import Callable
 from celery_baton.core.keys import given_back
 from celery_baton.errors import BatonError, StoreUnavailable
 from celery_baton.store.connection import STORE_ERRORS, Store
-from celery_baton.store.inspect import server_now_ms
+from celery_baton.store.inspect import label_key, server_now_ms
 from celery_baton.store.scripts import Pending
 
 #: Seconds at least that a give-back's mark waits for the late claim it undoes: the
@@ -74,18 +74,20 @@ class UniqueClaims:
         # most, so deadlines come early, never late.
         self._offset_ms = server_ms - time.time() * 1000
 
-    def send(self, key: str, task_id: str, ttl: float) -> Pending:
+    def send(self, key: str, task_id: str, ttl: float, *, label: str = "") -> Pending:
         """Write the claim now; :meth:`result` reads its answer (the round trip overlaps
-        what the caller does meanwhile: building the message)."""
+        what the caller does meanwhile: building the message). ``label``: the key in
+        words, kept beside the claim for the operator."""
         # A give-back of this key still pending (an earlier publish whose claim went
         # unanswered) goes first: else this publish could be deduplicated into a claim
         # whose message was never sent (seen in the nemesis soak).
         self._retries.run_now(key)
         try:
+            keys = [key, given_back(key, task_id)] + ([label_key(key)] if label else [])
             return self.store.scripts.send(
                 "unique_claim",
-                [key, given_back(key, task_id)],
-                [task_id, round(ttl * 1000), self._deadline_ms()],
+                keys,
+                [task_id, round(ttl * 1000), self._deadline_ms(), *([label] if label else [])],
             )
         except STORE_ERRORS as exc:
             self.release_later(key, task_id, ttl)  # part of it may have been written

@@ -150,12 +150,17 @@ def grace(source: Source) -> str:
             f"new lease for up to {max(graces.values()):.1f}s more: {', '.join(sorted(graces))}"
         )
     age = store_inspect.store_epoch_age(store, prefix)
-    if age is None:
-        return (
-            "no store epoch: the next lease waits until the store's start + lease_ttl "
-            "(none if it started longer ago; store new or emptied)"
-        )
     longest = max([p.lease_ttl for _, p in source.policies().values() if p.gates_runs] or [0.0])
+    if age is None:
+        # New or emptied: the first lease dates the store from its start (as the gate
+        # does: its uptime less a second), so what is true now follows from the uptime.
+        up = max(0, int(store.client.info("server").get("uptime_in_seconds", 0)) - 1)
+        if up >= longest:
+            return ""
+        return (
+            f"the store started {up}s ago without its data: no new lease for up to "
+            f"{longest - up:.1f}s more (`end-grace` ends it if the store is new)"
+        )
     if age < longest:
         return (
             f"the store started, lost its data or changed master {age:.1f}s ago: no new "

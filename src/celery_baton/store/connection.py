@@ -71,6 +71,37 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def _where(url: str) -> str:
+    """``host:port`` (or the socket's path) of a store URL, for an operator."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return host if ":" in host.rsplit("]", 1)[-1] else f"{host}:6379"
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(4):  # the client's error, and the socket's under it
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def failure_in_words(exc: BaseException, url: str) -> str:
+    """What a failed store call means, for an operator: the client's own repr says
+    ``network:ConnectionError`` (redis-py 8), which names neither where nor what."""
+    if _refused(exc):
+        return f"connection refused at {_where(url)}: is the store running there? check baton_url"
+    if isinstance(exc, redis.TimeoutError | TimeoutError):
+        return f"no answer from {_where(url)} within the socket timeout (baton_socket_timeout)"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 @dataclass
 class Store:
     """A connected store: the client, its scripts, and where it is."""
@@ -100,7 +131,9 @@ class Store:
 
     def unavailable(self, exc: BaseException) -> StoreUnavailable:
         """The error to raise ``from exc`` when a client call failed."""
-        return StoreUnavailable(f"store call failed: {exc!r}", url=self.safe_url)
+        return StoreUnavailable(
+            f"store call failed: {failure_in_words(exc, self.url)}", url=self.safe_url
+        )
 
     def ping(self) -> float:
         """Round-trip time of one PING, in seconds."""

@@ -117,7 +117,10 @@ def unique_claims(store: Store, prefix: str) -> list[LeaseRow]:
             if holder is None:
                 continue
             task, _ = _parse_key(key)
-            rows.append(LeaseRow(key, "unique", task, holder, "", 0, max(ttl_ms, 0) / 1000))
+            words = store.client.get(label_key(key)) or ""  # written with the claim
+            rows.append(
+                LeaseRow(key, "unique", task, holder, "", 0, max(ttl_ms, 0) / 1000, label=words)
+            )
         return sorted(rows, key=lambda r: (r.task, r.key))
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc

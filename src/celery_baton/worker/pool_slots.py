@@ -151,4 +151,19 @@ def pool_slots(consumer: Any, handle: Callable[[Any], Any]) -> PoolSlots:
         return SemaphoreSlots(controller.semaphore, process_task, handle)
     pool = getattr(consumer, "pool", None)
     limit = getattr(pool, "limit", None) or getattr(controller, "concurrency", None) or 1
-    return CountedSlots(int(limit), handle, consumer.timer)
+    return CountedSlots(
+        _size(limit, getattr(controller, "concurrency", None)), handle, consumer.timer
+    )
+
+
+def _size(limit: Any, concurrency: Any) -> int:
+    """The pool's size as a number; a size that is not one (a test's mock pool) never
+    breaks the consumer: the worker's concurrency, else 1, said once per consumer."""
+    try:
+        return int(limit)
+    except (TypeError, ValueError):
+        fallback = concurrency if isinstance(concurrency, int) and concurrency > 0 else 1
+        logger.warning(
+            "baton: the pool size %r is not a number; counting %d pool slot(s)", limit, fallback
+        )
+        return fallback

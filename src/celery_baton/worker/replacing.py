@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from celery import states
+from celery.backends.base import DisabledBackend
 
 from celery_baton.core.conditions import PublishOrder
 from celery_baton.core.policy.headers import ORDER_HEADER
@@ -52,6 +53,12 @@ def keep_order(request: Any, plan: RunPlan, order: int) -> None:
 REPLACED_BY_ARG = "baton_replaced_by"
 
 
+def keeps_results(backend: Any) -> bool:
+    """Whether the app has a result backend: without one (Celery's ``DisabledBackend``)
+    there is nothing to record a replaced run in, and nothing to say about it."""
+    return not isinstance(backend, DisabledBackend)
+
+
 def superseded_error(name: str, holder: str, replacing: str) -> TaskSuperseded:
     return TaskSuperseded(
         f"{name}[{holder}] was replaced by a newer publish, task {replacing}; it was terminated",
@@ -66,7 +73,7 @@ def record_superseded(request: Any, holder: str) -> None:
     revoke leaves a ready state alone; the holder's worker keeps it: ``superseded_by``).
     A run that already has a result (it just ended) keeps it."""
     task = request.task
-    if task.ignore_result:
+    if task.ignore_result or not keeps_results(task.backend):
         return
     try:
         if task.backend.get_state(holder) in states.READY_STATES:
@@ -107,6 +114,8 @@ def keep_superseded_on_revoke(panel: dict[str, Any]) -> None:
 
 
 def _rewrite_superseded(backend: Any, name: str, holder: str, replacing: str) -> None:
+    if not keeps_results(backend):
+        return
     try:
         meta = backend.get_task_meta(holder, cache=False)
         if meta.get("status") != states.REVOKED or isinstance(meta.get("result"), TaskSuperseded):

@@ -218,6 +218,40 @@ class BatonWorker:
         if panel is not None:  # a replaced run's TaskSuperseded outlives the revoke
             keep_superseded_on_revoke(panel)
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
+        celery_signals.celeryd_after_setup.connect(self._name_store_in_banner, weak=False)
+
+    def describe(self) -> str:
+        """This worker's celery-baton in one line: its store (no password), where that
+        URL came from, its role and how many tasks it guards."""
+        parts = self.parts
+        guarded = sum(
+            1 for task in list(parts.app.tasks.values()) if parts.policy_for(task) is not None
+        )
+        return (
+            f"{parts.store.safe_url} (from {parts.settings.url_source}), role worker, "
+            f"{guarded} guarded task{'s' if guarded != 1 else ''}"
+        )
+
+    def _name_store_in_banner(self, sender: Any = None, instance: Any = None, **kw: Any) -> None:
+        """Beat's banner names its store; the worker's gets a line too (printed at any
+        log level, as the banner is), and the log one at INFO."""
+        if getattr(instance, "app", None) is not self.parts.app:
+            return
+        line = self.describe()
+        logger.info("celery-baton: store %s", line)
+        startup_info = getattr(instance, "startup_info", None)
+        if callable(startup_info):  # a line of Celery's banner, beside .> transport:
+
+            def with_baton(*args: Any, **kwargs: Any) -> str:
+                lines = str(startup_info(*args, **kwargs)).split("\n")
+                queues = next((i for i, t in enumerate(lines) if "[queues]" in t), len(lines))
+                config = [i for i, text in enumerate(lines[:queues]) if ".> " in text]
+                at = config[-1] + 1 if config else len(lines)
+                indent = " " * (lines[at - 1].find(".> ") if config else 0)
+                lines.insert(at, f"{indent}.> baton:       {line}")
+                return "\n".join(lines)
+
+            instance.startup_info = with_baton
 
     def _take_over_rate_limits(self, consumer: Any, parts: AppParts) -> None:
         """Celery's per-worker bucket would throttle a second time: switch it off for the

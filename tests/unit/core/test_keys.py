@@ -201,3 +201,16 @@ def test_fast_binding_agrees_with_signature_bind(
     expected = dict(bound.arguments)
     expected.update(expected.pop("kw", {}))
     assert spec.arguments(args, kwargs) == expected
+
+
+@pytest.mark.parametrize("template", ["{k", "k}", "{feed_url!z}", "{feed_url:{}"])
+def test_a_template_python_cannot_parse_names_the_task_and_the_option(template: str) -> None:
+    """``exclusive="{k"`` was a bare ``ValueError: expected '}' before end of string``
+    (issue 39 §5)."""
+
+    def fetch(feed_url: str) -> None: ...
+
+    with pytest.raises(KeySpecError) as error:
+        KeySpec.build(template, fetch, subject="feeds.fetch.exclusive")
+    assert str(error.value).startswith("feeds.fetch.exclusive: "), error.value
+    assert repr(template) in str(error.value)

@@ -48,9 +48,9 @@ def compile_policy(
             return None
         return KeySpec.build(value, fun, subject=f"{name}.{option}", bound=bound)
 
-    def choice(option: str, allowed: tuple[str, ...]) -> str:
+    def choice(option: str, allowed: tuple[str, ...], default: str | None = None) -> str:
         value = options(option)
-        value = allowed[0] if value is None else value
+        value = (default or allowed[0]) if value is None else value
         if value not in allowed:
             hint = suggest(value, allowed) if isinstance(value, str) else ""
             raise ConfigError(
@@ -146,7 +146,7 @@ def compile_policy(
             else None
         ),
         unique=spec("unique"),
-        unique_conflict=choice("unique_conflict", UNIQUE_CONFLICTS),
+        unique_conflict=choice("unique_conflict", UNIQUE_CONFLICTS, settings.unique_conflict),
         unique_until=choice("unique_until", UNIQUE_UNTIL),
         unique_ttl=seconds("unique_ttl", settings.unique_ttl),
         rate=rate,

@@ -145,7 +145,14 @@ class TaskPolicy:
         return plan.unique_key if self.unique_until == "finished" else None
 
     def unique_key(self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        return self.unique_key_and_material(names, args, kwargs)[0]
+
+    def unique_key_and_material(
+        self, names: KeyNames, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[str, str]:
+        """The unique key and the text its digest was made of (for the key in words)."""
         assert self.unique is not None
-        if self.call_unique is not None:
-            return names.unique(self.name, digest(self.call_unique))
-        return names.unique(self.name, self.unique.key(args, kwargs))
+        material = (
+            self.call_unique if self.call_unique is not None else self.unique.material(args, kwargs)
+        )
+        return names.unique(self.name, digest(material)), material

@@ -10,7 +10,10 @@ width. One module per command group, each rendering the read model (``ops/state.
   ``web``
 """
 
-from celery_baton.ops.cli import cancel, limits, locks, schedule, status, web
+from celery_baton.ops.cli import cancel, limits, loading, locks, schedule, status, web
 from celery_baton.ops.cli.group import baton
+
+# Loaded by the `celery` command before it imports -A: a bad task option is one line.
+loading.install()
 
 __all__ = ["baton", "cancel", "limits", "locks", "schedule", "status", "web"]

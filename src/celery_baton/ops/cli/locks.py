@@ -45,13 +45,30 @@ def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None)
 
 
 @baton.command()
-@click.argument("key")
+@click.argument("key", required=False)
+@click.option("--task", "task_name", help="Every lease and unique claim of task NAME.")
+@click.option("--all", "every", is_flag=True, help="Every lease and unique claim of this store.")
 @click.option("--force", is_flag=True, help="Free it even if a live run holds it.")
+@click.option("--yes", is_flag=True, help="With --task or --all: do not ask first.")
 @json_option
 @click.pass_context
-def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> None:
+def unlock(
+    ctx: click.Context,
+    key: str | None,
+    task_name: str | None,
+    every: bool,
+    force: bool,
+    yes: bool,
+    as_json: bool = False,
+) -> None:
     """Free lease or unique claim KEY (as shown by `locks`); refuses a live holder
-    unless --force."""
+    unless --force. `--task NAME` or `--all` frees many at once, after asking
+    (celery-once's and celery-singleton's `clear_locks(app)`)."""
+    if sum(map(bool, (key, task_name, every))) != 1:
+        raise click.UsageError("name one KEY, or --task NAME, or --all")
+    if key is None:
+        _unlock_many(ctx, task_name, force=force, yes=yes)
+        return
     c = context_of(ctx)
     try:
         if not store_inspect.exists(c.store, key):
@@ -73,3 +90,39 @@ def unlock(ctx: click.Context, key: str, force: bool, as_json: bool = False) -> 
         {"key": key, "label": words, "removed": removed, "was_live": live},
         f"{named}: {removed} holder(s) removed",
     )
+
+
+def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes: bool) -> None:
+    """``unlock --task NAME`` / ``--all``: what ``locks`` lists of it, each freed as
+    ``unlock KEY`` frees it (a live holder kept unless --force), after one question."""
+    c = context_of(ctx)
+    try:
+        rows = [r for r in state.holders(c) if task_name is None or r.task == task_name]
+    except BatonError as exc:
+        fail(exc)
+    what = f"task {task_name}" if task_name else "this store"
+    if not rows:
+        emit(ctx, {"freed": [], "kept": []}, f"{what}: no lease or unique claim to free")
+        return
+    claims = sum(1 for r in rows if r.kind == "unique")
+    question = (
+        f"Free {len(rows) - claims} lease(s) and {claims} unique claim(s) of {what}"
+        + ("" if force else " (those of live runs are kept: --force frees them too)")
+        + "?"
+    )
+    if not yes and not click.confirm(question, default=False, err=True):
+        raise click.ClickException("nothing freed (answer y, or pass --yes)")
+    freed: list[str] = []
+    kept: list[str] = []
+    try:
+        for row in rows:
+            _, live = store_inspect.unlock(
+                c.store, row.key, force=force, channel=c.names.notice_channel
+            )
+            (kept if live and not force else freed).append(row.key)
+    except BatonError as exc:
+        fail(exc)
+    text = f"{what}: {len(freed)} freed"
+    if kept:
+        text += f", {len(kept)} kept (held by live runs or claimed; --force frees them)"
+    emit(ctx, {"freed": freed, "kept": kept}, text)

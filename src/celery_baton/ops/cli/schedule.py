@@ -53,7 +53,8 @@ def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = No
                 )
             )
         headers = ["entry", "next slot (UTC)", "last slot", "task id", "fired / missed", "policy"]
-        text += "\n\n" + (table(rows, headers, keep=(0,)) if rows else "no entries")
+        # The entry's name and its task id are pasted into commands: never cut.
+        text += "\n\n" + (table(rows, headers, keep=(0, 3)) if rows else "no entries")
         if data.get("refused"):
             text += "\n\nrefused: " + ", ".join(f"{k} ({v})" for k, v in data["refused"].items())
         return data, text
@@ -97,7 +98,20 @@ def schedule_resume(ctx: click.Context, name: str, as_json: bool = False) -> Non
 @click.pass_context
 def schedule_trigger(ctx: click.Context, name: str, as_json: bool = False) -> None:
     """Fire one extra run of entry NAME now, exactly once, with its own task id."""
-    _schedule_action(ctx, name, "trigger", "one extra run requested")
+    from celery_baton.beat.api import describe_schedule
+    from celery_baton.beat.state import schedule_name
+
+    c = context_of(ctx)
+    done = "one extra run requested"
+    with contextlib.suppress(BatonError):
+        leader = describe_schedule(c.store, c.names.prefix, app=schedule_name(c.app.main))
+        if not (leader.get("leader") or {}).get("owner"):
+            # Nothing fires it until a beat leads: say so, not "requested" alone.
+            done += (
+                ", but no beat leads this schedule: it runs when a beat with "
+                "celery_baton.beat:Scheduler starts"
+            )
+    _schedule_action(ctx, name, "trigger", done)
 
 
 @schedule.command("history")

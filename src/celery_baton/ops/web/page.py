@@ -255,9 +255,11 @@ def _schedule(schedule: Mapping[str, Any], *, actions: bool) -> str:
     rows = []
     for entry in schedule.get("entries", []):
         name = entry["name"]
-        state = "paused" if entry.get("paused") else "active"
+        led = bool(leader.get("owner"))
+        # With no beat leading nothing fires: its next run would pass unseen as "active".
+        state = "paused" if entry.get("paused") else "active" if led else "waiting: no beat leads"
         if entry.get("trigger_pending"):
-            state += ", run triggered"
+            state += ", run triggered" if led else ", run triggered (when a beat leads)"
         controls = ""
         if actions:
             controls = _action_form(

@@ -205,6 +205,11 @@ class _Handler(BaseHTTPRequestHandler):
             # Someone tried a token: the operator must be able to see it (and how often).
             logger.warning("web: wrong token from %s on %s", self.address_string(), path)
             why = "wrong token: it is not the one this server was started with"
+        elif path.startswith("/api/"):
+            why = (
+                "the token is missing: send the one `baton web` was started with as "
+                "`Authorization: Bearer TOKEN`"
+            )
         else:
             why = "this needs the server's token: sign in on the page first"
         if path.startswith("/api/"):

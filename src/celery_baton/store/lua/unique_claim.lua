@@ -2,10 +2,13 @@
 --
 -- KEYS[1]  unique key
 -- KEYS[2]  the give-back mark of this task id's claim (keys.given_back)
+-- KEYS[3]  (optional) where the key's words are kept (store/inspect.label_key)
 -- ARGV[1]  task id of the message about to be published
 -- ARGV[2]  ttl in milliseconds (bounded: a message lost by the broker frees it eventually)
 -- ARGV[3]  (optional) the moment its publisher stops waiting for the reply, in ms of
 --          this server's clock (0 or absent: none)
+-- ARGV[4]  (optional, with KEYS[3]) the key in words (keys.words), for `locks` and the
+--          web view: written with the claim, for as long
 -- returns  '' when claimed (or already held by this task id, as when a task retries),
 --          -1 when run after ARGV[3] (nothing written), else the task id that holds it
 --
@@ -35,4 +38,7 @@ if holder and holder ~= ARGV[1] then
   return holder
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if KEYS[3] and ARGV[4] and ARGV[4] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2])
+end
 return ''
