@@ -238,3 +238,23 @@ def test_a_unique_run_acked_as_its_worker_died_keeps_its_claim_as_a_known_window
     other = [Fault("kill_worker", int(1.1 * S), int(1.15 * S), pids=(6, 8))]
     report = judge(holder, published=pubs, faults=other, results=done)
     assert report.violations["accounting"], report.summary()
+
+
+def test_a_coalesced_beat_slot_is_accounted_for_by_a_later_slot_that_ran() -> None:
+    tick = "tests.apps.soak.tick"
+    coalesced = Skip("old", "misfire", int(3 * S), task=tick)
+    report = judge(
+        [run("beat:every1|5000", "new", 3.2, 3.3)],
+        published=[sent("new")],
+        skips=[coalesced],
+    )
+    assert report.ok, report.summary()
+    assert report.known["coalesced-late-slot"]
+
+
+def test_a_coalesced_beat_slot_with_no_later_run_fails() -> None:
+    report = judge(
+        [run("beat:every1|1000", "older", 0.5, 0.6)],
+        skips=[Skip("old", "misfire", int(3 * S), task="tests.apps.soak.tick")],
+    )
+    assert "no later slot ran" in report.violations["accounting"][0]
