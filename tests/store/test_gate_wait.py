@@ -58,9 +58,7 @@ def test_a_wait_past_the_deadline_returns_the_refusal(gate: Gate) -> None:
     rate = Rate(RATE, 10_000_000, 1)
     assert gate.decide([rate], owner="a").granted
     began = time.monotonic()
-    decision = gate.wait_for_grant(
-        [rate], owner="b", reserve=1.0, deadline=time.monotonic() + 0.2
-    )
+    decision = gate.wait_for_grant([rate], owner="b", reserve=1.0, deadline=time.monotonic() + 0.2)
     assert not decision.granted and decision.retry_after > 9  # not reserved past it
     assert time.monotonic() - began < 5  # returned, not slept
 
