@@ -170,8 +170,13 @@ class PipelinedChannel:
             self._connect()
         self._out.append(command)
         self._pending.append((answer, name, keys, args, time.monotonic()))
-        if threading.get_ident() != self._loop_thread:
-            self._write()  # no loop turn will come soon for a call from another thread
+        if self._urgent or threading.get_ident() != self._loop_thread:
+            # Urgent (a pool process idles until the answer): written now, with what
+            # was queued before it, not after the rest of this loop turn (the other
+            # events of its poll, the timers, the transport's and the pool's own
+            # on_tick work): the store answers meanwhile. From another thread: no loop
+            # turn will come soon.
+            self._write()
 
     def _write(self) -> None:
         """Write every queued call in one write (the loop calls this just before it
