@@ -242,7 +242,7 @@ class Gate:
                 time.sleep(NEVER_RETRY)
                 continue
             wait = max(decision.retry_after, 0.001)
-            if left is not None and wait > left:
+            if deadline is not None and time.monotonic() + wait > deadline:
                 return decision
             time.sleep(wait)
 

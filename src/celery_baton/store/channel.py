@@ -6,7 +6,8 @@ store.
 just before the loop polls, the loop calls the channel back when the socket is
 readable, and replies are matched to calls in order (Redis answers a connection's
 commands in the order it received them). One write is in flight at a time: calls made
-while it is unanswered wait for its replies and then go out together. Under load many
+while it is unanswered wait for its replies and then go out together; an urgent call (a
+gate ask on a free pool process) goes out at once, taking the queued ones along. Under load many
 calls share a write and a round trip (fewer system calls in the worker and in the
 store), and the loop keeps receiving messages meanwhile; when idle, a call is written
 at the next loop turn.
@@ -134,8 +135,8 @@ class PipelinedChannel:
         *,
         urgent: bool = False,
     ) -> None:
-        """``urgent``: a pool slot waits for the answer, so the call is written at the
-        loop's next turn even while earlier calls are unanswered (see ``_write``)."""
+        """``urgent``: a pool slot waits for the answer, so the call is written now (with
+        the calls queued before it), even while earlier calls are unanswered."""
         self._urgent = self._urgent or urgent
         # evalsha_command, inline: two calls per admitted task come through here.
         self._send(("EVALSHA", script_sha(name), len(keys), *keys, *args), answer, name, keys, args)
