@@ -453,6 +453,13 @@ class Admission:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self.holding.lock:
             self.generation += 1
+            # A grant asked ahead for a request the broker now gives to others is given
+            # back (_take_ahead gives back one past the bound itself). One still asked:
+            # its answer finds the generation changed, and gives it back.
+            ahead = self.ahead.current
+            granted = self._take_ahead(ahead) if ahead is not None else None
+            if ahead is not None and granted is not None:
+                self.releasing.give_back(ahead.plan)
             return self.holding.forget()
 
 
