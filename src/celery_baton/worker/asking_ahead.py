@@ -58,8 +58,10 @@ class AskingAhead:
         self._interval = math.inf  # between slots coming free (smoothed)
 
     def slot_came(self, now: float) -> None:
-        gap = min(now - self._last_free, 1.0)
-        self._interval = gap if math.isinf(self._interval) else 0.8 * self._interval + 0.2 * gap
+        if not math.isinf(self._last_free):  # the first one has no interval yet
+            gap = min(now - self._last_free, 1.0)
+            smoothed = self._interval
+            self._interval = gap if math.isinf(smoothed) else 0.8 * smoothed + 0.2 * gap
         self._last_free = now
 
     def draining(self, now: float) -> bool:
