@@ -139,6 +139,30 @@ def test_an_urgent_call_is_written_at_the_next_turn_though_a_write_is_unanswered
     channel.close()
 
 
+def test_an_urgent_call_is_written_at_once_not_at_the_loops_next_turn(
+    store: Store, hub: Hub, r: redis.Redis
+) -> None:
+    """The rest of the loop's turn (its other events, the timers, the transport's and
+    the pool's own on_tick work) is not added to the idle process's wait: the ask goes
+    out when it is made, with what was queued before it."""
+    channel = PipelinedChannel(store, hub, hub.timer, timeout=2)
+    calls = Calls(channel)
+    calls.make(range(30, 31))
+    connected(channel)  # writes what waited for the connection
+    calls.make(range(31, 32))  # waits for the loop's turn
+    time.sleep(0.2)  # not a wait: it must stay unwritten meanwhile
+    assert not r.exists(key(31))
+    calls.make(range(32, 33), urgent=True)  # no _write: the loop has not turned
+    wait_until(
+        lambda: r.exists(key(31)) and r.exists(key(32)),
+        2,
+        "the urgent call and the one queued before it written at once",
+    )
+    wait_until(lambda: (channel._on_readable(), len(calls.answers) == 3)[1], 2, "answered")
+    assert calls.answers == [(30, True), (31, True), (32, True)]
+    channel.close()
+
+
 def test_flush_answers_calls_queued_behind_an_unanswered_write(store: Store, hub: Hub) -> None:
     """At shutdown the worker flushes: calls still queued behind a write in flight must
     be written and answered too, not left to time out."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from celery_baton.core.conditions import (
     spans_slots,
 )
 from celery_baton.core.keys import epoch_key
+from celery_baton.errors import StoreUnavailable
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.schema import hash_tag, owner_parts
@@ -141,6 +144,12 @@ class Renewal(NamedTuple):
 
 RENEWED, REASSERTED, LOST = 1, 2, 0
 
+logger = logging.getLogger("celery_baton.core.gate")
+
+#: A refusal that waiting cannot help (``retry_after`` -1) is asked again this often (s)
+#: by a wait without a deadline: what it waits for comes from outside the gate.
+NEVER_RETRY = 0.5
+
 
 class Gate:
     """Runs the gate, release and renew scripts against one store.
@@ -189,6 +198,53 @@ class Gate:
         if self._cluster and spans_slots(conditions):
             return self._decide_across(conditions, owner, ttl, reserve)
         return self._decide_one(conditions, owner, ttl, reserve)
+
+    def wait_for_grant(
+        self,
+        conditions: Sequence[Condition],
+        *,
+        owner: str,
+        reserve: float = 0.0,
+        deadline: float | None = None,
+        store_retry: float | None = None,
+        subject: str = "a grant",
+    ) -> Decision:
+        """Ask for ``conditions`` until the gate grants them, sleeping as it says between
+        asks (``retry_after``, on the store's clock); a grant is returned once its
+        reserved slot has come (``start_after`` slept here).
+
+        ``deadline`` (a ``time.monotonic()`` instant; None: no bound): a refusal whose
+        wait would end past it is returned as it is, denied, for the caller to say why;
+        the reservation window never reaches past it. ``store_retry`` (seconds; None: a
+        StoreUnavailable is raised): a store that does not answer is asked again after
+        that long, the error logged, until the deadline (then raised). A refusal that
+        waiting cannot help (``retry_after`` -1: a done marker, an order passed) is
+        returned at once under a deadline and asked again every ``NEVER_RETRY`` without.
+        """
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            window = reserve if left is None else max(0.0, min(reserve, left))
+            try:
+                decision = self.decide(conditions, owner=owner, reserve=window)
+            except StoreUnavailable as exc:
+                if store_retry is None or (left is not None and left < store_retry):
+                    raise
+                logger.warning("baton: %s waits for the store: %s", subject, exc)
+                time.sleep(store_retry)
+                continue
+            if decision.granted:
+                if decision.start_after > 0:
+                    time.sleep(decision.start_after)
+                return decision
+            if decision.retry_after < 0:
+                if left is not None:
+                    return decision
+                time.sleep(NEVER_RETRY)
+                continue
+            wait = max(decision.retry_after, 0.001)
+            if deadline is not None and time.monotonic() + wait > deadline:
+                return decision
+            time.sleep(wait)
 
     def _decide_across(
         self, conditions: Sequence[Condition], owner: str, ttl: float, reserve: float

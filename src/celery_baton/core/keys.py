@@ -77,10 +77,28 @@ class KeySpec:
     func: Callable[..., Any] | None = None
     whole_task: bool = False
     _binder: _Binder | None = field(default=None, init=False, repr=False, compare=False)
+    # One argument named, passed by position: (its position, the arity, the text before
+    # its value); see ``_one_value``.
+    _one: tuple[int, int, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         binder = _Binder(self.signature) if self.signature is not None else None
-        object.__setattr__(self, "_binder", binder if binder and binder.simple else None)
+        binder = binder if binder and binder.simple else None
+        object.__setattr__(self, "_binder", binder)
+        if (
+            binder is not None
+            and len(self.names) == 1
+            and self.template is None
+            and self.func is None
+            and not self.whole_task
+            and self.names[0] in binder.positional
+            and set(binder.required) <= set(binder.positional)
+        ):
+            name = self.names[0]
+            before = "{" + _canonical_json(name) + ":"
+            object.__setattr__(
+                self, "_one", (binder.positional.index(name), len(binder.positional), before)
+            )
 
     @classmethod
     def build(
@@ -156,6 +174,10 @@ class KeySpec:
         """The canonical, human-readable text of the key (before hashing)."""
         if self.whole_task:
             return ""
+        if self._one is not None and not kwargs:
+            text = self._one_value(args)
+            if text is not None:
+                return text
         if self.func is not None:
             value = self.func(*args, **kwargs)
             if not isinstance(value, str):
@@ -185,12 +207,31 @@ class KeySpec:
         """A short stable digest of the canonical key text."""
         return digest(self.material(args, kwargs))
 
+    def _one_value(self, args: Sequence[Any]) -> str | None:
+        """The material of the commonest key, built without binding the call: one
+        argument named (an id), an int or a str, every argument given by position (so
+        the binding could not fail). The same text as the general path's JSON; None
+        for anything else."""
+        assert self._one is not None
+        position, arity, before = self._one
+        if len(args) != arity:
+            return None
+        value = args[position]
+        kind = type(value)
+        if kind is int:
+            return f"{before}{int.__repr__(value)}}}"
+        if kind is str:
+            return f"{before}{_json_string(value)}}}"
+        return None
+
 
 #: Sorted, compact, unescaped JSON (one encoder, built once: json.dumps with options
 #: builds a new encoder per call).
 _canonical_json = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 ).encode
+#: A str as that encoder writes it (``ensure_ascii=False``).
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 class _Binder:

@@ -200,30 +200,33 @@ class NamedLimit:
     def try_acquire(self, cost: float | None = None) -> Decision:
         """Spend ``cost`` now if the budget has room; else ``retry_after`` (seconds),
         nothing spent. CostError for a cost this limit can never admit."""
-        checked = self.limit.check_cost(
-            self.cost if cost is None else cost, subject=f"limit {self.limit.name!r}"
-        )
-        return self.gate.decide(self.limit.conditions(self.names, checked), owner="-")
+        return self.gate.decide(self._conditions(cost), owner="-")
 
     def acquire(self, cost: float | None = None, *, timeout: float | None = None) -> Decision:
         """Wait (sleeping, on the store's ``retry_after``) until ``cost`` is spent;
         LimitTimeout when that would take longer than ``timeout`` (None: no bound)."""
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            decision = self.try_acquire(cost)
-            if decision.granted:
-                return decision
-            wait = max(decision.retry_after, 0.001)
-            if deadline is not None and time.monotonic() + wait > deadline:
-                raise LimitTimeout(
-                    f"limit {self.limit.name!r}: no room for cost "
-                    f"{self.cost if cost is None else cost:g} within {timeout:g}s "
-                    f"(next in {decision.retry_after:.3f}s)",
-                    limit=self.limit.name,
-                    retry_after=decision.retry_after,
-                )
-            time.sleep(wait)
+        decision = self.gate.wait_for_grant(
+            self._conditions(cost), owner="-", deadline=deadline, subject=self.limit.name
+        )
+        if decision.granted:
+            return decision
+        next_in = (
+            "never while it stands" if decision.retry_after < 0 else f"{decision.retry_after:.3f}s"
+        )
+        raise LimitTimeout(
+            f"limit {self.limit.name!r}: no room for cost "
+            f"{self.cost if cost is None else cost:g} within {timeout:g}s (next in {next_in})",
+            limit=self.limit.name,
+            retry_after=decision.retry_after,
+        )
+
+    def _conditions(self, cost: float | None) -> list[Condition]:
+        checked = self.limit.check_cost(
+            self.cost if cost is None else cost, subject=f"limit {self.limit.name!r}"
+        )
+        return self.limit.conditions(self.names, checked)
 
     def penalize(self, seconds: float) -> float:
         """Hold every admission under this limit (tasks on every worker, and code) for

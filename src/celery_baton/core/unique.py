@@ -159,6 +159,8 @@ class Retries:
     def run_now(self, key: str) -> None:
         """Try ``key``'s pending give-backs at once, on the caller's thread (their
         scheduled retries stay: a give-back is idempotent)."""
+        if not self._by_key:  # none pending (every publish asks): no lock taken
+            return
         with self._lock:
             attempts = list(self._by_key.get(key, ()))
         for attempt in attempts:

@@ -6,7 +6,8 @@ store.
 just before the loop polls, the loop calls the channel back when the socket is
 readable, and replies are matched to calls in order (Redis answers a connection's
 commands in the order it received them). One write is in flight at a time: calls made
-while it is unanswered wait for its replies and then go out together. Under load many
+while it is unanswered wait for its replies and then go out together; an urgent call (a
+gate ask on a free pool process) goes out at once, taking the queued ones along. Under load many
 calls share a write and a round trip (fewer system calls in the worker and in the
 store), and the loop keeps receiving messages meanwhile; when idle, a call is written
 at the next loop turn.
@@ -141,8 +142,8 @@ class PipelinedChannel:
         *,
         urgent: bool = False,
     ) -> None:
-        """``urgent``: a pool slot waits for the answer, so the call is written at the
-        loop's next turn even while earlier calls are unanswered (see ``_write``)."""
+        """``urgent``: a pool slot waits for the answer, so the call is written now (with
+        the calls queued before it), even while earlier calls are unanswered."""
         if threading.get_ident() != self._loop_thread:
             self._hand_to_loop(lambda: self.call(name, keys, args, answer, urgent=urgent))
             return
@@ -189,6 +190,13 @@ class PipelinedChannel:
             self._connect()
         self._out.append(command)
         self._pending.append((answer, name, keys, args, time.monotonic()))
+        if self._urgent:
+            # Urgent (a pool process idles until the answer): written now, with what
+            # was queued before it, not after the rest of this loop turn (the other
+            # events of its poll, the timers, the transport's and the pool's own
+            # on_tick work): the store answers meanwhile. (Only the loop's thread
+            # gets here: a call from another thread is handed to it.)
+            self._write()
 
     def _write(self) -> None:
         """Write every queued call in one write (the loop calls this just before it

@@ -43,6 +43,7 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
@@ -128,6 +129,8 @@ class Admission:
             run_unguarded=lambda delivery: self.starting.start(delivery, Start(), guarded=False),
         )
         self.replacing = Replacing()
+        self.ahead = AskingAhead()
+        self._acquiring: Delivery | None = None  # asking for a slot now (found free?)
 
     # -- entry point ----------------------------------------------------------------
 
@@ -179,7 +182,13 @@ class Admission:
             self._decide(delivery)
         elif not delivery.waiting_slot:
             delivery.waiting_slot = True
-            self.slots.acquire(functools.partial(self._slot_free, delivery))
+            self.ahead.waiting.append(delivery)
+            self._acquiring = delivery
+            try:
+                self.slots.acquire(functools.partial(self._slot_free, delivery))
+            finally:
+                self._acquiring = None
+            self._ask_ahead()
 
     def _slot_free(self, delivery: Delivery) -> None:
         # Called on the loop (or the timer) when a slot is reserved for ``delivery``;
@@ -188,14 +197,127 @@ class Admission:
             with self.holding.lock:
                 delivery.waiting_slot = False
                 delivery.slot = True
+                if self._acquiring is not delivery:  # a slot came free (not found free)
+                    self.ahead.slot_came(time.monotonic())
+                self.ahead.prune(self.generation)
                 try:
-                    if delivery.generation == self.generation:
+                    if delivery.asking:
+                        return  # asked ahead, the answer on its way: it is used on arrival
+                    granted = self._take_ahead(delivery)
+                    if delivery.generation != self.generation:
+                        # Forgotten meanwhile (the connection was lost): it goes.
+                        if granted is not None:
+                            self.releasing.give_back(delivery.plan)
+                    elif granted is not None:
+                        self._apply(delivery, granted)
+                    else:
                         self._decide(delivery)
-                    # else forgotten meanwhile (the connection was lost): it goes.
                 finally:
                     self._settle_slot(delivery)
+                    self._ask_ahead()
         except Exception:
             self._hold_after_error(delivery)
+
+    # -- asking ahead (worker/asking_ahead.py) --------------------------------------
+
+    def _ask_ahead(self) -> None:
+        """Ask for the first delivery waiting for a slot now, while the pool drains short
+        tasks: its grant is in hand when the slot comes (within the bound)."""
+        now = time.monotonic()
+        if not self.ahead.draining(now) or self.store_down.failed_moments_ago(now):
+            return
+        if self.cancelling is not None and self.cancelling.watch.ids_live():
+            return  # a cancel by id is checked in the ask made at the slot (_decide)
+        delivery = self.ahead.candidate(self.generation)
+        if delivery is None:
+            return
+        if self.cancelling is not None and self.cancelling.known(delivery.request):
+            return  # cancelled: it is revoked at its slot, never asked for
+        self.ahead.current = delivery
+        delivery.asked_ahead = True
+        delivery.asking = True
+        delivery.asked_at = now
+        self.channel.ask(
+            delivery.plan.conditions,
+            owner=delivery.plan.owner,
+            ttl=delivery.policy.lease_ttl,
+            reserve=0.0,
+            answer=functools.partial(self._answered_ahead, delivery),
+        )
+
+    def _answered_ahead(self, delivery: Delivery, reply: Decision | BaseException) -> None:
+        # On the loop when the store answered an ask made ahead; nothing may escape.
+        try:
+            with self.holding.lock:
+                self.ahead.done_with(delivery)
+                if delivery.slot:  # the slot came first: an ask made on it, answered
+                    self._answered(delivery, reply)
+                    self._ask_ahead()
+                    return
+                delivery.asking = False
+                if isinstance(reply, StoreUnavailable):
+                    self.store_down.lost(delivery)  # it may still grant: given back later
+                    return
+                if isinstance(reply, Decision):
+                    self.store_down.answered(delivery)
+                granted = isinstance(reply, Decision) and reply.granted
+                if (
+                    not granted
+                    or delivery.generation != self.generation
+                    or not isinstance(reply, Decision)
+                ):
+                    if granted:
+                        self.releasing.give_back(delivery.plan)
+                    return  # refused (or failed): asked again when its slot comes
+                left = self.ahead.bound - (time.monotonic() - delivery.asked_at)
+                self.ahead.current = delivery
+                delivery.ahead = reply
+                delivery.ahead_timer = self.consumer.timer.call_after(
+                    max(left, 0.0), self._ahead_expired, (delivery,), priority=5
+                )
+        except Exception:
+            logger.exception(
+                "baton: an ask ahead for %s[%s] failed", delivery.request.name, delivery.request.id
+            )
+
+    def _take_ahead(self, delivery: Delivery) -> Decision | None:
+        """The grant ``delivery`` was asked ahead, if still within the bound (past it:
+        given back, and None: it asks again)."""
+        granted: Decision | None = delivery.ahead
+        if granted is None:
+            return None
+        delivery.ahead = None
+        self.ahead.done_with(delivery)
+        timer, delivery.ahead_timer = delivery.ahead_timer, None
+        if timer is not None:
+            timer.cancel()
+        now = time.monotonic()
+        # Held before: revoked meanwhile, or past the horizon (_decide says what then).
+        stale_hold = delivery.held and (
+            delivery.request.revoked() or now - delivery.since >= self.horizon
+        )
+        cancelled = self.cancelling is not None and self.cancelling.known(delivery.request)
+        if now - delivery.asked_at > self.ahead.bound or stale_hold or cancelled:
+            self.releasing.give_back(delivery.plan)
+            return None
+        return granted
+
+    def _ahead_expired(self, delivery: Delivery) -> None:
+        # The timer: no slot within the bound; the grant goes back. Nothing may escape.
+        try:
+            with self.holding.lock:
+                delivery.ahead_timer = None
+                if delivery.ahead is None:
+                    return
+                delivery.ahead = None
+                self.ahead.done_with(delivery)
+                self.releasing.give_back(delivery.plan)
+        except Exception:
+            logger.exception(
+                "baton: giving back %s[%s]'s grant failed",
+                delivery.request.name,
+                delivery.request.id,
+            )
 
     def _hold_after_error(self, delivery: Delivery) -> None:
         """A decision that raised: hold the delivery (asked again later), never lose it."""
@@ -479,6 +601,13 @@ class Admission:
         """Drop every held request (the connection is gone; the broker redelivers them)."""
         with self.holding.lock:
             self.generation += 1
+            # A grant asked ahead for a request the broker now gives to others is given
+            # back (_take_ahead gives back one past the bound itself). One still asked:
+            # its answer finds the generation changed, and gives it back.
+            ahead = self.ahead.current
+            granted = self._take_ahead(ahead) if ahead is not None else None
+            if ahead is not None and granted is not None:
+                self.releasing.give_back(ahead.plan)
             return self.holding.forget()
 
 

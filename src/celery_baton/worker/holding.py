@@ -87,6 +87,10 @@ class Delivery:
     slot: bool = False  # a pool slot is reserved for it
     reserved_start: bool = False  # granted a rate slot for later: keeps its pool slot
     start_due: float = 0.0  # when its grant was to start (a reserved slot: its instant)
+    # Asked before its slot came (worker/asking_ahead.py): the grant in hand, its timer.
+    ahead: Any = None
+    ahead_timer: Any = None
+    asked_ahead: bool = False  # once at most: a refusal is not asked again before its slot
     # The key its last task-baton-held event named, and why (worker/events.py).
     announced: str | None = None
     announced_reason: str = ""

@@ -214,3 +214,33 @@ def test_a_template_python_cannot_parse_names_the_task_and_the_option(template: 
         KeySpec.build(template, fetch, subject="feeds.fetch.exclusive")
     assert str(error.value).startswith("feeds.fetch.exclusive: "), error.value
     assert repr(template) in str(error.value)
+
+
+def _one(a: Any) -> None: ...
+def _one_required_kw(a: Any, *, b: Any) -> None: ...
+
+
+@pytest.mark.parametrize("fun", [_one, _plain, _kw, _posonly, _star, _one_required_kw])
+@pytest.mark.parametrize(
+    "value",
+    [0, -7, 10**30, "", "x", 'a "quoted" \\ back', "é ☃ \U0001f600", "\x00\n\t\u2028", True, 1.5],
+)
+@pytest.mark.parametrize("more", [(), (5,), (5, 6)])
+def test_one_argument_material_is_the_general_paths_json(
+    fun: Callable[..., Any], value: Any, more: tuple[Any, ...]
+) -> None:
+    """One named argument given by position (an id: an int or a str) is written without
+    binding the call; the text, or the error, must be exactly the general path's."""
+    spec = KeySpec.build("a", fun, subject="t")
+    args = (value, *more)
+    try:
+        bound = inspect.signature(fun).bind(*args)
+    except TypeError:
+        with pytest.raises(KeySpecError, match="do not match"):
+            spec.material(args, {})
+        return
+    bound.apply_defaults()
+    expected = json.dumps(
+        {"a": bound.arguments["a"]}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    assert spec.material(args, {}) == expected

@@ -29,7 +29,7 @@ from typing import Any
 from celery import signals
 
 from celery_baton.core.conditions import Condition, Override, Penalty, Rate, WeightedRate
-from celery_baton.errors import StoreUnavailable
+from celery_baton.core.gate import Gate
 from celery_baton.parts import parts_for
 
 logger = logging.getLogger("celery_baton.worker")
@@ -95,22 +95,12 @@ def take_fresh_grant(sender: Any = None, task: Any = None, **_: Any) -> None:
     wait_for_grant(parts_for(task.app).gate, conditions_of(rates), owner)
 
 
-def wait_for_grant(gate: Any, conditions: Sequence[Condition], owner: str) -> None:
-    """Ask ``gate`` for ``conditions`` until it grants them, sleeping as it says."""
-    while True:
-        try:
-            decision = gate.decide(conditions, owner=owner, reserve=1.0)
-        except StoreUnavailable as exc:
-            logger.warning("baton: a fresh rate grant waits for the store: %s", exc)
-            time.sleep(_STORE_RETRY)
-            continue
-        if decision.granted:
-            time.sleep(decision.start_after)
-            return
-        if decision.retry_after < 0:  # never (a limit set to zero): as the gate says
-            time.sleep(_STORE_RETRY)
-            continue
-        time.sleep(max(decision.retry_after, 0.001))
+def wait_for_grant(gate: Gate, conditions: Sequence[Condition], owner: str) -> None:
+    """Ask ``gate`` for ``conditions`` until it grants them (``Gate.wait_for_grant``):
+    the token is taken before the body, so a store that does not answer is waited for."""
+    gate.wait_for_grant(
+        conditions, owner=owner, reserve=1.0, store_retry=_STORE_RETRY, subject="a fresh rate grant"
+    )
 
 
 def install() -> None:
