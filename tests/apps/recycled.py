@@ -49,4 +49,3 @@ def soft_limited(self: Task, n: int) -> None:
 def hard_limited(self: Task, n: int) -> None:
     """1/s, with a hard time limit."""
     observer().run("hard_limited", task_id=self.request.id)
-

@@ -17,6 +17,7 @@ while the other holds the slots is plain to see.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from tests.support.observer import Observer, Run
@@ -36,7 +37,7 @@ RECYCLED = ["--max-tasks-per-child=1"]
 
 def _idle_gaps(runs: list[Run]) -> list[int]:
     ordered = sorted(runs, key=lambda r: r.start)
-    return [after.start - before.end for before, after in zip(ordered, ordered[1:], strict=False)]
+    return [after.start - before.end for before, after in itertools.pairwise(ordered)]
 
 
 def test_a_recycling_worker_holds_no_concurrency_slot_it_cannot_start(
@@ -88,7 +89,7 @@ def test_a_throttle_window_opens_when_a_recycled_process_starts_the_run(
     window_us = recycled.THROTTLE * 1_000_000
     close = [
         round((after - before) / 1e6, 2)
-        for before, after in zip(starts, starts[1:], strict=False)
+        for before, after in itertools.pairwise(starts)
         if after - before < window_us - START_JITTER_US
     ]
     assert not close, f"two starts of one throttle key closer than its window: {close} s"

@@ -82,7 +82,7 @@ class SemaphoreSlots:
 
     def attach(self, task_pool: Any) -> None:
         """The started pool: its processes say when a request can start (prefork.py)."""
-        pool = getattr(task_pool, "_pool", None)
+        pool: Any = getattr(task_pool, "_pool", None)
         startable = getattr(pool, "startable", None)
         if callable(startable):
             self._startable = startable

@@ -67,7 +67,7 @@ class AcceptingWorker(asynpool.Worker):  # type: ignore[misc]
 
     def _make_child_methods(self, *args: Any, **kwargs: Any) -> None:
         super()._make_child_methods(*args, **kwargs)
-        self.wait_for_job = _judging(self.wait_for_job)
+        self.wait_for_job: Callable[[], Any] = _judging(self.wait_for_job)
 
 
 class AcceptingBlockingWorker(billiard_pool.Worker):  # type: ignore[misc]
@@ -75,7 +75,7 @@ class AcceptingBlockingWorker(billiard_pool.Worker):  # type: ignore[misc]
 
     def _make_child_methods(self, *args: Any, **kwargs: Any) -> None:
         super()._make_child_methods(*args, **kwargs)
-        self.wait_for_job = _judging(self.wait_for_job)
+        self.wait_for_job: Callable[[], Any] = _judging(self.wait_for_job)
 
 
 class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
