@@ -133,14 +133,24 @@ class CountedSlots:
         self._reserved = 0  # slots given to waiters, not yet run or given back
         self._waiters: deque[Callable[[], None]] = deque()
         self._polling = False
+        self._startable: Callable[[], int] | None = None  # a prefork pool's count
 
     def attach(self, task_pool: Any) -> None:
-        """Counted against the pool's size: nothing to ask the pool."""
+        """A prefork pool without Celery's semaphore (``--without-putlocks``) counts its
+        processes too: a process that is leaving does not count (pool/prefork.py)."""
+        pool: Any = getattr(task_pool, "_pool", None)
+        startable = getattr(pool, "startable", None)
+        if callable(startable):
+            self._startable = startable
+            pool.on_change = self._serve
 
     def _free(self) -> int:
         ready = worker_state.reserved_requests
         self._in_pool = [request for request in self._in_pool if request in ready]
-        return self.limit - len(self._in_pool) - self._reserved
+        free = self.limit - len(self._in_pool) - self._reserved
+        if self._startable is not None:
+            free = min(free, self._startable() - self._reserved)
+        return free
 
     def acquire(self, callback: Callable[[], None]) -> None:
         if not self._waiters and self._free() > 0:

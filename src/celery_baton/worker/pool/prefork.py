@@ -46,6 +46,10 @@ logger = logging.getLogger("celery_baton.worker")
 REAP_POLL = 0.05
 REAP_FOR = 5.0
 
+#: Celery's scheduling that writes a job to any process, also a busy one
+#: (``optimization="fast"`` given to the worker in code; its command line offers "fair").
+FIRST_COME = ("fast", "fcfs")
+
 #: A process's count of jobs reported READY (set on Celery's process object).
 _DONE_ATTR = "_baton_done"
 
@@ -164,6 +168,12 @@ def install(task_pool: Any) -> str | None:
             f"the worker's pool {type(task_pool).__module__}.{type(task_pool).__name__} "
             "is not Celery's prefork pool as celery-baton knows it (its Pool and "
             "BlockingPool must be Celery's own)"
+        )
+    strategy = (getattr(task_pool, "options", None) or {}).get("sched_strategy")
+    if strategy in FIRST_COME:
+        return (
+            f"the prefork pool writes jobs to busy processes (optimization {strategy!r}): a "
+            'granted request would wait behind another job; use "fair", Celery\'s default'
         )
     if getattr(task_pool, "_pool", None) is not None:
         return "the prefork pool started before celery-baton's consumer step was created"
