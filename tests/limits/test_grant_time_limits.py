@@ -65,18 +65,23 @@ def test_a_fresh_token_for_a_stalled_process_is_not_waited_for_inside_the_time_l
     _assert_each_started_once_at_the_rate(observer, kind, ids)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("kind", "autoscale"),
+    [(kind, []) for kind in KINDS] + [("soft_limited", ["--autoscale=3,1"])],
+    ids=[*KINDS, "soft_limited-autoscale"],
+)
 def test_a_recycling_pool_keeps_the_rate_and_runs_every_call_under_time_limits(
-    workers: Workers, observer: Observer, kind: str
+    workers: Workers, observer: Observer, kind: str, autoscale: list[str]
 ) -> None:
-    """The issue's deployment: ``-c 3 --max-tasks-per-child=1``, 1/s, a time limit.
+    """The issue's deployment: ``-c 3 --max-tasks-per-child=1``, 1/s, a time limit (and
+    the same pool grown and shrunk by ``--autoscale``).
     A grant goes to a process that can start it now, not to one that is leaving: it is
     not late, and does not spend a second, fresh token (before: 11-12 of 12 did)."""
     from tests.apps import recycled
 
     task = getattr(recycled, kind)
     worker = workers.start(
-        "tests.apps.recycled", concurrency=3, extra_args=["--max-tasks-per-child=1"]
+        "tests.apps.recycled", concurrency=3, extra_args=["--max-tasks-per-child=1", *autoscale]
     )
     ids = [task.delay(n).id for n in range(12)]
     _assert_each_started_once_at_the_rate(observer, kind, ids)
