@@ -27,7 +27,7 @@ from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, Wor
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
-from celery_baton.worker.pool import prefork, stand_ins
+from celery_baton.worker.pool import stand_ins
 from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
@@ -89,7 +89,10 @@ def _prepare_pool(task_pool: Any) -> None:
     """Celery's prefork pool, about to start: its processes say when one can start a
     request, and judge a late rate grant before they accept the job (pool/prefork.py).
     A prefork pool that cannot be told so is refused: its limits would not hold."""
+    # Imported here, by a worker: the prefork pool's modules are not a client's.
     from celery.concurrency.prefork import TaskPool
+
+    from celery_baton.worker.pool import prefork
 
     if not isinstance(task_pool, TaskPool):
         return  # solo, threads, gevent, eventlet: tasks start in the main process
