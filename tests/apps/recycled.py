@@ -39,6 +39,12 @@ def throttled(self: Task, n: int) -> None:
     observer().run("throttled", task_id=self.request.id)
 
 
+@app.task(bind=True, global_rate_limit=RATE)
+def rated(self: Task, n: int) -> None:
+    """1/s."""
+    observer().run("rated", task_id=self.request.id)
+
+
 @app.task(bind=True, global_rate_limit=RATE, soft_time_limit=LIMIT)
 def soft_limited(self: Task, n: int) -> None:
     """1/s, with a soft time limit."""

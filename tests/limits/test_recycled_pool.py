@@ -68,6 +68,24 @@ def test_a_recycling_worker_holds_no_concurrency_slot_it_cannot_start(
     assert observer.max_running("capped") <= recycled.CAPPED
 
 
+def test_a_recycling_worker_hands_its_rate_grants_to_a_process_that_starts_them(
+    workers: Workers, observer: Observer
+) -> None:
+    """1/s on one worker ``-c 1 --max-tasks-per-child=1``: a grant goes to the pool when
+    its replacement process is up, not to the leaving one, so it is not late there and
+    does not spend a second, fresh token (before: most of them did, the rate halved)."""
+    from tests.apps import recycled
+    from tests.limits.test_rate_limits import assert_gcra_bound
+
+    worker = workers.start("tests.apps.recycled", concurrency=1, extra_args=RECYCLED)
+    for n in range(12):
+        recycled.rated.delay(n)
+    starts = [s["start"] for s in observer.starts_of("rated", 12, timeout=90)]
+    assert_gcra_bound(starts, 1.0, burst=1, tolerance_us=START_JITTER_US)
+    fresh = worker.log_text().count("after its rate grant")
+    assert fresh <= 4, f"{fresh} of 12 grants reached their pool process late"
+
+
 def test_a_throttle_window_opens_when_a_recycled_process_starts_the_run(
     workers: Workers, observer: Observer
 ) -> None:
