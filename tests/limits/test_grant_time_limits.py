@@ -83,3 +83,30 @@ def test_a_recycling_pool_keeps_the_rate_and_runs_every_call_under_time_limits(
     )
     ids = [task.delay(n).id for n in range(12)]
     _assert_each_started_once_at_the_rate(observer, kind, ids)
+
+
+def test_a_process_killed_while_it_waits_for_a_fresh_token_loses_no_call(
+    workers: Workers, observer: Observer
+) -> None:
+    """The wait for a fresh token comes before the process accepts the job: killed
+    meanwhile (here SIGKILL; the OOM killer in a deployment), it has not accepted it,
+    the message is not acknowledged, and Celery writes the job to another process."""
+    from tests.apps import recycled
+
+    worker = workers.start("tests.apps.recycled", concurrency=2)
+    children = worker.pool_pids()
+    assert len(children) == 2
+    for pid in children:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        ids = [recycled.rated.delay(n).id for n in range(4)]
+        time.sleep(2.5)  # each stopped process is handed one grant, 1 s apart
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
+    # Both grants are stale now: one process takes the next token and starts, the other
+    # waits a second for the one after it, and is killed meanwhile.
+    first = observer.starts_of("rated", 1, timeout=20)[0]
+    (waiting,) = [pid for pid in children if pid != first["pid"]]
+    os.kill(waiting, signal.SIGKILL)
+    _assert_each_started_once_at_the_rate(observer, "rated", ids)
