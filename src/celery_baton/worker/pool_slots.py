@@ -22,8 +22,11 @@ Two ways to know that a process is free, chosen once per worker:
   semaphore asks only once the pool itself counts a process that can start it now
   (``worker/pool/prefork.py``: up, idle, not leaving, less the jobs waiting to be
   written and the requests already asking); until then it waits, holding the
-  semaphore as a plain request would, and is served when the pool says a job ended or
-  a process came up. A granted request goes to ``_process_task`` on the slot it holds.
+  semaphore, and is served when the pool says a job ended or a process came up. A
+  granted request goes to ``_process_task`` on the slot it holds. Plain requests wait
+  in the same line for a process the same way (Celery would have written them to the
+  pool's buffer, to wait there): one given a slot that Celery released twice cannot
+  take the process a granted request was asked for.
 * ``CountedSlots``: pools that queue inside themselves (threads, gevent, eventlet,
   solo, prefork without the event loop). Requests handed to the pool are counted until
   Celery calls them ready (``worker.state.reserved_requests``); the waiters are looked
@@ -36,6 +39,7 @@ requests in the semaphore do.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -109,7 +113,13 @@ class SemaphoreSlots:
         self.process_task(request)
 
     def plain(self, request: Any) -> None:
-        self.handle(request)
+        if self._startable is None:
+            self.handle(request)  # Celery's own path: _process_task_sem
+            return
+        # In the same line as the guarded requests, and to a process that can start it:
+        # a plain job given a slot Celery released twice must not take the process a
+        # granted request was asked for.
+        self.semaphore.acquire(self._holds_semaphore, functools.partial(self.run, request))
 
     def _free(self) -> int:
         if self._startable is None:

@@ -68,3 +68,20 @@ def test_a_slot_given_back_goes_to_the_next_waiter_when_a_process_is_free() -> N
     assert asked == [1]
     s.give_back()  # the gate refused 1 for now: 2 asks on the same process
     assert asked == [1, 2]
+
+
+def test_a_plain_request_waits_in_the_same_line_for_a_process() -> None:
+    s, handed = slots(2)
+    pool = Pool(startable=0)
+    s.attach(SimpleNamespace(_pool=pool))
+    asked: list[int] = []
+    s.acquire(lambda: asked.append(1))  # guarded, first in line
+    s.plain("plain")  # given the semaphore's second slot: no process for it either
+    assert asked == [] and handed == []
+    pool.free = 1
+    pool.on_change()
+    assert asked == [1] and handed == []  # the first in line asks; the plain one waits
+    s.run("granted")
+    pool.free = 1  # another process came up
+    pool.on_change()
+    assert handed == ["granted", "plain"]
