@@ -27,7 +27,7 @@ from celery_baton.errors import BatonError
 from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
-from celery_baton.worker.pool import rate_grant, run_end
+from celery_baton.worker.pool import run_end
 from celery_baton.worker.step import BatonConsumer
 
 logger = logging.getLogger("celery_baton")
@@ -237,7 +237,6 @@ class Baton:
         # through parts_for(app).
         app.steps["consumer"].add(BatonConsumer)
         run_end.install()
-        rate_grant.install()
         app.send_task = guard_send_task(self.parts, app.send_task)
         app.task = self._validating_task_decorator(app.task)
 

@@ -28,6 +28,11 @@ kombu's virtual ``QoS.append``                         left unacked are put back
 ``priority_steps``                                     kept for the redelivery window
 ``WorkController._process_task_sem`` and               pool slots counted against the
 ``_process_task``                                      pool's size (``CountedSlots``)
+``AsynPool.on_job_ready``, ``on_process_alive``,       the worker is refused at start:
+``_event_process_exit``, ``_all_inqueues``,            a request would be granted for
+``_busy_workers``, ``outbound_buffer``,                a process that is leaving, and
+``_fileno_to_inq``, ``_maxtasksperchild``;             a fresh rate token waited for
+billiard's ``Worker._make_child_methods``              inside the time limits
 ``Request._announce_revoked``                          a revoked admitted run is given
                                                        back from Celery's
                                                        ``task_revoked`` signal
@@ -291,6 +296,61 @@ def semaphore_process_task(controller: Any, handle: Any) -> Callable[[Any], Any]
         )
         return None
     return process_task if handle == through_semaphore else None
+
+
+#: What ``worker/pool/prefork.py`` overrides or reads of Celery's event-loop prefork pool
+#: (``AsynPool``) and billiard's pool process (``Worker``), on the class or set by
+#: ``__init__``.
+ASYNPOOL_NAMES = (
+    "on_job_ready",
+    "on_process_alive",
+    "_event_process_exit",
+    "register_with_event_loop",
+    "maintain_pool",
+    "_all_inqueues",
+    "_busy_workers",
+    "outbound_buffer",
+    "_fileno_to_inq",
+)
+POOL_NAMES = ("_maxtasksperchild", "_pool")
+WORKER_NAMES = ("_make_child_methods", "wait_for_job")
+
+
+def _names_of(cls: type, names: tuple[str, ...]) -> list[str]:
+    """The ``names`` that ``cls`` lacks, as a method or an attribute its ``__init__``
+    (or a method of its bases) sets."""
+    import inspect
+
+    try:
+        source = "".join(inspect.getsource(klass) for klass in cls.__mro__[:-1])
+    except (OSError, TypeError):
+        source = ""
+    return [name for name in names if not hasattr(cls, name) and f"self.{name}" not in source]
+
+
+def prefork_pool_classes(task_pool: Any) -> tuple[type, type] | None:
+    """Celery's event-loop prefork pool and billiard's blocking one, when ``task_pool``
+    (Celery's prefork ``TaskPool``) starts exactly those and they are shaped as
+    ``worker/pool/prefork.py`` expects; None otherwise (logged once)."""
+    from billiard import pool as billiard_pool
+    from celery.concurrency import asynpool
+
+    asyn, blocking = getattr(task_pool, "Pool", None), getattr(task_pool, "BlockingPool", None)
+    if asyn is not asynpool.AsynPool or blocking is not billiard_pool.Pool:
+        return None  # a pool class of its own: not one celery-baton knows
+    missing = (
+        _names_of(asyn, ASYNPOOL_NAMES + POOL_NAMES)
+        + _names_of(blocking, POOL_NAMES)
+        + _names_of(asynpool.Worker, WORKER_NAMES)
+        + _names_of(billiard_pool.Worker, WORKER_NAMES)
+    )
+    if missing:
+        unavailable(
+            f"celery's AsynPool / billiard's Worker {', '.join(missing)}",
+            "the worker is refused at start",
+        )
+        return None
+    return asyn, blocking
 
 
 def pool_job_cache(task_pool: Any) -> dict[Any, Any] | None:

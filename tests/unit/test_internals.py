@@ -209,6 +209,26 @@ def test_the_prefork_worker_hands_requests_to_the_pool_through_a_lax_semaphore()
     assert semaphore.value <= 1
 
 
+def test_the_prefork_pool_reports_its_processes_and_reads_jobs_where_we_extend_it() -> None:
+    from billiard import pool as billiard_pool
+    from celery.concurrency import asynpool
+    from celery.concurrency.prefork import TaskPool
+
+    assert TaskPool.Pool is asynpool.AsynPool and TaskPool.BlockingPool is billiard_pool.Pool
+    assert internals.prefork_pool_classes(TaskPool) == (TaskPool.Pool, TaskPool.BlockingPool)
+    # The hooks worker/pool/prefork.py overrides, called as it calls them.
+    assert params(asynpool.AsynPool.on_job_ready) == ["self", "job", "i", "obj", "inqW_fd"]
+    assert params(asynpool.AsynPool.on_process_alive) == ["self", "pid"]
+    assert params(asynpool.AsynPool._event_process_exit) == ["self", "hub", "proc"]
+    assert params(asynpool.AsynPool.register_with_event_loop) == ["self", "hub"]
+    assert params(billiard_pool.Worker._make_child_methods)[0] == "self"
+    # The job a pool process reads: (TASK, (job, i, fun, args, kwargs)).
+    assert billiard_pool.TASK == 2
+    # A pool class of its own is not one celery-baton knows.
+    custom = SimpleNamespace(Pool=type("Mine", (asynpool.AsynPool,), {}), BlockingPool=None)
+    assert internals.prefork_pool_classes(custom) is None
+
+
 def test_celery_ends_revoked_and_cancelled_requests_through_the_hooks_we_extend() -> None:
     assert internals.missing_request_hooks(Request) == []
     # request.py reads `terminated` as the second argument.
@@ -300,6 +320,9 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.consumer_tags(SimpleNamespace()) is None
         assert internals.restamp_unacked(SimpleNamespace()) is None
         assert internals.adopt_unacked(SimpleNamespace()) is None
+        assert internals._names_of(object, internals.ASYNPOOL_NAMES) == list(
+            internals.ASYNPOOL_NAMES
+        )
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 10, warned
     assert all("docs/compatibility.md" in line for line in warned)

@@ -15,8 +15,18 @@ Two ways to know that a process is free, chosen once per worker:
 * ``SemaphoreSlots``: the prefork pool on the event loop (Celery's default). Celery
   puts a ``LaxBoundedSemaphore`` of the pool's size in front of the pool
   (``WorkController._process_task_sem``), released when a job ends. Guarded requests
-  wait in the same FIFO as plain ones, so neither overtakes the other, and a granted
-  request goes to ``_process_task`` on the slot it already holds.
+  wait in the same FIFO as plain ones, so neither overtakes the other. A free semaphore
+  is not yet a process that can start the request: Celery releases it when a process
+  that ran its ``--max-tasks-per-child`` reports READY, and again when the pool joins
+  that process, long before its replacement is up (issue 34). So a request given the
+  semaphore asks only once the pool itself counts a process that can start it now
+  (``worker/pool/prefork.py``: up, idle, not leaving, less the jobs waiting to be
+  written and the requests already asking); until then it waits, holding the
+  semaphore, and is served when the pool says a job ended or a process came up. A
+  granted request goes to ``_process_task`` on the slot it holds. Plain requests wait
+  in the same line for a process the same way (Celery would have written them to the
+  pool's buffer, to wait there): one given a slot that Celery released twice cannot
+  take the process a granted request was asked for.
 * ``CountedSlots``: pools that queue inside themselves (threads, gevent, eventlet,
   solo, prefork without the event loop). Requests handed to the pool are counted until
   Celery calls them ready (``worker.state.reserved_requests``); the waiters are looked
@@ -29,6 +39,7 @@ requests in the semaphore do.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +56,9 @@ POLL_INTERVAL = 0.02
 
 
 class PoolSlots(Protocol):
+    def attach(self, task_pool: Any) -> None:
+        """The worker's pool, started: what it says of its processes is used."""
+
     def acquire(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once a pool slot is reserved for the caller (now, or later
         on the consumer's loop or timer)."""
@@ -60,26 +74,62 @@ class PoolSlots(Protocol):
 
 
 class SemaphoreSlots:
-    """The prefork pool's own semaphore (see the module docstring)."""
+    """The prefork pool's own semaphore, and its processes (see the module docstring)."""
 
     def __init__(self, semaphore: Any, process_task: Callable[[Any], Any], handle: Any) -> None:
         self.semaphore = semaphore
         self.process_task = process_task
         self.handle = handle
+        self._startable: Callable[[], int] | None = None  # the pool's count, once known
+        self._waiters: deque[Callable[[], None]] = deque()  # hold the semaphore
+        self._reserved = 0  # slots given to waiters, not yet run or given back
+
+    def attach(self, task_pool: Any) -> None:
+        """The started pool: its processes say when a request can start (prefork.py)."""
+        pool: Any = getattr(task_pool, "_pool", None)
+        startable = getattr(pool, "startable", None)
+        if callable(startable):
+            self._startable = startable
+            pool.on_change = self._serve
+            self._serve()
 
     def acquire(self, callback: Callable[[], None]) -> None:
-        self.semaphore.acquire(callback)
+        self.semaphore.acquire(self._holds_semaphore, callback)
+
+    def _holds_semaphore(self, callback: Callable[[], None]) -> None:
+        # Given the semaphore (now, or later by Celery's release): now a process.
+        self._waiters.append(callback)
+        self._serve()
 
     def give_back(self) -> None:
         # Lax: a release after Celery cleared the semaphore (lost connection) is
         # bounded by the pool's size.
+        self._reserved = max(0, self._reserved - 1)
         self.semaphore.release()
+        self._serve()
 
     def run(self, request: Any) -> None:
+        self._reserved = max(0, self._reserved - 1)
         self.process_task(request)
 
     def plain(self, request: Any) -> None:
-        self.handle(request)
+        if self._startable is None:
+            self.handle(request)  # Celery's own path: _process_task_sem
+            return
+        # In the same line as the guarded requests, and to a process that can start it:
+        # a plain job given a slot Celery released twice must not take the process a
+        # granted request was asked for.
+        self.semaphore.acquire(self._holds_semaphore, functools.partial(self.run, request))
+
+    def _free(self) -> int:
+        if self._startable is None:
+            return len(self._waiters)  # not attached (yet): the semaphore alone
+        return self._startable() - self._reserved
+
+    def _serve(self) -> None:
+        while self._waiters and self._free() > 0:
+            self._reserved += 1
+            self._waiters.popleft()()
 
 
 class CountedSlots:
@@ -93,11 +143,24 @@ class CountedSlots:
         self._reserved = 0  # slots given to waiters, not yet run or given back
         self._waiters: deque[Callable[[], None]] = deque()
         self._polling = False
+        self._startable: Callable[[], int] | None = None  # a prefork pool's count
+
+    def attach(self, task_pool: Any) -> None:
+        """A prefork pool without Celery's semaphore (``--without-putlocks``) counts its
+        processes too: a process that is leaving does not count (pool/prefork.py)."""
+        pool: Any = getattr(task_pool, "_pool", None)
+        startable = getattr(pool, "startable", None)
+        if callable(startable):
+            self._startable = startable
+            pool.on_change = self._serve
 
     def _free(self) -> int:
         ready = worker_state.reserved_requests
         self._in_pool = [request for request in self._in_pool if request in ready]
-        return self.limit - len(self._in_pool) - self._reserved
+        free = self.limit - len(self._in_pool) - self._reserved
+        if self._startable is not None:
+            free = min(free, self._startable() - self._reserved)
+        return free
 
     def acquire(self, callback: Callable[[], None]) -> None:
         if not self._waiters and self._free() > 0:

@@ -122,11 +122,28 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
         self.obj.shutdown(parent)
 
 
+def _prepare_pool(task_pool: Any) -> None:
+    """Celery's prefork pool, about to start: its processes say when one can start a
+    request, and judge a late rate grant before they accept the job (pool/prefork.py).
+    A prefork pool that cannot be told so is refused: its limits would not hold."""
+    # Imported here, by a worker: the prefork pool's modules are not a client's.
+    from celery.concurrency.prefork import TaskPool
+
+    from celery_baton.worker.pool import prefork
+
+    if not isinstance(task_pool, TaskPool):
+        return  # solo, threads, gevent, eventlet: tasks start in the main process
+    refused = prefork.install(task_pool)
+    if refused is not None:
+        raise ConfigError(f"{refused}: global limits could not hold at the task's start")
+
+
 class BatonWorker:
     """The worker side of one consumer: its parts, built once, started at every start."""
 
     def __init__(self, parts: AppParts, parent: Any) -> None:
         parts.validate_all_tasks()  # a bad option stops the worker at start
+        _prepare_pool(getattr(parent, "pool", None))
         refuse_unstoppable_replace(getattr(parent, "pool", None), _replacing_here(parts))
         self.broker = broker = read_broker(parts.app)
         # Held messages a crashed broker could not take back (kombu's Redis transport).
@@ -283,6 +300,7 @@ class BatonWorker:
                     parts.store.safe_url,
                 )
             keep_running_jobs(getattr(parent, "pool", None))
+            self.admission.slots.attach(getattr(parent, "pool", None))
             warn_long_tasks(parent.app, self.broker.visibility)
             warn_eviction(parts.gate)
             metrics.serve(parts.settings.metrics_port)

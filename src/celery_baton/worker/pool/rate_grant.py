@@ -1,18 +1,29 @@
-"""A rate grant judged again where the task body starts: in the pool process.
+"""A rate grant judged again in the pool process, as it takes the job (before accepting it).
 
-The main process hands a granted request to the pool at the grant's moment and checks
-that it is not late (``worker/starting.py``, ``STALE_GRANT``). What happens after the
-hand-over it cannot see: the pool process it was written to may stand still before it
-reads the job (stopped, swapped out, or the main process itself stopped between the
-hand-over and the pool's write to the child's pipe). The body then starts late, and
-together with the grants that follow: two starts at once of a limit of one a second.
+The main process hands a granted request to the pool at the grant's moment, only to a
+process that can start it now (``worker/pool_slots.py``), and checks that it is not
+late (``worker/starting.py``, ``STALE_GRANT``). What happens after the hand-over it
+cannot see: the pool process it was written to may stand still before it reads the job
+(stopped, swapped out, or the main process itself stopped between the hand-over and the
+pool's write to the child's pipe). The body then starts late, and together with the
+grants that follow: two starts at once of a limit of one a second.
 
 So the request carries its grant's moment and its rate conditions, and the pool process
-looks at the clock before the body runs (``task_prerun``). Later than ``STALE_GRANT``:
-the grant's token is left spent (the error is on the limit's side) and a fresh one is
-taken here, waiting for it as the gate says; the pool process is busy meanwhile, which
-only such a late start pays. Without a pool process (solo, threads) the body starts in
-the main process, which judged it already: nothing is done here.
+looks at the clock when it takes the job from its pipe (``judge_before_accept``, called
+by ``worker/pool/prefork.py``). Later than ``STALE_GRANT``: the grant's token is left
+spent (the error is on the limit's side) and a fresh one is taken, waiting for it as
+the gate says; the process is busy meanwhile, which only such a late start pays.
+
+It is judged there, before the process accepts the job, not in ``task_prerun``: Celery
+starts a job's time limits, and acknowledges its message (``acks_late=False``), when the
+process accepts it. A wait in ``task_prerun`` was cut by a soft limit (Celery's signal
+dispatch swallows ``SoftTimeLimitExceeded``, and the body started without a token) or
+ended by a hard one (the process killed, the message consumed, the body never run).
+Before the accept, no limit runs and the message is the broker's; a process that dies
+while it waits leaves the job unaccepted, and Celery writes it to another process.
+
+Without a pool process (solo, threads, gevent) the body starts in the main process,
+which judged it already: nothing is done here.
 
 ``time.monotonic()`` is one clock for every process of a machine (Linux's
 ``CLOCK_MONOTONIC``), so the main process's moment can be read in its pool process.
@@ -26,7 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from celery import signals
+from celery import current_app
 
 from celery_baton.core.conditions import Condition, Override, Penalty, Rate, WeightedRate
 from celery_baton.core.gate import Gate
@@ -73,26 +84,36 @@ def conditions_of(rates: Sequence[tuple[str, Sequence[Any]]]) -> list[Condition]
     return [_RATE_KINDS[kind](*fields) for kind, fields in rates]
 
 
-def take_fresh_grant(sender: Any = None, task: Any = None, **_: Any) -> None:
-    """``task_prerun``: in the pool process, a grant handed over too long ago is
-    replaced by a fresh one before the body runs."""
-    if task is None:
-        return
-    fields = getattr(task.request, RATE_GRANT_FIELD, None)
+def judge_before_accept(job: Any) -> None:
+    """In the pool process, a job just read from its pipe: if it carries a rate grant
+    handed over too long ago, a fresh token is taken before the process accepts it.
+
+    ``job`` is billiard's ``(TASK, (job, i, fun, args, kwargs))``; Celery's ``args`` are
+    ``(task name, task id, request dict, body, content type, encoding)``."""
+    try:
+        _kind, (_job, _i, _fun, args, _kwargs) = job
+        name, task_id, request_dict = args[0], args[1], args[2]
+        fields = request_dict.get(RATE_GRANT_FIELD) if isinstance(request_dict, dict) else None
+    except (TypeError, ValueError, IndexError):
+        return  # not a Celery task's job: nothing of ours in it
     if not fields:
         return
-    main_pid, due, owner, rates = fields
-    late = time.monotonic() - due
-    if main_pid == os.getpid() or late <= STALE_GRANT:
-        return
-    logger.info(
-        "%s[%s] reached its pool process %.2fs after its rate grant: taking a fresh one "
-        "before it starts",
-        task.name,
-        task.request.id,
-        late,
-    )
-    wait_for_grant(parts_for(task.app).gate, conditions_of(rates), owner)
+    try:
+        main_pid, due, owner, rates = fields
+        late = time.monotonic() - due
+        if main_pid == os.getpid() or late <= STALE_GRANT:
+            return
+        logger.info(
+            "%s[%s] reached its pool process %.2fs after its rate grant: taking a fresh "
+            "one before it is accepted",
+            name,
+            task_id,
+            late,
+        )
+        app = current_app.tasks[name].app
+        wait_for_grant(parts_for(app).gate, conditions_of(rates), owner)
+    except Exception:  # never lose the job: it runs on its grant, and the error is logged
+        logger.exception("baton: %s[%s]: taking a fresh rate grant failed", name, task_id)
 
 
 def wait_for_grant(gate: Gate, conditions: Sequence[Condition], owner: str) -> None:
@@ -101,7 +122,3 @@ def wait_for_grant(gate: Gate, conditions: Sequence[Condition], owner: str) -> N
     gate.wait_for_grant(
         conditions, owner=owner, reserve=1.0, store_retry=_STORE_RETRY, subject="a fresh rate grant"
     )
-
-
-def install() -> None:
-    signals.task_prerun.connect(take_fresh_grant, weak=False, dispatch_uid="baton-rate-grant")
