@@ -41,6 +41,9 @@ class SoakConfig:
     url_in_env: bool = False
     #: Publish only these kinds of task (default: every kind): a focused soak.
     only: tuple[str, ...] = ()
+    #: How the workers run tasks (tests.soak.machines.WORKER_PROFILES), taken in turn by
+    #: each machine's worker starts: pools and settings under the same faults.
+    profiles: tuple[str, ...] = ("prefork",)
     #: Fault kind -> weight. Every kind listed in :meth:`Nemesis.faults`.
     weights: dict[str, float] = field(
         default_factory=lambda: {

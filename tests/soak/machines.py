@@ -32,11 +32,51 @@ APP = "tests.apps.soak"
 WATCH_INTERVAL = 0.2
 
 
+#: The ways Celery runs a task that the soak's workers take (issue 34): each assumption a
+#: mechanism makes of the pool (a free semaphore is a ready process, a pid names a
+#: process, one thread writes the channel, the time limits start at the accept) is met
+#: under faults. ``--time-limit`` is far above any soak task: the limits run, never fire.
+WORKER_PROFILES = ("prefork", "recycling", "autoscale", "time-limits", "threads", "gevent")
+
+
+def worker_profile_args(profile: str, concurrency: int) -> list[str]:
+    """The ``celery worker`` arguments of one profile of WORKER_PROFILES."""
+    if profile == "recycling":
+        return [
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(concurrency),
+            "--max-tasks-per-child",
+            "3",
+        ]
+    if profile == "autoscale":
+        return ["--pool", "prefork", "--autoscale", f"{concurrency},1"]
+    if profile == "time-limits":
+        return [
+            "--pool", "prefork", "--concurrency", str(concurrency),
+            "--time-limit", "120", "--soft-time-limit", "100",
+        ]  # fmt: skip
+    if profile in ("threads", "gevent", "prefork"):
+        return ["--pool", profile, "--concurrency", str(concurrency)]
+    raise ValueError(f"unknown worker profile {profile!r}; one of {WORKER_PROFILES}")
+
+
 class Machine:
     """One "machine": a worker and a beat that share nothing local with another machine."""
 
-    def __init__(self, index: int, root: Path, env: dict[str, str], concurrency: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        root: Path,
+        env: dict[str, str],
+        concurrency: int,
+        profiles: tuple[str, ...] = ("prefork",),
+    ) -> None:
         self.index = index
+        #: The ways Celery runs a task that this machine's workers take in turn (one per
+        #: start: a restarted worker comes back under the next), see WORKER_PROFILES.
+        self.profiles = profiles
         self.root = root / f"machine{index}"
         for sub in ("home", "tmp", "run", "cwd", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -67,15 +107,15 @@ class Machine:
 
     def start_worker(self) -> WorkerProcess:
         hostname = f"soak{self.index}@{socket.gethostname()}"
+        profile = self.profiles[(self.index + self._starts) % len(self.profiles)]
         cmd = [
             sys.executable, "-m", "celery", "-A", APP, "worker",
             "--hostname", hostname,
-            "--concurrency", str(self.concurrency),
-            "--pool", "prefork",
+            *worker_profile_args(profile, self.concurrency),
             "--loglevel", "INFO",
             "--without-heartbeat", "--without-gossip", "--without-mingle",
         ]  # fmt: skip
-        proc, log = self._spawn("worker", cmd)
+        proc, log = self._spawn(f"worker-{profile}-", cmd)
         self.worker = WorkerProcess(hostname, proc, log)
         self.pool_seen = set()
         self.every.append(self.worker)

@@ -47,7 +47,7 @@ from typing import Any
 from tests.soak.checker import Fault, Published, Report, check
 from tests.soak.config import PUBLISH_KINDS, SoakConfig
 from tests.soak.faults import Faults
-from tests.soak.machines import APP, Clock, Machine, Watcher
+from tests.soak.machines import APP, WORKER_PROFILES, Clock, Machine, Watcher
 from tests.soak.recording import Recorder, _dump
 from tests.soak.workload import Workload
 from tests.support import processes
@@ -125,7 +125,7 @@ class Nemesis(Faults, Workload, Watcher, Recorder):
         self.observer_db = self.observed.client(2)
         self.results_db = self.observed.client(1)
         for i in range(1, self.config.machines + 1):
-            machine = Machine(i, self.root, env, self.config.concurrency)
+            machine = Machine(i, self.root, env, self.config.concurrency, self.config.profiles)
             machine.start_worker()
             machine.start_beat()
             self.machines.append(machine)
@@ -275,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"publish only these kinds, comma-separated ({','.join(PUBLISH_KINDS)})",
     )
     parser.add_argument(
+        "--profiles",
+        default="prefork",
+        help="worker profiles the workers take in turn, comma-separated, or 'all' "
+        f"({','.join(WORKER_PROFILES)})",
+    )
+    parser.add_argument(
         "--faults",
         default="",
         help="inject only these fault kinds, comma-separated (default: all, see docs/soak.md)",
@@ -284,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(only) - set(PUBLISH_KINDS))
     if unknown:
         parser.error(f"--only: unknown kind(s) {unknown}; choose from {list(PUBLISH_KINDS)}")
+    profiles = WORKER_PROFILES if args.profiles == "all" else tuple(args.profiles.split(","))
+    unknown = sorted(set(profiles) - set(WORKER_PROFILES))
+    if unknown:
+        parser.error(f"--profiles: unknown {unknown}; choose from {list(WORKER_PROFILES)}")
     weights = SoakConfig(seed=0).weights
     faults = tuple(k for k in args.faults.split(",") if k)
     unknown = sorted(set(faults) - set(weights))
@@ -312,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             url_in_env=args.url_in_env,
             only=only,
             weights=weights,
+            profiles=profiles,
         )
         report = soak(config)
         print(report.summary(), flush=True)

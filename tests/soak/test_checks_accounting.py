@@ -258,3 +258,16 @@ def test_a_coalesced_beat_slot_with_no_later_run_fails() -> None:
         skips=[Skip("old", "misfire", int(3 * S), task="tests.apps.soak.tick")],
     )
     assert "no later slot ran" in report.violations["accounting"][0]
+
+
+def test_a_copy_of_a_coalesced_beat_slot_skipped_as_already_run_is_accounted_for() -> None:
+    tick = "tests.apps.soak.tick"
+    report = judge(
+        [run("beat:every1|5000", "new", 3.2, 3.3)],
+        published=[sent("new")],
+        skips=[
+            Skip("old", "misfire", int(3 * S), task=tick),
+            Skip("old", "already-run", int(3.1 * S), task=tick),
+        ],
+    )
+    assert report.ok, report.summary()
