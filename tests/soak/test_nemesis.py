@@ -1,7 +1,10 @@
 """The short nemesis soak: about two minutes of faults against real workers and beats.
 
 ``SOAK_SEED`` replays a seed (default: a new one each run, printed and named in the
-failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s).
+failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s);
+``SOAK_PROFILES`` the worker profiles the workers take in turn (default: all of
+tests.soak.machines.WORKER_PROFILES: prefork, recycling, autoscale, time limits,
+threads, gevent).
 Every fault of the long form is injected (the broker's SIGKILL restart too) and no
 finding is tolerated: the checker's known windows (docs/soak.md) are the only runs it
 excuses, each with its recorded reason. The workload is the deployment's, not a tidy
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.soak.machines import WORKER_PROFILES
 from tests.soak.nemesis import SoakConfig, soak
 
 
@@ -32,6 +36,8 @@ from tests.soak.nemesis import SoakConfig, soak
 def test_nemesis_soak() -> None:
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
     seconds = float(os.environ.get("SOAK_SECONDS", "100"))
+    # The workers take in turn every way Celery runs a task (SOAK_PROFILES: a list).
+    profiles = os.environ.get("SOAK_PROFILES", ",".join(WORKER_PROFILES)).split(",")
     print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
     # Logs outside pytest's rotating temporary directories: a failure's post-mortem needs them.
     logs = Path(tempfile.mkdtemp(prefix=f"baton-soak-{seed}-"))
@@ -39,7 +45,14 @@ def test_nemesis_soak() -> None:
     # after it must see the session's URLs again (their app modules read them on import).
     saved = dict(os.environ)
     try:
-        report = soak(SoakConfig(seed=seed, fault_seconds=seconds, drain_seconds=45, log_dir=logs))
+        config = SoakConfig(
+            seed=seed,
+            fault_seconds=seconds,
+            drain_seconds=45,
+            log_dir=logs,
+            profiles=tuple(profiles),
+        )
+        report = soak(config)
     finally:
         os.environ.clear()
         os.environ.update(saved)
