@@ -11,6 +11,18 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 
+
+@pytest.fixture(autouse=True)
+def no_shared_tasks_of_other_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each app here holds its own tasks only. A ``shared_task`` (Celery's default for
+    ``app.task``) of a test app imported earlier in this process joins every app
+    finalized after it, with options meant for its own app: an app of this module that
+    met one (a ``limits=`` its ``baton_limits`` lacks) failed on it, not on its own."""
+    import celery._state
+
+    monkeypatch.setattr(celery._state, "_on_app_finalizers", set())
+
+
 URL = "redis://127.0.0.1:1/0"  # never connected by these tests
 
 
