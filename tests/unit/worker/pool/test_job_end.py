@@ -31,7 +31,8 @@ def _pool(module: Any) -> Any:
     ("module", "name", "stops"),
     [
         (prefork, "prefork", True),
-        (gevent, "gevent", True),
+        # gevent's pool has a terminate_job of its own since Celery 5.5 (before: refused).
+        (gevent, "gevent", "terminate_job" in vars(gevent.TaskPool)),
         (eventlet, "eventlet", True),
         (thread, "threads", False),
         (solo, "solo", False),
