@@ -72,6 +72,11 @@ def test_unlock_a_task_or_all_after_asking(workers: Workers, observer: Observer)
     declined = _unlock(workers, "--task", uq_idle.name, "--force", answer="n\n")
     assert declined.returncode != 0 and "nothing freed" in declined.stderr, declined.stderr
     assert "3 unique claim(s)" in declined.stderr, declined.stderr
+    assert declined.stderr.count("unique ") >= 3, declined.stderr  # each listed first
+    # A task name typed wrong is said to be wrong, not "nothing to free" (a newcomer's
+    # first try, `proj.tasks.x` for `proj.x`, went unnoticed).
+    typo = _unlock(workers, "--task", uq_idle.name + "x", "--force", "--yes")
+    assert typo.returncode != 0 and f"did you mean {uq_idle.name}" in typo.stderr, typo.stderr
     assert len(as_json(workers, "locks")) == 4
 
     done = _unlock(workers, "--task", uq_idle.name, "--force", "--yes")

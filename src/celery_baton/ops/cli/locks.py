@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import click
@@ -12,6 +13,9 @@ from celery_baton.ops import state
 from celery_baton.ops.cli.group import baton, context_of
 from celery_baton.ops.cli.output import emit, fail, json_option, show, watch_option
 from celery_baton.store import inspect as store_inspect
+
+#: How many of the holders `unlock --task/--all` lists before it asks.
+SHOWN_BEFORE_ASKING = 20
 
 
 @baton.command()
@@ -101,10 +105,21 @@ def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes:
     except BatonError as exc:
         fail(exc)
     what = f"task {task_name}" if task_name else "this store"
+    if not rows and task_name is not None and task_name not in c.app.tasks:
+        # A name typed wrong frees nothing: say so, not "nothing to free".
+        names = [n for n in c.app.tasks if not n.startswith("celery.")]
+        close = difflib.get_close_matches(task_name, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
+        raise click.UsageError(f"this app has no task {task_name!r}{hint}")
     if not rows:
         emit(ctx, {"freed": [], "kept": []}, f"{what}: no lease or unique claim to free")
         return
     claims = sum(1 for r in rows if r.kind == "unique")
+    if not yes:  # what the question is about, before it is asked
+        for row in rows[:SHOWN_BEFORE_ASKING]:
+            click.echo(f"  {row.kind:<10} {row.label or row.key}  (task {row.task_id})", err=True)
+        if len(rows) > SHOWN_BEFORE_ASKING:
+            click.echo(f"  ... and {len(rows) - SHOWN_BEFORE_ASKING} more", err=True)
     question = (
         f"Free {len(rows) - claims} lease(s) and {claims} unique claim(s) of {what}"
         + ("" if force else " (those of live runs are kept: --force frees them too)")
