@@ -269,6 +269,11 @@ class PipelinedChannel:
 
     def _on_notified(self, *args: Any) -> None:
         """On the loop: the connector finished, or calls were made on other threads."""
+        # The loop's thread is the one that reads this pipe. The channel is built where
+        # the worker is built, which need not be where its loop runs (Celery's test
+        # worker, celery.contrib.testing, builds it on the test's thread and runs it on
+        # another): every call made on the loop was handed over again, and none sent.
+        self._loop_thread = threading.get_ident()
         with contextlib.suppress(OSError):
             os.read(self._notify_r, 4096)
         self._on_connected()
