@@ -195,7 +195,9 @@ def test_a_worker_holding_a_request_lives_through_a_broker_crash(
     from tests.apps.exclusive import ex_wait
 
     worker = workers.start(APP, concurrency=2)
-    ex_wait.delay("broker-crash", 4.0)
+    # Long enough that the second is still held when the worker reconnects (with 4 s, a
+    # loaded machine's reconnect came after the first ended and the second ran).
+    ex_wait.delay("broker-crash", 10.0)
     wait_until(lambda: observer.running("broker-crash") == 1, 20, "the first run")
     second = ex_wait.delay("broker-crash", 0)
     wait_until(lambda: f"[{second.id}] held for" in worker.log_text(), 20, "the second held")
