@@ -31,6 +31,10 @@ def test_the_cli_cancels_by_id_and_by_key(workers: Workers, observer: Observer) 
     assert "cancelled tests.apps.cancel.keyed" in done.stdout
     bad = baton(workers, "cancel", "--task", cancel.keyed.name, "--key", '{"nope": 2}', app=APP)
     assert bad.returncode != 0 and "nope" in (bad.stderr + bad.stdout)
+    typo = baton(
+        workers, "cancel", "--task", cancel.keyed.name + "x", "--key", '{"account_id": 9}', app=APP
+    )
+    assert typo.returncode != 0 and f"did you mean {cancel.keyed.name}" in typo.stderr, typo.stderr
 
     workers.start(APP, concurrency=1)
     kept.get(timeout=30)

@@ -42,6 +42,8 @@ def cancel(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--key") from None
     if (task_id is None) == (task_name is None and key is None):
         raise click.UsageError("give TASK_ID, or --task NAME --key JSON")
+    if task_name is not None:  # a name typed wrong would cancel nothing, silently
+        c.refuse_unknown_task(task_name)
     try:
         done = cancel_calls(
             c.parts,

@@ -3,6 +3,7 @@ settings and its store (:class:`Context`, the read model's ``Source``)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 from collections.abc import Mapping
@@ -34,6 +35,16 @@ class Context:
         # An operator's look never starts an embedded server: with no URL set it reads
         # the one running on this machine, if any.
         return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
+
+    def refuse_unknown_task(self, name: str) -> None:
+        """A task name this app does not have (typed wrong, `proj.tasks.x` for `proj.x`)
+        is refused with the names near it, not taken as "nothing there"."""
+        if name in self.app.tasks:
+            return
+        names = [n for n in self.app.tasks if not n.startswith("celery.")]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
+        raise click.UsageError(f"this app has no task {name!r}{hint}")
 
     def policies(self) -> Mapping[str, tuple[Any, TaskPolicy]]:
         result = {}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import click
@@ -105,12 +104,8 @@ def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes:
     except BatonError as exc:
         fail(exc)
     what = f"task {task_name}" if task_name else "this store"
-    if not rows and task_name is not None and task_name not in c.app.tasks:
-        # A name typed wrong frees nothing: say so, not "nothing to free".
-        names = [n for n in c.app.tasks if not n.startswith("celery.")]
-        close = difflib.get_close_matches(task_name, names, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
-        raise click.UsageError(f"this app has no task {task_name!r}{hint}")
+    if not rows and task_name is not None:  # a task gone from the app may still hold keys
+        c.refuse_unknown_task(task_name)
     if not rows:
         emit(ctx, {"freed": [], "kept": []}, f"{what}: no lease or unique claim to free")
         return
