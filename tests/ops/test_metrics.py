@@ -42,7 +42,8 @@ def test_worker_serves_counters(workers: Workers, observer: Observer) -> None:
     port = free_port()
     workers.start(APP, concurrency=2, env={"BATON_TEST_METRICS_PORT": str(port)})
     first = ex_skip.delay("metrics", 1.5)
-    observer.starts_of("metrics", 1, timeout=3)  # it holds the key: the duplicate skips
+    # 20 s: a store this worker finds new holds the first lease for its grace (8 s).
+    observer.starts_of("metrics", 1, timeout=20)  # it holds the key: the duplicate skips
     duplicate = ex_skip.delay("metrics", 0)
     waiting = [ex_wait.delay("mwait", 0.3) for _ in range(2)]
     assert first.get(timeout=20) and all(r.get(timeout=20) for r in waiting)
