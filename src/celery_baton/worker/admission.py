@@ -298,9 +298,18 @@ class Admission:
         )
         cancelled = self.cancelling is not None and self.cancelling.known(delivery.request)
         if now - delivery.asked_at > self.ahead.bound or stale_hold or cancelled:
-            self.releasing.give_back(delivery.plan)
+            self._give_back_ahead(delivery)
             return None
         return granted
+
+    def _give_back_ahead(self, delivery: Delivery) -> None:
+        """Give back a grant asked ahead that will not be used; the delivery's next ask
+        is made as a new owner. A release compares only the owner, and it may reach the
+        store after that next ask (a Cluster's or a pool thread's releases go out from a
+        background thread, asks at once; a failed release is sent again later): under
+        the same owner it would free the new grant while its run goes on."""
+        self.releasing.give_back(delivery.plan)
+        delivery.plan = delivery.plan.with_owner(self.planner.new_owner(delivery.request))
 
     def _ahead_expired(self, delivery: Delivery) -> None:
         # The timer: no slot within the bound; the grant goes back. Nothing may escape.
@@ -311,7 +320,7 @@ class Admission:
                     return
                 delivery.ahead = None
                 self.ahead.done_with(delivery)
-                self.releasing.give_back(delivery.plan)
+                self._give_back_ahead(delivery)
         except Exception:
             logger.exception(
                 "baton: giving back %s[%s]'s grant failed",
