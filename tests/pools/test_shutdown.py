@@ -73,3 +73,26 @@ def test_a_run_ending_in_a_warm_shutdown_frees_its_key_at_once(
     observer.runs_of("t", 1, timeout=5)  # it ended
     held = _held(store_server)
     assert held == {}, f"{pool}: held after the run (ms left, holders): {held}"
+
+
+def test_a_release_the_store_cannot_take_at_shutdown_is_named(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """The store stands still (SIGSTOP) while a run ends in a warm shutdown: its release
+    cannot be sent, and the worker exits without it. Its key then frees only when its
+    lease runs out: the worker says so, naming the key (it said nothing before)."""
+    from tests.apps.pools import STOPPABLE_QUEUE, stoppable
+
+    worker = workers.start(APP, pool="prefork", concurrency=2, queues=STOPPABLE_QUEUE)
+    stoppable.delay("named", 0, 1.5)
+    observer.starts_of("named")
+    store_server.pause()
+    try:
+        assert worker.stop(timeout=60) == 0
+    finally:
+        store_server.resume()
+    log = worker.log_text()
+    assert "baton:{tests.apps.pools.stoppable}:ex:" in log.split("Warm shutdown")[-1], (
+        worker.log_tail()
+    )
+    assert "lease_ttl" in log, worker.log_tail()

@@ -25,7 +25,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 from celery_baton import metrics
@@ -156,7 +156,9 @@ class LeaseBook:
         # as the key in words (keys.words) by this thread, off the consumer's loop.
         self._labels: dict[str, Mapping[str, str]] = {}
         self._unlabelled: list[str] = []  # owners whose labels are not written yet
-        self._pending_releases: list[Callable[[], object]] = []
+        # Releases that failed (the store down), retried by the renewer: each with the
+        # keys it frees (said if the worker stops before they were sent).
+        self._pending_releases: list[tuple[Callable[[], object], tuple[str, ...]]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -227,10 +229,16 @@ class LeaseBook:
         metrics.leases_now.set(len(held))
         return held
 
-    def retry_later(self, release: Callable[[], object]) -> None:
-        """Queue a release that failed (store down) to be retried by the renewer."""
+    def retry_later(self, release: Callable[[], object], keys: Sequence[str] = ()) -> None:
+        """Queue a release that failed (store down) to be retried by the renewer;
+        ``keys``: the lease keys it frees."""
         with self._lock:
-            self._pending_releases.append(release)
+            self._pending_releases.append((release, tuple(keys)))
+
+    def unsent_keys(self) -> list[str]:
+        """The lease keys of the releases still waiting to be sent."""
+        with self._lock:
+            return [key for _, keys in self._pending_releases for key in keys]
 
     def renew_now(self) -> None:
         held = self.held()
@@ -250,7 +258,12 @@ class LeaseBook:
                     if current is None:
                         if renewal.status == REASSERTED:
                             self._pending_releases.append(
-                                functools.partial(self.gate.release, [lease.key], owner=lease.owner)
+                                (
+                                    functools.partial(
+                                        self.gate.release, [lease.key], owner=lease.owner
+                                    ),
+                                    (lease.key,),
+                                )
                             )
                         continue
                     if renewal.status == LOST:
@@ -281,7 +294,7 @@ class LeaseBook:
         self._keep_claims()
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []
-        for i, release in enumerate(pending):
+        for i, (release, _keys) in enumerate(pending):
             try:
                 release()
             except BatonError:

@@ -11,7 +11,6 @@ what is held and release what is owed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -362,8 +361,21 @@ class BatonWorker:
         self.releasing.run_after_acks()  # and those that waited for their ack
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below
-        with contextlib.suppress(BatonError):
+        try:
             self.book.renew_now()  # retries releases that failed
+        except BatonError as exc:
+            keys = self.book.unsent_keys()
+            if keys:
+                # Nothing is lost (a lease cannot outlive its lease_ttl), but a key the
+                # operator sees held after the worker stopped must be explained.
+                logger.warning(
+                    "baton: the store did not take %d releases at shutdown (%s): %s stay "
+                    "held until their lease_ttl runs out (`celery baton unlock` frees one "
+                    "now)",
+                    len(keys),
+                    exc,
+                    ", ".join(sorted(set(keys))),
+                )
         self.book.stop()
         # A clean stop leaves `celery baton status` at once, not when its report expires.
         self.reports.remove(parent.hostname)

@@ -58,7 +58,7 @@ class UnsentReleases:
                 raise gate.store.unavailable(exc) from exc
             gate.release_many([release])
 
-        self.book.retry_later(send)
+        self.book.retry_later(send, release.lease_keys)
 
     def store_answered(self) -> None:
         """The store answered: send the releases that waited for it."""
@@ -81,7 +81,9 @@ class UnsentReleases:
         waiting, self._waiting = self._waiting, []
         gate = self.channel.gate
         for release in waiting:
-            self.book.retry_later(functools.partial(gate.release_many, [release]))
+            self.book.retry_later(
+                functools.partial(gate.release_many, [release]), release.lease_keys
+            )
 
     def _arm_probe(self) -> None:
         if not self._probe_armed:
