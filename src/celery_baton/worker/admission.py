@@ -42,7 +42,7 @@ from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
-from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker import flow, misfire, ordering, outcomes
 from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
@@ -104,7 +104,7 @@ class Admission:
             hold_max=settings.hold_max,
             horizon=horizon,
             stats=self.stats,
-            rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
+            rank=functools.partial(_rank, lower_first=lower_priority_first),
             on_held=self.events.held,
             window=window,
         )
@@ -454,6 +454,8 @@ class Admission:
         now = time.monotonic()
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
+        if decision.note:
+            ordering.follow_note(request, delivery.plan, decision)
         outcome = verdict(
             decision,
             delivery.plan,
@@ -620,4 +622,19 @@ class Admission:
             return self.holding.forget()
 
 
-FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN, Reason.MISFIRE)
+def _rank(request: Any, *, lower_first: bool) -> float | None:
+    """A held request's place in its wait queue: an ordered call's position (its key's
+    queue holds nothing else), else its message's priority."""
+    position = ordering.rank(request)
+    if position is not None:
+        return position
+    return outcomes.urgency(request, lower_first=lower_first)
+
+
+FREES_UNIQUE = (
+    Reason.EXCLUSIVE,
+    Reason.SUPERSEDED,
+    Reason.ALREADY_RUN,
+    Reason.MISFIRE,
+    Reason.OUT_OF_ORDER,
+)

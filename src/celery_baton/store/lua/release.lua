@@ -18,6 +18,15 @@
 -- ARGV[8]     (with ARGV[3] > 0, optional) a scheduled beat slot: "<slot> <the fired
 --             slot before it, or nothing>" (ms); KEYS[n+1] is then its entry's run
 --             record, not a task id's done marker
+-- ARGV[9]     (optional; ARGV[6..8] then given, '' when unused) an ordered call's end
+--             (ordered=, gate/ordered.lua): "<epoch> <position> <final 1|0> <hold ms>";
+--             KEYS[last] is then its key's order record, and ARGV[10] the key's lease,
+--             announced on the notice channel when the position advanced and a call
+--             waits. Final: the next position's turn (q = position + 1; its gap clock
+--             starts now). Not final (a retry, a message that comes back): the position
+--             keeps its turn, its gap clock restarting <hold ms> from now (when the retry
+--             is due). Only while the position is q under that epoch: a call skipped by the
+--             gap bound, or of a lost record, moves nothing.
 -- returns     number of leases this owner actually held and freed
 --
 -- The done marker is a sorted set of the task id's publishes that finished: member the
@@ -120,6 +129,23 @@ if unique_owner ~= '' then
     end
   elseif holder == unique_owner then
     redis.call('DEL', KEYS[next_key])
+  end
+end
+local order = ARGV[9] or ''
+if order ~= '' then
+  local record = KEYS[#KEYS]
+  local epoch, seq, final, hold_ms = string.match(order, '^(%d+) (%d+) (%d) (%d+)$')
+  local now = call('HMGET', record, 'e', 'q', 'n')
+  if now[1] == epoch and now[2] == seq then
+    local t = call('TIME')
+    local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+    if final == '1' then
+      call('HSET', record, 'q', string.format('%d', tonumber(seq) + 1), 't',
+        string.format('%d', now_ms))
+      if call('HDEL', record, 'w') == 1 then call('PUBLISH', ARGV[5], ARGV[10]) end
+    else
+      call('HSET', record, 't', string.format('%d', now_ms + tonumber(hold_ms)))
+    end
   end
 end
 return freed
