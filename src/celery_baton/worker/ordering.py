@@ -95,6 +95,14 @@ def retry_in(exc: Any) -> float:
     return 0.0
 
 
+def end_place(plan: RunPlan) -> str:
+    """``"<epoch> <position>"`` of an ordered run, for its end's record ('' : none)."""
+    place = Place.parse(plan.order_place)
+    if plan.order_key is None or place is None or plan.exclusive_key is None:
+        return ""
+    return f"{place.epoch} {place.position}"
+
+
 def with_end(release: Release, request: Any, plan: RunPlan, *, final: bool) -> Release:
     """``release`` with what the run's end tells its key's line: final, the next
     position's turn; else (a retry, a message that comes back) it keeps its place, its
