@@ -297,10 +297,10 @@ def _stamp_place(
             options["headers"] = {**headers, ORDERED_HEADER: kept}
             return
     try:
-        key_digest = policy.ordered_digest(args or (), kwargs or {})
+        key_digest, material = policy.ordered_key(args or (), kwargs or {})
     except KeySpecError:
         return  # the worker refuses the message, with the reason
-    place = parts.ordered.take(name, key_digest)
+    place = parts.ordered.take(name, key_digest, material)
     options["headers"] = {**headers, ORDERED_HEADER: place.header()}
 
 

@@ -65,3 +65,13 @@ def ord_retry(self: Task, key: str, n: int, countdown: float = 1.0) -> int:
     if n == 0 and self.request.retries == 0:
         raise self.retry(countdown=countdown)
     return n
+
+
+@app.task(bind=True, ordered="key")
+def ord_replaced(self: Task, key: str, n: int) -> int:
+    """Call ``n`` of ``key``; below 100 it replaces itself by call ``n + 100`` of the
+    same key (``Task.replace``: the same task id, a new publish)."""
+    observer().run(key, None, task_id=self.request.id)
+    if n < 100:
+        raise self.replace(ord_replaced.si(key, n + 100))
+    return n

@@ -88,5 +88,5 @@ def test_an_ordered_call_takes_no_eta_or_countdown() -> None:
 
     _check_ordered_call("bank.apply_event", {"task_id": "x"})
     for option in ({"countdown": 5}, {"eta": time.time()}, {"countdown": 0}):
-        with pytest.raises(ConfigError, match="bank.apply_event: an ordered call takes no eta"):
+        with pytest.raises(ConfigError, match=r"bank\.apply_event: an ordered call takes no eta"):
             _check_ordered_call("bank.apply_event", {"task_id": "x", **option})

@@ -120,15 +120,15 @@ class OrderedStamps:
         self.store = store
         self.names = names
 
-    def take(self, task: str, key_digest: str) -> Place:
+    def take(self, task: str, key_digest: str, label: str = "") -> Place:
         """The next place of ``task``'s ordered key ``key_digest``; raises
         StoreUnavailable (the call is then not sent: sent without a place, it could run
-        out of order)."""
+        out of order). ``label``: the key in words, kept for the operator."""
         try:
             epoch, position = self.store.scripts.call(
                 "ordered_stamp",
                 [self.names.ordered(task, key_digest)],
-                [round(RECORD_LIFE * 1000)],
+                [round(RECORD_LIFE * 1000), label],
             )
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc

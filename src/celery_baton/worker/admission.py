@@ -105,6 +105,7 @@ class Admission:
             horizon=horizon,
             stats=self.stats,
             rank=functools.partial(_rank, lower_first=lower_priority_first),
+            strict_rank=ordering.is_ordered,
             on_held=self.events.held,
             window=window,
         )
@@ -352,12 +353,12 @@ class Admission:
         twice at once."""
         request = delivery.request
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
-            self.holding.release(delivery)
+            self._unrun(delivery)
             return
         if self.cancelling is not None:
             why = self.cancelling.known(request) if delivery.held else None
             if why is not None:  # cancelled while held (this worker was told)
-                self.holding.release(delivery)
+                self._unrun(delivery)
                 self.cancelling.revoke(request, why)
                 return
             if not self.cancelling.in_gate and self.cancelling.watch.ids_live():
@@ -448,7 +449,7 @@ class Admission:
         request = delivery.request
         if isinstance(decision.denied_by, NotCancelled):  # baton.cancel: never runs
             assert self.cancelling is not None
-            self.holding.release(delivery)
+            self._unrun(delivery)
             self.cancelling.revoke(request, "cancelled by id")
             return
         now = time.monotonic()
@@ -530,7 +531,7 @@ class Admission:
                     if delivery.generation != self.generation:
                         return
                     if cancelled is True:
-                        self.holding.release(delivery)
+                        self._unrun(delivery)
                         assert self.cancelling is not None
                         self.cancelling.revoke(delivery.request, "cancelled by id")
                     else:
@@ -545,8 +546,17 @@ class Admission:
 
     # -- outcomes -------------------------------------------------------------------
 
-    def _skip(self, delivery: Delivery, skip: Skip) -> None:
+    def _unrun(self, delivery: Delivery) -> None:
+        """``delivery`` leaves without running (skipped, revoked, cancelled): an ordered
+        call's turn passes to the next call, now or when the line reaches it, rather
+        than holding its key for the gap bound (worker/ordering.py)."""
         self.holding.release(delivery)
+        passed = ordering.passed(delivery.plan)
+        if passed is not None:
+            self.releasing.channel.release(passed)
+
+    def _skip(self, delivery: Delivery, skip: Skip) -> None:
+        self._unrun(delivery)
         self.stats["skipped"] += 1
         self.events.skipped(delivery, skip)
         outcomes.skip(delivery.request, skip)
@@ -603,7 +613,7 @@ class Admission:
                         continue
                     why = self.cancelling.known(delivery.request)
                     if why is not None:
-                        self.holding.release(delivery)
+                        self._unrun(delivery)
                         self.cancelling.revoke(delivery.request, why)
         except Exception:  # on the loop: never raise there
             logger.exception("baton: dropping cancelled held requests failed")

@@ -37,6 +37,11 @@ def rank(request: Any) -> float | None:
     return None if place is None else -float(place.position)
 
 
+def is_ordered(request: Any) -> bool:
+    """Whether ``request`` is an ordered call with its place (its rank is its position)."""
+    return Place.parse(request.request_dict.get(ORDERED_HEADER)) is not None
+
+
 def follow_note(request: Any, plan: RunPlan, decision: Decision) -> None:
     """What the gate's turn did besides passing or refusing: a place given to an
     unstamped message (kept for its later asks and its end), positions skipped by the
@@ -60,16 +65,16 @@ def follow_note(request: Any, plan: RunPlan, decision: Decision) -> None:
             label,
             note.assigned.position,
         )
-    if note.skipped is not None and decision.granted:
+    if note.skipped is not None:
+        # Said by the worker whose ask made the skip (once: the store wrote it then).
         logger.warning(
             "baton: ordered key %s of %s skipped position %s: its call did not come within "
             "ordered_gap_timeout (expired, revoked or lost before a worker took it); "
-            "%s[%s] runs next, and the skipped call is refused if it comes",
+            "position %d runs next, and a skipped call is refused if it comes",
             label,
             request.name,
             positions(note.skipped),
-            request.name,
-            request.id,
+            note.skipped[1] + 1,
         )
     if note.lost and decision.granted:
         logger.warning(
@@ -101,6 +106,22 @@ def end_place(plan: RunPlan) -> str:
     if plan.order_key is None or place is None or plan.exclusive_key is None:
         return ""
     return f"{place.epoch} {place.position}"
+
+
+def passed(plan: RunPlan) -> Release | None:
+    """The release that passes an ordered call's turn without a run (it was skipped,
+    revoked or cancelled): its position is given up, now if it is next, else when the
+    line reaches it (release.lua). None: not an ordered call with a place."""
+    place = Place.parse(plan.order_place)
+    if plan.order_key is None or place is None or plan.exclusive_key is None:
+        return None
+    return Release(
+        (),
+        plan.owner,
+        order=f"{place.epoch} {place.position} 2 0",
+        order_key=plan.order_key,
+        order_lease=plan.exclusive_key,
+    )
 
 
 def with_end(release: Release, request: Any, plan: RunPlan, *, final: bool) -> Release:

@@ -225,3 +225,11 @@ def test_an_ordered_waiter_ranks_by_its_position() -> None:
         Request({"baton_ordered": "1700:4"})
     )  # type: ignore[operator]
     assert ordering.rank(Request({})) is None
+
+
+def test_a_call_that_leaves_without_running_gives_up_its_position() -> None:
+    plan = plan_of()
+    passed = ordering.passed(plan)
+    assert passed is not None and passed.lease_keys == ()
+    assert passed.order == "1700 7 2 0" and passed.order_key == plan.order_key
+    assert ordering.passed(plan_of(place="")) is None

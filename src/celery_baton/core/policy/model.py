@@ -149,10 +149,12 @@ class TaskPolicy:
             return digest(self.call_exclusive)
         return digest(self.exclusive.material(args, kwargs))
 
-    def ordered_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        """The digest naming this call's ordered key; raises KeySpecError."""
+    def ordered_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """The digest naming this call's ordered key, and the text it was made of;
+        raises KeySpecError."""
         assert self.ordered is not None
-        return digest(self.ordered.material(args, kwargs))
+        material = self.ordered.material(args, kwargs)
+        return digest(material), material
 
     def freed_at_end(self, plan: RunPlan) -> str | None:
         """The unique key ``plan``'s run frees when it ends for good (None: it has none,

@@ -19,14 +19,17 @@
 --             slot before it, or nothing>" (ms); KEYS[n+1] is then its entry's run
 --             record, not a task id's done marker
 -- ARGV[9]     (optional; ARGV[6..8] then given, '' when unused) an ordered call's end
---             (ordered=, gate/ordered.lua): "<epoch> <position> <final 1|0> <hold ms>";
+--             (ordered=, gate/ordered.lua): "<epoch> <position> <final 2|1|0> <hold ms>";
 --             KEYS[last] is then its key's order record, and ARGV[10] the key's lease,
 --             announced on the notice channel when the position advanced and a call
 --             waits. Final: the next position's turn (q = position + 1; its gap clock
 --             starts now). Not final (a retry, a message that comes back): the position
 --             keeps its turn, its gap clock restarting <hold ms> from now (when the retry
---             is due). Only while the position is q under that epoch: a call skipped by the
---             gap bound, or of a lost record, moves nothing.
+--             is due). 2: the call left without a run (skipped, revoked, cancelled): its
+--             position is given up, now if it is q, else marked ("d:<position>") and passed
+--             over when q reaches it. Only under that epoch, and only a position not passed:
+--             a call skipped by the gap bound, or of a lost record, moves nothing. Passing
+--             q moves it over every given-up position after it.
 -- returns     number of leases this owner actually held and freed
 --
 -- The done marker is a sorted set of the task id's publishes that finished: member the
@@ -135,13 +138,16 @@ local order = ARGV[9] or ''
 if order ~= '' then
   local record = KEYS[#KEYS]
   local epoch, seq, final, hold_ms = string.match(order, '^(%d+) (%d+) (%d) (%d+)$')
-  local now = call('HMGET', record, 'e', 'q', 'n')
-  if now[1] == epoch and now[2] == seq then
+  local now = call('HMGET', record, 'e', 'q')
+  if now[1] == epoch and final == '2' and tonumber(seq) > tonumber(now[2]) then
+    call('HSET', record, 'd:' .. seq, '1')  -- given up before its turn
+  elseif now[1] == epoch and now[2] == seq then
     local t = call('TIME')
     local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-    if final == '1' then
-      call('HSET', record, 'q', string.format('%d', tonumber(seq) + 1), 't',
-        string.format('%d', now_ms))
+    if final ~= '0' then
+      local q = tonumber(seq) + 1
+      while call('HDEL', record, 'd:' .. q) == 1 do q = q + 1 end
+      call('HSET', record, 'q', string.format('%d', q), 't', string.format('%d', now_ms))
       if call('HDEL', record, 'w') == 1 then call('PUBLISH', ARGV[5], ARGV[10]) end
     else
       call('HSET', record, 't', string.format('%d', now_ms + tonumber(hold_ms)))

@@ -5,6 +5,9 @@
 --   w  set while a call waits (release.lua announces the advance then)
 --   g  positions skipped so far   gl  the last skip, "<from>-<to> <ms>"
 --   s  the latest skipped ranges, "<from>-<to>,...", to tell a late call why it is late
+--   p:<position>  a waiting call of that position is present until then (ms): it asked
+--      and was denied, and asks again within its presence
+--   d:<position>  that call left without a run before its turn (release.lua passes it)
 -- KEYS[i+1] the key's exclusive lease (condition i+1, an "L": one run at a time).
 -- a = "<epoch>:<position>" from the publish ('' : a message without one, given the next
 -- position here, and returned in `note` as "assigned <epoch>:<position>");
@@ -13,12 +16,14 @@
 -- q's call ends for good (release.lua advances q, and wakes the waiters), retry_after:
 -- until the lease of a running call would run out, else until the gap bound: a position
 -- whose call has not run for the bound (no lease on the key since q became next, or since
--- its last lease ran out, or since its retry was due) is skipped, and the asking call
--- passes (note "skip <from>-<to>"). An earlier position than q is denied for good
+-- its last lease ran out, or since its retry was due) is skipped, up to the first
+-- position whose call is present (note "skip <from>-<to>", written at once, whatever
+-- the conditions after it say): the asking call passes when it is that first one, else
+-- waits for it. An earlier position than q is denied for good
 -- (retry_after -1, holder "gap <q>" when it was skipped, "ran <q>" else). A message whose
 -- epoch is not the record's (the record was lost: the store restarted empty, or it
 -- expired) passes, note "lost": it runs in arrival order, one at a time.
--- Its write: {'Q', key, position, skipped from or nil, record life ms}
+-- Its write: {'Q', key, position, record life ms}: the position's presence goes.
 --: check
   elseif kind == 'Q' then
     local gap_ms, life_ms = string.match(b, '^(%d+) (%d+)$')
@@ -35,7 +40,7 @@
     end
     if seq and epoch ~= rec[1] then
       note = 'lost'
-      writes[#writes + 1] = {'Q', key, 0, nil, life_ms}
+      writes[#writes + 1] = {'Q', key, 0, life_ms}
     else
       if not seq then
         seq = call('HINCRBY', key, 'n', 1)
@@ -49,7 +54,6 @@
         end
         return {0, i, -1, format('%s %d', why, q), assigned, note}
       end
-      local skip_from = nil
       if seq > q then
         -- Someone else's turn. Its call runs while it holds the lease; else the gap
         -- clock runs from the latest of: q became next, its retry was due, its
@@ -68,35 +72,56 @@
           since = latest
           call('HSET', key, 't', format('%d', latest))
         end
-        call('HSET', key, 'w', '1')
+        -- This call waits, and is present ("p:<position>") for as long as it asks again
+        -- within a lease ttl or a gap bound: the gap bound never skips a present call.
+        local presence_ms = 2 * math.max(ttl_ms, gap_ms, 1000)
+        call('HSET', key, 'w', '1', 'p:' .. seq, format('%d', now_ms + presence_ms))
         if live_until > 0 then
           return {0, i, (live_until - now_ms) * 1000, format('wait %d', q), assigned, note}
         end
         if since + gap_ms > now_ms then
           return {0, i, (since + gap_ms - now_ms) * 1000, format('wait %d', q), assigned, note}
         end
-        skip_from = q
-        note = format('skip %d-%d', q, seq - 1)
+        -- The gap bound passed: skip the positions up to the first that waits (a call
+        -- that asked within its presence), which is this one or an earlier one.
+        local first = seq
+        local fields = call('HGETALL', key)
+        for j = 1, #fields, 2 do
+          local dead = string.match(fields[j], '^d:(%d+)$')
+          if dead and tonumber(dead) < q then call('HDEL', key, fields[j]) end
+          local waiting = string.match(fields[j], '^p:(%d+)$')
+          if waiting then
+            waiting = tonumber(waiting)
+            if tonumber(fields[j + 1]) <= now_ms or waiting < q then
+              call('HDEL', key, fields[j])  -- gone quiet (its worker died), or passed
+            elseif waiting < first then
+              first = waiting
+            end
+          end
+        end
+        if first > q then
+          -- Positions q..first-1 are skipped: q moves on, the skip is recorded.
+          local ranges = format('%d-%d', q, first - 1)
+          local n_kept = 0
+          for range in string.gmatch(rec[4] or '', '[^,]+') do
+            n_kept = n_kept + 1
+            if n_kept < 64 then ranges = ranges .. ',' .. range end
+          end
+          call('HSET', key, 'q', format('%d', first), 's', ranges,
+            'gl', format('%d-%d %d', q, first - 1, now_ms), 't', format('%d', now_ms))
+          call('HINCRBY', key, 'g', first - q)
+          note = format('skip %d-%d', q, first - 1)
+        end
+        if first < seq then
+          -- An earlier call waits: its turn now (it asks at its own timer, due now).
+          return {0, i, gap_ms * 1000, format('wait %d', first), assigned, note}
+        end
       end
-      writes[#writes + 1] = {'Q', key, seq, skip_from, life_ms}
+      writes[#writes + 1] = {'Q', key, seq, life_ms}
     end
 --: write
   elseif w[1] == 'Q' then
-    -- Its turn taken: a skip moves q past the missing positions (their calls, if they
-    -- come, are refused) and says so in the record, for `celery baton locks`.
-    if w[4] then
-      local from, to = w[4], w[3] - 1
-      local ranges = format('%d-%d', from, to)
-      local kept = call('HGET', key, 's')
-      if kept then
-        local n_kept = 0
-        for range in string.gmatch(kept, '[^,]+') do
-          n_kept = n_kept + 1
-          if n_kept < 64 then ranges = ranges .. ',' .. range end
-        end
-      end
-      call('HSET', key, 'q', format('%d', w[3]), 's', ranges,
-        'gl', format('%d-%d %d', from, to, now_ms))
-      call('HINCRBY', key, 'g', to - from + 1)
+    if w[3] > 0 then
+      call('HDEL', key, 'p:' .. w[3])
+      call('PEXPIRE', key, w[4])
     end
-    if w[3] > 0 then call('PEXPIRE', key, w[5]) end
