@@ -27,7 +27,10 @@
 --             keeps its turn, its gap clock restarting <hold ms> from now (when the retry
 --             is due). 2: the call left without a run (skipped, revoked, cancelled): its
 --             position is given up, now if it is q, else marked ("d:<position>") and passed
---             over when q reaches it. Only under that epoch, and only a position not passed:
+--             over when q reaches it. 3: final, recorded by the run's pool process while
+--             its lease is held: q moves, and the waiters are woken by the release of the
+--             lease (a "1" that finds q moved already). Only under that epoch, and only a
+--             position not passed:
 --             a call skipped by the gap bound, or of a lost record, moves nothing. Passing
 --             q moves it over every given-up position after it.
 -- returns     number of leases this owner actually held and freed
@@ -148,10 +151,18 @@ if order ~= '' then
       local q = tonumber(seq) + 1
       while call('HDEL', record, 'd:' .. q) == 1 do q = q + 1 end
       call('HSET', record, 'q', string.format('%d', q), 't', string.format('%d', now_ms))
-      if call('HDEL', record, 'w') == 1 then call('PUBLISH', ARGV[5], ARGV[10]) end
+      -- "3": recorded by the run's pool process, its lease still held: the waiters are
+      -- woken when its worker frees the lease (below), not now, to find it held.
+      if final ~= '3' and call('HDEL', record, 'w') == 1 then
+        call('PUBLISH', ARGV[5], ARGV[10])
+      end
     else
       call('HSET', record, 't', string.format('%d', now_ms + tonumber(hold_ms)))
     end
+  elseif now[1] == epoch and final == '1' and freed > 0 then
+    -- Its pool process moved the line already; its lease is free now: the next call's
+    -- turn has come.
+    if call('HDEL', record, 'w') == 1 then call('PUBLISH', ARGV[5], ARGV[10]) end
   end
 end
 return freed

@@ -101,7 +101,7 @@ class RunEnd:
                     self.retention,
                     done_stamp=attempt_stamp(self.stamp, self.attempt),
                 )
-            return self._ordered(retried, final=False, hold=ordering.retry_in(exc))
+            return self._ordered(retried, end="0", hold=ordering.retry_in(exc))
         if state == states.REJECTED and getattr(exc, "requeue", False) and acks_late:
             return None  # back to the broker, to run again
         if state not in (states.SUCCESS, states.FAILURE, states.IGNORED, states.REJECTED):
@@ -116,15 +116,17 @@ class RunEnd:
             done_stamp=self.stamp,
             done_link=self.link,
         )
-        return self._ordered(ended, final=True, hold=0.0)
+        # "3": final, its lease still held (its worker frees it, and wakes the next call).
+        return self._ordered(ended, end="3", hold=0.0)
 
-    def _ordered(self, release: Release | None, *, final: bool, hold: float) -> Release | None:
-        """``release`` with the end of an ordered call (worker/ordering.py)."""
+    def _ordered(self, release: Release | None, *, end: str, hold: float) -> Release | None:
+        """``release`` with the end of an ordered call (worker/ordering.py; release.lua
+        says what ``end`` means)."""
         if not self.place:
             return release
         return dataclasses.replace(
             release or Release((), self.owner),
-            order=f"{self.place} {1 if final else 0} {round(hold * 1000)}",
+            order=f"{self.place} {end} {round(hold * 1000)}",
             order_key=self.order_key,
             order_lease=self.order_lease,
         )
