@@ -124,6 +124,14 @@ def _cancel_key(
     spec = None
     if known is not None:  # a task of this app: its arguments are known, check the names
         spec = KeySpec.build(list(key), known.run, subject=f"baton.cancel({name})")
+    else:
+        # Kept: a publisher may send tasks by name without importing them. But a name
+        # typed wrong cancels nothing, so say it (the CLI refuses such a name).
+        logger.warning(
+            "baton.cancel: %r is not a task of this app: its key's argument names are not "
+            "checked, and a name typed wrong cancels nothing",
+            name,
+        )
     cut_ms = time.time_ns() // 1_000_000
     live = records.cancel_key(name, KeyCancel(cut_ms, material), ttl=ttl)
     terminated: tuple[str, ...] = ()

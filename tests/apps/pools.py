@@ -33,6 +33,7 @@ app, baton = make_baton_app(
     task_routes={
         "tests.apps.pools.capped": {"queue": "capped"},
         "tests.apps.pools.stoppable": {"queue": "stoppable"},
+        "tests.apps.pools.unique_late": {"queue": "stoppable"},
     },
 )
 CAPPED_QUEUE = "capped"
@@ -92,4 +93,11 @@ def replaced(self: Task, key: str, n: int, sleep: float = 0.0, cleanup: float = 
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait", lease_ttl=3)
 def stoppable(self: Task, key: str, n: int, sleep: float = 0.0, cleanup: float = 0.0) -> int:
     """Waits for its key; ``revoke(terminate=True)`` stops a run."""
+    return _stoppable_run(self, key, n, sleep, cleanup)
+
+
+@app.task(bind=True, exclusive="key", unique="key", acks_late=True, lease_ttl=3)
+def unique_late(self: Task, key: str, n: int, sleep: float = 0.0, cleanup: float = 0.0) -> int:
+    """Acked at its end (the ack queued on the worker's loop), its unique claim freed
+    then: what frees the claim waits for that ack."""
     return _stoppable_run(self, key, n, sleep, cleanup)

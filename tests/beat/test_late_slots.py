@@ -36,11 +36,22 @@ from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
+#: The window in which at most two runs of a 1 s entry may start. A burst of late slots
+#: (what coalescing prevents) starts them within ~50 ms of each other; slots a second
+#: apart may start up to a worker's start delay closer (on a machine at four times its
+#: cores in load, three runs started within one second after a failover, which a
+#: one-second window read as a burst). Half a second catches the burst and tolerates
+#: that delay.
+BURST_WINDOW_US = 500_000
+
 
 def most_starts_in_one_second(observer: Observer, entry: str) -> int:
-    """The most runs of ``entry`` that started within any one second (observer clock)."""
+    """The most runs of ``entry`` that started within any :data:`BURST_WINDOW_US`
+    (observer clock)."""
     starts = sorted(s["start"] for s in observer.started() if s["key"].startswith(f"{entry}|"))
-    return max((sum(1 for t in starts if t0 <= t < t0 + 1_000_000) for t0 in starts), default=0)
+    return max(
+        (sum(1 for t in starts if t0 <= t < t0 + BURST_WINDOW_US) for t0 in starts), default=0
+    )
 
 
 @pytest.mark.timeout(150)

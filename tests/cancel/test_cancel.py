@@ -20,6 +20,27 @@ APP = "tests.apps.cancel"
 #: How soon a cancelled call's result must read REVOKED (the issue's bound).
 REVOKED_WITHIN = 2.0
 
+#: How long after its cancel a call admitted before it may still start: the hand-over
+#: to a pool process on a loaded machine (measured up to ~60 ms at twice the cores in
+#: load; a CI run at four times saw more). A cancelled call that runs at its turn starts
+#: seconds later (a 5/s backlog).
+HAND_OVER = 2.0
+
+
+def raced_with_cancel(observer: Observer, results: list) -> set[str]:
+    """The ids of ``results`` (just cancelled) whose run started before the cancel or
+    within :data:`HAND_OVER` of it: admitted before their cancel, they run. Read once
+    that long has passed (a snapshot taken at once missed one admitted and not yet
+    started: a CI run read it as a cancelled call that ran)."""
+    cancelled_us = observer.now_us()
+    time.sleep(HAND_OVER)
+    ids = {r.id for r in results}
+    return {
+        s["task_id"]
+        for s in observer.started()
+        if s["task_id"] in ids and s["start"] <= cancelled_us + HAND_OVER * 1_000_000
+    }
+
 
 def _revoked_within(results: list, seconds: float) -> list[str]:
     """The ids not REVOKED after ``seconds``."""
@@ -65,8 +86,7 @@ def test_cancelled_calls_never_run_wherever_their_message_is(
     assert len(held) == group
     for result in held + later:
         cancel.baton.cancel(result.id)
-    # A call may start while the test picks and cancels: it ran before its cancel.
-    raced = {s["task_id"] for s in observer.started()} & {r.id for r in held}
+    raced = raced_with_cancel(observer, held)
     held = [r for r in held if r.id not in raced]
     assert len(held) >= group // 2, f"{len(raced)} of {group} started before their cancel"
     assert _revoked_within(held + later, REVOKED_WITHIN) == []

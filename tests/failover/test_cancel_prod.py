@@ -16,6 +16,7 @@ import pytest
 from celery import states
 
 from celery_baton.core.keys import KeyNames
+from tests.cancel.test_cancel import raced_with_cancel
 from tests.failover.conftest import ProdStore
 from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer
@@ -71,7 +72,7 @@ def test_cancels_hold_on_the_production_stores_and_through_a_failover(
     held = [r for r in calls[:35] if r.id not in started][-5:]
     for result in held + later:
         cancel.baton.cancel(result.id)
-    raced = {s["task_id"] for s in observer.started()} & {r.id for r in held}
+    raced = raced_with_cancel(observer, held)
     held = [r for r in held if r.id not in raced]
     assert len(held) >= 3
 

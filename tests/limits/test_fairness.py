@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,22 +79,52 @@ class Share:
             f"A {len(self.a_runs)}, B {len(self.b_runs)}: B done {self.b_span:.2f} s after "
             f"its publish; {self.a_overtaking} of A's remaining {self.a_remaining} runs "
             f"started meanwhile ({self.a_interleaved} between B's first and last starts); "
-            f"max concurrent {max_concurrent(self.a_runs + self.b_runs)}"
+            f"max concurrent {max_concurrent(self.a_runs + self.b_runs)}; "
+            f"A by pid {Counter(r.pid for r in self.a_runs)}, "
+            f"B by pid {Counter(r.pid for r in self.b_runs)}; B starts after the open (s): "
+            f"{[round((r.start - self.b_published_us) / 1e6, 2) for r in self.b_runs]}"
         )
+
+
+#: Where the tests publish; the workers start on another queue and are told to consume
+#: this one once a test's backlogs are in it (open_queue).
+QUEUE = "celery"
+CLOSED = "not-yet"
+
+
+def start_workers(workers: Workers) -> list[Any]:
+    """The three workers of these tests (2 pool threads each: 6 slots over a cap of 4),
+    consuming nothing of :data:`QUEUE` yet."""
+    started = [
+        workers.start(APP, wait=False, pool="threads", concurrency=2, queues=CLOSED)
+        for _ in range(3)
+    ]
+    for worker in started:
+        worker.wait_ready()
+    return started
+
+
+def open_queue(app: Any, observer: Observer) -> int:
+    """Tell every worker to consume :data:`QUEUE` (what the tests published is all in
+    it); returns the moment (observer clock) it was opened."""
+    opened = server_time_us(observer)
+    replies = app.control.add_consumer(QUEUE, reply=True, timeout=10)
+    assert len(replies) == 3, f"not every worker consumes {QUEUE}: {replies}"
+    return opened
 
 
 def a_then_b(workers: Workers, observer: Observer, task: Any, a_count: int) -> Share:
     from tests.apps import fair
 
-    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
-    for worker in started:
-        worker.wait_ready()
-    # B right behind A's backlog in the queue: waiting for A's first starts first made
-    # A's backlog the test's own speed (a loaded test process published B after A's
-    # 400 had nearly all run). B's messages still reach the workers after A's.
+    # B right behind A's backlog in the queue, and both queued before the running
+    # workers are told to consume it: published while they consumed, A's backlog was
+    # the test's own speed (waiting for A's first starts, and in a CI-loaded run even
+    # publishing A's 400, took so long that A had nearly all run before B was
+    # published). B's messages still reach the workers after A's.
+    start_workers(workers)
     publish(task, a_count, "A", SLEEP)
-    b_published = server_time_us(observer)
     publish(task, B_COUNT, "B", SLEEP)
+    b_published = open_queue(task.app, observer)
     runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * SLEEP)
     return Share(
         [r for r in runs if r.key == "A"], [r for r in runs if r.key == "B"], b_published, fair.CAP
@@ -106,10 +137,13 @@ def assert_fair(share: Share, a_count: int) -> None:
     assert len({r.task_id for r in runs}) == a_count + B_COUNT
     # The cap is never exceeded, and it was used.
     assert max_concurrent(runs) == share.cap, share.describe()
-    # B not starved: once B asks, about one A start per B start (round-robin), plus the
-    # slots already running. Before B's first ask, A runs on: how long that takes is the
-    # machine's (publish, fetch), so it is bounded loosely: far from FIFO's whole backlog.
-    assert share.a_interleaved <= B_COUNT + 2 * share.cap, share.describe()
+    # B not starved: once B asks, about one A start per B start (round-robin: ~20 on a
+    # quiet machine), plus the slots already running. On a loaded machine B's requests
+    # reach the workers' gates unevenly (one worker's loop behind: 0.8 s without a B
+    # start at twice the cores in load, 73 A starts between B's first and last), so
+    # the bound is against first come first served, which starts A's whole backlog
+    # (~400) first: a quarter of it. Before B's first ask, A runs on: bounded loosely.
+    assert share.a_interleaved <= share.a_remaining // 4, share.describe()
     assert share.a_overtaking <= share.a_remaining // 2, share.describe()
     # A uses every slot once B has nothing waiting.
     assert max_concurrent(share.a_after_b) == share.cap, share.describe()
@@ -158,21 +192,20 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     rate holds (strict GCRA, burst 1, on the admission instants)."""
     from tests.apps import fair
 
-    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
-    for worker in started:
-        worker.wait_ready()
-    publish(fair.fair_rated, 200, "A", numbered=True)
-    observer.starts_of("A", 5, timeout=20)
-    b_published = server_time_us(observer)
+    start_workers(workers)
+    publish(fair.fair_rated, 200, "A", numbered=True)  # B right behind (see a_then_b)
     publish(fair.fair_rated, B_COUNT, "B", numbered=True)
+    b_published = open_queue(fair.app, observer)
     runs = observer.wait_for(200 + B_COUNT, timeout=60)
     a = [r.start for r in runs if r.key == "A"]
     b = [r.start for r in runs if r.key == "B"]
     overtaking = sum(b_published < s < max(b) for s in a)
     span = (max(b) - b_published) / 1e6
     print(f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A meanwhile")
-    # First come first served would start A's remaining ~190 first (~4.7 s at 40/s).
-    assert overtaking <= B_COUNT + 5, (overtaking, span)
+    # First come first served would start A's remaining ~200 first (~5 s at 40/s);
+    # fair turns ~20 (one per B start) on a quiet machine, 55 at four times the cores
+    # in load: bounded at a third of A's backlog.
+    assert overtaking <= 200 // 3, (overtaking, span)
     assert_gcra_bound(admissions(runs), 40)
 
 
@@ -183,11 +216,10 @@ def test_fair_weights_give_a_weighted_tenant_its_multiple(
     about 3 runs per tin run (stride scheduling), by the observer's count."""
     from tests.apps import fair
 
-    started = [workers.start(APP, wait=False, pool="threads", concurrency=2) for _ in range(3)]
-    for worker in started:
-        worker.wait_ready()
+    start_workers(workers)
     publish(fair.fair_weighted, 150, "tin", SLEEP)  # gold right behind (see a_then_b)
     publish(fair.fair_weighted, 150, "gold", SLEEP)
+    open_queue(fair.app, observer)
     runs = observer.wait_for(300, timeout=60)
     gold = sorted(r.start for r in runs if r.key == "gold")
     tin = sorted(r.start for r in runs if r.key == "tin")

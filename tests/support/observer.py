@@ -123,6 +123,11 @@ class Observer:
             if sleep > 0:
                 time.sleep(sleep)
 
+    def now_us(self) -> int:
+        """The observer server's clock now (microseconds): the clock of every start."""
+        seconds, micros = self._redis.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
     def runs(self) -> list[Run]:
         """Every finished run, in the order they finished."""
         return [Run(**json.loads(raw)) for raw in self._redis.lrange(RUNS, 0, -1)]

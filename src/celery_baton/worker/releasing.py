@@ -74,6 +74,8 @@ class Releasing:
         self._handed: set[Any] = set()
         #: A run's end reported on another thread (the threads pool) is handled on the loop.
         self.door = LoopDoor()
+        #: The second hops of after_ack not run yet (run at shutdown if the loop stopped).
+        self._after_ack: dict[Callable[[], None], None] = {}
 
     def attach(self, channel: GateChannel) -> None:
         self.channel = channel
@@ -153,14 +155,29 @@ class Releasing:
         if hub is None:
             callback()
             return
+        waiting = self._after_ack
 
         def second_hop() -> None:
+            if second_hop not in waiting:
+                return  # run already, at shutdown (run_after_acks)
+            del waiting[second_hop]
             try:
                 callback()
             except Exception:  # the loop would only log it: never keep a key silently
                 logger.exception("baton: finishing a run after its ack failed")
 
+        waiting[second_hop] = None
         hub.call_soon(lambda: hub.call_soon(second_hop))
+
+    def run_after_acks(self) -> None:
+        """At shutdown, once the loop stopped turning: finish the runs that waited for
+        their ack. kombu's hub runs its pending callbacks once as it closes (Celery's
+        acks among them), but a second hop queued by one of them never runs: the runs
+        that ended in a warm shutdown kept their keys until ``lease_ttl``
+        (tests/pools/test_shutdown.py). From now on an ack is not waited for."""
+        self.hub = None
+        for hop in list(self._after_ack):
+            hop()  # each takes itself out
 
     def unacked_claim_ttl(self, policy: TaskPolicy) -> float:
         """How long the unique claim of a run whose ack failed is kept for its copy: until

@@ -359,6 +359,7 @@ class BatonWorker:
         self.stop(parent)
         self.listener.stop()
         self.releasing.door.close()  # the runs' ends handed to the loop, sent below
+        self.releasing.run_after_acks()  # and those that waited for their ack
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below
         with contextlib.suppress(BatonError):
