@@ -233,3 +233,13 @@ def test_a_call_that_leaves_without_running_gives_up_its_position() -> None:
     assert passed is not None and passed.lease_keys == ()
     assert passed.order == "1700 7 2 0" and passed.order_key == plan.order_key
     assert ordering.passed(plan_of(place="")) is None
+
+
+def test_per_call_exclusive_options_are_refused_on_an_ordered_task() -> None:
+    from celery_baton.core.policy.per_call import check_against, parse
+
+    policy = policy_of(ordered="account_id")
+    for given in ({"exclusive": "x"}, {"conflict": "skip"}):
+        with pytest.raises(ConfigError, match="cannot be given to an ordered task"):
+            check_against("bank.apply_event", parse("bank.apply_event", given), policy)
+    check_against("bank.apply_event", parse("bank.apply_event", {"unique": "u"}), policy)
