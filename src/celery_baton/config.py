@@ -51,6 +51,9 @@ class Settings:
     hold_max: int = 10_000
     hold_horizon: float = 300.0
     unique_ttl: float = 3600.0
+    #: How long an ordered key waits for a position whose call does not come (ordered=,
+    #: core/ordered.py) before it skips it; a task's ``ordered_gap_timeout`` overrides it.
+    ordered_gap_timeout: float = 60.0
     #: How long a cancel (baton.cancel) is kept; None: the broker's visibility timeout
     #: when it has one, else a day (cancel.py).
     cancel_ttl: float | None = None
@@ -209,6 +212,9 @@ def read_settings(conf: Mapping[str, Any], url: str | None = None) -> Settings:
         hold_max=hold_max,
         hold_horizon=_seconds(_get(conf, "hold_horizon", 300.0), "hold_horizon"),
         unique_ttl=_seconds(_get(conf, "unique_ttl", 3600.0), "unique_ttl"),
+        ordered_gap_timeout=_seconds(
+            _get(conf, "ordered_gap_timeout", 60.0), "ordered_gap_timeout"
+        ),
         cancel_ttl=_optional_seconds(_get(conf, "cancel_ttl", None), "cancel_ttl"),
         unique_conflict=unique_conflict,
         key_prefix=str(_get(conf, "key_prefix", "baton")),

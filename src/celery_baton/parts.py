@@ -27,6 +27,7 @@ from celery_baton.core.cancels import Cancels
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
 from celery_baton.core.keys import KeyNames
+from celery_baton.core.ordered import OrderedStamps
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.core.supersede import Supersede
@@ -112,6 +113,10 @@ class AppParts:
     @functools.cached_property
     def supersede(self) -> Supersede:
         return Supersede(self.store, self.names)
+
+    @functools.cached_property
+    def ordered(self) -> OrderedStamps:
+        return OrderedStamps(self.store, self.names)
 
     @functools.cached_property
     def cancels(self) -> Cancels:

@@ -39,6 +39,7 @@ from celery_baton.core.policy.headers import (
     BEAT_SLOT_HEADER,
     CALL_HEADER,
     ORDER_HEADER,
+    ORDERED_HEADER,
     PUBLISH_HEADER,
     new_publish_stamp,
 )
@@ -47,6 +48,7 @@ from celery_baton.core.policy.per_call import policy_for_call
 from celery_baton.core.supersede import SUPERSEDED
 from celery_baton.errors import (
     AlreadyQueued,
+    ConfigError,
     KeySpecError,
     StoreUnavailable,
     TaskDeduplicated,
@@ -136,6 +138,10 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
             options["headers"] = {**(options.get("headers") or {}), CALL_HEADER: call.to_header()}
         if policy is not None and policy.supersedes:
             _stamp_order(parts, name, policy, args, kwargs, options)
+        if policy is not None and policy.ordered is not None:
+            _check_ordered_call(name, options)
+            if policy.unique is None:
+                _stamp_place(parts, name, policy, args, kwargs, options)
         if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
             return _send_debounced(parts, policy, send_task, name, args, kwargs, options)
         if policy is None or policy.unique is None:
@@ -159,6 +165,12 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         try:
             if claim.holder:
                 raise _Duplicate(claim.holder)
+            if policy.ordered is not None:
+                # A place is taken only for a call that is sent: a de-duplicated one
+                # would leave a hole in its key's line (core/ordered.py).
+                if claim.settle():
+                    raise _Duplicate(claim.holder or "")
+                _stamp_place(parts, name, policy, args, kwargs, options)
             return send_task(name, args, kwargs, **options)
         except _Duplicate as dup:
             return _deduplicated(
@@ -234,6 +246,62 @@ def _stamp_order(
         logger.warning("%s sent without a publish order: %s", name, exc)
         return
     options["headers"] = {**headers, ORDER_HEADER: order}
+
+
+def _is_retry(options: dict[str, Any]) -> bool:
+    """Whether this publish is the running task's retry (its own id, one retry more, at
+    the same replacement depth: ``Task.replace`` sends the same id one level deeper)."""
+    task_id = options.get("task_id")
+    task = current_task
+    if not task_id or not task:  # (a proxy: falsy outside a task)
+        return False
+    request = task.request
+    if request.id != task_id or (options.get("retries") or 0) <= (request.retries or 0):
+        return False
+    return (options.get("replaced_task_nesting") or 0) == (request.replaced_task_nesting or 0)
+
+
+def _check_ordered_call(name: str, options: dict[str, Any]) -> None:
+    """An ordered call takes no eta or countdown: it would hold its key's whole line
+    until it is due (or be skipped by the gap bound, and then refused). A retry's
+    countdown is its own: it keeps its place, and the line waits for it."""
+    if (options.get("eta") is not None or options.get("countdown") is not None) and not (
+        _is_retry(options)
+    ):
+        raise ConfigError(
+            "an ordered call takes no eta or countdown: it would hold every later call of "
+            "its key until it is due; delay the publish instead (or use a task without "
+            "ordered=)",
+            subject=name,
+        )
+
+
+def _stamp_place(
+    parts: AppParts,
+    name: str,
+    policy: TaskPolicy,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> None:
+    """Give an ordered call its place in its key's line (a header), from the store; a
+    retry keeps its run's. Raises StoreUnavailable: sent without a place, the call
+    would run out of order."""
+    headers = dict(options.get("headers") or {})
+    if ORDERED_HEADER in headers:
+        return
+    task = current_task
+    if _is_retry(options) and task:
+        kept = getattr(task.request, ORDERED_HEADER, None)
+        if kept:
+            options["headers"] = {**headers, ORDERED_HEADER: kept}
+            return
+    try:
+        key_digest, material = policy.ordered_key(args or (), kwargs or {})
+    except KeySpecError:
+        return  # the worker refuses the message, with the reason
+    place = parts.ordered.take(name, key_digest, material)
+    options["headers"] = {**headers, ORDERED_HEADER: place.header()}
 
 
 def _send_replacing(

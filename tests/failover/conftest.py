@@ -142,7 +142,7 @@ def _forget(baton: Any) -> None:
     """Drop the app's lazily built store, settings and gate (kept by its parts, see
     celery_baton.parts), so they follow the conf."""
     parts = baton.parts
-    for name in ("settings", "store", "gate", "names", "unique", "debounces", "cancels"):
+    for name in ("settings", "store", "gate", "names", "unique", "debounces", "cancels", "ordered"):
         if name in parts.__dict__:
             store = parts.__dict__.pop(name)
             if name == "store":

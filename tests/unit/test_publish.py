@@ -80,3 +80,13 @@ def test_a_retry_keeps_its_runs_stamp_and_a_replacement_gets_a_new_one(app: Any)
     assert seen["retry"] == "run"
     assert seen["replace"] not in (None, "run")
     assert seen["other"] not in (None, "run")
+
+
+def test_an_ordered_call_takes_no_eta_or_countdown() -> None:
+    from celery_baton.errors import ConfigError
+    from celery_baton.publish import _check_ordered_call
+
+    _check_ordered_call("bank.apply_event", {"task_id": "x"})
+    for option in ({"countdown": 5}, {"eta": time.time()}, {"countdown": 0}):
+        with pytest.raises(ConfigError, match=r"bank\.apply_event: an ordered call takes no eta"):
+            _check_ordered_call("bank.apply_event", {"task_id": "x", **option})

@@ -107,6 +107,19 @@ class PublishOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class InOrder:
+    """The turn of a call of an ordered key (core/ordered.py): passes only when its
+    ``place`` (``"<epoch>:<position>"``; '' : none, the gate gives it one) is the key's
+    next; the condition after it must be the key's exclusive lease. ``gap_ms``: how
+    long a missing position may hold the key; ``life_ms``: the record's life."""
+
+    key: str
+    place: str
+    gap_ms: int
+    life_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class NotSuperseded:
     """Denies a delivery that a unique ``replace`` publish superseded; on grant marks it
     started (for ``ttl`` seconds), so a later replace leaves it running."""
@@ -185,6 +198,7 @@ Condition = (
     | NotDone
     | SlotNotRun
     | PublishOrder
+    | InOrder
     | NotSuperseded
     | NotCancelled
     | FreeUnique
@@ -218,6 +232,8 @@ def encode(c: Condition) -> tuple[str, str, str]:
             return "S", "" if c.order is None else str(c.order), c.task_id
         case NotSuperseded():
             return "N", _ms(c.ttl), ""
+        case InOrder():
+            return "Q", c.place, f"{c.gap_ms} {c.life_ms}"
         case NotCancelled():
             return "X", c.task_id, ""
         case WeightedRate():

@@ -49,6 +49,8 @@ class Decision:
     epoch: str = ""
     # The publish order a PublishOrder without one was given now (0: none given).
     seq: int = 0
+    # What an InOrder condition did besides passing (core/ordered.py, Note).
+    note: str = ""
 
     @property
     def holder_task_id(self) -> str:
@@ -78,6 +80,11 @@ class Release:
     done_stamp: str = ""
     # A scheduled beat slot (SlotRun.link): ``done_key`` is its entry's run record.
     done_link: str = ""
+    # An ordered call's end (core/ordered.py): "<epoch> <position> <final 1|0> <hold ms>"
+    # ('' : none), its key's order record and exclusive lease (announced on an advance).
+    order: str = ""
+    order_key: str = ""
+    order_lease: str = ""
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
@@ -97,6 +104,10 @@ class Release:
             args.append(self.done_stamp)
             if self.done_link:
                 args.append(self.done_link)
+        if self.order:
+            args += [""] * (8 - len(args))  # ARGV[7], ARGV[8] unused: release.lua
+            args += [self.order, self.order_lease]
+            keys.append(self.order_key)
         return keys, args
 
 
@@ -437,6 +448,7 @@ def parse_decision(
             at_us=int(reply[3]) if len(reply) > 3 else 0,
             epoch=str(reply[4] or "") if len(reply) > 4 else "",
             seq=int(reply[5] or 0) if len(reply) > 5 else 0,
+            note=_text(reply[6]) if len(reply) > 6 else "",
         )
     retry_us = int(reply[2])
     index = int(reply[1])
@@ -449,4 +461,9 @@ def parse_decision(
         retry_after=-1.0 if retry_us < 0 else retry_us / 1_000_000,
         holder=str(reply[3] or ""),
         seq=int(reply[4] or 0) if len(reply) > 4 else 0,
+        note=_text(reply[5]) if len(reply) > 5 else "",
     )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")

@@ -363,6 +363,10 @@ class KeyNames:
         """The publish order of an exclusive key whose duplicates supersede each other."""
         return f"{self.family(task)}:sup:{key}"
 
+    def ordered(self, task: str, key: str) -> str:
+        """An ordered key's order record (positions given, the next to start)."""
+        return f"{self.family(task)}:ord:{key}"
+
     def superseded(self, task: str, task_id: str) -> str:
         """Whether a unique ``replace`` publish superseded ``task_id`` (or it started)."""
         return f"{self.family(task)}:sby:{task_id}"

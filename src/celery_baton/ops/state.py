@@ -132,6 +132,9 @@ def status(source: Source) -> dict[str, Any]:
             for r in reports
         ],
     }
+    lines = store_inspect.ordered_lines(store, source.names.prefix)
+    # Lines with work waiting, or that skipped a missing call: the operator's business.
+    data["ordered"] = [line.as_dict() for line in lines if line.waiting or line.skipped]
     data["grace"] = grace(source)
     eviction = store_inspect.eviction_warning(store_inspect.eviction_policy(store))
     data["warnings"] = [eviction] if eviction else []
@@ -348,6 +351,7 @@ def collect(source: Source, schedules: Schedules) -> dict[str, Any]:
         "leases": [r.as_dict() for r in leases],
         "unique_claims": [r.as_dict() for r in claims],
         "limits": limits_in_use(source, leases, reports),
+        "ordered": [line.as_dict() for line in store_inspect.ordered_lines(store, prefix)],
         "schedule": schedules.describe(),
     }
 
@@ -361,5 +365,6 @@ def empty_state(store_url: str) -> dict[str, Any]:
         "leases": [],
         "unique_claims": [],
         "limits": [],
+        "ordered": [],
         "schedule": {},
     }

@@ -126,6 +126,65 @@ def unique_claims(store: Store, prefix: str) -> list[LeaseRow]:
         raise store.unavailable(exc) from exc
 
 
+ORDERED_KIND = "ord"
+
+
+@dataclass(frozen=True)
+class OrderedLine:
+    """An ordered key's line (ordered=, gate/ordered.lua): ``next`` the position whose
+    turn it is (running, or not come yet), ``last`` the last position given at publish;
+    ``skipped`` positions the gap bound skipped (``last_skip``: "<from>-<to> <ms>", the
+    latest), ``idle`` seconds since ``next`` last ran, was due or became next."""
+
+    key: str
+    task: str
+    next: int
+    last: int
+    skipped: int
+    last_skip: str
+    idle: float
+    label: str = ""
+
+    @property
+    def waiting(self) -> int:
+        """Positions given and not ended: the one at ``next`` included."""
+        return max(0, self.last - self.next + 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "waiting": self.waiting}
+
+
+def ordered_lines(store: Store, prefix: str) -> list[OrderedLine]:
+    """Every ordered key's line the store keeps."""
+    try:
+        now = server_now_ms(store)
+        lines = []
+        for key in store.client.scan_iter(match=f"{prefix}:{{*}}:{ORDERED_KIND}:*", count=1000):
+            record = store.client.hgetall(key)
+            if not record:
+                continue
+            task, _ = _parse_key(key)
+            words = record.get("k")  # written at its first publish
+            if not words:  # a line an unstamped message started: its lease's words
+                lease = key.replace(f":{ORDERED_KIND}:", ":ex:", 1)
+                words = store.client.get(label_key(lease)) or ""
+            lines.append(
+                OrderedLine(
+                    key,
+                    task,
+                    int(record.get("q", 0)),
+                    int(record.get("n", 0)),
+                    int(record.get("g", 0)),
+                    str(record.get("gl", "")),
+                    max(0.0, (now - int(record.get("t", now))) / 1000),
+                    label=str(words),
+                )
+            )
+        return sorted(lines, key=lambda line: (line.task, line.key))
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+
+
 def is_unique_claim(key: str) -> bool:
     return _parse_key(key)[1] == UNIQUE_KIND
 

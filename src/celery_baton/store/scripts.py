@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "unique_release",
     "unique_replace",
     "supersede_stamp",
+    "ordered_stamp",
     "unique_keep",
     "unlock",
     "limit_penalize",
@@ -78,6 +79,7 @@ GATE_KINDS = (
     "free_unique",
     "keep_unique",
     "not_cancelled",
+    "ordered",
 )
 
 

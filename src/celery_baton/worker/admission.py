@@ -42,7 +42,7 @@ from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
-from celery_baton.worker import flow, misfire, outcomes
+from celery_baton.worker import flow, misfire, ordering, outcomes
 from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
@@ -104,7 +104,8 @@ class Admission:
             hold_max=settings.hold_max,
             horizon=horizon,
             stats=self.stats,
-            rank=functools.partial(outcomes.urgency, lower_first=lower_priority_first),
+            rank=functools.partial(_rank, lower_first=lower_priority_first),
+            strict_rank=ordering.is_ordered,
             on_held=self.events.held,
             window=window,
         )
@@ -352,12 +353,12 @@ class Admission:
         twice at once."""
         request = delivery.request
         if delivery.held and request.revoked():  # revoked or expired while held: Celery acks it
-            self.holding.release(delivery)
+            self._unrun(delivery)
             return
         if self.cancelling is not None:
             why = self.cancelling.known(request) if delivery.held else None
             if why is not None:  # cancelled while held (this worker was told)
-                self.holding.release(delivery)
+                self._unrun(delivery)
                 self.cancelling.revoke(request, why)
                 return
             if not self.cancelling.in_gate and self.cancelling.watch.ids_live():
@@ -448,12 +449,14 @@ class Admission:
         request = delivery.request
         if isinstance(decision.denied_by, NotCancelled):  # baton.cancel: never runs
             assert self.cancelling is not None
-            self.holding.release(delivery)
+            self._unrun(delivery)
             self.cancelling.revoke(request, "cancelled by id")
             return
         now = time.monotonic()
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
+        if decision.note:
+            ordering.follow_note(request, delivery.plan, decision)
         outcome = verdict(
             decision,
             delivery.plan,
@@ -528,7 +531,7 @@ class Admission:
                     if delivery.generation != self.generation:
                         return
                     if cancelled is True:
-                        self.holding.release(delivery)
+                        self._unrun(delivery)
                         assert self.cancelling is not None
                         self.cancelling.revoke(delivery.request, "cancelled by id")
                     else:
@@ -543,8 +546,17 @@ class Admission:
 
     # -- outcomes -------------------------------------------------------------------
 
-    def _skip(self, delivery: Delivery, skip: Skip) -> None:
+    def _unrun(self, delivery: Delivery) -> None:
+        """``delivery`` leaves without running (skipped, revoked, cancelled): an ordered
+        call's turn passes to the next call, now or when the line reaches it, rather
+        than holding its key for the gap bound (worker/ordering.py)."""
         self.holding.release(delivery)
+        passed = ordering.passed(delivery.plan)
+        if passed is not None:
+            self.releasing.channel.release(passed)
+
+    def _skip(self, delivery: Delivery, skip: Skip) -> None:
+        self._unrun(delivery)
         self.stats["skipped"] += 1
         self.events.skipped(delivery, skip)
         outcomes.skip(delivery.request, skip)
@@ -601,7 +613,7 @@ class Admission:
                         continue
                     why = self.cancelling.known(delivery.request)
                     if why is not None:
-                        self.holding.release(delivery)
+                        self._unrun(delivery)
                         self.cancelling.revoke(delivery.request, why)
         except Exception:  # on the loop: never raise there
             logger.exception("baton: dropping cancelled held requests failed")
@@ -620,4 +632,19 @@ class Admission:
             return self.holding.forget()
 
 
-FREES_UNIQUE = (Reason.EXCLUSIVE, Reason.SUPERSEDED, Reason.ALREADY_RUN, Reason.MISFIRE)
+def _rank(request: Any, *, lower_first: bool) -> float | None:
+    """A held request's place in its wait queue: an ordered call's position (its key's
+    queue holds nothing else), else its message's priority."""
+    position = ordering.rank(request)
+    if position is not None:
+        return position
+    return outcomes.urgency(request, lower_first=lower_first)
+
+
+FREES_UNIQUE = (
+    Reason.EXCLUSIVE,
+    Reason.SUPERSEDED,
+    Reason.ALREADY_RUN,
+    Reason.MISFIRE,
+    Reason.OUT_OF_ORDER,
+)

@@ -51,6 +51,7 @@ _WAITING_FOR = {
     Reason.PENALTY: "limit {} (penalized)",
     Reason.GRACE: "the store's grace after it lost its data",
     Reason.STORE_DOWN: "the store, which does not answer",
+    Reason.ORDER: "its turn at ordered key {}",
 }
 
 

@@ -138,6 +138,7 @@ class Holding:
         horizon: float,
         stats: dict[str, int],
         rank: Callable[[Any], float | None] = lambda request: None,
+        strict_rank: Callable[[Any], bool] = lambda request: False,
         on_held: Callable[[Delivery, Wait], None] = lambda delivery, wait: None,
         window: PrefetchWindow | None = None,
     ) -> None:
@@ -153,7 +154,7 @@ class Holding:
         self.lock = threading.RLock()
         self.counted = 0  # held deliveries that raised the prefetch count
         self._held: dict[int, Delivery] = {}  # by id(): what a lost connection leaves
-        self._queues: WaitQueues[Delivery] = WaitQueues(rank)
+        self._queues: WaitQueues[Delivery] = WaitQueues(rank, strict_rank)
         self._timers: dict[str, tuple[float, Any]] = {}
         self._wake_pipe = WakePipe(consumer, self._on_release)
         self._on_cancel: Callable[[], None] | None = None

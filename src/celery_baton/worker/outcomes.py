@@ -34,7 +34,8 @@ def skip(request: Any, skip: Skip) -> None:
     task = request.task
     # A coalesced one gets no state here: the run that stands for it writes its outcome
     # to this id too (worker/pool/stand_ins.py).
-    if skip.reason in (Reason.EXCLUSIVE, Reason.THROTTLED) and not task.ignore_result:
+    failed = (Reason.EXCLUSIVE, Reason.THROTTLED, Reason.OUT_OF_ORDER)
+    if skip.reason in failed and not task.ignore_result:
         task.backend.mark_as_failure(
             request.id,
             TaskSkipped(skip.message, skip.key, skip.holder),

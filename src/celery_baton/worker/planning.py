@@ -25,6 +25,7 @@ from celery_baton.core.policy.slot_runs import slot_run
 from celery_baton.errors import CostError, KeySpecError
 from celery_baton.worker import outcomes
 from celery_baton.worker.holding import Delivery
+from celery_baton.worker.ordering import place_of
 from celery_baton.worker.replacing import order_of
 
 
@@ -82,6 +83,7 @@ class Planner:
             stamp=publish_stamp(request),
             attempt=attempt_of(request),
             slot_run=slot_run(request.request_dict),
+            place=place_of(request),
         )
         slot = request.request_dict.get(BEAT_SLOT_HEADER)
         if slot is not None and plan.run_key:

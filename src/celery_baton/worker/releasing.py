@@ -29,6 +29,7 @@ from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.errors import BatonError
+from celery_baton.worker import ordering
 from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool, retried
 from celery_baton.worker.transport.ack_fate import AckFates
@@ -124,19 +125,18 @@ class Releasing:
                 keep,
                 lambda: self._free_unique_now(key, task_id),
             )
-        self.channel.release(
-            Release(
-                tuple(lease.key for lease in plan.leases),
-                plan.owner,
-                done_key,
-                policy.redelivery_retention,
-                unique_key,
-                request.id,
-                keep,
-                done_stamp,
-                plan.done_link,
-            )
+        release = Release(
+            tuple(lease.key for lease in plan.leases),
+            plan.owner,
+            done_key,
+            policy.redelivery_retention,
+            unique_key,
+            request.id,
+            keep,
+            done_stamp,
+            plan.done_link,
         )
+        self.channel.release(ordering.with_end(release, request, plan, final=final))
 
     def on_loop(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the consumer's loop thread (now, when this is it)."""

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_baton.worker import events
+from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
@@ -126,6 +127,8 @@ class BatonRequestMixin:
     def on_retry(self, exc_info: Any) -> Any:
         # task.retry() published this task id again before it raised Retry.
         self._baton_comes_back("retried")
+        # An ordered call keeps its place until its retry is due (worker/ordering.py).
+        self.__dict__[RETRY_IN_ATTR] = retry_in(getattr(exc_info, "exception", None))
         return super().on_retry(exc_info)  # type: ignore[misc]
 
     def _retry_worker_lost(self, exc: Any, exc_info: Any) -> Any:

@@ -18,6 +18,9 @@ clock of its own, so every case has a unit test (tests/unit/worker/test_verdict.
 * the exclusive key is held by an older run and the policy is ``"replace"``: **Wait**,
   asking admission to terminate the holder (``Wait.revoke``), again every
   ``REVOKE_AGAIN`` seconds until its release wakes this delivery;
+* an ordered call (``ordered=``) whose turn has not come: **Wait** on its key's lease
+  (the release that advances the line wakes it); one whose position was passed: **Skip**
+  (skipped by the gap bound: its successors ran; or a copy of a call that ran);
 * anything else: **Wait** on the refusing key, for as long as the gate said.
 """
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 
 from celery_baton.core.conditions import (
     FairTurn,
+    InOrder,
     NotDone,
     NotSuperseded,
     Penalty,
@@ -39,6 +43,7 @@ from celery_baton.core.conditions import (
 )
 from celery_baton.core.fairness import REFRESH
 from celery_baton.core.gate import Decision, owner_task_id
+from celery_baton.core.ordered import Turn
 from celery_baton.core.policy.model import RunPlan
 
 #: Seconds a duplicate waits for a release in flight before it is skipped.
@@ -65,6 +70,8 @@ class Reason(enum.Enum):
     COALESCED = "coalesced"  # a later publish of its debounce/throttle key runs for it
     THROTTLED = "throttled"  # dropped: another run of its key ran within the window
     MISFIRE = "misfire"  # a beat slot held past its misfire grace (worker/misfire.py)
+    ORDER = "order"  # an ordered call waits for its turn (core/ordered.py)
+    OUT_OF_ORDER = "out-of-order"  # its position was skipped by the gap bound: refused
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,11 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
     assert condition is not None, "a granted decision has no reason"
     if isinstance(condition, PublishOrder | NotSuperseded):
         return Reason.SUPERSEDED
+    if isinstance(condition, InOrder):
+        what = Turn.parse(decision.holder).what
+        if what == "gap":
+            return Reason.OUT_OF_ORDER
+        return Reason.ALREADY_RUN if what == "ran" else Reason.ORDER
     if isinstance(condition, NotDone | SlotNotRun):  # a done marker, a beat slot's record
         return Reason.ALREADY_RUN
     if isinstance(condition, Rate | WeightedRate):
@@ -174,6 +186,8 @@ def _verdict(
     assert condition is not None
     key = condition.key
     holder = decision.holder_task_id
+    if isinstance(condition, InOrder):
+        return _out_of_turn(why, decision, plan, task_name, task_id)
     if why is Reason.ALREADY_RUN:
         return Skip(
             why,
@@ -239,3 +253,34 @@ def _verdict(
             return Wait(why, key, max(early, 0.0001), jitter=False)
         return Wait(why, key, max(decision.retry_after, 0.0001), jitter=False)
     return Wait(why, key, max(decision.retry_after, 0.0001))
+
+
+def _out_of_turn(
+    why: Reason, decision: Decision, plan: RunPlan, task_name: str, task_id: str
+) -> Verdict:
+    """An ordered call the gate's turn refused (gate/ordered.lua)."""
+    condition = decision.denied_by
+    assert isinstance(condition, InOrder) and plan.exclusive_key is not None
+    label = plan.labels.get(condition.key, "") or "(task)"
+    turn = Turn.parse(decision.holder)
+    place = condition.place.partition(":")[2] or "?"
+    if why is Reason.ORDER:
+        # Woken by the key's lease release that advances the line (release.lua); the
+        # gate's retry_after is when a lease runs out or the gap bound ends.
+        return Wait(why, plan.exclusive_key, max(decision.retry_after, 0.0001))
+    if why is Reason.OUT_OF_ORDER:
+        return Skip(
+            why,
+            condition.key,
+            "",
+            f"{task_name}[{task_id}] came after its successors ran: position {place} of "
+            f"ordered key {label} was skipped (it did not come within "
+            "ordered_gap_timeout); it is refused, not run out of order",
+        )
+    return Skip(
+        why,
+        condition.key,
+        task_id,
+        f"position {place} of ordered key {label} of {task_name} has run already (the "
+        f"next is {turn.next}); this copy of task {task_id} is not run",
+    )

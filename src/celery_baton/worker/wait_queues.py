@@ -27,11 +27,19 @@ Delivery = TypeVar("Delivery", bound=Waiting)
 class WaitQueues(Generic[Delivery]):
     """Queue key -> its held deliveries; limit key -> its fair queues.
 
-    ``rank(request)`` is a request's urgency (higher first; None: no priority).
+    ``rank(request)`` is a request's urgency (higher first; None: no priority);
+    ``strict(request)``: its rank must hold even against a head that is asking (an
+    ordered call's position: only a queue's head asks, and a later position at the head
+    would keep the call whose turn it is from asking).
     """
 
-    def __init__(self, rank: Callable[[Any], float | None]) -> None:
+    def __init__(
+        self,
+        rank: Callable[[Any], float | None],
+        strict: Callable[[Any], bool] = lambda request: False,
+    ) -> None:
         self.rank = rank
+        self.strict = strict
         self._queues: dict[str, deque[Delivery]] = {}
         self._fair_groups: dict[str, set[str]] = {}  # limit key -> its fair queues
 
@@ -61,7 +69,8 @@ class WaitQueues(Generic[Delivery]):
         if rank is None or not queue:
             queue.append(delivery)
             return
-        for index in range(1 if queue[0].asking else 0, len(queue)):
+        first = 1 if queue[0].asking and not self.strict(delivery.request) else 0
+        for index in range(first, len(queue)):
             other = self.rank(queue[index].request)
             if other is None or rank > other:
                 queue.insert(index, delivery)

@@ -202,3 +202,31 @@ def test_a_throttle_waits_for_a_pool_slot_and_a_debounce_does_not() -> None:
 
     assert at_start(FlowKind.THROTTLE)
     assert not at_start(FlowKind.DEBOUNCE)
+
+
+def test_an_ordered_call_goes_before_a_later_position_even_one_that_is_asking() -> None:
+    """Only a queue's head asks: a later position of an ordered key at the head, asking
+    and denied again and again, would keep the call whose turn it is from asking."""
+    consumer, asked = Consumer(), []
+
+    def ask(d: Delivery) -> None:
+        asked.append(d.request.id)
+        d.asking = True
+
+    held = Holding(
+        consumer,
+        ask=ask,
+        hold_max=10,
+        horizon=300,
+        stats={"held": 0},
+        rank=lambda request: -float(request.priority),  # the position, as ordering.rank
+        strict_rank=lambda request: True,
+    )
+    later, turn = delivery("position 24", 24), delivery("position 19", 19)
+    held.hold(later, wait())
+    consumer.timer.fire()  # "position 24" is asking now
+    held.hold(turn, wait())
+    later.asking = False
+    held.hold(later, wait())  # denied again: it stays behind
+    consumer.timer.fire()
+    assert asked == ["position 24", "position 19"]

@@ -69,6 +69,7 @@ def compile_policy(
             )
         return float(value)
 
+    ordered = _ordered(name, options, spec)  # first: its refusals name it
     for option, needed in NEEDS.items():
         if options(option) is not None and options(needed) is None:
             raise ConfigError(f"{option} needs {needed}", subject=name)
@@ -138,8 +139,10 @@ def compile_policy(
     policy = TaskPolicy(
         name=name,
         lease_ttl=seconds("lease_ttl", settings.lease_ttl),
-        exclusive=spec("exclusive"),
-        exclusive_conflict=choice("exclusive_conflict", CONFLICT_POLICIES),
+        # ordered= holds its key's exclusive lease itself (same key, checked above); a
+        # call whose turn came waits for a lease still held (a copy of itself running).
+        exclusive=None if ordered else spec("exclusive"),
+        exclusive_conflict="wait" if ordered else choice("exclusive_conflict", CONFLICT_POLICIES),
         exclusive_wait_timeout=(
             seconds("exclusive_wait_timeout", 1.0)
             if options("exclusive_wait_timeout") is not None
@@ -161,10 +164,53 @@ def compile_policy(
         shared=shared,
         cost=options("cost"),
         flow=flow,
+        ordered=ordered,
+        ordered_gap=seconds("ordered_gap_timeout", settings.ordered_gap_timeout),
     )
     if not (policy.gates_runs or policy.unique):
         return None
     return policy
+
+
+def _ordered(
+    name: str,
+    options: Callable[[str], Any],
+    spec: Callable[[str], KeySpec | None],
+) -> KeySpec | None:
+    """``ordered=``, refused with what cannot work beside it: it holds its key's
+    exclusive lease itself, and every call must run (or be refused by its rule), so
+    nothing may drop or merge calls of its line."""
+    key = spec("ordered")
+    if key is None:
+        return None
+    subject = f"{name}.ordered"
+    exclusive = options("exclusive")
+    if exclusive is not None and exclusive is not False and exclusive != options("ordered"):
+        raise ConfigError(
+            "ordered= runs one call of its key at a time already; exclusive= on another "
+            "key would hold a call whose turn came behind another key's run, and its line "
+            "with it: drop exclusive (or make it the same key)",
+            subject=subject,
+        )
+    for option, why in (
+        ("exclusive_conflict", "a call of an ordered key always waits for its turn"),
+        (
+            "exclusive_wait_timeout",
+            "a call waits for its turn; ordered_gap_timeout bounds "
+            "how long a missing one holds the key",
+        ),
+        ("debounce", "debounce drops calls, which would leave holes in the key's line"),
+        ("throttle", "throttle drops calls, which would leave holes in the key's line"),
+    ):
+        if options(option) is not None:
+            raise ConfigError(f"{option} cannot be used with ordered=: {why}", subject=subject)
+    if options("unique") is not None and options("unique_conflict") == "replace":
+        raise ConfigError(
+            'unique_conflict="replace" cannot be used with ordered=: a replaced call never '
+            "runs, and its place would hold the key until the gap bound",
+            subject=subject,
+        )
+    return key
 
 
 def _fair_policy(

@@ -6,6 +6,9 @@ from __future__ import annotations
 CALL_HEADER = "baton_call"
 #: The header that carries a superseding publish's order (supersede.py).
 ORDER_HEADER = "baton_order"
+#: The header that carries an ordered call's place in its key's line (ordered=,
+#: core/ordered.py): "<record epoch>:<position>"; a retry keeps its run's.
+ORDERED_HEADER = "baton_ordered"
 #: The header the beat stamps on every message it sends: the slot it fires (epoch ms).
 BEAT_SLOT_HEADER = "baton_beat_slot"
 #: ... and the entry it fires.

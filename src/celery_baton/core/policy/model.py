@@ -64,6 +64,10 @@ class RunPlan:
     fair_queues: dict[str, str] = field(default_factory=dict)
     fair_limits: dict[str, str] = field(default_factory=dict)
     kept_claim: HeldClaim | None = None  # the unique claim its run renews (expiring message)
+    # ordered=: the key's order record and this call's place ("<epoch>:<position>"; ''
+    # until the gate gave an unstamped message one), released with the run's end.
+    order_key: str | None = None
+    order_place: str = ""
 
     def with_owner(self, owner: str) -> RunPlan:
         """The same plan for another owner: a new attempt of the same delivery, whose
@@ -100,6 +104,10 @@ class TaskPolicy:
     shared: tuple[SharedLimit, ...] = ()
     cost: Cost | None = None
     flow: FlowPolicy | None = None  # debounce or throttle (debounce.py)
+    # ordered=: one call of a key at a time, in publish order (core/ordered.py); a missing
+    # position holds its key at most ``ordered_gap`` seconds.
+    ordered: KeySpec | None = None
+    ordered_gap: float = 60.0
 
     @property
     def celery_rate_only(self) -> bool:
@@ -110,6 +118,7 @@ class TaskPolicy:
             and not (self.exclusive or self.concurrency or self.redelivery_guard or self.unique)
             and not self.shared
             and not self.flow
+            and not self.ordered
         )
 
     @property
@@ -125,6 +134,7 @@ class TaskPolicy:
             or (self.unique and self.unique_until == "started")
             or (self.unique and self.unique_conflict == "replace")
             or self.flow
+            or self.ordered
         )
 
     @property
@@ -138,6 +148,13 @@ class TaskPolicy:
         if self.call_exclusive is not None:
             return digest(self.call_exclusive)
         return digest(self.exclusive.material(args, kwargs))
+
+    def ordered_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """The digest naming this call's ordered key, and the text it was made of;
+        raises KeySpecError."""
+        assert self.ordered is not None
+        material = self.ordered.material(args, kwargs)
+        return digest(material), material
 
     def freed_at_end(self, plan: RunPlan) -> str | None:
         """The unique key ``plan``'s run frees when it ends for good (None: it has none,

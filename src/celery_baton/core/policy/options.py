@@ -54,6 +54,8 @@ class TaskOptions(TypedDict, total=False):
     throttle: float
     throttle_key: KeySpecValue
     throttle_mode: ThrottleMode
+    ordered: KeySpecValue
+    ordered_gap_timeout: float
 
 
 #: Every task option celery-baton reads, in TaskOptions' order.
@@ -77,6 +79,7 @@ NEEDS = {
     "global_concurrency_key": "global_concurrency",
     "fair_weights": "fair_key",
     "cost": "limits",
+    "ordered_gap_timeout": "ordered",
 }
 
 

@@ -156,6 +156,20 @@ def check_against(task: str, options: CallOptions, declared: Any) -> None:
     for a task that is not exclusive and names no per-call key): they would do nothing.
     ``declared`` is the task's compiled policy or None."""
     subject = f"{task} baton="
+    if getattr(declared, "ordered", None) is not None:
+        given = [
+            name
+            for name in ("exclusive", "conflict", "wait_timeout")
+            if getattr(options, name) is not None
+        ]
+        if given:
+            # ordered= holds its key's lease itself: another key, or a conflict policy,
+            # would stall its line or run a call out of turn (compile.py's refusal).
+            raise ConfigError(
+                f"{', '.join(given)} cannot be given to an ordered task (ordered= runs one "
+                "call of its key at a time, in publish order)",
+                subject=subject,
+            )
     exclusive = options.exclusive is not None or getattr(declared, "exclusive", None)
     unique = options.unique is not None or getattr(declared, "unique", None)
     conflict = options.conflict or getattr(declared, "exclusive_conflict", None) or "skip"

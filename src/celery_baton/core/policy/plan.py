@@ -16,6 +16,7 @@ from typing import Any
 from celery_baton.core import fairness
 from celery_baton.core.conditions import (
     FreeUnique,
+    InOrder,
     KeepUnique,
     NotDone,
     NotSuperseded,
@@ -27,6 +28,7 @@ from celery_baton.core.conditions import (
 )
 from celery_baton.core.gate import HeldClaim, HeldLease
 from celery_baton.core.keys import KeyNames, digest
+from celery_baton.core.ordered import RECORD_LIFE
 from celery_baton.core.policy.model import RatePolicy, RunPlan, TaskPolicy
 from celery_baton.core.policy.options import SUPERSEDING
 from celery_baton.core.policy.slot_runs import SlotRun
@@ -51,6 +53,7 @@ def plan_delivery(
     stamp: str = "",
     attempt: int = 0,
     slot_run: SlotRun | None = None,
+    place: str = "",
 ) -> RunPlan:
     """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
@@ -68,6 +71,8 @@ def plan_delivery(
     without celery-baton, judged by its task id alone).
     ``attempt``: its Celery ``retries`` (a retry keeps its publish's stamp).
     ``slot_run``: a scheduled beat slot, recorded in its entry's run record.
+    ``place``: an ordered call's place in its key's line (its header; '': the gate gives
+    one).
     """
     plan = RunPlan(owner, [], [])
     if policy.flow is not None:
@@ -78,6 +83,8 @@ def plan_delivery(
         _redelivery_guard(policy, plan, names, task_id, stamp, attempt, slot_run)
     if policy.exclusive is not None:
         _exclusive(policy, plan, names, task_id, order, args, kwargs)
+    if policy.ordered is not None:
+        _ordered(policy, plan, names, place, args, kwargs)
     if policy.concurrency is not None:
         _concurrency(policy, plan, names, args, kwargs)
     rate = policy.rate
@@ -141,6 +148,36 @@ def _exclusive(
         plan.supersede_key = names.supersede(policy.name, digest(material))
         plan.labels[plan.supersede_key] = material
         plan.conditions.append(PublishOrder(plan.supersede_key, order, task_id))
+    _lease(policy, plan, key, 1, fence=True)
+
+
+def _ordered(
+    policy: TaskPolicy,
+    plan: RunPlan,
+    names: KeyNames,
+    place: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """The call's turn in its key's line, then the key's exclusive lease (fenced), which
+    the turn's check reads (gate/ordered.lua): the two are adjacent."""
+    assert policy.ordered is not None
+    material = policy.ordered.material(args, kwargs)
+    key_digest = digest(material)
+    plan.order_key = names.ordered(policy.name, key_digest)
+    plan.order_place = place
+    plan.labels[plan.order_key] = material
+    plan.conditions.append(
+        InOrder(
+            plan.order_key,
+            place,
+            max(1, round(policy.ordered_gap * 1000)),
+            round(RECORD_LIFE * 1000),
+        )
+    )
+    key = names.lease(policy.name, "ex", key_digest)
+    plan.exclusive_key = key
+    plan.labels[key] = material
     _lease(policy, plan, key, 1, fence=True)
 
 

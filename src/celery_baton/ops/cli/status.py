@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -45,9 +46,36 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
             if data["workers"]
             else "no live workers",
         ]
+        if data["ordered"]:
+            text += [
+                "",
+                table(
+                    [
+                        (
+                            f"{line['task']} {line['label'] or line['key']}",
+                            line["next"],
+                            line["waiting"],
+                            f"{line['idle']:.1f}s",
+                            _skips(line),
+                        )
+                        for line in data["ordered"]
+                    ],
+                    ["ordered key", "next", "waiting", "idle", "skipped (gap bound)"],
+                    keep=(0,),
+                ),
+            ]
         return data, "\n".join(text)
 
     show(ctx, render, watch)
+
+
+def _skips(line: dict[str, Any]) -> str:
+    """An ordered line's skips in words: how many, and the latest (positions, when)."""
+    if not line["skipped"]:
+        return "0"
+    latest, _, at_ms = line["last_skip"].partition(" ")
+    when = time.strftime("%H:%M:%S", time.gmtime(int(at_ms) / 1000)) if at_ms else "?"
+    return f"{line['skipped']} (latest: {latest} at {when} UTC)"
 
 
 @baton.command("end-grace")

@@ -20,13 +20,15 @@
 --   "O" gate/override.lua         "F", "-" gate/fair.lua          "D" gate/done.lua
 --   "S" gate/order.lua            "N" gate/not_superseded.lua  "B" gate/slot_not_run.lua
 --   "U" gate/free_unique.lua      "K" gate/keep_unique.lua     "X" gate/not_cancelled.lua
--- returns   {1, fence, start_in_us, at_us, epoch, order} granted (fence 0 when no lease
+--   "Q" gate/ordered.lua
+-- returns   {1, fence, start_in_us, at_us, epoch, order, note} granted (fence 0 when no lease
 --                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,
 --                                         which is at_us on the server's clock (us)
 --           {0, i, retry_after_us, holder, order} denied by condition i; nothing was
 --                                         written (but an "S" record, and its order).
 --           order: what an "S" condition without one was given (0: none).
+--           note: what a "Q" condition did besides ('' : nothing; gate/ordered.lua).
 --           retry_after_us (microseconds) is -1 when waiting cannot help (a done marker).
 -- Time is the server's TIME, so workers' clocks never matter.
 --
@@ -53,6 +55,7 @@ local start_at = now_us  -- a reserved rate slot may start later than now
 
 local n = (#ARGV - 3) / 3
 local assigned = 0  -- the publish order an "S" condition was given here
+local note = ''  -- what a "Q" condition did besides passing (gate/ordered.lua)
 -- @setup: each kind's (rate, fair, order)
 
 for i = 1, n do
@@ -77,4 +80,4 @@ for n_write = 1, #writes do
   -- @write: each kind's write
   end
 end
-return {1, fence, start_at - now_us, start_at, epoch, assigned}
+return {1, fence, start_at - now_us, start_at, epoch, assigned, note}

@@ -18,6 +18,21 @@
 -- ARGV[8]     (with ARGV[3] > 0, optional) a scheduled beat slot: "<slot> <the fired
 --             slot before it, or nothing>" (ms); KEYS[n+1] is then its entry's run
 --             record, not a task id's done marker
+-- ARGV[9]     (optional; ARGV[6..8] then given, '' when unused) an ordered call's end
+--             (ordered=, gate/ordered.lua): "<epoch> <position> <final 2|1|0> <hold ms>";
+--             KEYS[last] is then its key's order record, and ARGV[10] the key's lease,
+--             announced on the notice channel when the position advanced and a call
+--             waits. Final: the next position's turn (q = position + 1; its gap clock
+--             starts now). Not final (a retry, a message that comes back): the position
+--             keeps its turn, its gap clock restarting <hold ms> from now (when the retry
+--             is due). 2: the call left without a run (skipped, revoked, cancelled): its
+--             position is given up, now if it is q, else marked ("d:<position>") and passed
+--             over when q reaches it. 3: final, recorded by the run's pool process while
+--             its lease is held: q moves, and the waiters are woken by the release of the
+--             lease (a "1" that finds q moved already). Only under that epoch, and only a
+--             position not passed:
+--             a call skipped by the gap bound, or of a lost record, moves nothing. Passing
+--             q moves it over every given-up position after it.
 -- returns     number of leases this owner actually held and freed
 --
 -- The done marker is a sorted set of the task id's publishes that finished: member the
@@ -120,6 +135,34 @@ if unique_owner ~= '' then
     end
   elseif holder == unique_owner then
     redis.call('DEL', KEYS[next_key])
+  end
+end
+local order = ARGV[9] or ''
+if order ~= '' then
+  local record = KEYS[#KEYS]
+  local epoch, seq, final, hold_ms = string.match(order, '^(%d+) (%d+) (%d) (%d+)$')
+  local now = call('HMGET', record, 'e', 'q')
+  if now[1] == epoch and final == '2' and tonumber(seq) > tonumber(now[2]) then
+    call('HSET', record, 'd:' .. seq, '1')  -- given up before its turn
+  elseif now[1] == epoch and now[2] == seq then
+    local t = call('TIME')
+    local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+    if final ~= '0' then
+      local q = tonumber(seq) + 1
+      while call('HDEL', record, 'd:' .. q) == 1 do q = q + 1 end
+      call('HSET', record, 'q', string.format('%d', q), 't', string.format('%d', now_ms))
+      -- "3": recorded by the run's pool process, its lease still held: the waiters are
+      -- woken when its worker frees the lease (below), not now, to find it held.
+      if final ~= '3' and call('HDEL', record, 'w') == 1 then
+        call('PUBLISH', ARGV[5], ARGV[10])
+      end
+    else
+      call('HSET', record, 't', string.format('%d', now_ms + tonumber(hold_ms)))
+    end
+  elseif now[1] == epoch and final == '1' and freed > 0 then
+    -- Its pool process moved the line already; its lease is free now: the next call's
+    -- turn has come.
+    if call('HDEL', record, 'w') == 1 then call('PUBLISH', ARGV[5], ARGV[10]) end
   end
 end
 return freed

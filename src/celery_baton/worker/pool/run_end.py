@@ -37,6 +37,11 @@ leases are left to it (a lease freed here while its renewals go on there could b
 mistaken for one the store forgot). Without a pool (solo, threads) the task runs in a
 thread of the main process: its end is recorded here all the same, before the result.
 
+An ordered call's end (``ordered=``) moves its key's line the same way, from here: a
+final end gives the next position its turn, a retry keeps the place until the retry is
+due (worker/ordering.py). So a worker killed between the end and its ack does not run
+the call again: its copy finds its position passed, and is acked without running.
+
 Without the redelivery guard an ``acks_late`` copy of a run whose worker died after
 the result was stored runs again (Celery's at-least-once): its claim was freed, so a
 publish made after the result may run beside it. The guard refuses that copy.
@@ -44,6 +49,7 @@ publish made after the result may run beside it. The guard refuses that copy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +60,7 @@ from celery_baton.core.conditions import attempt_stamp
 from celery_baton.core.gate import Release
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.parts import parts_for
+from celery_baton.worker import ordering
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -76,24 +83,30 @@ class RunEnd:
     stamp: str
     link: str
     attempt: int
+    # ordered=: "<epoch> <position>" of the call, its key's order record and lease ('':
+    # not an ordered call).
+    place: str = ""
+    order_key: str = ""
+    order_lease: str = ""
 
     def release(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
         """The record of an end in ``state`` (``exc``: what the body raised), or None."""
         if state == states.RETRY:
-            if not self.done_key or self.link:  # (a beat slot's record is per slot)
-                return None
-            return Release(
-                (),
-                self.owner,
-                self.done_key,
-                self.retention,
-                done_stamp=attempt_stamp(self.stamp, self.attempt),
-            )
+            retried = None
+            if self.done_key and not self.link:  # (a beat slot's record is per slot)
+                retried = Release(
+                    (),
+                    self.owner,
+                    self.done_key,
+                    self.retention,
+                    done_stamp=attempt_stamp(self.stamp, self.attempt),
+                )
+            return self._ordered(retried, end="0", hold=ordering.retry_in(exc))
         if state == states.REJECTED and getattr(exc, "requeue", False) and acks_late:
             return None  # back to the broker, to run again
         if state not in (states.SUCCESS, states.FAILURE, states.IGNORED, states.REJECTED):
             return None
-        return Release(
+        ended = Release(
             (),
             self.owner,
             self.done_key or None,
@@ -103,12 +116,27 @@ class RunEnd:
             done_stamp=self.stamp,
             done_link=self.link,
         )
+        # "3": final, its lease still held (its worker frees it, and wakes the next call).
+        return self._ordered(ended, end="3", hold=0.0)
+
+    def _ordered(self, release: Release | None, *, end: str, hold: float) -> Release | None:
+        """``release`` with the end of an ordered call (worker/ordering.py; release.lua
+        says what ``end`` means)."""
+        if not self.place:
+            return release
+        return dataclasses.replace(
+            release or Release((), self.owner),
+            order=f"{self.place} {end} {round(hold * 1000)}",
+            order_key=self.order_key,
+            order_lease=self.order_lease,
+        )
 
 
 def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> None:
     """Main process, as the run starts: what its end records, wherever it runs."""
     unique_key = policy.freed_at_end(plan)
-    if plan.done_key is None and unique_key is None:
+    place = ordering.end_place(plan)
+    if plan.done_key is None and unique_key is None and not place:
         return
     request_dict[RUN_END_FIELD] = (
         plan.owner,
@@ -118,6 +146,9 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         plan.done_stamp,
         plan.done_link,
         plan.done_attempt,
+        place,
+        plan.order_key or "",
+        plan.exclusive_key or "",
     )
 
 
