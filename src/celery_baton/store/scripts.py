@@ -60,6 +60,9 @@ SCRIPT_NAMES = (
     "cancel_key",
     "cancel_check",
     "cancel_read",
+    "batch_tick",
+    "batch_done",
+    "batch_end",
 )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_baton.core.batch import BatchPolicy
 from celery_baton.core.conditions import Condition
 from celery_baton.core.debounce import FlowPolicy
 from celery_baton.core.fairness import FairPolicy
@@ -100,6 +101,7 @@ class TaskPolicy:
     shared: tuple[SharedLimit, ...] = ()
     cost: Cost | None = None
     flow: FlowPolicy | None = None  # debounce or throttle (debounce.py)
+    batch: BatchPolicy | None = None  # calls run together by key (core/batch.py)
 
     @property
     def celery_rate_only(self) -> bool:

@@ -54,6 +54,9 @@ class TaskOptions(TypedDict, total=False):
     throttle: float
     throttle_key: KeySpecValue
     throttle_mode: ThrottleMode
+    batch: KeySpecValue
+    batch_size: int
+    batch_wait: float
 
 
 #: Every task option celery-baton reads, in TaskOptions' order.
@@ -77,6 +80,8 @@ NEEDS = {
     "global_concurrency_key": "global_concurrency",
     "fair_weights": "fair_key",
     "cost": "limits",
+    "batch_size": "batch",
+    "batch_wait": "batch",
 }
 
 

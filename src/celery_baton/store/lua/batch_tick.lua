@@ -1,0 +1,128 @@
+-- batch_tick: one worker's tick of one batch key (core/batch.py): register the calls it
+-- received, renew its presence and the batch it runs, tell it which of its held calls
+-- ran, and claim the next batch when one is due and it holds one of its calls.
+--
+-- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
+-- KEYS[5] claimed   KEYS[6] done    KEYS[7] run      KEYS[8] finished
+-- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
+-- ARGV[5] run ttl (ms)   ARGV[6] the batch this worker runs of this key ('' none)
+-- ARGV[7] n, then n pairs (call id, encoded call) to register
+-- then '1' and every call id this worker holds (a full check), or '0'
+-- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
+--          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
+--   finished: held calls that ran in a batch (their holder acks them, runs nothing);
+--   missing: held calls the store does not know (it forgot them): register them again.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local worker = ARGV[1]
+local size = tonumber(ARGV[3])
+local wait = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), worker)
+
+local finished = {}
+local missing = {}
+
+-- New calls: one that already ran (a redelivered message) is finished at once.
+local n = tonumber(ARGV[7])
+local at = 8
+for i = 1, n do
+  local id, call = ARGV[at], ARGV[at + 1]
+  at = at + 2
+  if redis.call('ZSCORE', KEYS[6], id) then
+    finished[#finished + 1] = id
+  else
+    if not redis.call('ZSCORE', KEYS[5], id) then
+      redis.call('ZADD', KEYS[1], 'NX', now, id)
+    end
+    redis.call('HSET', KEYS[2], id, call)
+    redis.call('HSET', KEYS[3], id, worker)
+  end
+end
+local full = ARGV[at] == '1'
+at = at + 1
+
+-- The running batch: renewed by its runner; a run whose lease lapsed (its worker died
+-- or stood still) gives its calls back to the waiting ones.
+local run = redis.call('GET', KEYS[7])
+if run and ARGV[6] ~= '' and run == ARGV[6] then
+  redis.call('PEXPIRE', KEYS[7], ARGV[5])
+end
+if not run and redis.call('ZCARD', KEYS[5]) > 0 then
+  local back = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
+  for i = 1, #back, 2 do
+    redis.call('ZADD', KEYS[1], back[i + 1], back[i])
+  end
+  redis.call('DEL', KEYS[5])
+end
+
+-- Calls done since this worker's last tick.
+local inbox = redis.call('HGET', KEYS[8], worker)
+if inbox then
+  redis.call('HDEL', KEYS[8], worker)
+  for id in string.gmatch(inbox, '[^,]+') do
+    finished[#finished + 1] = id
+  end
+end
+
+if full then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  -- A waiting call whose holder is gone: its message went back to the broker, which
+  -- delivers it again (to a worker that registers it again).
+  local waiting = redis.call('ZRANGE', KEYS[1], 0, -1)
+  for _, id in ipairs(waiting) do
+    local holder = redis.call('HGET', KEYS[3], id)
+    if not holder or not redis.call('ZSCORE', KEYS[4], holder) then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+    end
+  end
+  for i = at, #ARGV do
+    local id = ARGV[i]
+    if redis.call('ZSCORE', KEYS[6], id) then
+      finished[#finished + 1] = id
+    elseif not redis.call('ZSCORE', KEYS[1], id) and not redis.call('ZSCORE', KEYS[5], id) then
+      missing[#missing + 1] = id
+    end
+  end
+end
+
+-- A batch is due when `size` calls wait or the oldest waited `wait` ms; one runs at a
+-- time per key, claimed by a worker that holds one of its calls (its message carries
+-- the run into that worker's pool).
+local due = -1
+local claim = {}
+local waiting = redis.call('ZCARD', KEYS[1])
+if waiting > 0 then
+  local oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+  local waited = now - oldest
+  if waiting >= size or waited >= wait then
+    due = 0
+    if redis.call('EXISTS', KEYS[7]) == 0 then
+      local ids = redis.call('ZRANGE', KEYS[1], 0, size - 1, 'WITHSCORES')
+      local carrier = nil
+      for i = 1, #ids, 2 do
+        if redis.call('HGET', KEYS[3], ids[i]) == worker then
+          carrier = ids[i]
+          break
+        end
+      end
+      if carrier then
+        local id = worker .. '/' .. t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        redis.call('SET', KEYS[7], id, 'PX', ARGV[5])
+        claim = {id, carrier}
+        for i = 1, #ids, 2 do
+          redis.call('ZADD', KEYS[5], ids[i + 1], ids[i])
+          redis.call('ZREM', KEYS[1], ids[i])
+          claim[#claim + 1] = ids[i]
+          claim[#claim + 1] = redis.call('HGET', KEYS[2], ids[i]) or ''
+        end
+      end
+    end
+  else
+    due = wait - waited
+  end
+end
+return {finished, missing, due, claim}

@@ -1,0 +1,252 @@
+"""Batching in the consumer: calls of a batched task wait here, their messages unacked,
+costing no pool slot, until their key's batch ran (core/batch.py says where the state is).
+
+A received call is held (counted like an ETA task, so the prefetch window keeps room for
+work this worker can run) and registered in the store under its key at the next tick.
+Every ``interval`` one tick per key (one round trip for all keys) renews this worker's
+presence and the batch it runs, tells which held calls ran in a batch (their messages
+are acked here, nothing runs), re-registers the calls the store forgot, and claims a due
+batch when this worker holds one of its calls. That call's own request carries the batch
+into the pool (worker/pool/batch_run.py runs the body and writes every call's result).
+When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from celery_baton.core.batch import Batches, KeyTick
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.worker import outcomes
+from celery_baton.worker.pool.batch_run import BATCH_FIELD, encode_call
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: Seconds between two ticks at most (a shorter batch_wait ticks faster).
+INTERVAL_MAX = 0.05
+INTERVAL_MIN = 0.01
+#: Seconds between two full checks of a key's held calls (the store may have forgotten
+#: them; a holder may have died).
+FULL_CHECK = 1.0
+
+
+def tick_interval(waits: list[float]) -> float:
+    """One tick every quarter of the shortest batch_wait, within [10 ms, 50 ms]: a lone
+    call's batch starts at most about two ticks after its wait."""
+    if not waits:
+        return INTERVAL_MAX
+    return max(INTERVAL_MIN, min(INTERVAL_MAX, min(waits) / 4))
+
+
+@dataclass
+class Running:
+    """A batch this worker claimed and carries into its pool."""
+
+    run: str
+    carrier_id: str
+    carrier: Any  # the Celery request
+    ended: bool = False  # left the pool; the store not told yet
+
+
+@dataclass
+class KeyState:
+    """This worker's side of one batch key."""
+
+    keys: list[str]
+    size: int
+    wait: float
+    held: dict[str, Any] = field(default_factory=dict)  # call id -> request
+    new: list[tuple[str, str]] = field(default_factory=list)  # to register
+    running: Running | None = None
+    next_full: float = 0.0
+
+
+class Batching:
+    """Holds the calls of batched tasks and runs their batches; see the module docstring."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        batches: Batches,
+        *,
+        send: Callable[[Any], None],
+        presence: float,
+        keep: float,
+        interval: float,
+    ) -> None:
+        self.consumer = consumer
+        self.batches = batches
+        self.send = send  # to the pool, as a plain request
+        self.presence = presence  # how long the store believes this worker alive
+        self.keep = keep  # how long a done call is remembered
+        self.interval = interval
+        # A restarted worker with the same name is a new holder: its predecessor's calls
+        # are not its own.
+        self.worker = f"{consumer.hostname}/{uuid.uuid4().hex[:8]}"
+        self.keys: dict[str, KeyState] = {}
+        self._timer: Any = None
+        self._down_said = 0.0
+        self.stats = {"batches": 0, "calls_acked": 0}
+
+    # -- the consumer's side ----------------------------------------------------------
+
+    def start(self, consumer: Any) -> None:
+        """At every consumer start (a new loop after a lost connection)."""
+        self.consumer = consumer
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = consumer.timer.call_repeatedly(self.interval, self.tick, priority=5)
+
+    def forget(self) -> int:
+        """The connection is gone: the broker delivers the held messages again."""
+        count = 0
+        for state in self.keys.values():
+            count += len(state.held)
+            state.held.clear()
+            state.new.clear()
+        return count
+
+    def receive(self, request: Any, policy: TaskPolicy) -> None:
+        batch = policy.batch
+        assert batch is not None
+        try:
+            material = batch.key.material(request.args or (), request.kwargs or {})
+        except KeySpecError as exc:
+            outcomes.refuse(
+                request,
+                KeySpecError(
+                    f"{exc}; a batched task's calls pass the key's arguments by keyword "
+                    f"({request.name.rsplit('.', 1)[-1]}.delay(name=value, ...))"
+                ),
+            )
+            return
+        try:
+            encoded = encode_call(request.args, request.kwargs)
+        except (TypeError, ValueError) as exc:
+            outcomes.refuse(
+                request, BatonError(f"a batched call's arguments must be JSON-serialisable: {exc}")
+            )
+            return
+        keys = self.batches.keys(request.name, material)
+        state = self.keys.get(keys[0])
+        if state is None:
+            state = self.keys[keys[0]] = KeyState(keys, batch.size, batch.wait)
+        if request.id in state.held:  # the same message twice: keep one
+            self._leave(state.held.pop(request.id), ack=True)
+        state.held[request.id] = request
+        state.new.append((request.id, encoded))
+        # Like an ETA task: a held call must not use up the prefetch window.
+        self.consumer.qos.increment_eventually()
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        # On the consumer's loop; kombu's timer swallows exceptions: say them.
+        try:
+            self._tick()
+        except Exception:
+            logger.exception("baton: a batching tick failed (retried at the next tick)")
+
+    def _tick(self) -> None:
+        self._end_runs()
+        states = [s for s in self.keys.values() if s.held or s.new or s.running]
+        self.keys = {s.keys[0]: s for s in states}
+        if not states:
+            return
+        now = time.monotonic()
+        ticks = []
+        for state in states:
+            held = None
+            if now >= state.next_full:
+                state.next_full = now + FULL_CHECK
+                held = list(state.held)
+            new, state.new = state.new, []
+            running = state.running
+            ticks.append(
+                KeyTick(
+                    state.keys,
+                    state.size,
+                    state.wait,
+                    run=running.run if running is not None and not running.ended else "",
+                    new=new,
+                    held=held,
+                )
+            )
+        try:
+            replies = self.batches.tick(self.worker, self.presence, ticks)
+        except StoreUnavailable as exc:
+            for state, sent in zip(states, ticks, strict=True):
+                state.new[:0] = sent.new
+                if sent.held is not None:
+                    state.next_full = 0.0
+            self._say_down(exc)
+            return
+        for state, reply in zip(states, replies, strict=True):
+            for call_id in reply.finished:
+                request = state.held.pop(call_id, None)
+                if request is not None:
+                    self._leave(request, ack=True)
+            for call_id in reply.missing:
+                request = state.held.get(call_id)
+                if request is not None:
+                    state.new.append((call_id, encode_call(request.args, request.kwargs)))
+            if reply.claim is not None:
+                self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
+
+    def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
+        request = state.held.pop(carrier_id, None)
+        if request is None:  # not held any more (acked meanwhile): nothing carries it
+            state.running = Running(run, carrier_id, None, ended=True)
+            return
+        self._leave(request, ack=False)
+        request.request_dict[BATCH_FIELD] = {
+            "run": run,
+            "keys": state.keys,
+            "calls": [list(call) for call in calls],
+            "keep": self.keep,
+        }
+        state.running = Running(run, carrier_id, request)
+        self.stats["batches"] += 1
+        logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
+        self.send(request)
+
+    def _end_runs(self) -> None:
+        """Runs whose carrier left the pool: the store hears their end."""
+        for state in self.keys.values():
+            running = state.running
+            if running is None:
+                continue
+            if not running.ended and running.carrier in worker_state.reserved_requests:
+                continue
+            running.ended = True
+            try:
+                self.batches.end(state.keys, running.run, running.carrier_id)
+            except StoreUnavailable as exc:
+                self._say_down(exc)
+                return  # told at a later tick; the run's lease is no longer renewed
+            state.running = None
+
+    def _leave(self, request: Any, *, ack: bool) -> None:
+        self.consumer.qos.decrement_eventually()
+        if ack:
+            # Its call ran in a batch (its result is written): acked, nothing runs.
+            self.stats["calls_acked"] += 1
+            worker_state.task_ready(request)
+            request.acknowledge()
+
+    def _say_down(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._down_said > 10:
+            self._down_said = now
+            logger.warning("baton: batched calls held while the store is unavailable: %s", exc)
+
+    def held_count(self) -> int:
+        return sum(len(state.held) for state in self.keys.values())

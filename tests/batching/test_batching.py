@@ -1,0 +1,173 @@
+"""Batching by key across all workers on real workers, judged by the observer (its own
+server and clock) and by the results the callers get (issue 37).
+
+The tasks are in tests/apps/batching.py. A "successful run" is one the observer saw end
+(its task id field lists the run's call ids).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from celery_baton.errors import BatchResultError
+from tests.support.observer import Observer, Run
+from tests.support.servers import StoreServer
+from tests.support.workers import Workers
+
+APP = "tests.apps.batching"
+
+
+def server_time_us(server: StoreServer) -> int:
+    with server.client() as client:
+        seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def runs_of(observer: Observer, task: str) -> list[Run]:
+    return [r for r in observer.runs() if r.key.startswith(f"{task}:")]
+
+
+def call_ids(run: Run) -> list[str]:
+    return run.task_id.split(",")
+
+
+def settle(observer: Observer, task: str, n_calls: int, timeout: float = 60) -> list[Run]:
+    """The runs of ``task`` once they hold ``n_calls`` calls (or the timeout passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = runs_of(observer, task)
+        if sum(len(call_ids(r)) for r in runs) >= n_calls:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # a call run twice would show now
+    return runs_of(observer, task)
+
+
+def assert_each_call_once(runs: list[Run], ids: list[str]) -> None:
+    seen = Counter(i for r in runs for i in call_ids(r))
+    twice = [i for i, n in seen.items() if n > 1]
+    assert not twice, f"{len(twice)} calls ran in two successful runs: {twice[:5]}"
+    lost = set(ids) - set(seen)
+    assert not lost, f"{len(lost)} calls never ran in a successful run: {sorted(lost)[:5]}"
+    assert set(seen) == set(ids)
+
+
+def test_calls_from_two_publishers_run_in_batches_of_one_key_across_three_workers(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import index
+
+    for _ in range(3):
+        workers.start(APP, concurrency=2, wait=False)
+    for w in workers.started:
+        w.wait_ready()
+    keys, per_key = 4, 60
+    results: dict[str, tuple[Any, int]] = {}
+    lock = threading.Lock()
+
+    def publish(part: int) -> None:
+        # Two publishers, each half of every key's calls, interleaved across keys.
+        for n in range(per_key // 2):
+            for account in range(keys):
+                doc = account * 1000 + part * 500 + n
+                result = index.apply_async(kwargs={"account": account, "doc": doc})
+                with lock:
+                    results[result.id] = (result, doc)
+
+    publishers = [threading.Thread(target=publish, args=(p,)) for p in range(2)]
+    for p in publishers:
+        p.start()
+    for p in publishers:
+        p.join()
+    runs = settle(observer, "index", keys * per_key)
+
+    assert all("|" not in r.key for r in runs), "a run held calls of two keys"
+    assert_each_call_once(runs, list(results))
+    for result, doc in results.values():
+        assert result.get(timeout=30) == doc * 2, "each caller gets its own call's result"
+    pids = {r.pid for r in runs}
+    sizes = [len(call_ids(r)) for r in runs]
+    assert max(sizes) <= 10
+    full = sum(1 for s in sizes if s == 10)
+    print(f"runs {len(runs)}, full {full}, sizes {sorted(Counter(sizes).items())}")
+    print(f"pool processes that ran batches: {len(pids)}")
+    # Most runs are full: the calls were published far faster than batch_wait.
+    assert full >= len(runs) // 2
+    assert len(pids) >= 2, "runs in the pools of several workers"
+    # Batches span workers: a run holds calls that several workers received (each
+    # worker's log says which task ids it received).
+    receiver = {
+        call_id: w.hostname
+        for w in workers.started
+        for call_id in re.findall(r"index\[([0-9a-f-]{36})\] received", w.log_text())
+    }
+    assert set(receiver) == set(results), "every call received once"
+    spanning = sum(1 for r in runs if len({receiver[i] for i in call_ids(r)}) > 1)
+    print(f"runs holding calls received by several workers: {spanning} of {len(runs)}")
+    assert spanning >= 1
+    assert all("Traceback" not in w.log_text() for w in workers.started)
+
+
+def test_a_lone_partial_batch_starts_after_batch_wait(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    from tests.apps.batching import index
+
+    workers.start(APP, concurrency=2)
+    workers.start(APP, concurrency=2)
+    index.apply_async(kwargs={"account": "warm", "doc": 0}).get(timeout=30)
+    published = server_time_us(broker_server)
+    results = [index.apply_async(kwargs={"account": "lone", "doc": d}) for d in range(3)]
+    assert [r.get(timeout=30) for r in results] == [0, 2, 4]
+    (run,) = [r for r in runs_of(observer, "index") if r.key == "index:lone"]
+    waited = (run.start - published) / 1e6
+    print(f"lone batch started {waited:.3f} s after its first publish (batch_wait 0.2)")
+    assert sorted(call_ids(run)) == sorted(r.id for r in results)
+    assert waited >= 0.15, "a partial batch waits for batch_wait"
+    assert waited < 2.0, "a partial batch starts batch_wait after its first call (+ margin)"
+
+
+def test_a_raising_body_fails_every_call_and_a_mapping_names_each_call(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import boom, by_id
+
+    workers.start(APP, concurrency=2)
+    calls = [boom.apply_async(kwargs={"account": "b", "fail": n == 2}) for n in range(4)]
+    for result in calls:
+        with pytest.raises(ValueError, match="boom in a batch of 4"):
+            result.get(timeout=30)
+    mapped = [by_id.apply_async(kwargs={"doc": d}) for d in (1, -1, 3)]
+    assert mapped[0].get(timeout=30) == 2
+    assert mapped[2].get(timeout=30) == 4
+    with pytest.raises(BatchResultError, match=mapped[1].id):
+        mapped[1].get(timeout=30)
+
+
+def test_a_worker_killed_with_calls_waiting_loses_none_and_runs_none_twice(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import slow_fill
+
+    env = {"BATCH_VISIBILITY": "5"}
+    pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(3)]
+    for w in pool:
+        w.wait_ready()
+    results = {}
+    for d in range(30):
+        result = slow_fill.apply_async(kwargs={"account": "k", "doc": d})
+        results[result.id] = (result, d)
+    time.sleep(0.8)  # received and registered; the batch is 2 s away
+    pool[0].kill()
+    runs = settle(observer, "slow_fill", 30, timeout=90)
+    time.sleep(8)  # the killed worker's messages come back (visibility 5 s) and are acked
+    runs = runs_of(observer, "slow_fill")
+    assert_each_call_once(runs, list(results))
+    for result, doc in results.values():
+        assert result.get(timeout=30) == doc * 2
