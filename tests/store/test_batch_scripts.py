@@ -1,0 +1,137 @@
+"""The batching scripts against a real server, step by step (core/batch.py): what each
+worker's tick is told, and what the store keeps (issue 37)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_baton.core.batch import Batches, KeyTick, TickReply
+from celery_baton.core.keys import KeyNames
+from celery_baton.store.connection import Store, connect
+
+LONG = 60.0  # a presence / run lease that does not lapse within a test
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    store = connect(store_url, socket_timeout=2)
+    yield store
+    store.client.close()
+
+
+@pytest.fixture
+def batches(store: Store, request: pytest.FixtureRequest) -> Batches:
+    return Batches(store, KeyNames(f"bt-{request.node.name[:40]}"))
+
+
+def tick(
+    batches: Batches,
+    worker: str,
+    *,
+    new: list[str] = (),  # type: ignore[assignment]
+    size: int = 3,
+    wait: float = LONG,
+    run: str = "",
+    held: list[str] | None = None,
+    presence: float = LONG,
+) -> TickReply:
+    keys = batches.keys("t", "k")
+    t = KeyTick(
+        keys, size, wait, run=run, new=[(i, f'[[], {{"n": "{i}"}}]') for i in new], held=held
+    )
+    (reply,) = batches.tick(worker, presence, [t])
+    return reply
+
+
+def test_a_batch_is_claimed_when_full_by_a_worker_holding_one_of_its_calls(
+    batches: Batches,
+) -> None:
+    reply = tick(batches, "w1", new=["a", "b"], size=10)
+    assert reply.claim is None and reply.due is not None and reply.due > 1
+    # Full, but w3 holds neither of the first two: it claims nothing; w1 does.
+    assert tick(batches, "w3", new=["c", "d"], size=2).claim is None
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None
+    assert claim.carrier == "a"
+    assert [call_id for call_id, _ in claim.calls] == ["a", "b"]  # the oldest first
+    assert claim.calls[0][1] == '[[], {"n": "a"}]'
+    # One run per key at a time: the rest waits for it.
+    assert tick(batches, "w3", size=1).claim is None
+
+
+def test_a_partial_batch_is_due_after_the_wait(batches: Batches) -> None:
+    reply = tick(batches, "w1", new=["a"], wait=0.3)
+    assert reply.claim is None and reply.due is not None and 0.1 < reply.due <= 0.3
+    time.sleep(0.35)
+    claim = tick(batches, "w1", wait=0.3).claim
+    assert claim is not None and [i for i, _ in claim.calls] == ["a"]
+
+
+def test_done_calls_are_told_to_their_holders_and_a_later_copy_is_finished(
+    batches: Batches,
+) -> None:
+    tick(batches, "w1", new=["a"], size=10)
+    tick(batches, "w2", new=["b", "c"], size=10)
+    claim = tick(batches, "w1", size=3).claim
+    assert claim is not None
+    keys = batches.keys("t", "k")
+    batches.done(keys, claim.run, ["a", "b", "c"], keep=LONG)
+    assert sorted(tick(batches, "w2").finished) == ["b", "c"]
+    assert tick(batches, "w2").finished == []  # told once
+    # A message of a done call delivered again (its holder died before acking it).
+    assert tick(batches, "w3", new=["b"]).finished == ["b"]
+    assert tick(batches, "w3", held=["b"]).finished == ["b"]
+    # The key's run is free: the next batch can start.
+    claim = tick(batches, "w3", new=["d"], size=1).claim  # claimed in the same tick
+    assert claim is not None and claim.carrier == "d"
+
+
+def test_a_run_whose_lease_lapsed_gives_its_calls_back(batches: Batches) -> None:
+    tick(batches, "w1", new=["a", "b"], presence=0.2, size=10)
+    claim = tick(batches, "w1", size=2, presence=0.2).claim
+    assert claim is not None
+    tick(batches, "w2", new=["c"])
+    time.sleep(0.3)
+    # w1 is gone (its run not renewed): w2 sees a, b wait again, w1's (gone) holder is
+    # dropped at w2's full check: their messages come back from the broker.
+    reply = tick(batches, "w2", size=1, held=["c"])
+    assert reply.claim is not None
+    assert [i for i, _ in reply.claim.calls] == ["c"]
+
+
+def test_a_renewed_run_keeps_its_calls(batches: Batches) -> None:
+    tick(batches, "w1", new=["a", "b"], presence=0.4, size=10)
+    claim = tick(batches, "w1", size=2, presence=0.4).claim
+    assert claim is not None
+    for _ in range(4):
+        time.sleep(0.15)
+        tick(batches, "w1", size=2, run=claim.run, presence=0.4)
+    tick(batches, "w2", new=["c"], size=1)
+    reply = tick(batches, "w2", size=1, held=["c"])
+    assert reply.claim is None  # the key's run is still w1's
+
+
+def test_calls_the_store_forgot_are_missing_at_the_full_check(
+    batches: Batches, store: Store
+) -> None:
+    tick(batches, "w1", new=["a", "b"])
+    for key in batches.keys("t", "k"):
+        store.client.delete(key)
+    reply = tick(batches, "w1", held=["a", "b"])
+    assert sorted(reply.missing) == ["a", "b"]
+    assert tick(batches, "w1").missing == []  # only a full check looks
+
+
+def test_the_end_of_a_run_that_did_not_finish_gives_back_all_but_its_carrier(
+    batches: Batches,
+) -> None:
+    tick(batches, "w1", new=["a", "b"], size=10)
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None and claim.carrier == "a"
+    batches.end(batches.keys("t", "k"), claim.run, claim.carrier)
+    reply = tick(batches, "w1", size=1, held=["b"])
+    assert reply.claim is not None
+    assert [i for i, _ in reply.claim.calls] == ["b"]  # the carrier's call is Celery's
