@@ -171,3 +171,52 @@ def test_a_worker_killed_with_calls_waiting_loses_none_and_runs_none_twice(
     assert_each_call_once(runs, list(results))
     for result, doc in results.values():
         assert result.get(timeout=30) == doc * 2
+
+
+def test_a_worker_killed_mid_run_with_acks_late_runs_its_batch_again_once(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import long_run
+
+    env = {"BATCH_VISIBILITY": "5", "BATCH_ACKS_LATE": "1"}
+    pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(2)]
+    for w in pool:
+        w.wait_ready()
+    results = {}
+    for d in range(5):
+        result = long_run.apply_async(kwargs={"account": "m", "doc": d})
+        results[result.id] = (result, d)
+    (first,) = observer.starts_of("long_run:m", 1, timeout=30)
+    (runner,) = [w for w in pool if first["pid"] in w.pool_pids()]
+    runner.kill()  # mid-run: 3 s long
+    runs = settle(observer, "long_run", 5, timeout=90)
+    assert_each_call_once(runs, list(results))
+    for result, doc in results.values():
+        assert result.get(timeout=30) == doc
+    assert not any(r.start == first["start"] for r in runs), "the killed run never ended"
+
+
+def test_calls_waiting_when_the_store_restarts_empty_run_once(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import slow_fill
+
+    server = StoreServer(name="batch-forgetful", persistent=False)
+    server.start()
+    try:
+        env = {"BATON_URL": server.url(0)}
+        pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(2)]
+        for w in pool:
+            w.wait_ready()
+        results = {}
+        for d in range(20):
+            result = slow_fill.apply_async(kwargs={"account": "r", "doc": d})
+            results[result.id] = (result, d)
+        time.sleep(0.5)  # registered; their batch is 1.5 s away
+        server.restart(kill=True, down_for=1.0)  # back empty: every call forgotten
+        runs = settle(observer, "slow_fill", 20, timeout=60)
+        assert_each_call_once(runs, list(results))
+        for result, doc in results.values():
+            assert result.get(timeout=30) == doc * 2
+    finally:
+        server.close()
