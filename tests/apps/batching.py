@@ -45,6 +45,13 @@ def index(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] * 2 for c in calls]
 
 
+@app.task(batch="account", batch_size=10, batch_wait=1.0)
+def fill(calls: list[Call]) -> list[int]:
+    """As ``index`` with a 1 s wait: a burst published within it makes full batches."""
+    _report("fill", calls)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
 @app.task(batch="account", batch_size=1000, batch_wait=2.0)
 def slow_fill(calls: list[Call]) -> list[int]:
     """Never full: a batch runs 2 s after its first call (calls wait that long)."""
