@@ -3,7 +3,9 @@
 Run by workers as ``celery -A tests.apps.batching worker``. Reads the servers from the
 environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
 ``visibility_timeout`` (a test that kills a worker sets a few seconds, so its held
-messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on.
+messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
+``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
+worker's presence outlive their last renewal.
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
 key, or several joined by ``|``: a run that mixed keys shows it), with its call ids
@@ -30,6 +32,7 @@ app, baton = make_baton_app(
         "unacked_restore_throttle": 1,
     },
     worker_lost_wait=1.0,
+    baton_lease_ttl=float(os.environ.get("BATCH_LEASE_TTL", "8")),
 )
 
 
@@ -75,6 +78,13 @@ def boom(calls: list[Call]) -> list[int]:
     if any(c.kwargs.get("fail") for c in calls):
         raise ValueError(f"boom in a batch of {len(calls)}")
     return [0 for _ in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2)
+def longer_run(calls: list[Call]) -> list[int]:
+    """Runs 6 s: the store can restart while it runs."""
+    _report("longer_run", calls, sleep=6.0)
+    return [c.kwargs["doc"] for c in calls]
 
 
 @app.task(batch="account", batch_size=5, batch_wait=0.2)

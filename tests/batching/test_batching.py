@@ -237,3 +237,35 @@ def test_calls_waiting_when_the_store_restarts_empty_run_once(
             assert result.get(timeout=30) == doc * 2
     finally:
         server.close()
+
+
+def test_a_batch_running_when_the_store_restarts_empty_runs_once(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import longer_run
+
+    server = StoreServer(name="batch-forgets-run", persistent=False)
+    server.start()
+    try:
+        # A run ttl of 3 s: the run (6 s) outlasts the grace a restarted store gives
+        # (its start + 3 s), so only the runner writing its run back keeps it single.
+        env = {"BATON_URL": server.url(0), "BATCH_LEASE_TTL": "3"}
+        pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(3)]
+        for w in pool:
+            w.wait_ready()
+        results = {}
+        for d in range(5):
+            result = longer_run.apply_async(kwargs={"account": "f", "doc": d})
+            results[result.id] = (result, d)
+        observer.starts_of("longer_run:f", 1, timeout=30)  # after the new server's grace
+        time.sleep(0.5)
+        server.restart(kill=True, down_for=0.5)  # back empty, the batch still running
+        runs = settle(observer, "longer_run", 5, timeout=60)
+        time.sleep(4)  # past the grace: a second run of the same calls would come by now
+        runs = runs_of(observer, "longer_run")
+        assert len(observer.started()) == len(runs), "no run started beside the first"
+        assert_each_call_once(runs, list(results))
+        for result, doc in results.values():
+            assert result.get(timeout=30) == doc
+    finally:
+        server.close()

@@ -18,7 +18,10 @@ A key's state, one hash slot (the ``{batch:<task>:<key>}`` tag), in the store:
 * ``claimed``  sorted set: the calls of the batch running now (same scores as pending);
 * ``done``     sorted set: call id -> until when it is remembered as run;
 * ``run``      string: the running batch's id (``<worker>/<micros>``), a lease (PX);
-* ``finished`` hash: worker -> the ids (comma separated) that ran since its last tick.
+* ``finished`` hash: worker -> the ids (comma separated) that ran since its last tick;
+* ``epoch``    string: until when no batch is claimed (ms), written when the key is
+  first seen by this server: a server that restarted empty waits one run ttl from its
+  start, so that a batch running meanwhile is written back by its runner first.
 """
 
 from __future__ import annotations
@@ -192,7 +195,17 @@ def batch_keys(names: KeyNames, task: str, key_digest: str) -> list[str]:
     base = f"{names.prefix}:{{batch:{task}:{key_digest}}}"
     return [
         f"{base}:{part}"
-        for part in ("pending", "calls", "holder", "workers", "claimed", "done", "run", "finished")
+        for part in (
+            "pending",
+            "calls",
+            "holder",
+            "workers",
+            "claimed",
+            "done",
+            "run",
+            "finished",
+            "epoch",
+        )
     ]
 
 
@@ -231,6 +244,7 @@ class KeyTick:
     size: int
     wait: float
     run: str = ""  # the batch this worker runs of this key (renewed), '' none
+    run_ids: list[str] = field(default_factory=list)  # its calls (a full check: else [])
     new: list[tuple[str, str]] = field(default_factory=list)  # calls to register
     held: list[str] | None = None  # every held call id: a full check (None: not now)
 
@@ -262,6 +276,7 @@ class Batches:
             ]
             for call_id, payload in t.new:
                 args += [call_id, payload]
+            args += [len(t.run_ids), *t.run_ids]
             if t.held is not None:
                 args += ["1", *t.held]
             else:

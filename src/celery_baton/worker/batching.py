@@ -53,6 +53,7 @@ class Running:
     run: str
     carrier_id: str
     carrier: Any  # the Celery request
+    call_ids: list[str]  # the batch's calls, written back if the store forgot the run
     ended: bool = False  # left the pool; the store not told yet
 
 
@@ -170,12 +171,16 @@ class Batching:
                 held = list(state.held)
             new, state.new = state.new, []
             running = state.running
+            live = running is not None and not running.ended
+            # At a full check, the run's calls: written back if the store forgot the run.
+            run_ids = running.call_ids if running is not None and live and held is not None else []
             ticks.append(
                 KeyTick(
                     state.keys,
                     state.size,
                     state.wait,
-                    run=running.run if running is not None and not running.ended else "",
+                    run=running.run if running is not None and live else "",
+                    run_ids=run_ids,
                     new=new,
                     held=held,
                 )
@@ -204,7 +209,7 @@ class Batching:
     def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
         request = state.held.pop(carrier_id, None)
         if request is None:  # not held any more (acked meanwhile): nothing carries it
-            state.running = Running(run, carrier_id, None, ended=True)
+            state.running = Running(run, carrier_id, None, [], ended=True)
             return
         self._leave(request, ack=False)
         request.request_dict[BATCH_FIELD] = {
@@ -213,7 +218,7 @@ class Batching:
             "calls": [list(call) for call in calls],
             "keep": self.keep,
         }
-        state.running = Running(run, carrier_id, request)
+        state.running = Running(run, carrier_id, request, [call_id for call_id, _ in calls])
         self.stats["batches"] += 1
         logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
         self.send(request)

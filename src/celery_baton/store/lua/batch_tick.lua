@@ -4,9 +4,11 @@
 --
 -- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
 -- KEYS[5] claimed   KEYS[6] done    KEYS[7] run      KEYS[8] finished
+-- KEYS[9] epoch: until when (ms) no batch is claimed after the store forgot the key
 -- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
 -- ARGV[5] run ttl (ms)   ARGV[6] the batch this worker runs of this key ('' none)
 -- ARGV[7] n, then n pairs (call id, encoded call) to register
+-- then m and the m call ids of the batch this worker runs (at a full check; else 0)
 -- then '1' and every call id this worker holds (a full check), or '0'
 -- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
 --          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
@@ -39,14 +41,52 @@ for i = 1, n do
     redis.call('HSET', KEYS[3], id, worker)
   end
 end
+local run_ids = {}
+local m = tonumber(ARGV[at])
+for i = 1, m do
+  run_ids[i] = ARGV[at + i]
+end
+at = at + m + 1
 local full = ARGV[at] == '1'
 at = at + 1
+
+-- The key's epoch. Missing: the key is new, or the store forgot it (restarted empty)
+-- with a batch maybe running. A run from before can only have been claimed before the
+-- server started, and lives at most one run ttl after: until then no batch is claimed,
+-- so its runner has the time to write it back (below). A server up longer (a key never
+-- used, or FLUSHALL of a live server: docs/guides/batching.md) gives no grace.
+local grace = 0
+local epoch = redis.call('GET', KEYS[9])
+if epoch then
+  grace = tonumber(epoch)
+else
+  local info = redis.pcall('INFO', 'server')
+  local up = 0
+  if type(info) == 'string' then
+    up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  end
+  grace = now - up * 1000 + tonumber(ARGV[5])
+  if grace <= now then grace = 0 end
+  redis.call('SET', KEYS[9], grace)
+end
 
 -- The running batch: renewed by its runner; a run whose lease lapsed (its worker died
 -- or stood still) gives its calls back to the waiting ones.
 local run = redis.call('GET', KEYS[7])
 if run and ARGV[6] ~= '' and run == ARGV[6] then
   redis.call('PEXPIRE', KEYS[7], ARGV[5])
+elseif not run and ARGV[6] ~= '' and now < grace and m > 0 then
+  -- The store forgot this worker's running batch: written back, so that its calls,
+  -- registered again by their holders, are not claimed by a second run.
+  redis.call('SET', KEYS[7], ARGV[6], 'PX', ARGV[5])
+  run = ARGV[6]
+  for _, id in ipairs(run_ids) do
+    if not redis.call('ZSCORE', KEYS[6], id) then
+      local since = redis.call('ZSCORE', KEYS[1], id) or now
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('ZADD', KEYS[5], since, id)
+    end
+  end
 end
 if not run and redis.call('ZCARD', KEYS[5]) > 0 then
   local back = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
@@ -100,7 +140,9 @@ if waiting > 0 then
   local waited = now - oldest
   if waiting >= size or waited >= wait then
     due = 0
-    if redis.call('EXISTS', KEYS[7]) == 0 then
+    if now < grace then
+      due = grace - now
+    elseif redis.call('EXISTS', KEYS[7]) == 0 then
       local ids = redis.call('ZRANGE', KEYS[1], 0, size - 1, 'WITHSCORES')
       local carrier = nil
       for i = 1, #ids, 2 do

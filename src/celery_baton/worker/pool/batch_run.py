@@ -15,6 +15,7 @@ batch of one: the body gets a list of one call and the call its own result.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -135,12 +136,21 @@ def _done(task: Any, batch: dict[str, Any], calls: list[Call]) -> None:
     parts = installed_parts(task.app)
     if parts is None:
         return
-    try:
-        parts.batches.done(batch["keys"], batch["run"], [c.id for c in calls], batch["keep"])
-    except BatonError as exc:
-        logger.error(
-            "%s: batch %s ran but the store could not be told (%s): it may run again",
-            task.name,
-            batch["run"],
-            exc,
-        )
+    # A store down for a moment (a restart, a failover) is waited for: the run's lease
+    # outlives half its ttl, and a batch told done is a batch that never runs again.
+    deadline = time.monotonic() + parts.settings.lease_ttl / 2
+    while True:
+        try:
+            parts.batches.done(batch["keys"], batch["run"], [c.id for c in calls], batch["keep"])
+            return
+        except BatonError as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            logger.error(
+                "%s: batch %s ran but the store could not be told (%s): it may run again",
+                task.name,
+                batch["run"],
+                exc,
+            )
+            return
