@@ -7,7 +7,9 @@ The tasks are in tests/apps/batching.py. A "successful run" is one the observer 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections import Counter
@@ -269,3 +271,28 @@ def test_a_batch_running_when_the_store_restarts_empty_runs_once(
             assert result.get(timeout=30) == doc
     finally:
         server.close()
+
+
+def test_a_pool_process_killed_mid_run_fails_its_carrier_and_the_others_run_again(
+    workers: Workers, observer: Observer
+) -> None:
+    from celery.exceptions import WorkerLostError
+
+    from tests.apps.batching import long_run
+
+    workers.start(APP, concurrency=2)
+    results = {}
+    for d in range(5):
+        result = long_run.apply_async(kwargs={"account": "p", "doc": d})
+        results[result.id] = (result, d)
+    (first,) = observer.starts_of("long_run:p", 1, timeout=30)
+    os.kill(first["pid"], signal.SIGKILL)  # the pool process running the batch
+    lost = []
+    for call_id, (result, doc) in results.items():
+        try:
+            assert result.get(timeout=60) == doc
+        except WorkerLostError:
+            lost.append(call_id)
+    assert len(lost) == 1, "the carrier fails as Celery fails a task whose process died"
+    runs = settle(observer, "long_run", 4)
+    assert_each_call_once(runs, [i for i in results if i not in lost])
