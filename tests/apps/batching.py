@@ -48,6 +48,13 @@ def index(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] * 2 for c in calls]
 
 
+@app.task(batch="account", batch_size=50, batch_wait=0.2)
+def wide(calls: list[Call]) -> list[int]:
+    """Batches of up to 50 calls (the issue's scale test)."""
+    _report("wide", calls, sleep=0.01)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
 @app.task(batch="account", batch_size=10, batch_wait=1.0)
 def fill(calls: list[Call]) -> list[int]:
     """As ``index`` with a 1 s wait: a burst published within it makes full batches."""

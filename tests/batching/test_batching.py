@@ -296,3 +296,47 @@ def test_a_pool_process_killed_mid_run_fails_its_carrier_and_the_others_run_agai
     assert len(lost) == 1, "the carrier fails as Celery fails a task whose process died"
     runs = settle(observer, "long_run", 4)
     assert_each_call_once(runs, [i for i in results if i not in lost])
+
+
+@pytest.mark.slow
+def test_ten_keys_of_300_calls_from_two_publishers_at_batch_size_50(
+    workers: Workers, observer: Observer
+) -> None:
+    """Issue 37's scale: 3 workers, 10 keys x 300 calls from 2 publishers."""
+    from tests.apps.batching import wide
+
+    for _ in range(3):
+        workers.start(APP, concurrency=2, wait=False)
+    for w in workers.started:
+        w.wait_ready()
+    keys, per_key = 10, 300
+    results: dict[str, tuple[Any, int]] = {}
+    lock = threading.Lock()
+
+    def publish(part: int) -> None:
+        for n in range(per_key // 2):
+            for account in range(keys):
+                doc = account * 10_000 + part * 5_000 + n
+                result = wide.apply_async(kwargs={"account": account, "doc": doc})
+                with lock:
+                    results[result.id] = (result, doc)
+
+    started = time.monotonic()
+    publishers = [threading.Thread(target=publish, args=(p,)) for p in range(2)]
+    for p in publishers:
+        p.start()
+    for p in publishers:
+        p.join()
+    published = time.monotonic() - started
+    runs = settle(observer, "wide", keys * per_key, timeout=120)
+    assert all("|" not in r.key for r in runs), "a run held calls of two keys"
+    assert_each_call_once(runs, list(results))
+    for result, doc in results.values():
+        assert result.get(timeout=60) == doc * 2
+    sizes = [len(call_ids(r)) for r in runs]
+    span = (max(r.end for r in runs) - min(r.start for r in runs)) / 1e6
+    print(
+        f"wide: published {len(results)} in {published:.1f} s; {len(runs)} runs, "
+        f"{sizes.count(50)} full, sizes {sorted(Counter(sizes).items())}; runs span {span:.1f} s"
+    )
+    assert max(sizes) <= 50
