@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_baton.core.keys import KeyNames, KeySpec, digest
-from celery_baton.errors import BatchResultError, ConfigError
+from celery_baton.errors import BatchResultError, ConfigError, KeySpecError
 from celery_baton.store.connection import STORE_ERRORS, Store
 
 #: The options a batched task cannot have, and why (said at declaration).
@@ -75,6 +75,18 @@ class BatchPolicy:
     key: KeySpec
     size: int
     wait: float
+
+    def material(self, task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The text of a call's batch key; KeySpecError saying how to call when the call
+        lacks the key's arguments (passed by position, or not at all)."""
+        try:
+            return self.key.material(args, kwargs)
+        except KeySpecError as exc:
+            names = ", ".join(f"{n}=..." for n in self.key.names) or "..."
+            raise KeySpecError(
+                f"{exc}; a batched task's calls pass the key's arguments by keyword: "
+                f"{task.rsplit('.', 1)[-1]}.delay({names}, ...)"
+            ) from exc
 
 
 def _any_call(*args: Any, **kwargs: Any) -> None:

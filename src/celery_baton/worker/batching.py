@@ -82,6 +82,7 @@ class Batching:
         presence: float,
         keep: float,
         interval: float,
+        hold_max: int = 10_000,
     ) -> None:
         self.consumer = consumer
         self.batches = batches
@@ -89,6 +90,10 @@ class Batching:
         self.presence = presence  # how long the store believes this worker alive
         self.keep = keep  # how long a done call is remembered
         self.interval = interval
+        # Past this many held calls, a held call keeps its prefetch slot: the window
+        # fills and the broker stops sending, so memory stays bounded (baton_hold_max).
+        self.hold_max = hold_max
+        self._counted: set[int] = set()  # id() of the held requests that raised it
         # A restarted worker with the same name is a new holder: its predecessor's calls
         # are not its own.
         self.worker = f"{consumer.hostname}/{uuid.uuid4().hex[:8]}"
@@ -113,21 +118,16 @@ class Batching:
             count += len(state.held)
             state.held.clear()
             state.new.clear()
+        self._counted.clear()  # the prefetch count starts anew with the connection
         return count
 
     def receive(self, request: Any, policy: TaskPolicy) -> None:
         batch = policy.batch
         assert batch is not None
         try:
-            material = batch.key.material(request.args or (), request.kwargs or {})
-        except KeySpecError as exc:
-            outcomes.refuse(
-                request,
-                KeySpecError(
-                    f"{exc}; a batched task's calls pass the key's arguments by keyword "
-                    f"({request.name.rsplit('.', 1)[-1]}.delay(name=value, ...))"
-                ),
-            )
+            material = batch.material(request.name, request.args or (), request.kwargs or {})
+        except KeySpecError as exc:  # a publish without celery-baton: refused here
+            outcomes.refuse(request, exc)
             return
         try:
             encoded = encode_call(request.args, request.kwargs)
@@ -144,8 +144,10 @@ class Batching:
             self._leave(state.held.pop(request.id), ack=True)
         state.held[request.id] = request
         state.new.append((request.id, encoded))
-        # Like an ETA task: a held call must not use up the prefetch window.
-        self.consumer.qos.increment_eventually()
+        if len(self._counted) < self.hold_max:
+            # Like an ETA task: a held call must not use up the prefetch window.
+            self._counted.add(id(request))
+            self.consumer.qos.increment_eventually()
 
     # -- the tick ---------------------------------------------------------------------
 
@@ -240,7 +242,9 @@ class Batching:
             state.running = None
 
     def _leave(self, request: Any, *, ack: bool) -> None:
-        self.consumer.qos.decrement_eventually()
+        if id(request) in self._counted:
+            self._counted.discard(id(request))
+            self.consumer.qos.decrement_eventually()
         if ack:
             # Its call ran in a batch (its result is written): acked, nothing runs.
             self.stats["calls_acked"] += 1

@@ -160,6 +160,7 @@ def _batching(parts: AppParts, consumer: Any, redelivery: float | None) -> Batch
         # A done call is remembered while its message could still come back.
         keep=max(redelivery or settings.redelivery_retention, 4 * settings.lease_ttl),
         interval=tick_interval(waits),
+        hold_max=settings.hold_max,
     )
 
 

@@ -22,7 +22,7 @@ def app() -> Celery:
 
 
 def declare(app: Celery, **options: Any) -> Any:
-    @app.task(**options)
+    @app.task(shared=False, **options)
     def index_docs(calls: list[Call]) -> list[int]:
         return [0 for _ in calls]
 
@@ -86,12 +86,12 @@ def test_batch_size_or_wait_without_batch_is_refused(app: Celery) -> None:
 def test_a_body_written_for_one_call_is_refused(app: Celery) -> None:
     with pytest.raises(ConfigError, match=r"takes one argument, the list of calls.*account_id"):
 
-        @app.task(batch="account_id")
+        @app.task(shared=False, batch="account_id")
         def index_docs(account_id: int, doc_id: int) -> None: ...
 
 
 def test_a_bound_body_takes_self_and_the_calls(app: Celery) -> None:
-    @app.task(bind=True, batch="account_id")
+    @app.task(shared=False, bind=True, batch="account_id")
     def index_docs(self: Any, calls: list[Call]) -> list[str]:
         return [f"{self.name}:{c.id}" for c in calls]
 
@@ -107,7 +107,7 @@ def test_a_bad_key_spec_is_refused(app: Celery) -> None:
 
 
 def test_a_call_run_directly_is_a_batch_of_one_with_its_own_result(app: Celery) -> None:
-    @app.task(batch="account_id")
+    @app.task(shared=False, batch="account_id")
     def double(calls: list[Call]) -> list[int]:
         assert len(calls) == 1
         return [c.kwargs["doc"] * 2 for c in calls]
@@ -151,3 +151,11 @@ def test_ticks_come_four_times_per_batch_wait_within_bounds() -> None:
     assert tick_interval([0.08, 1.0]) == 0.02
     assert tick_interval([0.001]) == 0.01
     assert tick_interval([]) == 0.05
+
+
+def test_a_call_without_the_keys_argument_is_refused_at_publish(app: Celery) -> None:
+    task = declare(app, batch="account_id")
+    with pytest.raises(KeySpecError, match=r"by keyword: index_docs.delay\(account_id=\.\.\., "):
+        task.delay(7, doc_id=1)  # by position: refused before anything is sent
+    with pytest.raises(KeySpecError, match=r"lacks argument"):
+        task.delay(doc_id=1)
