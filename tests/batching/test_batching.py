@@ -20,6 +20,7 @@ import pytest
 from celery_baton.errors import BatchResultError
 from tests.support.observer import Observer, Run
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.batching"
@@ -340,3 +341,30 @@ def test_ten_keys_of_300_calls_from_two_publishers_at_batch_size_50(
         f"{sizes.count(50)} full, sizes {sorted(Counter(sizes).items())}; runs span {span:.1f} s"
     )
     assert max(sizes) <= 50
+
+
+def test_each_batch_run_is_a_task_event_naming_its_calls(
+    workers: Workers, observer: Observer, broker_url: str
+) -> None:
+    from tests.apps.batching import index
+    from tests.support.task_events import EventCapture
+
+    for _ in range(2):
+        workers.start(APP, concurrency=2, extra_args=["-E"])
+    with EventCapture(broker_url) as events:
+        results = [index.apply_async(kwargs={"account": "e", "doc": d}) for d in range(10)]
+        assert [r.get(timeout=30) for r in results] == [d * 2 for d in range(10)]
+        runs = [r for r in runs_of(observer, "index") if r.key == "index:e"]
+        assert_each_call_once(runs, [r.id for r in results])
+        for run in runs:  # one, unless a loaded machine split the burst
+
+            def carriers(run: Run = run) -> list[str]:
+                return [i for i in call_ids(run) if "task-baton-batch" in events.types(i)]
+
+            wait_until(lambda: len(carriers()) == 1, 20, "the batch's event")
+            (carrier,) = carriers()
+            event = events.wait_for("task-baton-batch", carrier)
+            assert sorted(event["calls"]) == sorted(call_ids(run))
+            for call_id in call_ids(run):
+                if call_id != carrier:
+                    events.wait_for("task-baton-batched", call_id)

@@ -222,6 +222,7 @@ class Batching:
         }
         state.running = Running(run, carrier_id, request, [call_id for call_id, _ in calls])
         self.stats["batches"] += 1
+        self._event(request, "task-baton-batch", run=run, calls=[call_id for call_id, _ in calls])
         logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
         self.send(request)
 
@@ -250,6 +251,19 @@ class Batching:
             self.stats["calls_acked"] += 1
             worker_state.task_ready(request)
             request.acknowledge()
+            self._event(request, "task-baton-batched")
+
+    def _event(self, request: Any, kind: str, **fields: Any) -> None:
+        """A task event, when the worker and the task send them (worker/events.py):
+        ``task-baton-batch`` on the call whose request carries a batch (its ``run`` and
+        ``calls``, the call ids), ``task-baton-batched`` on a held call that ran in a
+        batch (its result is in the backend; Flower shows it ``BATON-BATCHED``)."""
+        dispatcher = getattr(self.consumer, "event_dispatcher", None)
+        if dispatcher is None or not dispatcher.enabled or not request.task.send_events:
+            return
+        if dispatcher.groups and "task" not in dispatcher.groups:
+            return
+        dispatcher.send(kind, uuid=request.id, **fields)
 
     def _say_down(self, exc: BaseException) -> None:
         now = time.monotonic()
