@@ -159,3 +159,16 @@ def test_a_call_without_the_keys_argument_is_refused_at_publish(app: Celery) -> 
         task.delay(7, doc_id=1)  # by position: refused before anything is sent
     with pytest.raises(KeySpecError, match=r"lacks argument"):
         task.delay(doc_id=1)
+
+
+def test_a_retry_in_a_batched_body_fails_the_call_clearly(app: Celery) -> None:
+    from celery_baton import BatonError
+
+    @app.task(shared=False, bind=True, batch="account_id")
+    def flaky(self: Any, calls: list[Call]) -> list[int]:
+        raise self.retry(countdown=1)
+
+    result = flaky.apply(kwargs={"account_id": 1})
+    assert result.state == "FAILURE"
+    with pytest.raises(BatonError, match=r"self.retry\(\) in a batched task is not supported"):
+        result.get()

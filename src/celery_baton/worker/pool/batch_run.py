@@ -116,7 +116,17 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
 
 
 def _invoke(task: Any, fun: Callable[..., Any], calls: list[Call], *, bound: bool) -> Any:
-    return fun(task, calls) if bound else fun(calls)
+    from celery.exceptions import Retry
+
+    try:
+        return fun(task, calls) if bound else fun(calls)
+    except Retry as exc:
+        # Celery would retry the carrying call alone, and the others' results would
+        # never come: refused, every call of the batch fails saying so.
+        raise BatonError(
+            f"{task.name}: self.retry() in a batched task is not supported yet (issue 37): "
+            "every call of the batch fails"
+        ) from exc
 
 
 def _write(task: Any, call_id: str, ok: bool, value: Any) -> None:
