@@ -99,3 +99,15 @@ def long_run(calls: list[Call]) -> list[int]:
     """Runs 3 s: a worker can be killed while it runs."""
     _report("long_run", calls, sleep=3.0)
     return [c.kwargs["doc"] for c in calls]
+
+
+@app.task
+def add_one(value: int) -> int:
+    """A plain task after a batched call in a chain."""
+    return value + 1
+
+
+@app.task
+def total(values: list[int]) -> int:
+    """A chord's callback over batched calls."""
+    return sum(values)

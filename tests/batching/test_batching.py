@@ -368,3 +368,21 @@ def test_each_batch_run_is_a_task_event_naming_its_calls(
             for call_id in call_ids(run):
                 if call_id != carrier:
                     events.wait_for("task-baton-batched", call_id)
+
+
+def test_batched_calls_in_a_chain_and_a_chord_go_on_as_celery_would(
+    workers: Workers, observer: Observer
+) -> None:
+    from celery import chord
+
+    from tests.apps.batching import add_one, index, total
+
+    workers.start(APP, concurrency=2)
+    workers.start(APP, concurrency=2)
+    chains = [(index.s(account="ch", doc=d) | add_one.s()).delay() for d in range(4)]
+    assert [c.get(timeout=30) for c in chains] == [2 * d + 1 for d in range(4)]
+    summed = chord([index.s(account="cd", doc=d) for d in range(6)])(total.s())
+    assert summed.get(timeout=30) == sum(2 * d for d in range(6))
+    runs = [r for r in runs_of(observer, "index") if r.key in ("index:ch", "index:cd")]
+    assert sum(len(call_ids(r)) for r in runs) == 10
+    assert any(len(call_ids(r)) > 1 for r in runs), "the calls ran batched"

@@ -22,6 +22,7 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
+from celery_baton import internals
 from celery_baton.core.batch import Batches, KeyTick
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
@@ -130,7 +131,7 @@ class Batching:
             outcomes.refuse(request, exc)
             return
         try:
-            encoded = encode_call(request.args, request.kwargs)
+            encoded = encode_call(request.args, request.kwargs, internals.request_context(request))
         except (TypeError, ValueError) as exc:
             outcomes.refuse(
                 request, BatonError(f"a batched call's arguments must be JSON-serialisable: {exc}")
@@ -204,7 +205,10 @@ class Batching:
             for call_id in reply.missing:
                 request = state.held.get(call_id)
                 if request is not None:
-                    state.new.append((call_id, encode_call(request.args, request.kwargs)))
+                    encoded = encode_call(
+                        request.args, request.kwargs, internals.request_context(request)
+                    )
+                    state.new.append((call_id, encoded))
             if reply.claim is not None:
                 self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
 

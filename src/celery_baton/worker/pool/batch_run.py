@@ -32,15 +32,41 @@ logger = logging.getLogger("celery_baton.worker")
 BATCH_FIELD = "baton_batch"
 
 
-def encode_call(args: Any, kwargs: Any) -> str:
-    """A call's arguments as the store keeps them (kombu's JSON, as Celery's json
-    serializer writes them: dates, UUIDs and decimals come back as they went)."""
-    return str(kombu_json.dumps([list(args or ()), dict(kwargs or {})]))  # type: ignore[no-untyped-call]
+#: What a call's request says about the canvas it is part of, kept with the call so that
+#: the pool process that runs its batch writes its result as Celery would: a chord's
+#: counter, the next task of a chain, its link and link_error callbacks.
+CANVAS_FIELDS = (
+    "callbacks",
+    "errbacks",
+    "chain",
+    "chord",
+    "group",
+    "group_index",
+    "root_id",
+    "parent_id",
+    "reply_to",
+    "correlation_id",
+)
 
 
-def decode_call(call_id: str, encoded: str) -> Call:
-    args, kwargs = kombu_json.loads(encoded)  # type: ignore[no-untyped-call]
-    return Call(call_id, tuple(args), dict(kwargs))
+def encode_call(args: Any, kwargs: Any, context: Any = None) -> str:
+    """A call's arguments (and its canvas, from its request's ``context``) as the store
+    keeps them: kombu's JSON, as Celery's json serializer writes them (dates, UUIDs and
+    decimals come back as they went)."""
+    canvas = {}
+    for name in CANVAS_FIELDS:
+        value = getattr(context, name, None)
+        if value:
+            canvas[name] = value
+    return str(kombu_json.dumps([list(args or ()), dict(kwargs or {}), canvas]))  # type: ignore[no-untyped-call]
+
+
+def decode_call(call_id: str, encoded: str) -> tuple[Call, dict[str, Any]]:
+    """The call, and its canvas fields."""
+    decoded = kombu_json.loads(encoded)  # type: ignore[no-untyped-call]
+    args, kwargs = decoded[0], decoded[1]
+    canvas = decoded[2] if len(decoded) > 2 else {}
+    return Call(call_id, tuple(args), dict(kwargs)), dict(canvas)
 
 
 def batch_body(fun: Callable[..., Any], *, bound: bool) -> Callable[..., Any]:
@@ -91,14 +117,16 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
         if not ok:
             raise value
         return value
-    calls = [decode_call(call_id, encoded) for call_id, encoded in batch["calls"]]
+    decoded = [decode_call(call_id, encoded) for call_id, encoded in batch["calls"]]
+    calls = [call for call, _ in decoded]
+    canvas = {call.id: fields for call, fields in decoded}
     others = [call for call in calls if call.id != own]
     try:
         returned = _invoke(task, fun, calls, bound=bound)
     except Exception as exc:
         # A body that raises fails every call of its batch (the carrier by Celery, below).
         for call in others:
-            _write(task, call.id, False, exc)
+            _write(task, call, canvas[call.id], False, exc)
         _done(task, batch, calls)
         raise
     results = outcomes(calls, returned)
@@ -107,7 +135,7 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
         if call.id == own:
             own_outcome = (ok, value)
         else:
-            _write(task, call.id, ok, value)
+            _write(task, call, canvas[call.id], ok, value)
     _done(task, batch, calls)
     ok, value = own_outcome
     if not ok:
@@ -129,15 +157,36 @@ def _invoke(task: Any, fun: Callable[..., Any], calls: list[Call], *, bound: boo
         ) from exc
 
 
-def _write(task: Any, call_id: str, ok: bool, value: Any) -> None:
-    """One call's result under its own task id, as Celery writes a task's."""
-    if task.ignore_result:
-        return
+def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) -> None:
+    """One call's result under its own task id, as Celery's trace writes a task's: its
+    state, its chord's counter, then its chain's next task and its link callbacks (on
+    success) or its link_error callbacks (on failure)."""
+    from celery import signature
+    from celery.app.task import Context
+
+    request = Context(
+        {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
+    )
+    request.ignore_result = task.ignore_result
     backend = task.backend
-    if ok:
-        backend.mark_as_done(call_id, value, request=None)
-    else:
-        backend.mark_as_failure(call_id, value, traceback=None, request=None)
+    try:
+        if not ok:
+            backend.mark_as_failure(call.id, value, traceback=None, request=request)
+            return
+        backend.mark_as_done(call.id, value, request=request)
+        root_id = canvas.get("root_id") or call.id
+        for callback in canvas.get("callbacks") or ():
+            signature(callback, app=task.app).apply_async(
+                (value,), parent_id=call.id, root_id=root_id
+            )
+        chain = list(canvas.get("chain") or ())
+        if chain:
+            following = signature(chain.pop(), app=task.app)
+            following.apply_async((value,), chain=chain, parent_id=call.id, root_id=root_id)
+    except Exception:
+        # One call's result or callback that could not be written must not keep the
+        # others' from being written, nor the batch from being marked done.
+        logger.exception("%s[%s]: its result in batch could not be written", task.name, call.id)
 
 
 def _done(task: Any, batch: dict[str, Any], calls: list[Call]) -> None:
