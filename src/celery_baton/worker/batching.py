@@ -34,6 +34,9 @@ logger = logging.getLogger("celery_baton.worker")
 #: Seconds between two ticks at most (a shorter batch_wait ticks faster).
 INTERVAL_MAX = 0.05
 INTERVAL_MIN = 0.01
+#: Seconds between two ticks of a key with nothing new: how late a holder may hear that
+#: its calls ran (their messages are acked then) when no batch of that key is due.
+IDLE_TICK = 0.25
 #: Seconds between two full checks of a key's held calls (the store may have forgotten
 #: them; a holder may have died).
 FULL_CHECK = 1.0
@@ -69,6 +72,7 @@ class KeyState:
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     running: Running | None = None
     next_full: float = 0.0
+    next_tick: float = 0.0  # when it is ticked again without news (monotonic)
 
 
 class Batching:
@@ -161,11 +165,14 @@ class Batching:
 
     def _tick(self) -> None:
         self._end_runs()
-        states = [s for s in self.keys.values() if s.held or s.new or s.running]
-        self.keys = {s.keys[0]: s for s in states}
+        kept = [s for s in self.keys.values() if s.held or s.new or s.running]
+        self.keys = {s.keys[0]: s for s in kept}
+        now = time.monotonic()
+        # A key is ticked when it has news (calls to register, a run to renew), when its
+        # batch may be due, or at least every IDLE_TICK (to hear of calls that ran).
+        states = [s for s in kept if s.new or s.running or now >= s.next_tick or now >= s.next_full]
         if not states:
             return
-        now = time.monotonic()
         ticks = []
         for state in states:
             held = None
@@ -198,6 +205,8 @@ class Batching:
             self._say_down(exc)
             return
         for state, reply in zip(states, replies, strict=True):
+            due = IDLE_TICK if reply.due is None else min(IDLE_TICK, reply.due)
+            state.next_tick = now + due
             for call_id in reply.finished:
                 request = state.held.pop(call_id, None)
                 if request is not None:
