@@ -386,3 +386,25 @@ def test_batched_calls_in_a_chain_and_a_chord_go_on_as_celery_would(
     runs = [r for r in runs_of(observer, "index") if r.key in ("index:ch", "index:cd")]
     assert sum(len(call_ids(r)) for r in runs) == 10
     assert any(len(call_ids(r)) > 1 for r in runs), "the calls ran batched"
+
+
+def test_a_call_cancelled_while_held_never_runs(workers: Workers, observer: Observer) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    from tests.apps.batching import baton, slow_fill
+
+    for _ in range(2):
+        workers.start(APP, concurrency=2)
+    waiting = [slow_fill.apply_async(kwargs={"account": "x", "doc": d}) for d in range(8)]
+    keyed = [slow_fill.apply_async(kwargs={"account": "y", "doc": d}) for d in range(4)]
+    time.sleep(0.5)  # held and registered; their batches are 1.5 s away
+    for result in waiting[:3]:
+        baton.cancel(result.id)
+    baton.cancel(task=slow_fill, key={"account": "y"})
+    for result in waiting[:3] + keyed:
+        with pytest.raises(TaskRevokedError):
+            result.get(timeout=30)
+    assert [r.get(timeout=30) for r in waiting[3:]] == [2 * d for d in range(3, 8)]
+    time.sleep(3)  # a later batch would have run them by now
+    runs = runs_of(observer, "slow_fill")
+    assert_each_call_once(runs, [r.id for r in waiting[3:]])

@@ -257,6 +257,7 @@ class KeyTick:
     wait: float
     run: str = ""  # the batch this worker runs of this key (renewed), '' none
     run_ids: list[str] = field(default_factory=list)  # its calls (a full check: else [])
+    gone: list[str] = field(default_factory=list)  # held calls cancelled: they leave
     new: list[tuple[str, str]] = field(default_factory=list)  # calls to register
     held: list[str] | None = None  # every held call id: a full check (None: not now)
 
@@ -289,6 +290,7 @@ class Batches:
             for call_id, payload in t.new:
                 args += [call_id, payload]
             args += [len(t.run_ids), *t.run_ids]
+            args += [len(t.gone), *t.gone]
             if t.held is not None:
                 args += ["1", *t.held]
             else:

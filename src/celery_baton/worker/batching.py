@@ -27,6 +27,7 @@ from celery_baton.core.batch import Batches, KeyTick
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes
+from celery_baton.worker.cancelling import Cancelling, revoke
 from celery_baton.worker.pool.batch_run import BATCH_FIELD, encode_call
 
 logger = logging.getLogger("celery_baton.worker")
@@ -70,6 +71,7 @@ class KeyState:
     wait: float
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
+    gone: list[str] = field(default_factory=list)  # cancelled while held: leave the key
     running: Running | None = None
     next_full: float = 0.0
     next_tick: float = 0.0  # when it is ticked again without news (monotonic)
@@ -88,6 +90,7 @@ class Batching:
         keep: float,
         interval: float,
         hold_max: int = 10_000,
+        cancelling: Cancelling | None = None,
     ) -> None:
         self.consumer = consumer
         self.batches = batches
@@ -98,6 +101,7 @@ class Batching:
         # Past this many held calls, a held call keeps its prefetch slot: the window
         # fills and the broker stops sending, so memory stays bounded (baton_hold_max).
         self.hold_max = hold_max
+        self.cancelling = cancelling  # baton.cancel: a held call cancelled never runs
         self._counted: set[int] = set()  # id() of the held requests that raised it
         # A restarted worker with the same name is a new holder: its predecessor's calls
         # are not its own.
@@ -165,7 +169,9 @@ class Batching:
 
     def _tick(self) -> None:
         self._end_runs()
-        kept = [s for s in self.keys.values() if s.held or s.new or s.running]
+        for state in self.keys.values():
+            self._drop_cancelled(state)
+        kept = [s for s in self.keys.values() if s.held or s.new or s.running or s.gone]
         self.keys = {s.keys[0]: s for s in kept}
         now = time.monotonic()
         # A key is ticked when it has news (calls to register, a run to renew), when its
@@ -180,6 +186,7 @@ class Batching:
                 state.next_full = now + FULL_CHECK
                 held = list(state.held)
             new, state.new = state.new, []
+            gone, state.gone = state.gone, []
             running = state.running
             live = running is not None and not running.ended
             # At a full check, the run's calls: written back if the store forgot the run.
@@ -191,6 +198,7 @@ class Batching:
                     state.wait,
                     run=running.run if running is not None and live else "",
                     run_ids=run_ids,
+                    gone=gone,
                     new=new,
                     held=held,
                 )
@@ -200,6 +208,7 @@ class Batching:
         except StoreUnavailable as exc:
             for state, sent in zip(states, ticks, strict=True):
                 state.new[:0] = sent.new
+                state.gone[:0] = sent.gone
                 if sent.held is not None:
                     state.next_full = 0.0
             self._say_down(exc)
@@ -221,16 +230,45 @@ class Batching:
             if reply.claim is not None:
                 self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
 
+    def _drop_cancelled(self, state: KeyState) -> None:
+        """Held calls that ``baton.cancel`` cancelled (noticed by id, or by key): revoked
+        as Celery revokes (REVOKED, acked), and taken out of the key at its next tick."""
+        if self.cancelling is None or not state.held:
+            return
+        watch = self.cancelling.watch
+        first = next(iter(state.held.values()))
+        if not (watch.ids_live() or watch.has_key_cancels(first.name)):
+            return  # no cancel could name them: nothing to look up
+        for call_id, request in list(state.held.items()):
+            why = self.cancelling.known(request)
+            if why is None:
+                continue
+            del state.held[call_id]
+            self._leave(request, ack=False)
+            revoke(request, why)
+            state.gone.append(call_id)
+
+    def _noticed(self, call_id: str) -> bool:
+        return self.cancelling is not None and self.cancelling.watch.noticed(call_id)
+
     def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
         request = state.held.pop(carrier_id, None)
         if request is None:  # not held any more (acked meanwhile): nothing carries it
             state.running = Running(run, carrier_id, None, [], ended=True)
             return
         self._leave(request, ack=False)
+        why = self.cancelling.known(request) if self.cancelling is not None else None
+        if why is not None:  # cancelled: it carries nothing; the others wait again
+            revoke(request, why)
+            state.running = Running(run, carrier_id, None, [], ended=True)
+            return
         request.request_dict[BATCH_FIELD] = {
             "run": run,
             "keys": state.keys,
-            "calls": [list(call) for call in calls],
+            # A call cancelled by id is left out of the run (marked done with it: its
+            # holder revoked it).
+            "calls": [list(call) for call in calls if not self._noticed(call[0])],
+            "done": [call_id for call_id, _ in calls],
             "keep": self.keep,
         }
         state.running = Running(run, carrier_id, request, [call_id for call_id, _ in calls])

@@ -140,7 +140,9 @@ def _prepare_pool(task_pool: Any) -> None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")
 
 
-def _batching(parts: AppParts, consumer: Any, redelivery: float | None) -> Batching | None:
+def _batching(
+    parts: AppParts, consumer: Any, redelivery: float | None, cancelling: Cancelling
+) -> Batching | None:
     """The consumer's batching, when the app has a batched task (their bodies made batch
     runners, also those declared before ``Baton(app)``)."""
     waits = []
@@ -161,6 +163,7 @@ def _batching(parts: AppParts, consumer: Any, redelivery: float | None) -> Batch
         keep=max(redelivery or settings.redelivery_retention, 4 * settings.lease_ttl),
         interval=tick_interval(waits),
         hold_max=settings.hold_max,
+        cancelling=cancelling,
     )
 
 
@@ -225,7 +228,7 @@ class BatonWorker:
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,
         )
-        self.batching = _batching(parts, parent, broker.redelivery_window)
+        self.batching = _batching(parts, parent, broker.redelivery_window, self.cancelling)
         # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
         self.window = ConsumerWindow(
             waiting=self._waiting,

@@ -9,6 +9,7 @@
 -- ARGV[5] run ttl (ms)   ARGV[6] the batch this worker runs of this key ('' none)
 -- ARGV[7] n, then n pairs (call id, encoded call) to register
 -- then m and the m call ids of the batch this worker runs (at a full check; else 0)
+-- then g and g call ids this worker held that were cancelled (they leave the key)
 -- then '1' and every call id this worker holds (a full check), or '0'
 -- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
 --          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
@@ -47,6 +48,15 @@ for i = 1, m do
   run_ids[i] = ARGV[at + i]
 end
 at = at + m + 1
+local g = tonumber(ARGV[at])
+for i = 1, g do
+  local id = ARGV[at + i]
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+end
+at = at + g + 1
 local full = ARGV[at] == '1'
 at = at + 1
 

@@ -200,7 +200,8 @@ def _done(task: Any, batch: dict[str, Any], calls: list[Call]) -> None:
     deadline = time.monotonic() + parts.settings.lease_ttl / 2
     while True:
         try:
-            parts.batches.done(batch["keys"], batch["run"], [c.id for c in calls], batch["keep"])
+            done = batch.get("done") or [c.id for c in calls]
+            parts.batches.done(batch["keys"], batch["run"], done, batch["keep"])
             return
         except BatonError as exc:
             if time.monotonic() < deadline:
