@@ -42,9 +42,8 @@ def tick(
     presence: float = LONG,
 ) -> TickReply:
     keys = batches.keys("t", "k")
-    t = KeyTick(
-        keys, size, wait, run=run, new=[(i, f'[[], {{"n": "{i}"}}]') for i in new], held=held
-    )
+    encoded = [(i, f'[[], {{"n": "{i}"}}]') for i in new]
+    t = KeyTick(keys, size, wait, runs=[run] if run else [], new=encoded, held=held)
     (reply,) = batches.tick(worker, presence, [t])
     return reply
 
@@ -61,8 +60,9 @@ def test_a_batch_is_claimed_when_full_by_a_worker_holding_one_of_its_calls(
     assert claim.carrier == "a"
     assert [call_id for call_id, _ in claim.calls] == ["a", "b"]  # the oldest first
     assert claim.calls[0][1] == '[[], {"n": "a"}]'
-    # One run per key at a time: the rest waits for it.
-    assert tick(batches, "w3", size=1).claim is None
+    # Batches of one key run side by side: w3 claims the next one while w1's runs.
+    second = tick(batches, "w3", size=1).claim
+    assert second is not None and [i for i, _ in second.calls] == ["c"]
 
 
 def test_a_partial_batch_is_due_after_the_wait(batches: Batches) -> None:
@@ -105,16 +105,17 @@ def test_a_run_whose_lease_lapsed_gives_its_calls_back(batches: Batches) -> None
     assert [i for i, _ in reply.claim.calls] == ["c"]
 
 
-def test_a_renewed_run_keeps_its_calls(batches: Batches) -> None:
+def test_a_renewed_run_keeps_its_calls(batches: Batches, store: Store) -> None:
     tick(batches, "w1", new=["a", "b"], presence=0.4, size=10)
     claim = tick(batches, "w1", size=2, presence=0.4).claim
     assert claim is not None
     for _ in range(4):
         time.sleep(0.15)
         tick(batches, "w1", size=2, run=claim.run, presence=0.4)
-    tick(batches, "w2", new=["c"], size=1)
-    reply = tick(batches, "w2", size=1, held=["c"])
-    assert reply.claim is None  # the key's run is still w1's
+    keys = batches.keys("t", "k")
+    tick(batches, "w2", size=1, held=[])  # a lapsed run would be given back here
+    assert store.client.zcard(keys[0]) == 0
+    assert store.client.hlen(keys[4]) == 2  # still w1's run's
 
 
 def test_calls_the_store_forgot_are_missing_at_the_full_check(
@@ -138,3 +139,55 @@ def test_the_end_of_a_run_that_did_not_finish_gives_back_all_but_its_carrier(
     reply = tick(batches, "w1", size=1, held=["b"])
     assert reply.claim is not None
     assert [i for i, _ in reply.claim.calls] == ["b"]  # the carrier's call is Celery's
+
+
+def test_a_key_first_seen_by_a_server_up_longer_than_a_run_ttl_has_no_grace(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    store.client.delete(keys[8])
+    time.sleep(0.6)  # the server is up for longer than the run ttl below
+    reply = tick(batches, "w1", new=["a"], size=1, presence=0.5)
+    assert reply.claim is not None
+    assert store.client.get(keys[8]) in (b"0", "0")
+
+
+def test_a_run_the_store_forgot_is_written_back_and_not_claimed_twice(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None
+    for key in keys:
+        store.client.delete(key)
+    # As if the server had just started: a grace until its start + one run ttl.
+    store.client.set(keys[8], int(time.time() * 1000) + 5000)
+    # The holders register their calls again; nobody may claim them meanwhile.
+    reply = tick(batches, "w2", new=["a", "b"], size=1, held=[])
+    assert reply.claim is None and reply.due is not None and reply.due > 1
+    # The runner writes its run back at its full check.
+    calls = [(claim.run, "a"), (claim.run, "b")]
+    keys_tick = KeyTick(keys, 1, LONG, runs=[claim.run], run_calls=calls, held=[])
+    batches.tick("w1", LONG, [keys_tick])
+    assert store.client.zscore(keys[6], claim.run) is not None
+    assert store.client.zcard(keys[0]) == 0  # none waits: both are the run's
+    batches.done(keys, claim.run, ["a", "b"], keep=LONG)
+    assert set(tick(batches, "w2", held=["a", "b"]).finished) == {"a", "b"}
+
+
+def test_a_lapsed_run_among_several_gives_back_only_its_own_calls(
+    batches: Batches, store: Store
+) -> None:
+    tick(batches, "w1", new=["a"], size=10, presence=0.3)
+    tick(batches, "w2", new=["c"], size=10)
+    first = tick(batches, "w1", size=1, presence=0.3).claim
+    second = tick(batches, "w2", size=1).claim
+    assert first is not None and second is not None
+    time.sleep(0.4)  # w1's run lapses; w2's lease is long
+    tick(batches, "w2", size=10, held=["c"], run=second.run)
+    keys = batches.keys("t", "k")
+    claimed = {k.decode() if isinstance(k, bytes) else k for k in store.client.hkeys(keys[4])}
+    assert claimed == {"c"}
+    # w1's call went back to the waiting ones (then dropped: its holder w1 is gone).
+    assert store.client.zscore(keys[0], "a") is None

@@ -15,9 +15,10 @@ A key's state, one hash slot (the ``{batch:<task>:<key>}`` tag), in the store:
 * ``calls``    hash: call id -> the call's arguments as the holder encoded them;
 * ``holder``   hash: call id -> the worker holding its message;
 * ``workers``  sorted set: worker -> until when it is alive (renewed by its ticks);
-* ``claimed``  sorted set: the calls of the batch running now (same scores as pending);
+* ``claimed``  hash: call id -> ``"<run> <registered ms>"``, the calls of running batches;
 * ``done``     sorted set: call id -> until when it is remembered as run;
-* ``run``      string: the running batch's id (``<worker>/<micros>``), a lease (PX);
+* ``runs``     sorted set: the running batches' ids (``<worker>/<micros>``) -> until
+  when their lease lasts (renewed by their runner's ticks);
 * ``finished`` hash: worker -> the ids (comma separated) that ran since its last tick;
 * ``epoch``    string: until when no batch is claimed (ms), written when the key is
   first seen by this server: a server that restarted empty waits one run ttl from its
@@ -214,7 +215,7 @@ def batch_keys(names: KeyNames, task: str, key_digest: str) -> list[str]:
             "workers",
             "claimed",
             "done",
-            "run",
+            "runs",
             "finished",
             "epoch",
         )
@@ -255,8 +256,10 @@ class KeyTick:
     keys: list[str]
     size: int
     wait: float
-    run: str = ""  # the batch this worker runs of this key (renewed), '' none
-    run_ids: list[str] = field(default_factory=list)  # its calls (a full check: else [])
+    runs: list[str] = field(default_factory=list)  # the batches this worker runs of it
+    # Their calls, (run, call id), at a full check (else none): written back when the
+    # store forgot a run.
+    run_calls: list[tuple[str, str]] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)  # held calls cancelled: they leave
     new: list[tuple[str, str]] = field(default_factory=list)  # calls to register
     held: list[str] | None = None  # every held call id: a full check (None: not now)
@@ -284,12 +287,14 @@ class Batches:
                 t.size,
                 _ms(t.wait),
                 _ms(presence),
-                t.run,
+                " ".join(t.runs),
                 len(t.new),
             ]
             for call_id, payload in t.new:
                 args += [call_id, payload]
-            args += [len(t.run_ids), *t.run_ids]
+            args.append(len(t.run_calls))
+            for run, call_id in t.run_calls:
+                args += [run, call_id]
             args += [len(t.gone), *t.gone]
             if t.held is not None:
                 args += ["1", *t.held]

@@ -72,7 +72,7 @@ class KeyState:
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     gone: list[str] = field(default_factory=list)  # cancelled while held: leave the key
-    running: Running | None = None
+    running: list[Running] = field(default_factory=list)  # batches it carries now
     next_full: float = 0.0
     next_tick: float = 0.0  # when it is ticked again without news (monotonic)
 
@@ -176,7 +176,11 @@ class Batching:
         now = time.monotonic()
         # A key is ticked when it has news (calls to register, a run to renew), when its
         # batch may be due, or at least every IDLE_TICK (to hear of calls that ran).
-        states = [s for s in kept if s.new or s.running or now >= s.next_tick or now >= s.next_full]
+        states = [
+            s
+            for s in kept
+            if s.new or s.gone or s.running or now >= s.next_tick or now >= s.next_full
+        ]
         if not states:
             return
         ticks = []
@@ -187,17 +191,20 @@ class Batching:
                 held = list(state.held)
             new, state.new = state.new, []
             gone, state.gone = state.gone, []
-            running = state.running
-            live = running is not None and not running.ended
-            # At a full check, the run's calls: written back if the store forgot the run.
-            run_ids = running.call_ids if running is not None and live and held is not None else []
+            live = [r for r in state.running if not r.ended]
+            # At a full check, the runs' calls: written back if the store forgot a run.
+            run_calls = (
+                [(r.run, call_id) for r in live for call_id in r.call_ids]
+                if held is not None
+                else []
+            )
             ticks.append(
                 KeyTick(
                     state.keys,
                     state.size,
                     state.wait,
-                    run=running.run if running is not None and live else "",
-                    run_ids=run_ids,
+                    runs=[r.run for r in live],
+                    run_calls=run_calls,
                     gone=gone,
                     new=new,
                     held=held,
@@ -254,13 +261,13 @@ class Batching:
     def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
         request = state.held.pop(carrier_id, None)
         if request is None:  # not held any more (acked meanwhile): nothing carries it
-            state.running = Running(run, carrier_id, None, [], ended=True)
+            state.running.append(Running(run, carrier_id, None, [], ended=True))
             return
         self._leave(request, ack=False)
         why = self.cancelling.known(request) if self.cancelling is not None else None
         if why is not None:  # cancelled: it carries nothing; the others wait again
             revoke(request, why)
-            state.running = Running(run, carrier_id, None, [], ended=True)
+            state.running.append(Running(run, carrier_id, None, [], ended=True))
             return
         request.request_dict[BATCH_FIELD] = {
             "run": run,
@@ -271,7 +278,7 @@ class Batching:
             "done": [call_id for call_id, _ in calls],
             "keep": self.keep,
         }
-        state.running = Running(run, carrier_id, request, [call_id for call_id, _ in calls])
+        state.running.append(Running(run, carrier_id, request, [c for c, _ in calls]))
         self.stats["batches"] += 1
         self._event(request, "task-baton-batch", run=run, calls=[call_id for call_id, _ in calls])
         logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
@@ -280,18 +287,16 @@ class Batching:
     def _end_runs(self) -> None:
         """Runs whose carrier left the pool: the store hears their end."""
         for state in self.keys.values():
-            running = state.running
-            if running is None:
-                continue
-            if not running.ended and running.carrier in worker_state.reserved_requests:
-                continue
-            running.ended = True
-            try:
-                self.batches.end(state.keys, running.run, running.carrier_id)
-            except StoreUnavailable as exc:
-                self._say_down(exc)
-                return  # told at a later tick; the run's lease is no longer renewed
-            state.running = None
+            for running in list(state.running):
+                if not running.ended and running.carrier in worker_state.reserved_requests:
+                    continue
+                running.ended = True
+                try:
+                    self.batches.end(state.keys, running.run, running.carrier_id)
+                except StoreUnavailable as exc:
+                    self._say_down(exc)
+                    return  # told at a later tick; the run's lease is no longer renewed
+                state.running.remove(running)
 
     def _leave(self, request: Any, *, ack: bool) -> None:
         if id(request) in self._counted:

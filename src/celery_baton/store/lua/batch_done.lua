@@ -3,11 +3,11 @@
 -- a message of one of them delivered again later finds the done marker and is acked.
 --
 -- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
--- KEYS[5] claimed   KEYS[6] done    KEYS[7] run      KEYS[8] finished
+-- KEYS[5] claimed   KEYS[6] done    KEYS[7] runs     KEYS[8] finished   KEYS[9] epoch
 -- ARGV[1] the run's id   ARGV[2] how long a done call is remembered (ms)
 -- ARGV[3..] the batch's call ids
--- returns 1 when the run was still this one's lease, 0 when it had lapsed (its calls
---         may have been claimed again: they are marked done all the same).
+-- returns 1 when the run was still leased, 0 when its lease had lapsed (its calls may
+--         have been claimed again: they are marked done all the same).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -17,7 +17,7 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   local holder = redis.call('HGET', KEYS[3], id)
   redis.call('ZADD', KEYS[6], keep, id)
-  redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[5], id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
   redis.call('HDEL', KEYS[3], id)
@@ -29,8 +29,4 @@ for holder, ids in pairs(inbox) do
   local before = redis.call('HGET', KEYS[8], holder)
   redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
 end
-if redis.call('GET', KEYS[7]) == ARGV[1] then
-  redis.call('DEL', KEYS[7])
-  return 1
-end
-return 0
+return redis.call('ZREM', KEYS[7], ARGV[1])
