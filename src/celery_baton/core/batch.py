@@ -38,7 +38,7 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 
 #: The options a batched task cannot have, and why (said at declaration).
 INCOMPATIBLE = {
-    "exclusive": "a batch of one key already runs one at a time",
+    "exclusive": "not yet: batches of one key run side by side (issue 37)",
     "unique": "every call of a batch is a caller waiting for its own result",
     "debounce": "debounce keeps one call of a burst, batch keeps them all",
     "throttle": "throttle drops calls, batch keeps them all",
