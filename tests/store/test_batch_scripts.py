@@ -191,3 +191,16 @@ def test_a_lapsed_run_among_several_gives_back_only_its_own_calls(
     assert claimed == {"c"}
     # w1's call went back to the waiting ones (then dropped: its holder w1 is gone).
     assert store.client.zscore(keys[0], "a") is None
+
+
+def test_calls_a_worker_holds_no_more_leave_unless_another_holds_them_now(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    tick(batches, "w2", new=["b"], size=10)  # b delivered again, to w2 (w1's connection lost)
+    reply = batches.tick("w1", LONG, [KeyTick(keys, 10, LONG, gone=["a", "b"])])[0]
+    assert reply.claim is None
+    members = store.client.zrange(keys[0], 0, -1)
+    waiting = {m.decode() if isinstance(m, bytes) else m for m in members}
+    assert waiting == {"b"}  # a left; b is w2's

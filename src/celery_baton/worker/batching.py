@@ -71,7 +71,7 @@ class KeyState:
     wait: float
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
-    gone: list[str] = field(default_factory=list)  # cancelled while held: leave the key
+    gone: list[str] = field(default_factory=list)  # held no more: they leave the key
     running: list[Running] = field(default_factory=list)  # batches it carries now
     next_full: float = 0.0
     next_tick: float = 0.0  # when it is ticked again without news (monotonic)
@@ -125,6 +125,9 @@ class Batching:
         count = 0
         for state in self.keys.values():
             count += len(state.held)
+            # Out of the key at the next tick, so that no batch waits for this worker
+            # to carry them; their copies are registered again where they are delivered.
+            state.gone.extend(state.held)
             state.held.clear()
             state.new.clear()
         self._counted.clear()  # the prefetch count starts anew with the connection

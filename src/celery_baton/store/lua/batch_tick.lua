@@ -11,7 +11,8 @@
 -- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
 -- ARGV[7] n, then n pairs (call id, encoded call) to register
 -- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
--- then g and g call ids this worker held that were cancelled (they leave the key)
+-- then g and g call ids this worker held no more (cancelled, or its connection was
+-- lost: the broker has them again): they leave the key
 -- then '1' and every call id this worker holds (a full check), or '0'
 -- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
 --          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
@@ -55,11 +56,15 @@ end
 at = at + 2 * m + 1
 local g = tonumber(ARGV[at])
 for i = 1, g do
+  -- Only while this worker is its holder: a copy delivered to another worker since
+  -- (after a lost connection) is that worker's now.
   local id = ARGV[at + i]
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
+  if redis.call('HGET', KEYS[3], id) == worker then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+  end
 end
 at = at + g + 1
 local full = ARGV[at] == '1'
