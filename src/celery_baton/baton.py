@@ -297,6 +297,8 @@ class Baton:
 
             if len(args) == 1 and callable(args[0]):
                 _check_declaration(self.app, args[0], options, others)
+                if options.get("batch") not in (None, False):  # app.task(fun, batch=...)
+                    args = (batch_body(args[0], bound=bool(options.get("bind"))),)
                 return task_decorator(*args, **options)
             decorate = task_decorator(*args, **options)
 

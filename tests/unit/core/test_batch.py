@@ -172,3 +172,13 @@ def test_a_retry_in_a_batched_body_fails_the_call_clearly(app: Celery) -> None:
     assert result.state == "FAILURE"
     with pytest.raises(BatonError, match=r"self.retry\(\) in a batched task is not supported"):
         result.get()
+
+
+def test_a_batched_task_declared_by_a_call_of_app_task_takes_a_calls_arguments(
+    app: Celery,
+) -> None:
+    def double(calls: list[Call]) -> list[int]:
+        return [c.kwargs["doc"] * 2 for c in calls]
+
+    task = app.task(double, shared=False, batch="account_id")
+    assert task.apply(kwargs={"account_id": 1, "doc": 4}).get() == 8
