@@ -43,7 +43,8 @@ def tick(
 ) -> TickReply:
     keys = batches.keys("t", "k")
     encoded = [(i, f'[[], {{"n": "{i}"}}]') for i in new]
-    t = KeyTick(keys, size, wait, runs=[run] if run else [], new=encoded, held=held)
+    runs = [run] if run else []
+    t = KeyTick(keys, size, wait, run_ttl=presence, runs=runs, new=encoded, held=held)
     (reply,) = batches.tick(worker, presence, [t])
     return reply
 

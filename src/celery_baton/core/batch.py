@@ -256,6 +256,7 @@ class KeyTick:
     keys: list[str]
     size: int
     wait: float
+    run_ttl: float = 8.0  # the task's lease_ttl: how long a run outlives its last renewal
     runs: list[str] = field(default_factory=list)  # the batches this worker runs of it
     # Their calls, (run, call id), at a full check (else none): written back when the
     # store forgot a run.
@@ -286,7 +287,7 @@ class Batches:
                 _ms(presence),
                 t.size,
                 _ms(t.wait),
-                _ms(presence),
+                _ms(t.run_ttl),
                 " ".join(t.runs),
                 len(t.new),
             ]

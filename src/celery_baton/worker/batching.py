@@ -69,6 +69,7 @@ class KeyState:
     keys: list[str]
     size: int
     wait: float
+    run_ttl: float  # the task's lease_ttl
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     gone: list[str] = field(default_factory=list)  # held no more: they leave the key
@@ -151,7 +152,7 @@ class Batching:
         keys = self.batches.keys(request.name, material)
         state = self.keys.get(keys[0])
         if state is None:
-            state = self.keys[keys[0]] = KeyState(keys, batch.size, batch.wait)
+            state = self.keys[keys[0]] = KeyState(keys, batch.size, batch.wait, policy.lease_ttl)
         if request.id in state.held:  # the same message twice: keep one
             self._leave(state.held.pop(request.id), ack=True)
         state.held[request.id] = request
@@ -206,6 +207,7 @@ class Batching:
                     state.keys,
                     state.size,
                     state.wait,
+                    run_ttl=state.run_ttl,
                     runs=[r.run for r in live],
                     run_calls=run_calls,
                     gone=gone,
