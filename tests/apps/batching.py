@@ -63,6 +63,13 @@ def fill(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] * 2 for c in calls]
 
 
+@app.task(batch="account", batch_size=1000, batch_wait=8.0)
+def patient(calls: list[Call]) -> list[int]:
+    """Calls wait 8 s: long enough to be seen waiting."""
+    _report("patient", calls)
+    return [c.kwargs["doc"] for c in calls]
+
+
 @app.task(batch="account", batch_size=1000, batch_wait=2.0)
 def slow_fill(calls: list[Call]) -> list[int]:
     """Never full: a batch runs 2 s after its first call (calls wait that long)."""

@@ -408,3 +408,33 @@ def test_a_call_cancelled_while_held_never_runs(workers: Workers, observer: Obse
     time.sleep(3)  # a later batch would have run them by now
     runs = runs_of(observer, "slow_fill")
     assert_each_call_once(runs, [r.id for r in waiting[3:]])
+
+
+def test_status_counts_the_calls_a_worker_holds_for_their_batch(
+    workers: Workers, observer: Observer
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.apps.batching import patient
+    from tests.support.celery_processes import _process_env
+    from tests.support.processes import REPO_ROOT
+
+    worker = workers.start(APP, concurrency=2)
+    results = [patient.apply_async(kwargs={"account": "s", "doc": d}) for d in range(5)]
+
+    def batched() -> int:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--json"],
+            env=_process_env(workers.env),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        entries = json.loads(done.stdout)["workers"]
+        return sum(w["batched"] for w in entries if w["hostname"] == worker.hostname)
+
+    wait_until(lambda: batched() == 5, 20, "5 calls batched in status")
+    assert [r.get(timeout=30) for r in results] == list(range(5))

@@ -430,14 +430,17 @@ class BatonWorker:
         """Publish this worker's view (held requests, counters) for `celery baton status`."""
         admission = self.admission
         stats = dict(admission.stats)
+        batched = self.batching.held_count() if self.batching is not None else 0
         report = {
             **stats,
             # "held" is the number held now; the running total has its own name (it
             # used to overwrite this one, and `celery baton status` showed the total).
             "holds_total": stats.pop("held", 0),
             "hostname": consumer.hostname,
-            "held": admission.holding.held_count,
+            "held": admission.holding.held_count + batched,
             "held_by_key": admission.holding.held_by_key(),
+            # Calls of batched tasks waiting for their batch here (also in "held").
+            "batched": batched,
             "leases": len(self.book.held()),
             "renewals": self.book.renewals,
             "losses": self.book.losses,
