@@ -11,9 +11,11 @@
 from importlib import metadata as _metadata
 
 from celery_baton.baton import Baton
+from celery_baton.core.batch import Call
 from celery_baton.core.policy.options import TaskOptions
 from celery_baton.errors import (
     AlreadyQueued,
+    BatchResultError,
     BatonError,
     ConfigError,
     CostError,
@@ -38,8 +40,10 @@ except _metadata.PackageNotFoundError:
 
 __all__ = [
     "AlreadyQueued",
+    "BatchResultError",
     "Baton",
     "BatonError",
+    "Call",
     "ConfigError",
     "CostError",
     "KeySpecError",

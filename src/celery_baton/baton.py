@@ -28,6 +28,7 @@ from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
 from celery_baton.worker.pool import run_end
+from celery_baton.worker.pool.batch_run import batch_body, wrap_task
 from celery_baton.worker.step import BatonConsumer
 
 logger = logging.getLogger("celery_baton")
@@ -139,7 +140,11 @@ def check_declared_tasks(app: Any) -> None:
     for task in registered:
         check_task_option_names(app, task)
         if declares_options({o: getattr(task, o, None) for o in TASK_OPTIONS}):
-            compile_policy(task.name, functools.partial(task_option, task), task.run, known)
+            policy = compile_policy(
+                task.name, functools.partial(task_option, task), task.run, known
+            )
+            if policy is not None and policy.batch is not None:
+                wrap_task(task)
 
 
 def baton_for(app: Any) -> Baton | None:
@@ -292,11 +297,16 @@ class Baton:
 
             if len(args) == 1 and callable(args[0]):
                 _check_declaration(self.app, args[0], options, others)
+                if options.get("batch") not in (None, False):  # app.task(fun, batch=...)
+                    args = (batch_body(args[0], bound=bool(options.get("bind"))),)
                 return task_decorator(*args, **options)
             decorate = task_decorator(*args, **options)
 
             def decorator(fun: Callable[..., Any]) -> Any:
                 _check_declaration(self.app, fun, options, others)
+                if options.get("batch") not in (None, False):
+                    # The body takes the list of calls; the task takes a call's arguments.
+                    fun = batch_body(fun, bound=bool(options.get("bind")))
                 return decorate(fun)
 
             return decorator

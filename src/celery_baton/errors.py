@@ -111,3 +111,15 @@ class BeatEntryError(BatonError, ValueError):
     def __init__(self, message: str, *, entry: str) -> None:
         super().__init__(f"beat entry {entry!r}: {message}")
         self.entry = entry
+
+
+class BatchResultError(BatonError):
+    """A batched task's body gave no result for a call (a mapping without its id, or a
+    list of another length): that call fails with this error, naming it."""
+
+    def __init__(self, message: str, call_id: str = "") -> None:
+        super().__init__(message, call_id)
+        self.call_id = call_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_baton.config import Settings, read_settings
+from celery_baton.core.batch import Batches
 from celery_baton.core.cancels import Cancels
 from celery_baton.core.debounce import Debounces
 from celery_baton.core.gate import Gate
@@ -125,6 +126,10 @@ class AppParts:
     @functools.cached_property
     def debounces(self) -> Debounces:
         return Debounces(self.store, self.names)
+
+    @functools.cached_property
+    def batches(self) -> Batches:
+        return Batches(self.store, self.names)
 
     def connect(
         self,

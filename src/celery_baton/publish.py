@@ -136,6 +136,9 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
             per_call.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, parts.settings)
             options["headers"] = {**(options.get("headers") or {}), CALL_HEADER: call.to_header()}
+        if policy is not None and policy.batch is not None:
+            # A call its batch key cannot be read from fails here, not in a worker.
+            policy.batch.material(name, args or (), kwargs or {})
         if policy is not None and policy.supersedes:
             _stamp_order(parts, name, policy, args, kwargs, options)
         if policy is not None and policy.ordered is not None:

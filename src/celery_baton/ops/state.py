@@ -127,6 +127,7 @@ def status(source: Source) -> dict[str, Any]:
                 "hostname": r["hostname"],
                 "leases": per_worker.get(r["hostname"], 0),
                 "held": r.get("held", 0),
+                "batched": r.get("batched", 0),  # of "held": calls waiting for a batch
                 "admitted": r.get("admitted", 0),
             }
             for r in reports

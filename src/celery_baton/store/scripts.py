@@ -61,6 +61,9 @@ SCRIPT_NAMES = (
     "cancel_key",
     "cancel_check",
     "cancel_read",
+    "batch_tick",
+    "batch_done",
+    "batch_end",
 )
 
 

@@ -44,6 +44,7 @@ from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, ordering, outcomes
 from celery_baton.worker.asking_ahead import AskingAhead
+from celery_baton.worker.batching import Batching
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
@@ -79,8 +80,10 @@ class Admission:
         window: PrefetchWindow | None = None,
         renew: Callable[[list[Delivery]], list[Delivery]] | None = None,
         cancelling: Cancelling | None = None,
+        batching: Batching | None = None,
     ) -> None:
         self.consumer = consumer
+        self.batching = batching
         self.names = names
         self.cancelling = cancelling
         self.planner = Planner(
@@ -154,6 +157,10 @@ class Admission:
         policy = self.planner.policy(request)
         if policy is None:
             return self._plain(request)
+        if policy.batch is not None and self.batching is not None:
+            # Held until its key's batch ran (worker/batching.py); asks no gate.
+            self.batching.receive(request, policy)
+            return None
         celery_rate = None
         if policy.rate_from_celery:
             celery_rate = self.planner.celery_rate(request.task)

@@ -26,6 +26,9 @@ type                       fields (besides Celery's own)
 ``task-baton-throttled``   ``reason`` (throttled or coalesced), ``holder`` or
                            ``replaced_by``, ``key``, ``exception`` (dropped)
 ``task-baton-handed-back`` ``reason``, ``waited`` (s)
+``task-baton-batch``       ``run``, ``calls`` (the batch's call ids): on the call whose
+                           request carries the batch (worker/batching.py)
+``task-baton-batched``     (none): a held call that ran in a batch, acked by its holder
 =========================  ==============================================================
 """
 

@@ -26,8 +26,10 @@ from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, Wor
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker.admission import Admission
+from celery_baton.worker.batching import Batching, tick_interval
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.pool import stand_ins
+from celery_baton.worker.pool.batch_run import wrap_task
 from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
@@ -137,6 +139,33 @@ def _prepare_pool(task_pool: Any) -> None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")
 
 
+def _batching(
+    parts: AppParts, consumer: Any, redelivery: float | None, cancelling: Cancelling
+) -> Batching | None:
+    """The consumer's batching, when the app has a batched task (their bodies made batch
+    runners, also those declared before ``Baton(app)``)."""
+    waits = []
+    for task in list(parts.app.tasks.values()):
+        policy = parts.policy_for(task)
+        if policy is not None and policy.batch is not None:
+            wrap_task(task)
+            waits.append(policy.batch.wait)
+    if not waits:
+        return None
+    settings = parts.settings
+    return Batching(
+        consumer,
+        parts.batches,
+        send=lambda request: None,  # set once admission made the pool slots
+        presence=settings.lease_ttl,
+        # A done call is remembered while its message could still come back.
+        keep=max(redelivery or settings.redelivery_retention, 4 * settings.lease_ttl),
+        interval=tick_interval(waits),
+        hold_max=settings.hold_max,
+        cancelling=cancelling,
+    )
+
+
 class BatonWorker:
     """The worker side of one consumer: its parts, built once, started at every start."""
 
@@ -198,6 +227,7 @@ class BatonWorker:
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,
         )
+        self.batching = _batching(parts, parent, broker.redelivery_window, self.cancelling)
         # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
         self.window = ConsumerWindow(
             waiting=self._waiting,
@@ -218,7 +248,11 @@ class BatonWorker:
             # Held messages stay past the horizon where the broker's claim can be renewed.
             renew=HeldRenewal().renew if broker.kombu_redis and broker.visibility else None,
             cancelling=self.cancelling,
+            batching=self.batching,
         )
+        if self.batching is not None:
+            slots = self.admission.slots
+            self.batching.send = slots.plain  # a batch's carrier goes to the pool
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
         self.listener = NoticeListener(parts.store, parts.names.notice_channel, self._noticed)
@@ -316,6 +350,8 @@ class BatonWorker:
                     _task_channel(parent), deliver=lambda message: _deliver(parent, message)
                 )
         self.admission.holding.install_wakeup(parent)
+        if self.batching is not None:
+            self.batching.start(parent)
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads
@@ -334,6 +370,8 @@ class BatonWorker:
         forgotten = self.admission.forget_held()
         if forgotten:
             logger.info("baton: %d held requests left to the broker", len(forgotten))
+        if self.batching is not None and self.batching.forget():
+            logger.info("baton: batched calls held left to the broker")
         if self.window.reopened > self._reopens_told:
             self._reopens_told = self.window.reopened
             logger.info(
@@ -405,14 +443,17 @@ class BatonWorker:
         """Publish this worker's view (held requests, counters) for `celery baton status`."""
         admission = self.admission
         stats = dict(admission.stats)
+        batched = self.batching.held_count() if self.batching is not None else 0
         report = {
             **stats,
             # "held" is the number held now; the running total has its own name (it
             # used to overwrite this one, and `celery baton status` showed the total).
             "holds_total": stats.pop("held", 0),
             "hostname": consumer.hostname,
-            "held": admission.holding.held_count,
+            "held": admission.holding.held_count + batched,
             "held_by_key": admission.holding.held_by_key(),
+            # Calls of batched tasks waiting for their batch here (also in "held").
+            "batched": batched,
             "leases": len(self.book.held()),
             "renewals": self.book.renewals,
             "losses": self.book.losses,

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery_baton.config import Settings, suggest
 from celery_baton.core import debounce
+from celery_baton.core.batch import compile_batch
 from celery_baton.core.fairness import FairPolicy, check_weights
 from celery_baton.core.keys import KeySpec, KeySpecValue
 from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
@@ -107,6 +108,7 @@ def compile_policy(
     fair = _fair_policy(name, options, spec)
     shared = _shared_limits(name, options, settings)
     flow = debounce.compile_flow(name, options, spec)
+    batch = compile_batch(name, options, fun, bound=bound)
 
     if options("exclusive_wait_timeout") is not None and (
         options("exclusive_conflict") or "skip"
@@ -166,8 +168,9 @@ def compile_policy(
         flow=flow,
         ordered=ordered,
         ordered_gap=seconds("ordered_gap_timeout", settings.ordered_gap_timeout),
+        batch=batch,
     )
-    if not (policy.gates_runs or policy.unique):
+    if not (policy.gates_runs or policy.unique or policy.batch):
         return None
     return policy
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_baton.core.batch import BatchPolicy
 from celery_baton.core.conditions import Condition
 from celery_baton.core.debounce import FlowPolicy
 from celery_baton.core.fairness import FairPolicy
@@ -108,6 +109,7 @@ class TaskPolicy:
     # position holds its key at most ``ordered_gap`` seconds.
     ordered: KeySpec | None = None
     ordered_gap: float = 60.0
+    batch: BatchPolicy | None = None  # calls run together by key (core/batch.py)
 
     @property
     def celery_rate_only(self) -> bool:

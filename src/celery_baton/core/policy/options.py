@@ -56,6 +56,9 @@ class TaskOptions(TypedDict, total=False):
     throttle_mode: ThrottleMode
     ordered: KeySpecValue
     ordered_gap_timeout: float
+    batch: KeySpecValue
+    batch_size: int
+    batch_wait: float
 
 
 #: Every task option celery-baton reads, in TaskOptions' order.
@@ -80,6 +83,8 @@ NEEDS = {
     "fair_weights": "fair_key",
     "cost": "limits",
     "ordered_gap_timeout": "ordered",
+    "batch_size": "batch",
+    "batch_wait": "batch",
 }
 
 

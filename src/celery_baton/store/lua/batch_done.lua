@@ -1,0 +1,32 @@
+-- batch_done: a batch ran and its results are written (from the pool process that ran
+-- it): its calls are done. Each holder learns it at its next tick and acks its message;
+-- a message of one of them delivered again later finds the done marker and is acked.
+--
+-- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
+-- KEYS[5] claimed   KEYS[6] done    KEYS[7] runs     KEYS[8] finished   KEYS[9] epoch
+-- ARGV[1] the run's id   ARGV[2] how long a done call is remembered (ms)
+-- ARGV[3..] the batch's call ids
+-- returns 1 when the run was still leased, 0 when its lease had lapsed (its calls may
+--         have been claimed again: they are marked done all the same).
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local keep = now + tonumber(ARGV[2])
+local inbox = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local holder = redis.call('HGET', KEYS[3], id)
+  redis.call('ZADD', KEYS[6], keep, id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  if holder then
+    inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+  end
+end
+for holder, ids in pairs(inbox) do
+  local before = redis.call('HGET', KEYS[8], holder)
+  redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
+end
+return redis.call('ZREM', KEYS[7], ARGV[1])

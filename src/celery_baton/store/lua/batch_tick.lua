@@ -1,0 +1,197 @@
+-- batch_tick: one worker's tick of one batch key (core/batch.py): register the calls it
+-- received, renew its presence and the batches it runs, tell it which of its held calls
+-- ran, and claim the next batch when one is due and it holds one of its calls.
+--
+-- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
+-- KEYS[5] claimed (hash: call id -> "<run> <registered ms>")
+-- KEYS[6] done      KEYS[7] runs (sorted set: run id -> lease until ms)
+-- KEYS[8] finished
+-- KEYS[9] epoch: until when (ms) no batch is claimed after the store forgot the key
+-- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
+-- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
+-- ARGV[7] n, then n pairs (call id, encoded call) to register
+-- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
+-- then g and g call ids this worker held no more (cancelled, or its connection was
+-- lost: the broker has them again): they leave the key
+-- then '1' and every call id this worker holds (a full check), or '0'
+-- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
+--          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
+--   finished: held calls that ran in a batch (their holder acks them, runs nothing);
+--   missing: held calls the store does not know (it forgot them): register them again.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local worker = ARGV[1]
+local size = tonumber(ARGV[3])
+local wait = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), worker)
+
+local finished = {}
+local missing = {}
+
+-- New calls: one that already ran (a redelivered message) is finished at once.
+local n = tonumber(ARGV[7])
+local at = 8
+for i = 1, n do
+  local id, call = ARGV[at], ARGV[at + 1]
+  at = at + 2
+  if redis.call('ZSCORE', KEYS[6], id) then
+    finished[#finished + 1] = id
+  else
+    if redis.call('HEXISTS', KEYS[5], id) == 0 then
+      redis.call('ZADD', KEYS[1], 'NX', now, id)
+    end
+    redis.call('HSET', KEYS[2], id, call)
+    redis.call('HSET', KEYS[3], id, worker)
+  end
+end
+local run_calls = {}
+local m = tonumber(ARGV[at])
+for i = 1, m do
+  local run, id = ARGV[at + 2 * i - 1], ARGV[at + 2 * i]
+  run_calls[run] = run_calls[run] or {}
+  table.insert(run_calls[run], id)
+end
+at = at + 2 * m + 1
+local g = tonumber(ARGV[at])
+for i = 1, g do
+  -- Only while this worker is its holder: a copy delivered to another worker since
+  -- (after a lost connection) is that worker's now.
+  local id = ARGV[at + i]
+  if redis.call('HGET', KEYS[3], id) == worker then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+  end
+end
+at = at + g + 1
+local full = ARGV[at] == '1'
+at = at + 1
+
+-- The key's epoch. Missing: the key is new, or the store forgot it (restarted empty)
+-- with batches maybe running. A run from before can only have been claimed before the
+-- server started, and lives at most one run ttl after: until then no batch is claimed,
+-- so its runner has the time to write it back (below). A server up longer (a key never
+-- used, or FLUSHALL of a live server: docs/guides/batching.md) gives no grace.
+local grace = 0
+local epoch = redis.call('GET', KEYS[9])
+if epoch then
+  grace = tonumber(epoch)
+else
+  local info = redis.pcall('INFO', 'server')
+  local up = 0
+  if type(info) == 'string' then
+    up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  end
+  grace = now - up * 1000 + ttl
+  if grace <= now then grace = 0 end
+  redis.call('SET', KEYS[9], grace)
+end
+
+-- This worker's runs: renewed; one the store forgot (within the grace) written back,
+-- so that its calls, registered again by their holders, are not claimed twice.
+for run in string.gmatch(ARGV[6], '%S+') do
+  if redis.call('ZSCORE', KEYS[7], run) then
+    redis.call('ZADD', KEYS[7], now + ttl, run)
+  elseif now < grace and run_calls[run] then
+    redis.call('ZADD', KEYS[7], now + ttl, run)
+    for _, id in ipairs(run_calls[run]) do
+      if not redis.call('ZSCORE', KEYS[6], id) then
+        local since = redis.call('ZSCORE', KEYS[1], id) or now
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HSET', KEYS[5], id, run .. ' ' .. since)
+      end
+    end
+  end
+end
+
+-- Runs whose lease lapsed (their worker died or stood still) give their calls back.
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now)
+if #lapsed > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+  local gone = {}
+  for _, run in ipairs(lapsed) do gone[run] = true end
+  local claimed = redis.call('HGETALL', KEYS[5])
+  for i = 1, #claimed, 2 do
+    local run, since = string.match(claimed[i + 1], '^(%S+) (%d+)$')
+    if gone[run] then
+      redis.call('HDEL', KEYS[5], claimed[i])
+      redis.call('ZADD', KEYS[1], since, claimed[i])
+    end
+  end
+end
+
+-- Calls done since this worker's last tick.
+local inbox = redis.call('HGET', KEYS[8], worker)
+if inbox then
+  redis.call('HDEL', KEYS[8], worker)
+  for id in string.gmatch(inbox, '[^,]+') do
+    finished[#finished + 1] = id
+  end
+end
+
+if full then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  -- A waiting call whose holder is gone: its message went back to the broker, which
+  -- delivers it again (to a worker that registers it again).
+  local waiting = redis.call('ZRANGE', KEYS[1], 0, -1)
+  for _, id in ipairs(waiting) do
+    local holder = redis.call('HGET', KEYS[3], id)
+    if not holder or not redis.call('ZSCORE', KEYS[4], holder) then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+    end
+  end
+  for i = at, #ARGV do
+    local id = ARGV[i]
+    if redis.call('ZSCORE', KEYS[6], id) then
+      finished[#finished + 1] = id
+    elseif not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[5], id) == 0 then
+      missing[#missing + 1] = id
+    end
+  end
+end
+
+-- A batch is due when `size` calls wait or the oldest waited `wait` ms; it is claimed
+-- by a worker that holds one of its calls (its message carries the run into that
+-- worker's pool). Several batches of one key may run at once, one claimed per tick.
+local due = -1
+local claim = {}
+local waiting = redis.call('ZCARD', KEYS[1])
+if waiting > 0 then
+  local oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+  local waited = now - oldest
+  if waiting >= size or waited >= wait then
+    due = 0
+    if now < grace then
+      due = grace - now
+    else
+      local ids = redis.call('ZRANGE', KEYS[1], 0, size - 1, 'WITHSCORES')
+      local carrier = nil
+      for i = 1, #ids, 2 do
+        if redis.call('HGET', KEYS[3], ids[i]) == worker then
+          carrier = ids[i]
+          break
+        end
+      end
+      if carrier then
+        local run = worker .. '/' .. t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+        redis.call('ZADD', KEYS[7], now + ttl, run)
+        claim = {run, carrier}
+        for i = 1, #ids, 2 do
+          redis.call('HSET', KEYS[5], ids[i], run .. ' ' .. ids[i + 1])
+          redis.call('ZREM', KEYS[1], ids[i])
+          claim[#claim + 1] = ids[i]
+          claim[#claim + 1] = redis.call('HGET', KEYS[2], ids[i]) or ''
+        end
+      end
+    end
+  else
+    due = wait - waited
+  end
+end
+return {finished, missing, due, claim}

@@ -1,0 +1,336 @@
+"""Batching in the consumer: calls of a batched task wait here, their messages unacked,
+costing no pool slot, until their key's batch ran (core/batch.py says where the state is).
+
+A received call is held (counted like an ETA task, so the prefetch window keeps room for
+work this worker can run) and registered in the store under its key at the next tick.
+Every ``interval`` one tick per key (one round trip for all keys) renews this worker's
+presence and the batch it runs, tells which held calls ran in a batch (their messages
+are acked here, nothing runs), re-registers the calls the store forgot, and claims a due
+batch when this worker holds one of its calls. That call's own request carries the batch
+into the pool (worker/pool/batch_run.py runs the body and writes every call's result).
+When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from celery_baton import internals
+from celery_baton.core.batch import Batches, KeyTick
+from celery_baton.core.policy.model import TaskPolicy
+from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.worker import outcomes
+from celery_baton.worker.cancelling import Cancelling, revoke
+from celery_baton.worker.pool.batch_run import BATCH_FIELD, encode_call
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: Seconds between two ticks at most (a shorter batch_wait ticks faster).
+INTERVAL_MAX = 0.05
+INTERVAL_MIN = 0.01
+#: Seconds between two ticks of a key with nothing new: how late a holder may hear that
+#: its calls ran (their messages are acked then) when no batch of that key is due.
+IDLE_TICK = 0.25
+#: Seconds between two full checks of a key's held calls (the store may have forgotten
+#: them; a holder may have died).
+FULL_CHECK = 1.0
+
+
+def tick_interval(waits: list[float]) -> float:
+    """One tick every quarter of the shortest batch_wait, within [10 ms, 50 ms]: a lone
+    call's batch starts at most about two ticks after its wait."""
+    if not waits:
+        return INTERVAL_MAX
+    return max(INTERVAL_MIN, min(INTERVAL_MAX, min(waits) / 4))
+
+
+@dataclass
+class Running:
+    """A batch this worker claimed and carries into its pool."""
+
+    run: str
+    carrier_id: str
+    carrier: Any  # the Celery request
+    call_ids: list[str]  # the batch's calls, written back if the store forgot the run
+    ended: bool = False  # left the pool; the store not told yet
+
+
+@dataclass
+class KeyState:
+    """This worker's side of one batch key."""
+
+    keys: list[str]
+    size: int
+    wait: float
+    run_ttl: float  # the task's lease_ttl
+    held: dict[str, Any] = field(default_factory=dict)  # call id -> request
+    new: list[tuple[str, str]] = field(default_factory=list)  # to register
+    gone: list[str] = field(default_factory=list)  # held no more: they leave the key
+    running: list[Running] = field(default_factory=list)  # batches it carries now
+    next_full: float = 0.0
+    next_tick: float = 0.0  # when it is ticked again without news (monotonic)
+
+
+class Batching:
+    """Holds the calls of batched tasks and runs their batches; see the module docstring."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        batches: Batches,
+        *,
+        send: Callable[[Any], None],
+        presence: float,
+        keep: float,
+        interval: float,
+        hold_max: int = 10_000,
+        cancelling: Cancelling | None = None,
+    ) -> None:
+        self.consumer = consumer
+        self.batches = batches
+        self.send = send  # to the pool, as a plain request
+        self.presence = presence  # how long the store believes this worker alive
+        self.keep = keep  # how long a done call is remembered
+        self.interval = interval
+        # Past this many held calls, a held call keeps its prefetch slot: the window
+        # fills and the broker stops sending, so memory stays bounded (baton_hold_max).
+        self.hold_max = hold_max
+        self.cancelling = cancelling  # baton.cancel: a held call cancelled never runs
+        self._counted: set[int] = set()  # id() of the held requests that raised it
+        # A restarted worker with the same name is a new holder: its predecessor's calls
+        # are not its own.
+        self.worker = f"{consumer.hostname}/{uuid.uuid4().hex[:8]}"
+        self.keys: dict[str, KeyState] = {}
+        self._timer: Any = None
+        self._down_said = 0.0
+        self.stats = {"batches": 0, "calls_acked": 0}
+
+    # -- the consumer's side ----------------------------------------------------------
+
+    def start(self, consumer: Any) -> None:
+        """At every consumer start (a new loop after a lost connection)."""
+        self.consumer = consumer
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = consumer.timer.call_repeatedly(self.interval, self.tick, priority=5)
+
+    def forget(self) -> int:
+        """The connection is gone: the broker delivers the held messages again."""
+        count = 0
+        for state in self.keys.values():
+            count += len(state.held)
+            # Out of the key at the next tick, so that no batch waits for this worker
+            # to carry them; their copies are registered again where they are delivered.
+            state.gone.extend(state.held)
+            state.held.clear()
+            state.new.clear()
+        self._counted.clear()  # the prefetch count starts anew with the connection
+        return count
+
+    def receive(self, request: Any, policy: TaskPolicy) -> None:
+        batch = policy.batch
+        assert batch is not None
+        try:
+            material = batch.material(request.name, request.args or (), request.kwargs or {})
+        except KeySpecError as exc:  # a publish without celery-baton: refused here
+            outcomes.refuse(request, exc)
+            return
+        try:
+            encoded = encode_call(request.args, request.kwargs, internals.request_context(request))
+        except (TypeError, ValueError) as exc:
+            outcomes.refuse(
+                request, BatonError(f"a batched call's arguments must be JSON-serialisable: {exc}")
+            )
+            return
+        keys = self.batches.keys(request.name, material)
+        state = self.keys.get(keys[0])
+        if state is None:
+            state = self.keys[keys[0]] = KeyState(keys, batch.size, batch.wait, policy.lease_ttl)
+        if request.id in state.held:  # the same message twice: keep one
+            self._leave(state.held.pop(request.id), ack=True)
+        state.held[request.id] = request
+        state.new.append((request.id, encoded))
+        if len(self._counted) < self.hold_max:
+            # Like an ETA task: a held call must not use up the prefetch window.
+            self._counted.add(id(request))
+            self.consumer.qos.increment_eventually()
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        # On the consumer's loop; kombu's timer swallows exceptions: say them.
+        try:
+            self._tick()
+        except Exception:
+            logger.exception("baton: a batching tick failed (retried at the next tick)")
+
+    def _tick(self) -> None:
+        self._end_runs()
+        for state in self.keys.values():
+            self._drop_cancelled(state)
+        kept = [s for s in self.keys.values() if s.held or s.new or s.running or s.gone]
+        self.keys = {s.keys[0]: s for s in kept}
+        now = time.monotonic()
+        # A key is ticked when it has news (calls to register, a run to renew), when its
+        # batch may be due, or at least every IDLE_TICK (to hear of calls that ran).
+        states = [
+            s
+            for s in kept
+            if s.new or s.gone or s.running or now >= s.next_tick or now >= s.next_full
+        ]
+        if not states:
+            return
+        ticks = []
+        for state in states:
+            held = None
+            if now >= state.next_full:
+                state.next_full = now + FULL_CHECK
+                held = list(state.held)
+            new, state.new = state.new, []
+            gone, state.gone = state.gone, []
+            live = [r for r in state.running if not r.ended]
+            # At a full check, the runs' calls: written back if the store forgot a run.
+            run_calls = (
+                [(r.run, call_id) for r in live for call_id in r.call_ids]
+                if held is not None
+                else []
+            )
+            ticks.append(
+                KeyTick(
+                    state.keys,
+                    state.size,
+                    state.wait,
+                    run_ttl=state.run_ttl,
+                    runs=[r.run for r in live],
+                    run_calls=run_calls,
+                    gone=gone,
+                    new=new,
+                    held=held,
+                )
+            )
+        try:
+            replies = self.batches.tick(self.worker, self.presence, ticks)
+        except StoreUnavailable as exc:
+            for state, sent in zip(states, ticks, strict=True):
+                state.new[:0] = sent.new
+                state.gone[:0] = sent.gone
+                if sent.held is not None:
+                    state.next_full = 0.0
+            self._say_down(exc)
+            return
+        for state, reply in zip(states, replies, strict=True):
+            due = IDLE_TICK if reply.due is None else min(IDLE_TICK, reply.due)
+            state.next_tick = now + due
+            for call_id in reply.finished:
+                request = state.held.pop(call_id, None)
+                if request is not None:
+                    self._leave(request, ack=True)
+            for call_id in reply.missing:
+                request = state.held.get(call_id)
+                if request is not None:
+                    encoded = encode_call(
+                        request.args, request.kwargs, internals.request_context(request)
+                    )
+                    state.new.append((call_id, encoded))
+            if reply.claim is not None:
+                self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
+
+    def _drop_cancelled(self, state: KeyState) -> None:
+        """Held calls that ``baton.cancel`` cancelled (noticed by id, or by key): revoked
+        as Celery revokes (REVOKED, acked), and taken out of the key at its next tick."""
+        if self.cancelling is None or not state.held:
+            return
+        watch = self.cancelling.watch
+        first = next(iter(state.held.values()))
+        if not (watch.ids_live() or watch.has_key_cancels(first.name)):
+            return  # no cancel could name them: nothing to look up
+        for call_id, request in list(state.held.items()):
+            why = self.cancelling.known(request)
+            if why is None:
+                continue
+            del state.held[call_id]
+            self._leave(request, ack=False)
+            revoke(request, why)
+            state.gone.append(call_id)
+
+    def _noticed(self, call_id: str) -> bool:
+        return self.cancelling is not None and self.cancelling.watch.noticed(call_id)
+
+    def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
+        request = state.held.pop(carrier_id, None)
+        if request is None:  # not held any more (acked meanwhile): nothing carries it
+            state.running.append(Running(run, carrier_id, None, [], ended=True))
+            return
+        self._leave(request, ack=False)
+        why = self.cancelling.known(request) if self.cancelling is not None else None
+        if why is not None:  # cancelled: it carries nothing; the others wait again
+            revoke(request, why)
+            state.running.append(Running(run, carrier_id, None, [], ended=True))
+            return
+        request.request_dict[BATCH_FIELD] = {
+            "run": run,
+            "keys": state.keys,
+            # A call cancelled by id is left out of the run (marked done with it: its
+            # holder revoked it).
+            "calls": [list(call) for call in calls if not self._noticed(call[0])],
+            "done": [call_id for call_id, _ in calls],
+            "keep": self.keep,
+        }
+        state.running.append(Running(run, carrier_id, request, [c for c, _ in calls]))
+        self.stats["batches"] += 1
+        self._event(request, "task-baton-batch", run=run, calls=[call_id for call_id, _ in calls])
+        logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
+        self.send(request)
+
+    def _end_runs(self) -> None:
+        """Runs whose carrier left the pool: the store hears their end."""
+        for state in self.keys.values():
+            for running in list(state.running):
+                if not running.ended and running.carrier in worker_state.reserved_requests:
+                    continue
+                running.ended = True
+                try:
+                    self.batches.end(state.keys, running.run, running.carrier_id)
+                except StoreUnavailable as exc:
+                    self._say_down(exc)
+                    return  # told at a later tick; the run's lease is no longer renewed
+                state.running.remove(running)
+
+    def _leave(self, request: Any, *, ack: bool) -> None:
+        if id(request) in self._counted:
+            self._counted.discard(id(request))
+            self.consumer.qos.decrement_eventually()
+        if ack:
+            # Its call ran in a batch (its result is written): acked, nothing runs.
+            self.stats["calls_acked"] += 1
+            worker_state.task_ready(request)
+            request.acknowledge()
+            self._event(request, "task-baton-batched")
+
+    def _event(self, request: Any, kind: str, **fields: Any) -> None:
+        """A task event, when the worker and the task send them (worker/events.py):
+        ``task-baton-batch`` on the call whose request carries a batch (its ``run`` and
+        ``calls``, the call ids), ``task-baton-batched`` on a held call that ran in a
+        batch (its result is in the backend; Flower shows it ``BATON-BATCHED``)."""
+        dispatcher = getattr(self.consumer, "event_dispatcher", None)
+        if dispatcher is None or not dispatcher.enabled or not request.task.send_events:
+            return
+        if dispatcher.groups and "task" not in dispatcher.groups:
+            return
+        dispatcher.send(kind, uuid=request.id, **fields)
+
+    def _say_down(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._down_said > 10:
+            self._down_said = now
+            logger.warning("baton: batched calls held while the store is unavailable: %s", exc)
+
+    def held_count(self) -> int:
+        return sum(len(state.held) for state in self.keys.values())

@@ -1,0 +1,216 @@
+"""What runs in the pool for a batched task: the body with every call of its batch, each
+call's result written under its own task id, and the calls marked done.
+
+A batch is carried into the pool by one of its calls' own request (the carrier, chosen by
+``worker/batching.py``), which brings the batch in its request (``BATCH_FIELD``: the run's
+id, its store keys and every call's id and encoded arguments). Celery stores the
+carrier's own result as it stores any task's; the other calls' results are written here,
+from the same pool process, before the store hears that the batch ran: a caller never
+sees its call done without its result.
+
+A run of the task without that field (called directly, ``.apply()``, eager mode) is a
+batch of one: the body gets a list of one call and the call its own result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kombu.utils import json as kombu_json
+
+from celery_baton.core.batch import Call, outcomes
+from celery_baton.errors import BatonError
+from celery_baton.parts import installed_parts
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: The carrier request's field naming its batch (a key of its request dict, which Celery
+#: hands to the pool process and makes an attribute of ``task.request``).
+BATCH_FIELD = "baton_batch"
+
+
+#: What a call's request says about the canvas it is part of, kept with the call so that
+#: the pool process that runs its batch writes its result as Celery would: a chord's
+#: counter, the next task of a chain, its link and link_error callbacks.
+CANVAS_FIELDS = (
+    "callbacks",
+    "errbacks",
+    "chain",
+    "chord",
+    "group",
+    "group_index",
+    "root_id",
+    "parent_id",
+    "reply_to",
+    "correlation_id",
+)
+
+
+def encode_call(args: Any, kwargs: Any, context: Any = None) -> str:
+    """A call's arguments (and its canvas, from its request's ``context``) as the store
+    keeps them: kombu's JSON, as Celery's json serializer writes them (dates, UUIDs and
+    decimals come back as they went)."""
+    canvas = {}
+    for name in CANVAS_FIELDS:
+        value = getattr(context, name, None)
+        if value:
+            canvas[name] = value
+    return str(kombu_json.dumps([list(args or ()), dict(kwargs or {}), canvas]))  # type: ignore[no-untyped-call]
+
+
+def decode_call(call_id: str, encoded: str) -> tuple[Call, dict[str, Any]]:
+    """The call, and its canvas fields."""
+    decoded = kombu_json.loads(encoded)  # type: ignore[no-untyped-call]
+    args, kwargs = decoded[0], decoded[1]
+    canvas = decoded[2] if len(decoded) > 2 else {}
+    return Call(call_id, tuple(args), dict(kwargs)), dict(canvas)
+
+
+def batch_body(fun: Callable[..., Any], *, bound: bool) -> Callable[..., Any]:
+    """The task's ``run`` for a batched body ``fun(calls)`` (``fun(self, calls)`` when
+    bound). It takes any call's arguments, so Celery's argument check at publish passes
+    a call's own arguments (``index_docs.delay(account_id=7, doc_id=1)``)."""
+    if bound:
+
+        def run_bound(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return run_batch(self, fun, args, kwargs, bound=True)
+
+        run: Callable[..., Any] = run_bound
+    else:
+
+        def run_plain(*args: Any, **kwargs: Any) -> Any:
+            from celery import current_task
+
+            return run_batch(current_task, fun, args, kwargs, bound=False)
+
+        run = run_plain
+    # Its name and module, not __wrapped__: the signature seen must stay (*args, **kwargs).
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(run, attr, getattr(fun, attr, None))
+    run.__baton_batch_body__ = fun  # type: ignore[attr-defined]
+    return run
+
+
+def wrap_task(task: Any) -> None:
+    """Make a registered batched task's ``run`` the batch runner (a task declared before
+    ``Baton(app)``, or whose class was made elsewhere): once."""
+    run = type(task).__dict__.get("run")
+    fun = getattr(run, "__func__", run)  # a staticmethod's function
+    if fun is None or hasattr(fun, "__baton_batch_body__"):
+        return
+    bound = not isinstance(run, staticmethod)
+    wrapped = batch_body(fun, bound=bound)
+    type(task).run = wrapped if bound else staticmethod(wrapped)
+    type(task).typing = False  # its __header__ is the body's (calls), not a call's
+
+
+def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bound: bool) -> Any:
+    request = task.request
+    batch = getattr(request, BATCH_FIELD, None)
+    own = str(getattr(request, "id", None) or "")
+    if not batch:
+        calls = [Call(own, tuple(args), dict(kwargs))]
+        ((ok, value),) = outcomes(calls, _invoke(task, fun, calls, bound=bound))
+        if not ok:
+            raise value
+        return value
+    decoded = [decode_call(call_id, encoded) for call_id, encoded in batch["calls"]]
+    calls = [call for call, _ in decoded]
+    canvas = {call.id: fields for call, fields in decoded}
+    others = [call for call in calls if call.id != own]
+    try:
+        returned = _invoke(task, fun, calls, bound=bound)
+    except Exception as exc:
+        # A body that raises fails every call of its batch (the carrier by Celery, below).
+        for call in others:
+            _write(task, call, canvas[call.id], False, exc)
+        _done(task, batch, calls)
+        raise
+    results = outcomes(calls, returned)
+    own_outcome: tuple[bool, Any] = (True, None)
+    for call, (ok, value) in zip(calls, results, strict=True):
+        if call.id == own:
+            own_outcome = (ok, value)
+        else:
+            _write(task, call, canvas[call.id], ok, value)
+    _done(task, batch, calls)
+    ok, value = own_outcome
+    if not ok:
+        raise value
+    return value
+
+
+def _invoke(task: Any, fun: Callable[..., Any], calls: list[Call], *, bound: bool) -> Any:
+    from celery.exceptions import Retry
+
+    try:
+        return fun(task, calls) if bound else fun(calls)
+    except Retry as exc:
+        # Celery would retry the carrying call alone, and the others' results would
+        # never come: refused, every call of the batch fails saying so.
+        raise BatonError(
+            f"{task.name}: self.retry() in a batched task is not supported yet (issue 37): "
+            "every call of the batch fails"
+        ) from exc
+
+
+def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) -> None:
+    """One call's result under its own task id, as Celery's trace writes a task's: its
+    state, its chord's counter, then its chain's next task and its link callbacks (on
+    success) or its link_error callbacks (on failure)."""
+    from celery import signature
+    from celery.app.task import Context
+
+    request = Context(
+        {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
+    )
+    request.ignore_result = task.ignore_result
+    backend = task.backend
+    try:
+        if not ok:
+            backend.mark_as_failure(call.id, value, traceback=None, request=request)
+            return
+        backend.mark_as_done(call.id, value, request=request)
+        root_id = canvas.get("root_id") or call.id
+        for callback in canvas.get("callbacks") or ():
+            signature(callback, app=task.app).apply_async(
+                (value,), parent_id=call.id, root_id=root_id
+            )
+        chain = list(canvas.get("chain") or ())
+        if chain:
+            following = signature(chain.pop(), app=task.app)
+            following.apply_async((value,), chain=chain, parent_id=call.id, root_id=root_id)
+    except Exception:
+        # One call's result or callback that could not be written must not keep the
+        # others' from being written, nor the batch from being marked done.
+        logger.exception("%s[%s]: its result in batch could not be written", task.name, call.id)
+
+
+def _done(task: Any, batch: dict[str, Any], calls: list[Call]) -> None:
+    """Tell the store the batch ran: each holder acks its call's message. If the store
+    cannot hear it, the run's lease lapses and the batch runs again (at least once)."""
+    parts = installed_parts(task.app)
+    if parts is None:
+        return
+    # A store down for a moment (a restart, a failover) is waited for: the run's lease
+    # outlives half its ttl, and a batch told done is a batch that never runs again.
+    deadline = time.monotonic() + parts.settings.lease_ttl / 2
+    while True:
+        try:
+            done = batch.get("done") or [c.id for c in calls]
+            parts.batches.done(batch["keys"], batch["run"], done, batch["keep"])
+            return
+        except BatonError as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            logger.error(
+                "%s: batch %s ran but the store could not be told (%s): it may run again",
+                task.name,
+                batch["run"],
+                exc,
+            )
+            return

@@ -1,0 +1,135 @@
+"""A Celery app with celery-baton installed: batched tasks under test (issue 37).
+
+Run by workers as ``celery -A tests.apps.batching worker``. Reads the servers from the
+environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
+``visibility_timeout`` (a test that kills a worker sets a few seconds, so its held
+messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
+``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
+worker's presence outlive their last renewal.
+
+Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
+key, or several joined by ``|``: a run that mixed keys shows it), with its call ids
+joined by ``,`` in the run's task id field.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery_baton import Call
+from tests.apps.factory import make_baton_app, observer
+
+VISIBILITY = float(os.environ.get("BATCH_VISIBILITY", "3600"))
+
+app, baton = make_baton_app(
+    "batching",
+    baton_socket_timeout=1.0,
+    task_acks_late=bool(os.environ.get("BATCH_ACKS_LATE")),
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    worker_lost_wait=1.0,
+    baton_lease_ttl=float(os.environ.get("BATCH_LEASE_TTL", "8")),
+)
+
+
+def _report(task: str, calls: list[Call], sleep: float = 0.05) -> None:
+    keys = "|".join(sorted({str(c.kwargs.get("account")) for c in calls}))
+    observer().run(f"{task}:{keys}", task_id=",".join(c.id for c in calls), sleep=sleep)
+
+
+@app.task(batch="account", batch_size=10, batch_wait=0.2)
+def index(calls: list[Call]) -> list[int]:
+    """Batches of up to 10 calls of one account, 0.2 s after the first: doc * 2 each."""
+    _report("index", calls)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(batch="account", batch_size=50, batch_wait=0.2)
+def wide(calls: list[Call]) -> list[int]:
+    """Batches of up to 50 calls (the issue's scale test)."""
+    _report("wide", calls, sleep=0.01)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(batch="account", batch_size=10, batch_wait=1.0)
+def fill(calls: list[Call]) -> list[int]:
+    """As ``index`` with a 1 s wait: a burst published within it makes full batches."""
+    _report("fill", calls)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(batch="account", batch_size=1000, batch_wait=8.0)
+def patient(calls: list[Call]) -> list[int]:
+    """Calls wait 8 s: long enough to be seen waiting."""
+    _report("patient", calls)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch="account", batch_size=1000, batch_wait=2.0)
+def slow_fill(calls: list[Call]) -> list[int]:
+    """Never full: a batch runs 2 s after its first call (calls wait that long)."""
+    _report("slow_fill", calls)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(bind=True, batch=True, batch_size=5, batch_wait=0.2)
+def by_id(self: Any, calls: list[Call]) -> dict[str, Any]:
+    """One stream for the whole task; returns a mapping by call id that lacks the
+    calls whose doc is negative."""
+    assert self.name.endswith("by_id")
+    _report("by_id", calls)
+    return {c.id: c.kwargs["doc"] + 1 for c in calls if c.kwargs["doc"] >= 0}
+
+
+@app.task(batch="account", batch_size=4, batch_wait=0.2)
+def boom(calls: list[Call]) -> list[int]:
+    """Raises when one of its calls asks it to: every call of that batch fails."""
+    _report("boom", calls)
+    if any(c.kwargs.get("fail") for c in calls):
+        raise ValueError(f"boom in a batch of {len(calls)}")
+    return [0 for _ in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2)
+def longer_run(calls: list[Call]) -> list[int]:
+    """Runs 6 s: the store can restart while it runs."""
+    _report("longer_run", calls, sleep=6.0)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2)
+def long_run(calls: list[Call]) -> list[int]:
+    """Runs 3 s: a worker can be killed while it runs."""
+    _report("long_run", calls, sleep=3.0)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task
+def add_one(value: int) -> int:
+    """A plain task after a batched call in a chain."""
+    return value + 1
+
+
+@app.task
+def total(values: list[int]) -> int:
+    """A chord's callback over batched calls."""
+    return sum(values)
+
+
+@app.task
+def item_plain(doc: int) -> int:
+    """1 ms of work per call, one call per run (a throughput measurement's baseline)."""
+    time.sleep(0.001)
+    return doc
+
+
+@app.task(batch=True, batch_size=100, batch_wait=0.05)
+def item_batch(calls: list[Call]) -> list[int]:
+    """The same 1 ms of work per call, 100 calls per run."""
+    time.sleep(0.001 * len(calls))
+    return [c.kwargs["doc"] for c in calls]

@@ -1,0 +1,207 @@
+"""The batching scripts against a real server, step by step (core/batch.py): what each
+worker's tick is told, and what the store keeps (issue 37)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_baton.core.batch import Batches, KeyTick, TickReply
+from celery_baton.core.keys import KeyNames
+from celery_baton.store.connection import Store, connect
+
+LONG = 60.0  # a presence / run lease that does not lapse within a test
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    store = connect(store_url, socket_timeout=2)
+    yield store
+    store.client.close()
+
+
+@pytest.fixture
+def batches(store: Store, request: pytest.FixtureRequest) -> Batches:
+    batches = Batches(store, KeyNames(f"bt-{request.node.name[:40]}"))
+    # No grace for the key (a test server may be younger than the run ttl used here).
+    store.client.set(batches.keys("t", "k")[8], 0)
+    return batches
+
+
+def tick(
+    batches: Batches,
+    worker: str,
+    *,
+    new: list[str] = (),  # type: ignore[assignment]
+    size: int = 3,
+    wait: float = LONG,
+    run: str = "",
+    held: list[str] | None = None,
+    presence: float = LONG,
+) -> TickReply:
+    keys = batches.keys("t", "k")
+    encoded = [(i, f'[[], {{"n": "{i}"}}]') for i in new]
+    runs = [run] if run else []
+    t = KeyTick(keys, size, wait, run_ttl=presence, runs=runs, new=encoded, held=held)
+    (reply,) = batches.tick(worker, presence, [t])
+    return reply
+
+
+def test_a_batch_is_claimed_when_full_by_a_worker_holding_one_of_its_calls(
+    batches: Batches,
+) -> None:
+    reply = tick(batches, "w1", new=["a", "b"], size=10)
+    assert reply.claim is None and reply.due is not None and reply.due > 1
+    # Full, but w3 holds neither of the first two: it claims nothing; w1 does.
+    assert tick(batches, "w3", new=["c", "d"], size=2).claim is None
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None
+    assert claim.carrier == "a"
+    assert [call_id for call_id, _ in claim.calls] == ["a", "b"]  # the oldest first
+    assert claim.calls[0][1] == '[[], {"n": "a"}]'
+    # Batches of one key run side by side: w3 claims the next one while w1's runs.
+    second = tick(batches, "w3", size=1).claim
+    assert second is not None and [i for i, _ in second.calls] == ["c"]
+
+
+def test_a_partial_batch_is_due_after_the_wait(batches: Batches) -> None:
+    reply = tick(batches, "w1", new=["a"], wait=0.3)
+    assert reply.claim is None and reply.due is not None and 0.1 < reply.due <= 0.3
+    time.sleep(0.35)
+    claim = tick(batches, "w1", wait=0.3).claim
+    assert claim is not None and [i for i, _ in claim.calls] == ["a"]
+
+
+def test_done_calls_are_told_to_their_holders_and_a_later_copy_is_finished(
+    batches: Batches,
+) -> None:
+    tick(batches, "w1", new=["a"], size=10)
+    tick(batches, "w2", new=["b", "c"], size=10)
+    claim = tick(batches, "w1", size=3).claim
+    assert claim is not None
+    keys = batches.keys("t", "k")
+    batches.done(keys, claim.run, ["a", "b", "c"], keep=LONG)
+    assert sorted(tick(batches, "w2").finished) == ["b", "c"]
+    assert tick(batches, "w2").finished == []  # told once
+    # A message of a done call delivered again (its holder died before acking it).
+    assert tick(batches, "w3", new=["b"]).finished == ["b"]
+    assert tick(batches, "w3", held=["b"]).finished == ["b"]
+    # The key's run is free: the next batch can start.
+    claim = tick(batches, "w3", new=["d"], size=1).claim  # claimed in the same tick
+    assert claim is not None and claim.carrier == "d"
+
+
+def test_a_run_whose_lease_lapsed_gives_its_calls_back(batches: Batches) -> None:
+    tick(batches, "w1", new=["a", "b"], presence=0.2, size=10)
+    claim = tick(batches, "w1", size=2, presence=0.2).claim
+    assert claim is not None
+    tick(batches, "w2", new=["c"])
+    time.sleep(0.3)
+    # w1 is gone (its run not renewed): w2 sees a, b wait again, w1's (gone) holder is
+    # dropped at w2's full check: their messages come back from the broker.
+    reply = tick(batches, "w2", size=1, held=["c"])
+    assert reply.claim is not None
+    assert [i for i, _ in reply.claim.calls] == ["c"]
+
+
+def test_a_renewed_run_keeps_its_calls(batches: Batches, store: Store) -> None:
+    tick(batches, "w1", new=["a", "b"], presence=0.4, size=10)
+    claim = tick(batches, "w1", size=2, presence=0.4).claim
+    assert claim is not None
+    for _ in range(4):
+        time.sleep(0.15)
+        tick(batches, "w1", size=2, run=claim.run, presence=0.4)
+    keys = batches.keys("t", "k")
+    tick(batches, "w2", size=1, held=[])  # a lapsed run would be given back here
+    assert store.client.zcard(keys[0]) == 0
+    assert store.client.hlen(keys[4]) == 2  # still w1's run's
+
+
+def test_calls_the_store_forgot_are_missing_at_the_full_check(
+    batches: Batches, store: Store
+) -> None:
+    tick(batches, "w1", new=["a", "b"])
+    for key in batches.keys("t", "k"):
+        store.client.delete(key)
+    reply = tick(batches, "w1", held=["a", "b"])
+    assert sorted(reply.missing) == ["a", "b"]
+    assert tick(batches, "w1").missing == []  # only a full check looks
+
+
+def test_the_end_of_a_run_that_did_not_finish_gives_back_all_but_its_carrier(
+    batches: Batches,
+) -> None:
+    tick(batches, "w1", new=["a", "b"], size=10)
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None and claim.carrier == "a"
+    batches.end(batches.keys("t", "k"), claim.run, claim.carrier)
+    reply = tick(batches, "w1", size=1, held=["b"])
+    assert reply.claim is not None
+    assert [i for i, _ in reply.claim.calls] == ["b"]  # the carrier's call is Celery's
+
+
+def test_a_key_first_seen_by_a_server_up_longer_than_a_run_ttl_has_no_grace(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    store.client.delete(keys[8])
+    time.sleep(0.6)  # the server is up for longer than the run ttl below
+    reply = tick(batches, "w1", new=["a"], size=1, presence=0.5)
+    assert reply.claim is not None
+    assert store.client.get(keys[8]) in (b"0", "0")
+
+
+def test_a_run_the_store_forgot_is_written_back_and_not_claimed_twice(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    claim = tick(batches, "w1", size=2).claim
+    assert claim is not None
+    for key in keys:
+        store.client.delete(key)
+    # As if the server had just started: a grace until its start + one run ttl.
+    store.client.set(keys[8], int(time.time() * 1000) + 5000)
+    # The holders register their calls again; nobody may claim them meanwhile.
+    reply = tick(batches, "w2", new=["a", "b"], size=1, held=[])
+    assert reply.claim is None and reply.due is not None and reply.due > 1
+    # The runner writes its run back at its full check.
+    calls = [(claim.run, "a"), (claim.run, "b")]
+    keys_tick = KeyTick(keys, 1, LONG, runs=[claim.run], run_calls=calls, held=[])
+    batches.tick("w1", LONG, [keys_tick])
+    assert store.client.zscore(keys[6], claim.run) is not None
+    assert store.client.zcard(keys[0]) == 0  # none waits: both are the run's
+    batches.done(keys, claim.run, ["a", "b"], keep=LONG)
+    assert set(tick(batches, "w2", held=["a", "b"]).finished) == {"a", "b"}
+
+
+def test_a_lapsed_run_among_several_gives_back_only_its_own_calls(
+    batches: Batches, store: Store
+) -> None:
+    tick(batches, "w1", new=["a"], size=10, presence=0.3)
+    tick(batches, "w2", new=["c"], size=10)
+    first = tick(batches, "w1", size=1, presence=0.3).claim
+    second = tick(batches, "w2", size=1).claim
+    assert first is not None and second is not None
+    time.sleep(0.4)  # w1's run lapses; w2's lease is long
+    tick(batches, "w2", size=10, held=["c"], run=second.run)
+    keys = batches.keys("t", "k")
+    claimed = {k.decode() if isinstance(k, bytes) else k for k in store.client.hkeys(keys[4])}
+    assert claimed == {"c"}
+    # w1's call went back to the waiting ones (then dropped: its holder w1 is gone).
+    assert store.client.zscore(keys[0], "a") is None
+
+
+def test_calls_a_worker_holds_no_more_leave_unless_another_holds_them_now(
+    batches: Batches, store: Store
+) -> None:
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    tick(batches, "w2", new=["b"], size=10)  # b delivered again, to w2 (w1's connection lost)
+    reply = batches.tick("w1", LONG, [KeyTick(keys, 10, LONG, gone=["a", "b"])])[0]
+    assert reply.claim is None
+    members = store.client.zrange(keys[0], 0, -1)
+    waiting = {m.decode() if isinstance(m, bytes) else m for m in members}
+    assert waiting == {"b"}  # a left; b is w2's

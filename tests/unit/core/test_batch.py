@@ -1,0 +1,184 @@
+"""Batching's pure logic: declarations refused early, and what a body's return value
+means for each call (issue 37). No server: the store is never connected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_baton import BatchResultError, Baton, Call, ConfigError, KeySpecError
+from celery_baton.core.batch import batch_keys, outcomes
+from celery_baton.core.keys import KeyNames
+from celery_baton.worker.batching import tick_interval
+
+
+@pytest.fixture
+def app() -> Celery:
+    app = Celery("batching", set_as_current=False)
+    Baton(app, url="redis://127.0.0.1:1/0")  # never connected by these tests
+    return app
+
+
+def declare(app: Celery, **options: Any) -> Any:
+    @app.task(shared=False, **options)
+    def index_docs(calls: list[Call]) -> list[int]:
+        return [0 for _ in calls]
+
+    return index_docs
+
+
+def test_a_batched_task_declares_with_its_key_size_and_wait(app: Celery) -> None:
+    task = declare(app, batch="account_id", batch_size=50, batch_wait=0.5)
+    policy = app.tasks[task.name]
+    from celery_baton.baton import baton_for
+
+    baton = baton_for(app)
+    assert baton is not None
+    batch = baton.policy_for(policy).batch
+    assert (batch.size, batch.wait) == (50, 0.5)
+    assert batch.key.material((), {"account_id": 7, "doc_id": 1}) == '{"account_id":7}'
+
+
+def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
+    from celery_baton.baton import baton_for
+
+    task = declare(app, batch=True)
+    baton = baton_for(app)
+    assert baton is not None
+    batch = baton.policy_for(task).batch
+    assert (batch.size, batch.wait) == (100, 1.0)
+    assert batch.key.material((1,), {"x": 2}) == ""  # one stream for the task
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"batch_size": 0}, r"batch_size: must be an int >= 1, got 0"),
+        ({"batch_size": 2.5}, r"batch_size: must be an int >= 1"),
+        ({"batch_size": True}, r"batch_size: must be an int >= 1"),
+        ({"batch_wait": 0}, r"batch_wait: must be a number of seconds > 0"),
+        ({"batch_wait": float("inf")}, r"batch_wait: must be a number of seconds > 0 and finite"),
+        ({"batch_wait": "1s"}, r"batch_wait: must be a number of seconds"),
+        ({"exclusive": "account_id"}, r"batch with exclusive"),
+        ({"unique": "account_id"}, r"batch with unique"),
+        ({"debounce": 1.0}, r"batch with debounce"),
+        ({"global_rate_limit": "10/s"}, r"batch with global_rate_limit: not yet"),
+        ({"global_concurrency": 2}, r"batch with global_concurrency: not yet"),
+        ({"autoretry_for": (ValueError,)}, r"batch with autoretry_for: not yet"),
+    ],
+)
+def test_bad_batch_options_are_refused_at_declaration(
+    app: Celery, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        declare(app, batch="account_id", **options)
+
+
+def test_batch_size_or_wait_without_batch_is_refused(app: Celery) -> None:
+    with pytest.raises(ConfigError, match="batch_size needs batch"):
+        declare(app, batch_size=10)
+    with pytest.raises(ConfigError, match="batch_wait needs batch"):
+        declare(app, batch_wait=1.0)
+
+
+def test_a_body_written_for_one_call_is_refused(app: Celery) -> None:
+    with pytest.raises(ConfigError, match=r"takes one argument, the list of calls.*account_id"):
+
+        @app.task(shared=False, batch="account_id")
+        def index_docs(account_id: int, doc_id: int) -> None: ...
+
+
+def test_a_bound_body_takes_self_and_the_calls(app: Celery) -> None:
+    @app.task(shared=False, bind=True, batch="account_id")
+    def index_docs(self: Any, calls: list[Call]) -> list[str]:
+        return [f"{self.name}:{c.id}" for c in calls]
+
+    result = index_docs.apply(kwargs={"account_id": 1}, task_id="t-1")
+    assert result.get() == f"{index_docs.name}:t-1"
+
+
+def test_a_bad_key_spec_is_refused(app: Celery) -> None:
+    with pytest.raises(KeySpecError):
+        declare(app, batch=3)
+    with pytest.raises(ConfigError, match="names 'calls'"):
+        declare(app, batch="calls")
+
+
+def test_a_call_run_directly_is_a_batch_of_one_with_its_own_result(app: Celery) -> None:
+    @app.task(shared=False, batch="account_id")
+    def double(calls: list[Call]) -> list[int]:
+        assert len(calls) == 1
+        return [c.kwargs["doc"] * 2 for c in calls]
+
+    assert double.apply(kwargs={"account_id": 1, "doc": 4}).get() == 8
+    assert double(account_id=1, doc=5) == 10  # Celery's argument check lets a call pass
+
+
+def test_a_list_gives_each_call_its_result_in_order() -> None:
+    calls = [Call("a"), Call("b")]
+    assert outcomes(calls, [1, 2]) == [(True, 1), (True, 2)]
+    assert outcomes(calls, (1, 2)) == [(True, 1), (True, 2)]
+
+
+def test_a_mapping_gives_results_by_call_id_and_a_missing_call_fails_naming_it() -> None:
+    calls = [Call("a"), Call("b")]
+    (first, second) = outcomes(calls, {"a": 1})
+    assert first == (True, 1)
+    ok, error = second
+    assert not ok and isinstance(error, BatchResultError)
+    assert error.call_id == "b" and "no result for call b" in str(error)
+
+
+@pytest.mark.parametrize("returned", [[1], [1, 2, 3], None, 5, "ab"])
+def test_a_result_of_another_shape_fails_every_call_clearly(returned: Any) -> None:
+    calls = [Call("a"), Call("b")]
+    for ok, error in outcomes(calls, returned):
+        assert not ok
+        assert isinstance(error, BatchResultError)
+        assert "one result per call, in order, or a mapping by call id" in str(error)
+
+
+def test_one_keys_state_shares_one_hash_slot() -> None:
+    keys = batch_keys(KeyNames("baton"), "proj.index", "abc")
+    assert len(keys) == 9
+    assert {k.split("}")[0] for k in keys} == {"baton:{batch:proj.index:abc"}
+
+
+def test_ticks_come_four_times_per_batch_wait_within_bounds() -> None:
+    assert tick_interval([0.2]) == 0.05
+    assert tick_interval([0.08, 1.0]) == 0.02
+    assert tick_interval([0.001]) == 0.01
+    assert tick_interval([]) == 0.05
+
+
+def test_a_call_without_the_keys_argument_is_refused_at_publish(app: Celery) -> None:
+    task = declare(app, batch="account_id")
+    with pytest.raises(KeySpecError, match=r"by keyword: index_docs.delay\(account_id=\.\.\., "):
+        task.delay(7, doc_id=1)  # by position: refused before anything is sent
+    with pytest.raises(KeySpecError, match=r"lacks argument"):
+        task.delay(doc_id=1)
+
+
+def test_a_retry_in_a_batched_body_fails_the_call_clearly(app: Celery) -> None:
+    from celery_baton import BatonError
+
+    @app.task(shared=False, bind=True, batch="account_id")
+    def flaky(self: Any, calls: list[Call]) -> list[int]:
+        raise self.retry(countdown=1)
+
+    result = flaky.apply(kwargs={"account_id": 1})
+    assert result.state == "FAILURE"
+    with pytest.raises(BatonError, match=r"self.retry\(\) in a batched task is not supported"):
+        result.get()
+
+
+def test_a_batched_task_declared_by_a_call_of_app_task_takes_a_calls_arguments(
+    app: Celery,
+) -> None:
+    def double(calls: list[Call]) -> list[int]:
+        return [c.kwargs["doc"] * 2 for c in calls]
+
+    task = app.task(double, shared=False, batch="account_id")
+    assert task.apply(kwargs={"account_id": 1, "doc": 4}).get() == 8
