@@ -47,6 +47,7 @@ INCOMPATIBLE = {
     "limits": "not yet: a batch run is not one start of a named limit (issue 37)",
     "fair_key": "not yet (issue 37)",
     "autoretry_for": "not yet: a retry of a batch is not supported (issue 37)",
+    "ordered": "not yet: a batch runs many calls of a key at once, ordered= one at a time",
 }
 
 DEFAULT_SIZE = 100

@@ -67,6 +67,7 @@ def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
         ({"global_rate_limit": "10/s"}, r"batch with global_rate_limit: not yet"),
         ({"global_concurrency": 2}, r"batch with global_concurrency: not yet"),
         ({"autoretry_for": (ValueError,)}, r"batch with autoretry_for: not yet"),
+        ({"ordered": "account_id"}, r"batch cannot be used with ordered=: not yet"),
     ],
 )
 def test_bad_batch_options_are_refused_at_declaration(

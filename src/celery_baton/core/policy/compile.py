@@ -183,6 +183,13 @@ def _ordered(
     """``ordered=``, refused with what cannot work beside it: it holds its key's
     exclusive lease itself, and every call must run (or be refused by its rule), so
     nothing may drop or merge calls of its line."""
+    if options("ordered") is not None and options("batch") is not None:
+        # Before the key is built: a batched body takes ``calls``, not the key's name.
+        raise ConfigError(
+            "batch cannot be used with ordered=: not yet: a batch runs many calls of a key "
+            "at once, ordered= one at a time",
+            subject=f"{name}.ordered",
+        )
     key = spec("ordered")
     if key is None:
         return None
