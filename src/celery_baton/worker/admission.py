@@ -125,6 +125,9 @@ class Admission:
             generation=lambda: self.generation,
             events=self.events,
         )
+        if cancelling is not None:
+            self.starting.cancelled = cancelling.known
+            self.starting.revoke = cancelling.revoke
         self.store_down = StoreDown(
             on_store_error=settings.on_store_error,
             holding=self.holding,

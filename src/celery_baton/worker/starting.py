@@ -62,8 +62,14 @@ class Starting:
         stats: dict[str, int],
         generation: Callable[[], int],
         events: DecisionEvents,
+        cancelled: Callable[[Any], str | None] = lambda request: None,
+        revoke: Callable[[Any, str], None] = lambda request, why: None,
     ) -> None:
         self.events = events
+        #: Why a request is cancelled by what this worker knows (None: it is not), and
+        #: how a cancelled one is revoked (worker/cancelling.py).
+        self.cancelled = cancelled
+        self.revoke = revoke
         self.consumer = consumer
         self.slots = slots
         self.holding = holding
@@ -160,6 +166,18 @@ class Starting:
                     return
                 if self._stale(delivery, time.monotonic() - delivery.start_due):
                     self._give_back_slot(delivery)  # asked again on a slot of its own
+                    return
+                why = self.cancelled(delivery.request)
+                if why is not None or not delivery.held:
+                    # Cancelled while it waited for its slot's instant: a cancel notice
+                    # that came meanwhile may have dropped it already (not held), or be
+                    # known but not yet acted on. It does not start; its token stays
+                    # spent (the limit's side of the error).
+                    self.releasing.give_back(delivery.plan)
+                    self._give_back_slot(delivery)
+                    if why is not None and delivery.held:
+                        self.holding.release(delivery)
+                        self.revoke(delivery.request, why)
                     return
                 self._count_admitted(delivery, guarded=True)
                 self.holding.release(delivery)
