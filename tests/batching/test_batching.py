@@ -7,9 +7,7 @@ The tasks are in tests/apps/batching.py. A "successful run" is one the observer 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import threading
 import time
 from collections import Counter
@@ -168,135 +166,6 @@ def test_a_raising_body_fails_every_call_and_a_mapping_names_each_call(
     assert mapped[2].get(timeout=30) == 4
     with pytest.raises(BatchResultError, match=mapped[1].id):
         mapped[1].get(timeout=30)
-
-
-def test_a_worker_killed_with_calls_waiting_loses_none_and_runs_none_twice(
-    workers: Workers, observer: Observer
-) -> None:
-    from tests.apps.batching import slow_fill
-
-    env = {"BATCH_VISIBILITY": "5"}
-    pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(3)]
-    for w in pool:
-        w.wait_ready()
-    results = {}
-    for d in range(30):
-        result = slow_fill.apply_async(kwargs={"account": "k", "doc": d})
-        results[result.id] = (result, d)
-    time.sleep(0.8)  # received and registered; the batch is 2 s away
-    pool[0].kill()
-    runs = settle(observer, "slow_fill", 30, timeout=90)
-    time.sleep(8)  # the killed worker's messages come back (visibility 5 s) and are acked
-    runs = runs_of(observer, "slow_fill")
-    assert_each_call_once(runs, list(results))
-    for result, doc in results.values():
-        assert result.get(timeout=30) == doc * 2
-
-
-def test_a_worker_killed_mid_run_with_acks_late_runs_its_batch_again_once(
-    workers: Workers, observer: Observer
-) -> None:
-    from tests.apps.batching import long_run
-
-    env = {"BATCH_VISIBILITY": "5", "BATCH_ACKS_LATE": "1"}
-    pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(2)]
-    for w in pool:
-        w.wait_ready()
-    results = {}
-    for d in range(5):
-        result = long_run.apply_async(kwargs={"account": "m", "doc": d})
-        results[result.id] = (result, d)
-    (first,) = observer.starts_of("long_run:m", 1, timeout=30)
-    (runner,) = [w for w in pool if first["pid"] in w.pool_pids()]
-    runner.kill()  # mid-run: 3 s long
-    runs = settle(observer, "long_run", 5, timeout=90)
-    assert_each_call_once(runs, list(results))
-    for result, doc in results.values():
-        assert result.get(timeout=30) == doc
-    assert not any(r.start == first["start"] for r in runs), "the killed run never ended"
-
-
-def test_calls_waiting_when_the_store_restarts_empty_run_once(
-    workers: Workers, observer: Observer
-) -> None:
-    from tests.apps.batching import slow_fill
-
-    server = StoreServer(name="batch-forgetful", persistent=False)
-    server.start()
-    try:
-        env = {"BATON_URL": server.url(0)}
-        pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(2)]
-        for w in pool:
-            w.wait_ready()
-        results = {}
-        for d in range(20):
-            result = slow_fill.apply_async(kwargs={"account": "r", "doc": d})
-            results[result.id] = (result, d)
-        time.sleep(0.5)  # registered; their batch is 1.5 s away
-        server.restart(kill=True, down_for=1.0)  # back empty: every call forgotten
-        runs = settle(observer, "slow_fill", 20, timeout=60)
-        assert_each_call_once(runs, list(results))
-        for result, doc in results.values():
-            assert result.get(timeout=30) == doc * 2
-    finally:
-        server.close()
-
-
-def test_a_batch_running_when_the_store_restarts_empty_runs_once(
-    workers: Workers, observer: Observer
-) -> None:
-    from tests.apps.batching import longer_run
-
-    server = StoreServer(name="batch-forgets-run", persistent=False)
-    server.start()
-    try:
-        # A run ttl of 3 s: the run (6 s) outlasts the grace a restarted store gives
-        # (its start + 3 s), so only the runner writing its run back keeps it single.
-        env = {"BATON_URL": server.url(0), "BATCH_LEASE_TTL": "3"}
-        pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(3)]
-        for w in pool:
-            w.wait_ready()
-        results = {}
-        for d in range(5):
-            result = longer_run.apply_async(kwargs={"account": "f", "doc": d})
-            results[result.id] = (result, d)
-        observer.starts_of("longer_run:f", 1, timeout=30)  # after the new server's grace
-        time.sleep(0.5)
-        server.restart(kill=True, down_for=0.5)  # back empty, the batch still running
-        runs = settle(observer, "longer_run", 5, timeout=60)
-        time.sleep(4)  # past the grace: a second run of the same calls would come by now
-        runs = runs_of(observer, "longer_run")
-        assert len(observer.started()) == len(runs), "no run started beside the first"
-        assert_each_call_once(runs, list(results))
-        for result, doc in results.values():
-            assert result.get(timeout=30) == doc
-    finally:
-        server.close()
-
-
-def test_a_pool_process_killed_mid_run_fails_its_carrier_and_the_others_run_again(
-    workers: Workers, observer: Observer
-) -> None:
-    from celery.exceptions import WorkerLostError
-
-    from tests.apps.batching import long_run
-
-    workers.start(APP, concurrency=2)
-    results = {}
-    for d in range(5):
-        result = long_run.apply_async(kwargs={"account": "p", "doc": d})
-        results[result.id] = (result, d)
-    (first,) = observer.starts_of("long_run:p", 1, timeout=30)
-    os.kill(first["pid"], signal.SIGKILL)  # the pool process running the batch
-    lost = []
-    for call_id, (result, doc) in results.items():
-        try:
-            assert result.get(timeout=60) == doc
-        except WorkerLostError:
-            lost.append(call_id)
-    assert len(lost) == 1, "the carrier fails as Celery fails a task whose process died"
-    runs = settle(observer, "long_run", 4)
-    assert_each_call_once(runs, [i for i in results if i not in lost])
 
 
 @pytest.mark.slow
