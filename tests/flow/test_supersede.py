@@ -31,7 +31,7 @@ from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import revoke_until_heard, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.supersede"
@@ -170,7 +170,7 @@ def test_a_terminated_run_keeps_its_key_until_it_really_stopped(
         3,
         "the second to wait for the key in the consumer",
     )
-    app.control.revoke(first.id, terminate=True)  # SIGTERM: trapped, the run goes on
+    revoke_until_heard(app, first.id, terminate=True)  # SIGTERM: trapped, the run goes on
 
     assert second.get(timeout=20) == 1
     (_, begun_second) = starts(observer, "s")

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
+from tests.support.waiting import revoke_until_heard
 from tests.support.workers import Workers
 
 APP = "tests.apps.pools"
@@ -86,7 +87,7 @@ def test_revoke_terminate_frees_the_key_once_the_body_ended(
     first = stoppable.delay("t", 0, 60, CLEANUP)
     observer.starts_of("t")
     waiting = stoppable.delay("t", 1, NEXT_RUN)
-    app.control.revoke(first.id, terminate=True)
+    revoke_until_heard(app, first.id, terminate=True)
 
     assert waiting.get(timeout=30) == 1
     observer.starts_of("t", 2)

@@ -13,7 +13,7 @@ from tests.ops.test_bad_input import _one_line
 from tests.pools.test_green import CLEANUP, assert_stopped_before_next
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import revoke_until_heard, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.pools"
@@ -47,7 +47,7 @@ def test_revoke_terminate_on_a_pool_that_cannot_stop_keeps_the_key_until_the_bod
     first = stoppable.delay("t", 0, 2.0, CLEANUP)
     observer.starts_of("t")
     waiting = stoppable.delay("t", 1, 0.2)
-    app.control.revoke(first.id, terminate=True)
+    revoke_until_heard(app, first.id, terminate=True)
 
     assert waiting.get(timeout=30) == 1
     (old,) = [r for r in observer.runs_of("t", 2) if r.task_id.endswith(":0")]

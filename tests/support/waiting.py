@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def wait_until(
@@ -19,3 +20,16 @@ def wait_until(
             raise AssertionError(f"not within {timeout} s: {what}")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def revoke_until_heard(app: Any, task_id: str, *, terminate: bool, timeout: float = 20) -> None:
+    """``app.control.revoke`` until a worker answers it. On a Redis broker a broadcast
+    is published to the workers' control consumers as they listen now: one made just
+    after a worker said it is ready, before its control consumer listens, is lost (a
+    loaded run's gevent worker never heard its revoke, and the test waited in vain)."""
+    wait_until(
+        lambda: app.control.revoke(task_id, terminate=terminate, reply=True, timeout=1.0),
+        timeout,
+        f"a worker answered the revoke of {task_id}",
+        interval=0.0,
+    )
