@@ -206,16 +206,9 @@ def _retried_stamp(options: dict[str, Any]) -> str | None:
     """The running task's stamp when this publish is its retry (``Task.retry``: its own
     id, one retry more, at the same replacement depth; ``Task.replace`` sends the same id
     one level deeper, as a new publish)."""
-    task_id = options.get("task_id")
-    task = current_task
-    if not task_id or not task:  # (a proxy: falsy outside a task)
+    if not _is_retry(options):
         return None
-    request = task.request
-    if request.id != task_id or (options.get("retries") or 0) <= (request.retries or 0):
-        return None
-    if (options.get("replaced_task_nesting") or 0) != (request.replaced_task_nesting or 0):
-        return None
-    stamp = getattr(request, PUBLISH_HEADER, None)
+    stamp = getattr(current_task.request, PUBLISH_HEADER, None)
     return stamp if isinstance(stamp, str) else None
 
 
