@@ -59,25 +59,27 @@ def assert_each_call_once(runs: list[Run], ids: list[str]) -> None:
     assert set(seen) == set(ids)
 
 
-def test_calls_from_two_publishers_run_in_batches_of_one_key_across_three_workers(
-    workers: Workers, observer: Observer
-) -> None:
-    from tests.apps.batching import index
-
+def start_three(workers: Workers) -> None:
+    """Three workers of 2 processes each, started together."""
     for _ in range(3):
         workers.start(APP, concurrency=2, wait=False)
     for w in workers.started:
         w.wait_ready()
-    keys, per_key = 4, 60
+
+
+def publish_from_two(
+    task: Any, keys: int, per_key: int, *, key_stride: int
+) -> dict[str, tuple[Any, int]]:
+    """Two publishers (threads), each half of every key's calls, interleaved across keys:
+    ``{task id: (its AsyncResult, its doc)}``; doc numbers are distinct per call."""
     results: dict[str, tuple[Any, int]] = {}
     lock = threading.Lock()
 
     def publish(part: int) -> None:
-        # Two publishers, each half of every key's calls, interleaved across keys.
         for n in range(per_key // 2):
             for account in range(keys):
-                doc = account * 1000 + part * 500 + n
-                result = index.apply_async(kwargs={"account": account, "doc": doc})
+                doc = account * key_stride + part * (key_stride // 2) + n
+                result = task.apply_async(kwargs={"account": account, "doc": doc})
                 with lock:
                     results[result.id] = (result, doc)
 
@@ -86,6 +88,17 @@ def test_calls_from_two_publishers_run_in_batches_of_one_key_across_three_worker
         p.start()
     for p in publishers:
         p.join()
+    return results
+
+
+def test_calls_from_two_publishers_run_in_batches_of_one_key_across_three_workers(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import index
+
+    start_three(workers)
+    keys, per_key = 4, 60
+    results = publish_from_two(index, keys, per_key, key_stride=1000)
     runs = settle(observer, "index", keys * per_key)
 
     assert all("|" not in r.key for r in runs), "a run held calls of two keys"
@@ -175,28 +188,10 @@ def test_ten_keys_of_300_calls_from_two_publishers_at_batch_size_50(
     """Issue 37's scale: 3 workers, 10 keys x 300 calls from 2 publishers."""
     from tests.apps.batching import wide
 
-    for _ in range(3):
-        workers.start(APP, concurrency=2, wait=False)
-    for w in workers.started:
-        w.wait_ready()
+    start_three(workers)
     keys, per_key = 10, 300
-    results: dict[str, tuple[Any, int]] = {}
-    lock = threading.Lock()
-
-    def publish(part: int) -> None:
-        for n in range(per_key // 2):
-            for account in range(keys):
-                doc = account * 10_000 + part * 5_000 + n
-                result = wide.apply_async(kwargs={"account": account, "doc": doc})
-                with lock:
-                    results[result.id] = (result, doc)
-
     started = time.monotonic()
-    publishers = [threading.Thread(target=publish, args=(p,)) for p in range(2)]
-    for p in publishers:
-        p.start()
-    for p in publishers:
-        p.join()
+    results = publish_from_two(wide, keys, per_key, key_stride=10_000)
     published = time.monotonic() - started
     runs = settle(observer, "wide", keys * per_key, timeout=120)
     assert all("|" not in r.key for r in runs), "a run held calls of two keys"
