@@ -127,7 +127,7 @@ class Admission:
         )
         if cancelling is not None:
             self.starting.cancelled = cancelling.known
-            self.starting.revoke = cancelling.revoke
+            self.starting.drop_cancelled = self._drop_cancelled
         self.store_down = StoreDown(
             on_store_error=settings.on_store_error,
             holding=self.holding,
@@ -565,6 +565,12 @@ class Admission:
         if passed is not None:
             self.releasing.channel.release(passed)
 
+    def _drop_cancelled(self, delivery: Delivery, why: str) -> None:
+        """A held delivery this worker knows is cancelled leaves, revoked."""
+        assert self.cancelling is not None
+        self._unrun(delivery)
+        self.cancelling.revoke(delivery.request, why)
+
     def _skip(self, delivery: Delivery, skip: Skip) -> None:
         self._unrun(delivery)
         self.stats["skipped"] += 1
@@ -623,8 +629,7 @@ class Admission:
                         continue
                     why = self.cancelling.known(delivery.request)
                     if why is not None:
-                        self._unrun(delivery)
-                        self.cancelling.revoke(delivery.request, why)
+                        self._drop_cancelled(delivery, why)
         except Exception:  # on the loop: never raise there
             logger.exception("baton: dropping cancelled held requests failed")
 

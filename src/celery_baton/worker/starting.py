@@ -63,13 +63,14 @@ class Starting:
         generation: Callable[[], int],
         events: DecisionEvents,
         cancelled: Callable[[Any], str | None] = lambda request: None,
-        revoke: Callable[[Any, str], None] = lambda request, why: None,
+        drop_cancelled: Callable[[Delivery, str], None] = lambda delivery, why: None,
     ) -> None:
         self.events = events
         #: Why a request is cancelled by what this worker knows (None: it is not), and
-        #: how a cancelled one is revoked (worker/cancelling.py).
+        #: how a held one that is leaves (Admission: released, its ordered turn passed,
+        #: revoked).
         self.cancelled = cancelled
-        self.revoke = revoke
+        self.drop_cancelled = drop_cancelled
         self.consumer = consumer
         self.slots = slots
         self.holding = holding
@@ -176,8 +177,7 @@ class Starting:
                     self.releasing.give_back(delivery.plan)
                     self._give_back_slot(delivery)
                     if why is not None and delivery.held:
-                        self.holding.release(delivery)
-                        self.revoke(delivery.request, why)
+                        self.drop_cancelled(delivery, why)
                     return
                 self._count_admitted(delivery, guarded=True)
                 self.holding.release(delivery)
