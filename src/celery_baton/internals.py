@@ -60,6 +60,9 @@ command loads ``-A`` with)                              import traceback, its li
 ``Celery._tasks``, ``Celery._pending`` and a            tasks declared before
 pending ``PromiseProxy``'s ``_Proxy__args`` /           ``Baton(app)`` are checked at
 ``_Proxy__kwargs``                                     worker start, not when it is made
+``kombu.utils.functional.sleep``,                      on gevent and eventlet, a
+``celery.worker.consumer.consumer.sleep`` (each          broker reconnect may stop every
+module's own ``from time import sleep``)                greenlet while it waits
 =====================================================  ================================
 """
 
@@ -478,3 +481,27 @@ def cli_app_loader() -> Any:
         "a bad task option prints Celery's import traceback, its own line last",
     )
     return None
+
+
+#: The modules whose own ``sleep`` (``from time import sleep``, bound at their import)
+#: the worker's broker reconnect waits with: kombu's ``retry_over_time`` and Celery's
+#: consumer.
+RECONNECT_SLEEPERS = ("kombu.utils.functional", "celery.worker.consumer.consumer")
+
+
+def reconnect_sleepers() -> list[Any]:
+    """The modules of :data:`RECONNECT_SLEEPERS` that hold a ``sleep`` of their own."""
+    import importlib
+
+    found = []
+    for name in RECONNECT_SLEEPERS:
+        module = importlib.import_module(name)
+        if callable(getattr(module, "sleep", None)):
+            found.append(module)
+        else:
+            unavailable(
+                f"{name}.sleep",
+                "on gevent and eventlet, a broker reconnect may stop every greenlet while "
+                "it waits, as in plain Celery",
+            )
+    return found

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from celery_baton import StoreUnavailable
-from celery_baton.core.gate import Gate, HeldClaim, HeldLease, Renewal
+from celery_baton.core.gate import ENDED, Gate, HeldClaim, HeldLease, Release, Renewal
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import Lease, LeaseBook
 from celery_baton.store import inspect as store_inspect
@@ -110,6 +110,55 @@ def test_a_renewal_queued_behind_the_release_on_another_connection_is_lost(
         assert renewed.result(timeout=10) is False
     assert owners(r) == {}
     assert Lease(gate, KEY).acquire()
+
+
+def test_a_lease_its_run_freed_at_the_body_end_is_ended_for_its_renewer_not_lost(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """Issue 34 (e): the run's pool process frees its leases as the body ends, while its
+    worker's main process, which has not heard of the end (its consumer reconnecting to
+    the broker), still renews them. The key is free at once; the renewer reads ENDED,
+    drops the lease and reports no loss; the worker's own release later takes the mark
+    away; a mark past its time is swept by the next grant of the key."""
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    lost: list[tuple[str, str]] = []
+    book = LeaseBook(gate, interval=10, on_lost=lambda owner, key: lost.append((owner, key)))
+    book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30, lease.epoch)])
+
+    assert gate.release_many([Release((KEY,), lease.owner, ended_mark=60.0)]) == [1]
+    assert owners(r) == {}
+    other = Lease(gate, KEY, ttl=30)
+    assert other.acquire()  # the key is free at the body's end
+    assert gate.renew([HeldLease(KEY, lease.owner, 1, 30, lease.epoch)])[0].status == ENDED
+    book.renew_now()
+    assert lost == [] and book.losses == 0
+    assert book.held() == []  # no longer renewed
+    assert owners(r) == {other.owner: r.hget(KEY, f"o:{other.owner}")}  # not written back
+
+    # The main process hears of the end: its release frees nothing and takes the mark.
+    assert f"x:{lease.owner}" in r.hgetall(KEY)
+    assert gate.release([KEY], owner=lease.owner) == 0
+    assert f"x:{lease.owner}" not in r.hgetall(KEY)
+
+    # A worker that died before its release leaves the mark; it goes when it is past.
+    third = Lease(gate, "baton:{t}:ex:m", ttl=30)
+    assert third.acquire()
+    assert gate.release_many([Release((third.key,), third.owner, ended_mark=0.2)]) == [1]
+    assert f"x:{third.owner}" in r.hgetall(third.key)
+    time.sleep(0.3)
+    assert Lease(gate, third.key, ttl=30).acquire()
+    assert f"x:{third.owner}" not in r.hgetall(third.key)
+
+
+def test_an_ended_mark_keeps_a_key_that_held_nothing_else(gate: Gate, r: redis.Redis) -> None:
+    """A key whose only field was the lease (no fence: a concurrency slot) keeps an
+    expiry of its own once marked, not forever."""
+    lease = Lease(gate, "baton:{t}:cc:slots", ttl=30, limit=3)
+    assert lease.acquire()
+    r.persist(lease.key)
+    assert gate.release_many([Release((lease.key,), lease.owner, ended_mark=5.0)]) == [1]
+    assert 0 < r.pttl(lease.key) <= 5000
 
 
 def test_an_unlocked_or_expired_lease_is_not_written_back(

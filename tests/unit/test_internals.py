@@ -297,6 +297,16 @@ def test_a_crontab_keeps_its_fields_as_given() -> None:
     }
 
 
+def test_the_broker_reconnect_waits_with_a_sleep_each_module_bound_at_its_import() -> None:
+    """kombu's retry_over_time and Celery's consumer wait with a ``sleep`` of their own,
+    which a green pool's monkey-patching (after kombu's import) does not reach."""
+    import kombu.utils.functional
+    from celery.worker.consumer import consumer
+
+    assert internals.reconnect_sleepers() == [kombu.utils.functional, consumer]
+    assert "sleep(" in inspect.getsource(kombu.utils.functional.retry_over_time)
+
+
 def test_redis_py_parses_error_replies_and_connects_as_the_store_expects() -> None:
     import redis
     from redis._parsers.base import BaseParser

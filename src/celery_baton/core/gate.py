@@ -85,6 +85,10 @@ class Release:
     order: str = ""
     order_key: str = ""
     order_lease: str = ""
+    # > 0: freed by the run's own process as its body ended, before its worker's main
+    # process knows (it renews them meanwhile): each freed lease is marked ended for this
+    # many seconds, so that those renewals read ENDED, not LOST (release.lua, renew.lua).
+    ended_mark: float = 0.0
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
@@ -108,6 +112,9 @@ class Release:
             args += [""] * (8 - len(args))  # ARGV[7], ARGV[8] unused: release.lua
             args += [self.order, self.order_lease]
             keys.append(self.order_key)
+        if self.ended_mark > 0 and self.lease_keys:
+            args += [""] * (10 - len(args))  # ARGV[7..10] unused: release.lua
+            args.append(max(1, round(self.ended_mark * 1000)))
         return keys, args
 
 
@@ -147,13 +154,14 @@ class HeldLease:
 class Renewal(NamedTuple):
     """One lease's renewal: ``status`` 1 renewed, 2 re-asserted (the store had forgotten
     it; ``epoch`` is the store's new epoch, to renew under from now on), 0 lost (released,
-    unlocked, expired, or taken by another owner)."""
+    unlocked, expired, or taken by another owner), 3 ended (freed by its run's own process
+    as the body ended: ``Release.ended_mark``)."""
 
     status: int
     epoch: str = ""
 
 
-RENEWED, REASSERTED, LOST = 1, 2, 0
+RENEWED, REASSERTED, LOST, ENDED = 1, 2, 0, 3
 
 logger = logging.getLogger("celery_baton.core.gate")
 

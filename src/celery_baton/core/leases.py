@@ -30,7 +30,7 @@ from types import TracebackType
 
 from celery_baton import metrics
 from celery_baton.core.conditions import TakeLease
-from celery_baton.core.gate import LOST, REASSERTED, Gate, HeldClaim, HeldLease, Release
+from celery_baton.core.gate import ENDED, LOST, REASSERTED, Gate, HeldClaim, HeldLease, Release
 from celery_baton.core.keys import words
 from celery_baton.errors import BatonError, LeaseNotOwned
 from celery_baton.store.connection import STORE_ERRORS
@@ -235,6 +235,12 @@ class LeaseBook:
         with self._lock:
             self._pending_releases.append((release, tuple(keys)))
 
+    def _drop(self, lease: HeldLease) -> None:
+        with self._lock:
+            current = self._held.get(lease.owner)
+            if current is not None:
+                self._held[lease.owner] = [x for x in current if x.key != lease.key]
+
     def unsent_keys(self) -> list[str]:
         """The lease keys of the releases still waiting to be sent."""
         with self._lock:
@@ -247,6 +253,12 @@ class LeaseBook:
             self.renewals += len(held)
             metrics.lease_renewals.inc(len(held))
             for lease, renewal in zip(held, renewals, strict=True):
+                if renewal.status == ENDED:
+                    # Its run's process freed it as the body ended; this process has not
+                    # heard of the end yet (its consumer may be reconnecting): not lost,
+                    # and no longer renewed.
+                    self._drop(lease)
+                    continue
                 if renewal.status != LOST and renewal.status != REASSERTED:
                     continue
                 with self._lock:

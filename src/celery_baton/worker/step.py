@@ -130,9 +130,10 @@ def _prepare_pool(task_pool: Any) -> None:
     # Imported here, by a worker: the prefork pool's modules are not a client's.
     from celery.concurrency.prefork import TaskPool
 
-    from celery_baton.worker.pool import prefork
+    from celery_baton.worker.pool import green, prefork
 
     if not isinstance(task_pool, TaskPool):
+        green.install(task_pool)  # gevent, eventlet: a reconnect lets the greenlets run
         return  # solo, threads, gevent, eventlet: tasks start in the main process
     refused = prefork.install(task_pool)
     if refused is not None:

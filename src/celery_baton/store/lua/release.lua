@@ -33,6 +33,13 @@
 --             position not passed:
 --             a call skipped by the gap bound, or of a lost record, moves nothing. Passing
 --             q moves it over every given-up position after it.
+-- ARGV[11]    (optional; ARGV[6..10] then given, '' when unused) > 0: the leases are
+--             freed by the run's own process as its body ended, before its worker's
+--             main process knows (it may be cut off from the broker for a while, and
+--             renews them meanwhile): each freed lease leaves "x:<owner>" -> "<until ms>"
+--             for this many ms, which tells renew.lua "ended with its run", not "lost".
+--             Without it, a lease this owner no longer holds loses that mark (its
+--             worker knows of the end now).
 -- returns     number of leases this owner actually held and freed
 --
 -- The done marker is a sorted set of the task id's publishes that finished: member the
@@ -90,17 +97,31 @@ local function record_slot(key, link, now_ms, keep_ms)
 end
 
 local owner_field = 'o:' .. ARGV[1]
+local ended_field = 'x:' .. ARGV[1]
 local n = tonumber(ARGV[2])
 local done_ttl = tonumber(ARGV[3])
 local unique_owner = ARGV[4]
+local ended_ms = tonumber(ARGV[11] or '') or 0
+local ended_until = nil
+if ended_ms > 0 and n > 0 then
+  local t = redis.call('TIME')
+  ended_until = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + ended_ms)
+end
 local freed = 0
 for i = 1, n do
   if redis.call('HDEL', KEYS[i], owner_field) == 1 then
     freed = freed + 1
+    if ended_until then
+      redis.call('HSET', KEYS[i], ended_field, ended_until)
+      -- A key that held only this lease had no expiry of its own to outlive it.
+      if redis.call('PTTL', KEYS[i]) < ended_ms then redis.call('PEXPIRE', KEYS[i], ended_ms) end
+    end
     -- Only when the gate saw someone wait for this key: most releases have no waiter.
     if redis.call('HDEL', KEYS[i], '_w') == 1 then
       redis.call('PUBLISH', ARGV[5], KEYS[i])
     end
+  elseif ended_ms == 0 then
+    redis.call('HDEL', KEYS[i], ended_field)
   end
 end
 local next_key = n + 1

@@ -27,8 +27,9 @@
 --                      store-wide epoch (one server, gate.lua "G"): it holds the grace
 --                      after a promotion, so the family epoch gets no grace of its own
 -- returns              a list of two values per lease: status (1 renewed, 2 re-asserted,
---                      0 lost: gone on purpose or taken), and when re-asserted the store's
---                      epoch (else '')
+--                      0 lost: gone on purpose or taken, 3 ended: freed by its run's own
+--                      process at the body's end, release.lua's "x:<owner>"), and when
+--                      re-asserted the store's epoch (else '')
 
 local call = redis.call
 local t = call('TIME')
@@ -72,6 +73,8 @@ for i = 1, #KEYS / 2 do
   if current then
     fence = string.match(current, ' (%d+)$') or '0'
     status = 1
+  elseif call('HEXISTS', key, 'x:' .. ARGV[base + 1]) == 1 then
+    status = 3  -- its run ended; the store did not forget it (the mark is there)
   else
     -- Read only here: a renewal of a lease that is there (nearly all) costs no more.
     local known = call('GET', epoch_key)
@@ -109,7 +112,7 @@ for i = 1, #KEYS / 2 do
       if live < limit then status, epoch = 2, known end
     end
   end
-  if status > 0 then
+  if status == 1 or status == 2 then
     call('HSET', key, owner_field, string.format('%.0f', now_ms + ttl_ms) .. ' ' .. fence)
     if call('PTTL', key) < ttl_ms then call('PEXPIRE', key, ttl_ms) end
   end

@@ -31,11 +31,19 @@ decided the way Celery decides it:
 A pool process that dies inside the task records nothing: its run did not end (the
 main process judges it: time limit, ``WorkerLostError``, revoke).
 
+The run's leases (exclusive key, concurrency slots) are freed here too, whatever the
+end: the main process hears of an end on its consumer's event loop, which does not turn
+while the consumer reconnects to the broker (seconds after a broker restart, or as long
+as the broker stays away), and its lease renewer, a thread of its own, went on renewing
+them: a duplicate on another worker was skipped as held by a run that had ended. Each
+lease freed here is marked ended in the store (``Release.ended_mark``), so that the
+renewals still on their way read "ended", not "lost" (renew.lua).
+
 The main process records the same again when it learns of the end (idempotent, every
-release compares its owner, so a claim a new publish took meanwhile stays). The run's
-leases are left to it (a lease freed here while its renewals go on there could be
-mistaken for one the store forgot). Without a pool (solo, threads) the task runs in a
-thread of the main process: its end is recorded here all the same, before the result.
+release compares its owner, so a claim a new publish took meanwhile stays, and its
+release takes the ended marks away). Without a pool (solo, threads, gevent) the task
+runs in a thread of the main process: its end is recorded here all the same, before the
+result.
 
 An ordered call's end (``ordered=``) moves its key's line the same way, from here: a
 final end gives the next position its turn, a retry keeps the place until the retry is
@@ -88,9 +96,22 @@ class RunEnd:
     place: str = ""
     order_key: str = ""
     order_lease: str = ""
+    # The run's leases, freed at any end, marked ended for ``ended_mark`` s.
+    lease_keys: tuple[str, ...] = ()
+    ended_mark: float = 0.0
 
     def release(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
         """The record of an end in ``state`` (``exc``: what the body raised), or None."""
+        release = self._of_the_end(task_id, state, exc, acks_late)
+        if not self.lease_keys:
+            return release
+        return dataclasses.replace(
+            release or Release((), self.owner),
+            lease_keys=tuple(self.lease_keys),
+            ended_mark=self.ended_mark,
+        )
+
+    def _of_the_end(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
         if state == states.RETRY:
             retried = None
             if self.done_key and not self.link:  # (a beat slot's record is per slot)
@@ -116,8 +137,9 @@ class RunEnd:
             done_stamp=self.stamp,
             done_link=self.link,
         )
-        # "3": final, its lease still held (its worker frees it, and wakes the next call).
-        return self._ordered(ended, end="3", hold=0.0)
+        # "3": final, its lease still held (its worker frees it, and wakes the next call);
+        # "1" when the lease is freed here too, in the same call.
+        return self._ordered(ended, end="1" if self.lease_keys else "3", hold=0.0)
 
     def _ordered(self, release: Release | None, *, end: str, hold: float) -> Release | None:
         """``release`` with the end of an ordered call (worker/ordering.py; release.lua
@@ -136,7 +158,7 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
     """Main process, as the run starts: what its end records, wherever it runs."""
     unique_key = policy.freed_at_end(plan)
     place = ordering.end_place(plan)
-    if plan.done_key is None and unique_key is None and not place:
+    if plan.done_key is None and unique_key is None and not place and not plan.leases:
         return
     request_dict[RUN_END_FIELD] = (
         plan.owner,
@@ -149,6 +171,10 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         place,
         plan.order_key or "",
         plan.exclusive_key or "",
+        tuple(lease.key for lease in plan.leases),
+        # Longer than a renewal interval (a third of the ttl) with room to spare: the
+        # renewals sent before the main process hears of the end all read the mark.
+        2 * max((lease.ttl for lease in plan.leases), default=0.0),
     )
 
 

@@ -1,6 +1,8 @@
 -- gate, kind "L": a lease (TakeLease). KEYS[i] a hash: "o:<owner>" -> "<deadline ms>
 -- <fence>" per holder, "_fence" the last token, "_e" a lower bound of the key's expiry,
--- "_w" set while someone waits (release.lua then publishes a notice).
+-- "_w" set while someone waits (release.lua then publishes a notice), "x:<owner>" ->
+-- "<until ms>" a lease its run's process freed at the body's end (release.lua; swept
+-- here with the expired leases once past).
 --   a = limit (1 = exclusive), b = "1" to issue a fencing token
 -- Denied while `limit` other owners hold live leases (retry_after: until the earliest
 -- runs out, holder: its owner); a retried call of the same owner keeps its lease.
@@ -27,6 +29,10 @@
           if earliest == nil or deadline < earliest then
             earliest, holder = deadline, field
           end
+        end
+      elseif string.byte(field, 1) == 120 then  -- 'x': "x:<owner>", a lease its run ended
+        if tonumber(flat[j + 1]) <= now_ms then
+          if expired then expired[#expired + 1] = field else expired = {field} end
         end
       elseif field == '_fence' then
         last_fence = tonumber(flat[j + 1])
