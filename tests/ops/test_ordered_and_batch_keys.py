@@ -102,6 +102,7 @@ def test_locks_and_the_web_view_show_ordered_and_batch_keys_until_drained(
     )
     assert "no ordered key has a call running or queued" in web.get("/")
     assert [e for e in as_json(workers, "locks", app=APP) if e["kind"] != "exclusive"] == []
-    assert "no live leases, unique claims, ordered keys or batches" in baton(
-        workers, "locks", app=APP
-    ).stdout
+    assert (
+        "no live leases, unique claims, ordered keys or batches"
+        in baton(workers, "locks", app=APP).stdout
+    )
