@@ -180,6 +180,10 @@ class OrderedLine:
         return {**data, "waiting": self.waiting, "queued": self.queued, "idle": self.idle}
 
 
+#: How many ordered keys one pipelined read asks for.
+LINES_PAGE = 500
+
+
 def lease_of_line(line_key: str) -> str:
     """An ordered key's exclusive lease (one run at a time), beside its line."""
     return line_key.replace(f":{ORDERED_KIND}:", ":ex:", 1)
@@ -189,12 +193,20 @@ def ordered_lines(store: Store, prefix: str) -> list[OrderedLine]:
     """Every ordered key's line the store keeps, with its lease's holder."""
     try:
         now = server_now_ms(store)
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:{{*}}:{ORDERED_KIND}:*", count=1000))
         lines = []
-        for key in store.client.scan_iter(match=f"{prefix}:{{*}}:{ORDERED_KIND}:*", count=1000):
-            record = store.client.hgetall(key)
-            if not record:
-                continue
-            lines.append(_line(store, key, record, store.client.hgetall(lease_of_line(key)), now))
+        # A record lives a week past its last publish: many keys, read a page at a time,
+        # each page's record and lease in one pipelined round trip.
+        for page in range(0, len(keys), LINES_PAGE):
+            pipe = store.client.pipeline(transaction=False)
+            for key in keys[page : page + LINES_PAGE]:
+                pipe.hgetall(key)
+                pipe.hgetall(lease_of_line(key))
+            replies = pipe.execute()
+            for n, key in enumerate(keys[page : page + LINES_PAGE]):
+                record, lease = replies[2 * n], replies[2 * n + 1]
+                if record:
+                    lines.append(_line(store, key, record, lease, now))
         return sorted(lines, key=lambda line: (line.task, line.key))
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
