@@ -285,3 +285,51 @@ def test_the_cli_reads_leases_and_unique_claims_on_the_cluster(
     done = baton("unlock", lease["key"], "--force", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["removed"] == 1, done.stderr
     worker.kill()
+
+
+def test_locks_shows_ordered_and_batch_keys_on_the_cluster(
+    prod_workers: Workers,
+    prod_store: ProdStore,
+    observer: Observer,
+    use_store: Callable[[ModuleType, str], None],
+) -> None:
+    """`celery baton locks` on a Cluster URL: an ordered key's line (its record, its
+    lease and its words, in its task's slot) and a batch key's calls (in the key's own
+    slot) are read from every master."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.apps import lines
+    from tests.support.celery_processes import _process_env
+    from tests.support.processes import REPO_ROOT
+
+    use_store(lines, prod_store.url)  # publishes take their places there
+    worker = prod_workers.start("tests.apps.lines", concurrency=2)
+    first = lines.apply_event.delay("cl", 0, 60.0)  # runs until the worker is killed
+    for n in (1, 2):
+        lines.apply_event.delay("cl", n)
+    for n in range(3):
+        lines.index_docs.delay(account=5, doc=n)  # waits lines.BATCH_WAIT s
+    observer.starts_of("apply:cl")
+
+    def listing() -> list[dict[str, object]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.apps.lines", "baton", "locks", "--json"],
+            env=_process_env(prod_workers.env),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, object]] = json.loads(done.stdout)
+        return rows
+
+    rows = listing()
+    [line] = [r for r in rows if r["kind"] == "ordered"]
+    assert line["label"] == "apply_event(account='cl')" and line["queued"] == 2, line
+    assert line["running"]["task_id"] == first.id, line  # type: ignore[index]
+    [batch] = [r for r in rows if r["kind"] == "batch"]
+    assert batch["label"] == "index_docs(account=5)" and batch["waiting"] == 3, batch
+    worker.kill()

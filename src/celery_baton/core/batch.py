@@ -22,7 +22,9 @@ A key's state, one hash slot (the ``{batch:<task>:<key>}`` tag), in the store:
 * ``finished`` hash: worker -> the ids (comma separated) that ran since its last tick;
 * ``epoch``    string: until when no batch is claimed (ms), written when the key is
   first seen by this server: a server that restarted empty waits one run ttl from its
-  start, so that a batch running meanwhile is written back by its runner first.
+  start, so that a batch running meanwhile is written back by its runner first;
+* ``label``    string: the key in words (keys.task_words), for the operator, kept while
+  a worker ticks the key.
 """
 
 from __future__ import annotations
@@ -219,6 +221,7 @@ def batch_keys(names: KeyNames, task: str, key_digest: str) -> list[str]:
             "runs",
             "finished",
             "epoch",
+            "label",
         )
     ]
 
@@ -265,6 +268,7 @@ class KeyTick:
     gone: list[str] = field(default_factory=list)  # held calls cancelled: they leave
     new: list[tuple[str, str]] = field(default_factory=list)  # calls to register
     held: list[str] | None = None  # every held call id: a full check (None: not now)
+    label: str = ""  # the key in words, for the operator
 
 
 class Batches:
@@ -290,6 +294,7 @@ class Batches:
                 _ms(t.wait),
                 _ms(t.run_ttl),
                 " ".join(t.runs),
+                t.label,
                 len(t.new),
             ]
             for call_id, payload in t.new:

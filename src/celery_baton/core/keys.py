@@ -321,7 +321,13 @@ def words(lease_key: str, material: str) -> str:
     """A key in words, from its task and the text its digest was made of:
     ``import_feed(feed_url='https://…')``; a template's or a function's text as it is;
     ``import_feed (the whole task)``. Bounded to :data:`WORDS_MAX` characters."""
-    task = hash_tag(lease_key).rsplit(".", 1)[-1]
+    return task_words(hash_tag(lease_key), material)
+
+
+def task_words(task_name: str, material: str) -> str:
+    """:func:`words` of a key of task ``task_name`` (a batch key's store keys are tagged
+    ``{batch:<task>:<digest>}``, not ``{<task>}``)."""
+    task = task_name.rsplit(".", 1)[-1]
     if material == "":
         return _cut(f"{task} (the whole task)", WORDS_MAX)
     try:

@@ -13,14 +13,16 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from celery_baton.core.keys import words
 from celery_baton.core.rates import parse_rate
 from celery_baton.errors import BatonError
 from celery_baton.store import inspect as store_inspect
-from celery_baton.store.inspect import LeaseRow
+from celery_baton.store.inspect import BatchLine, LeaseRow, OrderedLine
 from celery_baton.store.schema import hash_tag, owner_parts, parse_rate_override
 
 if TYPE_CHECKING:
     from celery_baton.config import Settings
+    from celery_baton.core.batch import BatchPolicy
     from celery_baton.core.keys import KeyNames
     from celery_baton.core.policy.model import TaskPolicy
     from celery_baton.store import Store
@@ -100,6 +102,108 @@ def holders_in_words(owners: list[str], live: set[str]) -> str:
     return "; ".join(parts)
 
 
+# -- ordered keys and batch keys --------------------------------------------------------
+
+
+def ordered_keys(source: Source, live: set[str]) -> list[dict[str, Any]]:
+    """Each ordered key with a call running or waiting for its turn (``live``: the
+    workers that report), as JSON values: see :func:`ordered_entry`."""
+    gaps = {name: policy.ordered_gap for name, (_, policy) in source.policies().items()}
+    lines = store_inspect.ordered_lines(source.store, source.names.prefix)
+    default = source.settings.ordered_gap_timeout
+    return [
+        ordered_entry(line, gaps.get(line.task, default), live)
+        for line in lines
+        if line.waiting or line.task_id
+    ]
+
+
+def ordered_entry(line: OrderedLine, gap: float, live: set[str]) -> dict[str, Any]:
+    """An ordered key's line as the operator reads it: the position whose turn it is
+    (``next``), the calls ``queued`` behind it (positions given after it) and how many of
+    them workers hold, the call ``running`` (its lease's holder; None: ``next``'s call has
+    not started), and ``skip_in``: the seconds until the gap bound ``gap`` lets the next
+    call that asks skip ``next`` (0: overdue, at that call's ask; None: nothing to skip:
+    ``next``'s call runs or waits in a worker, or no call is queued behind it)."""
+    running = None
+    if line.task_id:
+        running = {
+            "task_id": line.task_id,
+            "worker": line.worker,
+            "ttl_left": round(line.ttl_left, 3),
+            "stale": line.worker not in live,
+        }
+    skip_in = None
+    if running is None and line.queued and not line.next_held:
+        skip_in = round(max(0.0, gap - line.gap_clock), 3)
+    data = line.as_dict()
+    for name in ("task_id", "worker", "ttl_left"):  # in "running"
+        del data[name]
+    return {
+        **data,
+        "kind": "ordered",
+        "label": ordered_words(line),
+        "running": running,
+        "gap": gap,
+        "skip_in": skip_in,
+    }
+
+
+def gap_words(entry: Mapping[str, Any]) -> str:
+    """What an ordered key's ``next`` position does while its call is not running, in
+    words after "next N" (:func:`ordered_entry`'s ``entry``; '' when it runs)."""
+    if entry["running"] is not None:
+        return ""
+    if entry["next_held"]:
+        return "waits in a worker (never skipped while it asks)"
+    if entry["skip_in"] is None:
+        return "not started yet (nothing queued behind it)"
+    idle = f"not started for {entry['idle']:.1f}s"
+    if entry["skip_in"] > 0:
+        return f"{idle}: skipped in {entry['skip_in']:.1f}s if its call does not come"
+    return f"{idle}, past the gap bound ({entry['gap']:g}s): the next ask skips it"
+
+
+def ordered_words(line: OrderedLine) -> str:
+    """An ordered key in words: from what its first publish wrote, else its lease's."""
+    return words(line.key, line.material) if line.material is not None else line.label
+
+
+def batch_keys(source: Source, live: set[str]) -> list[dict[str, Any]]:
+    """Each batch key with calls waiting or a batch running, as JSON values: see
+    :func:`batch_entry`."""
+    policies = {
+        name: policy.batch for name, (_, policy) in source.policies().items() if policy.batch
+    }
+    return [
+        batch_entry(line, policies.get(line.task), live)
+        for line in store_inspect.batch_lines(source.store, source.names.prefix)
+    ]
+
+
+def batch_entry(line: BatchLine, batch: BatchPolicy | None, live: set[str]) -> dict[str, Any]:
+    """A batch key as the operator reads it: its ``waiting`` calls, the ``oldest``'s age,
+    the task's ``size`` and ``wait`` (None: a task this app does not have), ``due_in``:
+    the seconds until the next batch of its waiting calls is due (0: due now, claimed at
+    the next tick of a worker that holds one of them; None: none waits, or unknown), and
+    the batches that ``runs`` now, each with its worker (``stale``: it stopped reporting)."""
+    due_in = None
+    if line.waiting and batch is not None:
+        full = line.waiting >= batch.size
+        due_in = 0.0 if full else round(max(0.0, batch.wait - line.oldest), 3)
+    data = line.as_dict()
+    data["runs"] = [
+        {**dataclasses.asdict(run), "stale": run.worker not in live} for run in line.runs
+    ]
+    return {
+        **data,
+        "kind": "batch",
+        "size": batch.size if batch else None,
+        "wait": batch.wait if batch else None,
+        "due_in": due_in,
+    }
+
+
 # -- the store itself -------------------------------------------------------------------
 
 
@@ -135,7 +239,11 @@ def status(source: Source) -> dict[str, Any]:
     }
     lines = store_inspect.ordered_lines(store, source.names.prefix)
     # Lines with work waiting, or that skipped a missing call: the operator's business.
-    data["ordered"] = [line.as_dict() for line in lines if line.waiting or line.skipped]
+    data["ordered"] = [
+        {**line.as_dict(), "label": ordered_words(line)}
+        for line in lines
+        if line.waiting or line.skipped
+    ]
     data["grace"] = grace(source)
     eviction = store_inspect.eviction_warning(store_inspect.eviction_policy(store))
     data["warnings"] = [eviction] if eviction else []
@@ -340,6 +448,7 @@ def collect(source: Source, schedules: Schedules) -> dict[str, Any]:
     leases = [r for r in rows if r.kind != "unique"]
     claims = [r for r in rows if r.kind == "unique"]
     per_worker = leases_per_worker(leases)
+    live = {r.get("hostname", "") for r in reports}
     workers = []
     for report in reports:
         name = report.get("hostname", "")
@@ -352,7 +461,8 @@ def collect(source: Source, schedules: Schedules) -> dict[str, Any]:
         "leases": [r.as_dict() for r in leases],
         "unique_claims": [r.as_dict() for r in claims],
         "limits": limits_in_use(source, leases, reports),
-        "ordered": [line.as_dict() for line in store_inspect.ordered_lines(store, prefix)],
+        "ordered": ordered_keys(source, live),
+        "batches": batch_keys(source, live),
         "schedule": schedules.describe(),
     }
 
@@ -367,5 +477,6 @@ def empty_state(store_url: str) -> dict[str, Any]:
         "unique_claims": [],
         "limits": [],
         "ordered": [],
+        "batches": [],
         "schedule": {},
     }

@@ -134,7 +134,15 @@ class OrderedLine:
     """An ordered key's line (ordered=, gate/ordered.lua): ``next`` the position whose
     turn it is (running, or not come yet), ``last`` the last position given at publish;
     ``skipped`` positions the gap bound skipped (``last_skip``: "<from>-<to> <ms>", the
-    latest), ``idle`` seconds since ``next`` last ran, was due or became next."""
+    latest); ``gap_clock`` seconds on ``next``'s gap clock, as the gate counts them:
+    since it became next, its last lease ran out or its retry was due (< 0: not started,
+    a live lease or a retry not yet due; the gap bound skips ``next`` once it passes the
+    bound and a later call asks). ``task_id``, ``worker``, ``ttl_left``: the call that
+    holds the key's lease, running (``""``, ``""``, 0: none); ``held``: the calls of the
+    key that wait in workers for their turn (they asked, and ask again); ``next_held``:
+    ``next``'s own call is one of them (the gap bound never skips it). ``material``:
+    the text the key was made of (``keys.words`` says it), ``label``: the key in words
+    from its lease, where the line has no ``material`` (started by an unstamped call)."""
 
     key: str
     task: str
@@ -142,7 +150,13 @@ class OrderedLine:
     last: int
     skipped: int
     last_skip: str
-    idle: float
+    gap_clock: float
+    task_id: str = ""
+    worker: str = ""
+    ttl_left: float = 0.0
+    held: int = 0
+    next_held: bool = False
+    material: str | None = None
     label: str = ""
 
     @property
@@ -150,39 +164,172 @@ class OrderedLine:
         """Positions given and not ended: the one at ``next`` included."""
         return max(0, self.last - self.next + 1)
 
+    @property
+    def queued(self) -> int:
+        """Positions given behind ``next``: the calls that wait for it."""
+        return max(0, self.last - self.next)
+
+    @property
+    def idle(self) -> float:
+        """Seconds ``next``'s call has not run (its gap clock, from 0)."""
+        return max(0.0, self.gap_clock)
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "waiting": self.waiting}
+        data = asdict(self)
+        del data["material"], data["gap_clock"]
+        return {**data, "waiting": self.waiting, "queued": self.queued, "idle": self.idle}
+
+
+#: How many ordered keys one pipelined read asks for.
+LINES_PAGE = 500
+
+
+def lease_of_line(line_key: str) -> str:
+    """An ordered key's exclusive lease (one run at a time), beside its line."""
+    return line_key.replace(f":{ORDERED_KIND}:", ":ex:", 1)
 
 
 def ordered_lines(store: Store, prefix: str) -> list[OrderedLine]:
-    """Every ordered key's line the store keeps."""
+    """Every ordered key's line the store keeps, with its lease's holder."""
     try:
         now = server_now_ms(store)
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:{{*}}:{ORDERED_KIND}:*", count=1000))
         lines = []
-        for key in store.client.scan_iter(match=f"{prefix}:{{*}}:{ORDERED_KIND}:*", count=1000):
-            record = store.client.hgetall(key)
-            if not record:
-                continue
-            task, _ = _parse_key(key)
-            words = record.get("k")  # written at its first publish
-            if not words:  # a line an unstamped message started: its lease's words
-                lease = key.replace(f":{ORDERED_KIND}:", ":ex:", 1)
-                words = store.client.get(label_key(lease)) or ""
-            lines.append(
-                OrderedLine(
-                    key,
-                    task,
-                    int(record.get("q", 0)),
-                    int(record.get("n", 0)),
-                    int(record.get("g", 0)),
-                    str(record.get("gl", "")),
-                    max(0.0, (now - int(record.get("t", now))) / 1000),
-                    label=str(words),
-                )
-            )
+        # A record lives a week past its last publish: many keys, read a page at a time,
+        # each page's record and lease in one pipelined round trip.
+        for page in range(0, len(keys), LINES_PAGE):
+            pipe = store.client.pipeline(transaction=False)
+            for key in keys[page : page + LINES_PAGE]:
+                pipe.hgetall(key)
+                pipe.hgetall(lease_of_line(key))
+            replies = pipe.execute()
+            for n, key in enumerate(keys[page : page + LINES_PAGE]):
+                record, lease = replies[2 * n], replies[2 * n + 1]
+                if record:
+                    lines.append(_line(store, key, record, lease, now))
         return sorted(lines, key=lambda line: (line.task, line.key))
     except STORE_ERRORS as exc:
         raise store.unavailable(exc) from exc
+
+
+def _line(
+    store: Store, key: str, record: dict[str, str], lease: dict[str, str], now: int
+) -> OrderedLine:
+    task, _ = _parse_key(key)
+    next_ = int(record.get("q", 0))
+    # As the gate's "Q" (gate/ordered.lua): the clock runs from the latest of `t` and
+    # the deadlines of the key's leases, a lease that ran out (a killed holder) included.
+    since, holder, deadline = int(record.get("t", now)), "", 0
+    for field, value in lease.items():
+        if field.startswith("o:"):
+            until = int(value.split(" ", 1)[0])
+            since = max(since, until)
+            if until > now and until > deadline:
+                holder, deadline = field[2:], until
+    task_id, worker, _ = owner_parts(holder) if holder else ("", "", "")
+    present = [int(f[2:]) for f, until in record.items() if f.startswith("p:") and int(until) > now]
+    material = record.get("k")  # written at its first publish
+    words = "" if material else store.client.get(label_key(lease_of_line(key))) or ""
+    return OrderedLine(
+        key,
+        task,
+        next_,
+        int(record.get("n", 0)),
+        int(record.get("g", 0)),
+        str(record.get("gl", "")),
+        (now - since) / 1000,
+        task_id=task_id,
+        worker=worker,
+        ttl_left=max(0, deadline - now) / 1000,
+        held=sum(1 for p in present if p >= next_),
+        next_held=next_ in present,
+        material=str(material) if material else None,
+        label=str(words),
+    )
+
+
+BATCH_TAG = "batch:"
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """A batch of a batch key that a worker claimed and runs (``runs`` of core/batch.py):
+    its id (``<worker>/<nonce>/<micros>``), its ``worker``'s hostname, its ``calls``, the
+    seconds ``ttl_left`` before its calls wait again if its worker stops renewing it, and
+    its ``age`` (seconds since it was claimed)."""
+
+    run: str
+    worker: str
+    calls: int
+    ttl_left: float
+    age: float
+    stale: bool = False  # its worker stopped reporting: its calls wait again at ttl_left
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """A batch key's calls (batch=, core/batch.py): ``waiting`` calls registered and not
+    in a batch yet, the ``oldest`` one's age in seconds (0: none waits), and the batches
+    that ``runs`` now. ``key``: the key's store keys' common part, ``prefix:{batch:<task>:
+    <digest>}``; ``label``: the key in words, as the workers that hold its calls wrote it."""
+
+    key: str
+    task: str
+    waiting: int
+    oldest: float
+    runs: tuple[BatchRun, ...] = ()
+    label: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def batch_lines(store: Store, prefix: str) -> list[BatchLine]:
+    """Every batch key with calls waiting or a batch running."""
+    try:
+        now = server_now_ms(store)
+        bases = set()
+        for part in ("pending", "runs"):
+            for key in store.client.scan_iter(
+                match=f"{prefix}:{{{BATCH_TAG}*}}:{part}", count=1000
+            ):
+                bases.add(key.rsplit(":", 1)[0])
+        ordered = sorted(bases)
+        pipe = store.client.pipeline(transaction=False)
+        for base in ordered:
+            pipe.zcard(f"{base}:pending")
+            pipe.zrange(f"{base}:pending", 0, 0, withscores=True)
+            pipe.zrange(f"{base}:runs", 0, -1, withscores=True)
+            pipe.hvals(f"{base}:claimed")
+            pipe.get(f"{base}:label")
+        replies = pipe.execute() if ordered else []
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    lines = []
+    for n, base in enumerate(ordered):
+        waiting, oldest, runs, claimed, words = replies[5 * n : 5 * n + 5]
+        per_run: dict[str, int] = {}
+        for value in claimed:  # "<run> <registered ms>"
+            run = str(value).rsplit(" ", 1)[0]
+            per_run[run] = per_run.get(run, 0) + 1
+        live = tuple(
+            _batch_run(str(run), int(until), per_run.get(str(run), 0), now)
+            for run, until in runs
+            if int(until) > now  # a lapsed run's calls wait again at the next tick
+        )
+        if not waiting and not live:
+            continue
+        task = hash_tag(base)[len(BATCH_TAG) :].rsplit(":", 1)[0]
+        age = max(0.0, (now - int(oldest[0][1])) / 1000) if oldest else 0.0
+        lines.append(BatchLine(base, task, int(waiting), age, live, label=str(words or "")))
+    return sorted(lines, key=lambda line: (line.task, line.key))
+
+
+def _batch_run(run: str, until: int, calls: int, now: int) -> BatchRun:
+    worker, _, micros = run.rpartition("/")  # "<hostname>/<nonce>/<micros>"
+    hostname = worker.rpartition("/")[0] or worker
+    claimed = int(micros) // 1000 if micros.isdigit() else now
+    return BatchRun(run, hostname, calls, (until - now) / 1000, max(0.0, (now - claimed) / 1000))
 
 
 def is_unique_claim(key: str) -> bool:

@@ -24,6 +24,7 @@ from celery.worker import state as worker_state
 
 from celery_baton import internals
 from celery_baton.core.batch import Batches, KeyTick
+from celery_baton.core.keys import task_words
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes
@@ -70,6 +71,7 @@ class KeyState:
     size: int
     wait: float
     run_ttl: float  # the task's lease_ttl
+    label: str  # the key in words, written for the operator with the key's ticks
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     gone: list[str] = field(default_factory=list)  # held no more: they leave the key
@@ -152,7 +154,10 @@ class Batching:
         keys = self.batches.keys(request.name, material)
         state = self.keys.get(keys[0])
         if state is None:
-            state = self.keys[keys[0]] = KeyState(keys, batch.size, batch.wait, policy.lease_ttl)
+            label = task_words(request.name, material)
+            state = self.keys[keys[0]] = KeyState(
+                keys, batch.size, batch.wait, policy.lease_ttl, label
+            )
         if request.id in state.held:  # the same message twice: keep one
             self._leave(state.held.pop(request.id), ack=True)
         state.held[request.id] = request
@@ -213,6 +218,7 @@ class Batching:
                     gone=gone,
                     new=new,
                     held=held,
+                    label=state.label,
                 )
             )
         try:

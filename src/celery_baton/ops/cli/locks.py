@@ -22,7 +22,9 @@ SHOWN_BEFORE_ASKING = 20
 @watch_option
 @click.pass_context
 def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None) -> None:
-    """Live leases and unique claims: key, kind, holder task id, worker, fence, TTL left.
+    """Live leases and unique claims (key, kind, holder task id, worker, fence, TTL
+    left), ordered keys with a call running or queued, and batch keys with calls waiting
+    or a batch running.
 
     Keys are printed whole: paste one into `unlock`. A lease whose worker stopped
     reporting is marked stale (it ends when its TTL runs out)."""
@@ -30,6 +32,9 @@ def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None)
 
     def render() -> tuple[Any, str]:
         rows = state.holders(c)
+        live = state.live_workers(c)
+        ordered = state.ordered_keys(c, live)
+        batches = state.batch_keys(c, live)
         # Each key on a line of its own, whole, to paste into `unlock`; its holder below.
         lines = []
         for r in rows:
@@ -41,10 +46,59 @@ def locks(ctx: click.Context, as_json: bool = False, watch: float | None = None)
                 fence = f"  fence {r.fence}" if r.fence else ""
                 stale = "  STALE: stopped reporting" if r.stale else ""
                 lines.append(f"    on {r.worker}{fence}{stale}")
-        text = "\n".join(lines) if rows else "no live leases or unique claims"
-        return [r.as_dict() for r in rows], text
+        for entry in ordered:
+            lines += ordered_text(entry)
+        for entry in batches:
+            lines += batch_text(entry)
+        text = "\n".join(lines) or "no live leases, unique claims, ordered keys or batches"
+        return [r.as_dict() for r in rows] + ordered + batches, text
 
     show(ctx, render, watch)
+
+
+def ordered_text(entry: dict[str, Any]) -> list[str]:
+    """An ordered key as `locks` prints it (``entry``: state.ordered_entry): its key,
+    its words, its turn and queue, and its running call or when the gap bound skips."""
+    lines = [entry["key"]]
+    if entry["label"]:
+        lines.append(f"    {entry['label']}")
+    queued = f"queued {entry['queued']}"
+    if entry["held"]:
+        queued += f" ({entry['held']} held in workers)"
+    lines.append(f"    ordered  next {entry['next']}  {queued}")
+    running = entry["running"]
+    if running is not None:
+        lines.append(f"    running  task {running['task_id']}  ttl {running['ttl_left']:.1f}s")
+        stale = "  STALE: stopped reporting" if running["stale"] else ""
+        lines.append(f"    on {running['worker']}{stale}")
+    else:
+        lines.append(f"    next {entry['next']} {state.gap_words(entry)}")
+    return lines
+
+
+def batch_text(entry: dict[str, Any]) -> list[str]:
+    """A batch key as `locks` prints it (``entry``: state.batch_entry): its key, its
+    words, its waiting calls and next batch, and each batch running."""
+    lines = [entry["key"]]
+    if entry["label"]:
+        lines.append(f"    {entry['label']}")
+    if entry["waiting"]:
+        line = f"    batch  {entry['waiting']} waiting, oldest {entry['oldest']:.1f}s"
+        if entry["due_in"] is not None:
+            line += f"  next batch {_due(entry['due_in'])}"
+        lines.append(line)
+    for run in entry["runs"]:
+        lines.append(
+            f"    running  batch of {run['calls']} calls  for {run['age']:.1f}s  "
+            f"ttl {run['ttl_left']:.1f}s"
+        )
+        stale = "  STALE: stopped reporting" if run["stale"] else ""
+        lines.append(f"    on {run['worker']}{stale}")
+    return lines
+
+
+def _due(seconds: float) -> str:
+    return "due now" if seconds <= 0 else f"due in {seconds:.1f}s"
 
 
 @baton.command()

@@ -52,7 +52,8 @@ def status(ctx: click.Context, as_json: bool = False, watch: float | None = None
                 table(
                     [
                         (
-                            f"{line['task']} {line['label'] or line['key']}",
+                            # The key in words names its task; a line without: the key.
+                            line["label"] or f"{line['task']} {line['key']}",
                             line["next"],
                             line["waiting"],
                             f"{line['idle']:.1f}s",

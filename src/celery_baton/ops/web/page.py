@@ -1,11 +1,13 @@
-"""The web view's HTML: one server-rendered page (workers, leases, unique claims, limits,
-the beat schedule) from the read model's state, and the 403 page."""
+"""The web view's HTML: one server-rendered page (workers, leases, unique claims, ordered
+keys, batches, limits, the beat schedule) from the read model's state, and the 403 page."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Mapping
 from typing import Any
+
+from celery_baton.ops.state import gap_words
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -68,6 +70,8 @@ def render_page(
     parts.append(_workers(state["workers"]))
     parts.append(_leases(state["leases"], actions=controls))
     parts.append(_claims(state["unique_claims"], actions=controls))
+    parts.append(_ordered(state.get("ordered", [])))
+    parts.append(_batches(state.get("batches", [])))
     parts.append(_limits_table(state["limits"]))
     parts.append(_schedule(state["schedule"], actions=controls))
     if controls:
@@ -213,6 +217,69 @@ def _claims(claims: list[dict[str, Any]], *, actions: bool) -> str:
     ]
     return "<h2 id='claims'>Unique claims</h2>" + _table(
         ["key", "held by task id (queued or running)", "ttl left", ""], rows, "no unique claims"
+    )
+
+
+def _key_cell(entry: Mapping[str, Any]) -> str:
+    """A key whole, with its words below it (as a lease's)."""
+    e = html.escape
+    words = f"<div class='words'>{e(entry['label'])}</div>" if entry.get("label") else ""
+    return f"<code>{e(entry['key'])}</code>{words}"
+
+
+def _ordered(entries: list[dict[str, Any]]) -> str:
+    e = html.escape
+    rows = []
+    for o in entries:
+        running = o["running"]
+        if running is not None:
+            stale = " <span class='tag'>STALE</span>" if running["stale"] else ""
+            now = (
+                f"task <code>{e(running['task_id'])}</code> on {e(running['worker'])}{stale}"
+                f" (ttl {running['ttl_left']:.1f}s)"
+            )
+        else:
+            now = f"<span class='muted'>{o['next']} {e(gap_words(o))}</span>"
+        queued = str(o["queued"]) + (f" ({o['held']} held in workers)" if o["held"] else "")
+        rows.append(
+            f"<tr data-key='{e(o['key'])}'>"
+            + _cells(_key_cell(o), o["next"], now, queued)
+            + "</tr>"
+        )
+    return "<h2 id='ordered'>Ordered keys</h2>" + _table(
+        ["key", "next", "running", "queued behind it"],
+        rows,
+        "no ordered key has a call running or queued",
+    )
+
+
+def _batches(entries: list[dict[str, Any]]) -> str:
+    e = html.escape
+    rows = []
+    for b in entries:
+        runs = []
+        for run in b["runs"]:
+            stale = " <span class='tag'>STALE</span>" if run["stale"] else ""
+            runs.append(
+                f"{run['calls']} calls on {e(run['worker'])}{stale} for {run['age']:.1f}s"
+                f" (ttl {run['ttl_left']:.1f}s)"
+            )
+        due = b["due_in"]
+        rows.append(
+            f"<tr data-key='{e(b['key'])}'>"
+            + _cells(
+                _key_cell(b),
+                b["waiting"],
+                f"{b['oldest']:.1f}s" if b["waiting"] else "-",
+                "-" if due is None else ("due now" if due <= 0 else f"in {due:.1f}s"),
+                "<br>".join(runs) or "-",
+            )
+            + "</tr>"
+        )
+    return "<h2 id='batches'>Batches</h2>" + _table(
+        ["key", "calls waiting", "oldest waiting", "next batch", "running"],
+        rows,
+        "no batch key has calls waiting or a batch running",
     )
 
 

@@ -6,6 +6,7 @@
 --
 -- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
 -- KEYS[5] claimed   KEYS[6] done    KEYS[7] runs     KEYS[8] finished   KEYS[9] epoch
+-- KEYS[10] label (unused here)
 -- ARGV[1] the run's id   ARGV[2] the carrier's call id
 -- returns 1 when the run's calls were given back, 0 when it had ended (done or lapsed).
 

@@ -7,9 +7,11 @@
 -- KEYS[6] done      KEYS[7] runs (sorted set: run id -> lease until ms)
 -- KEYS[8] finished
 -- KEYS[9] epoch: until when (ms) no batch is claimed after the store forgot the key
+-- KEYS[10] label: the key in words, for the operator (`celery baton locks`, the web view)
 -- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
 -- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
--- ARGV[7] n, then n pairs (call id, encoded call) to register
+-- ARGV[7] the key in words ('' : not written), kept as label while a worker ticks the key
+-- ARGV[8] n, then n pairs (call id, encoded call) to register
 -- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
 -- then g and g call ids this worker held no more (cancelled, or its connection was
 -- lost: the broker has them again): they leave the key
@@ -31,8 +33,8 @@ local finished = {}
 local missing = {}
 
 -- New calls: one that already ran (a redelivered message) is finished at once.
-local n = tonumber(ARGV[7])
-local at = 8
+local n = tonumber(ARGV[8])
+local at = 9
 for i = 1, n do
   local id, call = ARGV[at], ARGV[at + 1]
   at = at + 2
@@ -69,6 +71,11 @@ end
 at = at + g + 1
 local full = ARGV[at] == '1'
 at = at + 1
+-- The key in words: written with new calls and at every full check (each holder's, every
+-- second), so it lasts as long as a worker ticks the key, and no longer.
+if ARGV[7] ~= '' and (n > 0 or full) then
+  redis.call('SET', KEYS[10], ARGV[7], 'PX', ARGV[2])
+end
 
 -- The key's epoch. Missing: the key is new, or the store forgot it (restarted empty)
 -- with batches maybe running. A run from before can only have been claimed before the
