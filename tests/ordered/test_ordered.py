@@ -279,3 +279,30 @@ def test_a_call_cancelled_while_it_waits_passes_its_turn_at_once(
     runs = sorted(observer.runs_of("z", 2), key=lambda r: r.start)
     assert [r.task_id for r in runs] == [first.id, third.id]
     assert runs[1].start - runs[0].end < 5_000_000  # not the gap bound
+
+
+def test_a_call_celery_revokes_at_receipt_passes_its_turn_at_once(
+    workers: Workers, observer: Observer
+) -> None:
+    """Call 1 never reaches celery-baton's admission: Celery drops it as it is received,
+    revoked (``app.control.revoke`` before it arrived). Its turn passes then, and call 2
+    starts as soon as call 0 ends, not after the gap bound (20 s): before, the key
+    waited out the bound."""
+    from celery.utils import uuid
+
+    from tests.apps.ordered import app, ordered_apply
+    from tests.support.waiting import revoke_until_heard
+
+    start_workers(workers, 1)
+    first = ordered_apply.delay("r", 0, 3.0)
+    observer.starts_of("r")
+    dropped_id = uuid()
+    revoke_until_heard(app, dropped_id, terminate=False)
+    dropped = ordered_apply.apply_async(("r", 1), task_id=dropped_id)
+    third = ordered_apply.delay("r", 2)
+
+    assert third.get(timeout=15) == 2
+    assert dropped.state == "REVOKED"
+    runs = sorted(observer.runs_of("r", 2), key=lambda r: r.start)
+    assert [r.task_id for r in runs] == [first.id, third.id]
+    assert runs[1].start - runs[0].end < 5_000_000  # not the gap bound

@@ -13,9 +13,10 @@ from typing import Any
 
 from celery_baton.core.conditions import InOrder
 from celery_baton.core.gate import Decision, Release
+from celery_baton.core.keys import KeyNames
 from celery_baton.core.ordered import Note, Place, positions
 from celery_baton.core.policy.headers import ORDERED_HEADER
-from celery_baton.core.policy.model import RunPlan
+from celery_baton.core.policy.model import RunPlan, TaskPolicy
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -121,6 +122,27 @@ def passed(plan: RunPlan) -> Release | None:
         order=f"{place.epoch} {place.position} 2 0",
         order_key=plan.order_key,
         order_lease=plan.exclusive_key,
+    )
+
+
+def passed_unadmitted(
+    policy: TaskPolicy, names: KeyNames, context: Any, owner: str
+) -> Release | None:
+    """The release that passes the turn of an ordered call Celery dropped before it
+    was admitted (revoked or expired as it was received: Celery's ``task_revoked``
+    signal, ``context`` its request context); its key waited out the gap bound before.
+    Given up again for a call that was admitted and passed already, it moves nothing
+    (release.lua: a position passed is not passed twice). Raises KeySpecError."""
+    place = Place.parse(getattr(context, ORDERED_HEADER, None))
+    if policy.ordered is None or place is None:
+        return None
+    digest, _ = policy.ordered_key(context.args or (), context.kwargs or {})
+    return Release(
+        (),
+        owner,
+        order=f"{place.epoch} {place.position} 2 0",
+        order_key=names.ordered(policy.name, digest),
+        order_lease=names.lease(policy.name, "ex", digest),
     )
 
 

@@ -25,6 +25,7 @@ from celery_baton.core.leases import LeaseBook
 from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, WorkerReports
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
+from celery_baton.worker import ordering
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.batching import Batching, tick_interval
 from celery_baton.worker.cancelling import Cancelling
@@ -420,8 +421,9 @@ class BatonWorker:
         self.reports.remove(parent.hostname)
 
     def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-        """A task revoked (or expired) before it was admitted frees its unique key; on
-        the consumer's loop, so through the gate channel, never a blocking call."""
+        """A task revoked (or expired) before it was admitted frees its unique key and
+        passes its ordered turn; on the consumer's loop, so through the gate channel,
+        never a blocking call."""
         if sender is None or request is None:
             return
         if self._revoked_by_signal:
@@ -429,16 +431,21 @@ class BatonWorker:
         if self.parts.app.tasks.get(sender.name) is not sender:
             return
         policy = self.parts.policy_for(sender)
-        if policy is None or policy.unique is None:
+        if policy is None or (policy.unique is None and policy.ordered is None):
             return
+        names = self.parts.names
+        args, task_kwargs = request.args or (), request.kwargs or {}
         try:
-            key = policy.unique_key(self.parts.names, request.args or (), request.kwargs or {})
+            if policy.unique is not None:
+                key = policy.unique_key(names, args, task_kwargs)
+                self.releasing.free_unique(key, request.id)
+            # (No lease to free: the owner names nobody's.)
+            passed = ordering.passed_unadmitted(policy, names, request, request.id)
         except BatonError as exc:
-            logger.warning(
-                "could not free the unique key of revoked %s[%s]: %s", sender.name, request.id, exc
-            )
+            logger.warning("revoked %s[%s]: its keys: %s", sender.name, request.id, exc)
             return
-        self.releasing.free_unique(key, request.id)
+        if passed is not None:
+            self.channel.release(passed)
 
     def _report(self, consumer: Any) -> None:
         """Publish this worker's view (held requests, counters) for `celery baton status`."""
