@@ -82,3 +82,4 @@ def test_a_throttled_run_started_late_by_its_pool_process_keeps_its_window(
         f"two starts of one throttle key closer than its {recycled.THROTTLE:g} s window: "
         f"{close} s apart"
     )
+    assert "after its throttle window opened" in a.log_text()  # judged at its start
