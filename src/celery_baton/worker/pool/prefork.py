@@ -21,9 +21,9 @@ job, before ``task_prerun``. A fresh rate token waited for there was cut by a so
 limit (the body then started without one) or killed by a hard one (the message was
 consumed, the body never ran). So the pool process judges a rate grant, and a
 throttle's window, as it takes the job from its pipe, before it accepts it
-(``AcceptingWorker``; the judgements are in ``worker/pool/at_start.py``): no limit runs and nothing is acknowledged while it
-waits, and if the process dies meanwhile Celery gives the job, never accepted, to
-another process.
+(``AcceptingWorker``; the judgements are in ``worker/pool/at_start.py``): no limit
+runs and nothing is acknowledged while it waits, and if the process dies meanwhile
+Celery gives the job, never accepted, to another process.
 
 The private names used here are checked by ``internals.prefork_pool_classes``.
 """

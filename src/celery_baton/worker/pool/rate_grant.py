@@ -10,9 +10,10 @@ grants that follow: two starts at once of a limit of one a second.
 
 So the request carries its grant's moment and its rate conditions, and the pool process
 looks at the clock when it takes the job from its pipe (``judge``, called through
-``worker/pool/at_start.py`` by ``worker/pool/prefork.py``). Later than ``STALE_GRANT``: the grant's token is left
-spent (the error is on the limit's side) and a fresh one is taken, waiting for it as
-the gate says; the process is busy meanwhile, which only such a late start pays.
+``worker/pool/at_start.py`` by ``worker/pool/prefork.py``). Later than
+``STALE_GRANT``: the grant's token is left spent (the error is on the limit's side)
+and a fresh one is taken, waiting for it as the gate says; the process is busy
+meanwhile, which only such a late start pays.
 
 It is judged there, before the process accepts the job, not in ``task_prerun``: Celery
 starts a job's time limits, and acknowledges its message (``acks_late=False``), when the
@@ -22,8 +23,8 @@ ended by a hard one (the process killed, the message consumed, the body never ru
 Before the accept, no limit runs and the message is the broker's; a process that dies
 while it waits leaves the job unaccepted, and Celery writes it to another process.
 
-Without a pool process (solo, threads, gevent) the body starts in the main process,
-which judged it already: nothing is done here.
+Without a pool process the body starts in the main process: a gevent greenlet judges
+it before the body (``worker/pool/in_process.py``, where threads and solo are said).
 
 ``time.monotonic()`` is one clock for every process of a machine (Linux's
 ``CLOCK_MONOTONIC``), so the main process's moment can be read in its pool process.

@@ -1,0 +1,75 @@
+"""Celery's gevent pool: a rate grant and a throttle window judged where the body starts.
+
+On the gevent pool the body runs on a greenlet of the main process. The main process
+judged the request when it handed it over (``worker/starting.py``), but the greenlet's
+first act is Celery's accept (``Request.on_accepted``), and on a worker without an event
+loop that acknowledges the message there and then (``Consumer.call_soon_ack``): a
+broker call. While the broker does not answer (slow, failing over, paused) the greenlet
+waits in it, and the worker, whose own greenlet goes on, grants the next request to the
+next free greenlet, which waits too; when the broker answers, their bodies start at
+once, and together with the grants that follow (issue 34 (a): three starts in 36 ms at
+2/s). A greenlet that the hub reaches late (another greenlet computing without
+yielding) starts late the same way.
+
+So each greenlet accepts its job, then judges it (``worker/pool/at_start.py``: a stale
+rate grant takes a fresh token, a late throttle run moves its window), then runs it:
+just before the body, and before Celery's hard time limit starts (gevent's ``Timeout``
+around the job; gevent has no soft limit), so that no limit cuts the wait. The message
+is acknowledged before the wait, as Celery acknowledges it before the body; a worker
+that dies meanwhile loses the run as it would lose a running one.
+
+Threads: Celery's threads pool runs on the worker's event loop, which acknowledges the
+message (``call_soon_ack`` defers it to the loop) and sends the task-started event; the
+executor thread only marks the request active and runs the body, and a request is
+handed over only when a thread is free for it (``worker/pool_slots.py``). Nothing is
+judged there. Solo runs the body as it is handed over.
+
+The private names used here are checked by ``internals.gevent_pool``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery_baton.worker.pool import at_start, rate_grant, throttle_start
+
+_FIELDS = (rate_grant.RATE_GRANT_FIELD, throttle_start.THROTTLE_FIELD)
+
+
+def _accept_judge_run(
+    run: Callable[..., Any],
+    target: Any,
+    args: Any,
+    kwargs: Any,
+    callback: Any,
+    accept_callback: Callable[[Any, float], Any] | None,
+    getpid: Callable[[], Any],
+    *rest: Any,
+    **options: Any,
+) -> Any:
+    """The greenlet's job: Celery's accept, the judgement, then Celery's own ``run``
+    (``apply_timeout`` or ``apply_target``), which would have accepted it first."""
+    found = at_start.task_request(args)
+    if found is None or accept_callback is None or not any(f in found[2] for f in _FIELDS):
+        return run(target, args, kwargs, callback, accept_callback, getpid, *rest, **options)
+    accept_callback(getpid(), time.monotonic())
+    at_start.judge(*found)
+    return run(target, args, kwargs, callback, None, getpid, *rest, **options)
+
+
+def install(task_pool: Any) -> None:
+    """Make Celery's gevent ``task_pool`` (not started yet) spawn each job judged."""
+    start = task_pool.on_start
+
+    def on_start() -> None:
+        start()
+        spawn = task_pool._quick_put
+
+        def quick_put(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return spawn(_accept_judge_run, run, *args, **kwargs)
+
+        task_pool._quick_put = quick_put
+
+    task_pool.on_start = on_start

@@ -1,0 +1,81 @@
+"""Threads and gevent: a rate grant is not started late by what happens between the
+hand-over and the body.
+
+Issue 34 (a). On the gevent pool the body starts on a greenlet of the main process,
+after Celery's accept: ``Request.on_accepted`` acknowledges the message there
+(``acks_late=False``; without an event loop ``Consumer.call_soon_ack`` runs it at
+once), a broker call. While the broker does not answer (paused here; in a deployment a
+slow or failing-over broker), each granted request waits in that call, and the worker
+grants the next one to the next free greenlet, which waits too; when the broker
+answered, their bodies started at once, and together with the grants that follow
+(three starts in 36 ms at 2/s). The main process judged each grant fresh when it handed
+it over; the greenlet now judges it again before the body (worker/pool/in_process.py).
+On the threads pool the event loop acknowledges the message (the same pause held
+nothing up there, before and after): kept here as the control.
+
+Real workers; the bodies stamp their starts on the store server's clock (an observer
+in a database of its own there: the broker is the server paused).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.limits.test_rate_limits import assert_gcra_bound
+from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.workers import Workers
+
+#: Admission to the body's first line on a loaded 2-core machine (as in test_at_start).
+START_JITTER_US = 250_000
+#: The observer's database on the store server (emptied with the store by ``store_url``).
+OBSERVER_DB = 3
+
+
+@pytest.fixture
+def store_observer(store_server: StoreServer, store_url: str) -> Iterator[Observer]:
+    """An Observer on the store server: its clock, and not paused with the broker."""
+    obs = Observer(store_server.url(OBSERVER_DB))
+    yield obs
+    obs.close()
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_rate_grants_held_up_before_the_body_do_not_start_together(
+    workers: Workers,
+    store_observer: Observer,
+    broker_server: StoreServer,
+    store_server: StoreServer,
+    broker_url: str,
+    pool: str,
+) -> None:
+    """2/s on one worker of 2 threads (greenlets); the broker stops answering twice for
+    2 s while the rate paces its backlog. Every start keeps to the rate."""
+    from tests.apps import busy_pool
+
+    worker = workers.start(
+        "tests.apps.busy_pool",
+        pool=pool,
+        concurrency=2,
+        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
+    )
+    count = 12
+    for n in range(count):
+        busy_pool.rated.delay(n)
+    store_observer.starts_of("rated", 2, timeout=30)  # paced now
+    for _ in range(2):
+        time.sleep(0.7)
+        broker_server.pause()
+        try:
+            time.sleep(2.0)
+        finally:
+            broker_server.resume()
+    store_observer.wait_for(count, timeout=60)
+    starts = [s["start"] for s in store_observer.started() if s["key"] == "rated"]
+    assert len(starts) == count
+    assert_gcra_bound(starts, 2.0, burst=1, tolerance_us=START_JITTER_US)
+    if pool == "gevent":  # judged on the greenlet (threads: nothing held it up)
+        assert "after its rate grant" in worker.log_text()
