@@ -19,6 +19,7 @@ in a database of its own there: the broker is the server paused).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -79,3 +80,42 @@ def test_rate_grants_held_up_before_the_body_do_not_start_together(
     assert_gcra_bound(starts, 2.0, burst=1, tolerance_us=START_JITTER_US)
     if pool == "gevent":  # judged on the greenlet (threads: nothing held it up)
         assert "after its rate grant" in worker.log_text()
+
+
+def test_a_throttled_run_held_up_before_the_body_keeps_its_window(
+    workers: Workers,
+    store_observer: Observer,
+    broker_server: StoreServer,
+    store_server: StoreServer,
+    broker_url: str,
+) -> None:
+    """``throttle=2.0`` (trailing) on gevent worker A: a trailing run comes due while the
+    broker does not answer, so its greenlet waits in Celery's accept; worker B gets the
+    next delivery as the broker answers again. Every two starts are a window apart."""
+    from tests.apps import busy_pool
+
+    env = {"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)}
+    a = workers.start("tests.apps.busy_pool", pool="gevent", concurrency=2, queues="a", env=env)
+    workers.start("tests.apps.busy_pool", concurrency=1, queues="b", env=env)
+    window = busy_pool.THROTTLE
+    busy_pool.throttled.apply_async((0,), queue="a")  # runs, and opens a window
+    store_observer.starts_of("throttled", 1, timeout=30)
+    opened = time.monotonic()
+    busy_pool.throttled.apply_async((1,), queue="a")  # held: due when the window ends
+    time.sleep(max(0.0, opened + window - 0.5 - time.monotonic()))
+    broker_server.pause()
+    try:
+        time.sleep(2.5)  # the trailing run came due meanwhile, and waits in the accept
+    finally:
+        broker_server.resume()
+    busy_pool.throttled.apply_async((2,), queue="b")
+    time.sleep(window + 2.0)  # a run moved to the next window starts by then
+    starts = sorted(s["start"] for s in store_observer.started() if s["key"] == "throttled")
+    assert len(starts) >= 2, starts
+    close = [
+        round((after - before) / 1e6, 2)
+        for before, after in itertools.pairwise(starts)
+        if after - before < window * 1_000_000 - START_JITTER_US
+    ]
+    assert not close, f"two starts of one throttle key closer than its {window:g} s window: {close}"
+    assert "after its throttle window opened" in a.log_text()
