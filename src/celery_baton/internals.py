@@ -37,6 +37,10 @@ Celery's gevent ``TaskPool._quick_put`` (set by        the worker is refused at 
 ``on_start``, called by ``on_apply``)                  a rate grant or a throttle
                                                        window would not be judged at
                                                        the body's start
+Celery's threads ``TaskPool.on_apply``'s               the worker is refused at start:
+``accept_callback``                                    a rate grant or a throttle
+                                                       window would not be judged at
+                                                       the body's start
 ``Request._announce_revoked``                          a revoked admitted run is given
                                                        back from Celery's
                                                        ``task_revoked`` signal
@@ -375,6 +379,25 @@ def gevent_pool(task_pool: Any) -> bool | None:
     if missing:
         unavailable(
             f"celery's gevent TaskPool {', '.join(missing)}", "the worker is refused at start"
+        )
+        return False
+    return True
+
+
+def threads_pool(task_pool: Any) -> bool | None:
+    """True when ``task_pool`` is Celery's threads ``TaskPool`` and its ``on_apply``
+    takes the ``accept_callback`` it calls on the executor thread before the body
+    (``worker/pool/in_process.py``); None when it is another pool; False when it is
+    Celery's threads pool without it (logged once)."""
+    import inspect
+
+    cls = type(task_pool)
+    if cls.__module__ != "celery.concurrency.thread" or cls.__name__ != "TaskPool":
+        return None
+    on_apply = getattr(cls, "on_apply", None)
+    if on_apply is None or "accept_callback" not in inspect.signature(on_apply).parameters:
+        unavailable(
+            "celery's threads TaskPool.on_apply(accept_callback)", "the worker is refused at start"
         )
         return False
     return True

@@ -119,3 +119,43 @@ def test_a_throttled_run_held_up_before_the_body_keeps_its_window(
     ]
     assert not close, f"two starts of one throttle key closer than its {window:g} s window: {close}"
     assert "after its throttle window opened" in a.log_text()
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_runs_going_on_across_a_lost_broker_connection_keep_their_pool_slots(
+    workers: Workers,
+    store_observer: Observer,
+    broker_server: StoreServer,
+    store_server: StoreServer,
+    broker_url: str,
+    pool: str,
+) -> None:
+    """One thread (greenlet) runs plain work when the broker connection is lost. Celery
+    before 5.7 forgets every request it holds then, running ones included
+    (``Consumer.on_close`` empties ``reserved_requests``); counted by those, the pool
+    looked free, and rate grants went to a pool whose only thread was busy: they waited
+    behind the plain work and started together when it ended. 2/s at every start."""
+    from tests.apps import busy_pool
+    from tests.support.waiting import wait_until
+
+    worker = workers.start(
+        "tests.apps.busy_pool",
+        pool=pool,
+        concurrency=1,
+        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
+    )
+    busy_pool.occupy.delay(6.0)
+    store_observer.starts_of("occupy", 1, timeout=30)
+    broker_server.restart(down_for=0.5)
+    wait_until(
+        lambda: worker.log_text().count("Connected to redis://") >= 2,
+        60,
+        "the worker reconnects to the broker",
+    )
+    count = 4
+    for n in range(count):
+        busy_pool.rated.delay(n)
+    store_observer.wait_for(1 + count, timeout=60)
+    starts = [s["start"] for s in store_observer.started() if s["key"] == "rated"]
+    assert len(starts) == count
+    assert_gcra_bound(starts, 2.0, burst=1, tolerance_us=START_JITTER_US)

@@ -144,8 +144,18 @@ def _prepare_pool(task_pool: Any) -> None:
     if gevent:
         in_process.install(task_pool)  # judged on the greenlet, before the body
         return
+    threads = internals.threads_pool(task_pool)
+    if threads is False:
+        raise ConfigError(
+            "Celery's threads pool is not as celery-baton knows it (on_apply takes "
+            "accept_callback): a rate grant or a throttle window would not be judged at "
+            "the task's start"
+        )
+    if threads:
+        in_process.install_threads(task_pool)  # judged on the thread, before the body
+        return
     if not isinstance(task_pool, TaskPool):
-        return  # solo, threads, eventlet: tasks start in the main process
+        return  # solo, eventlet: tasks start in the main process
     refused = prefork.install(task_pool)
     if refused is not None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")

@@ -73,3 +73,30 @@ def install(task_pool: Any) -> None:
         task_pool._quick_put = quick_put
 
     task_pool.on_start = on_start
+
+
+def _judged_first(
+    found: tuple[str, str, dict[str, Any]], accept: Callable[[Any, float], Any]
+) -> Callable[[Any, float], Any]:
+    """Celery's accept callback, called on the executor thread before the body, judging
+    the request first: its message is not acknowledged while it waits."""
+
+    def judge_then_accept(pid: Any, _time_accepted: float) -> Any:
+        at_start.judge(*found)
+        return accept(pid, time.monotonic())
+
+    return judge_then_accept
+
+
+def install_threads(task_pool: Any) -> None:
+    """Make Celery's threads ``task_pool`` judge each job on its thread, first."""
+    apply = task_pool.on_apply
+
+    def on_apply(target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        accept = options.get("accept_callback")
+        found = at_start.task_request(args) if args else None
+        if found is not None and accept is not None and any(f in found[2] for f in _FIELDS):
+            options["accept_callback"] = _judged_first(found, accept)
+        return apply(target, args, kwargs, **options)
+
+    task_pool.on_apply = on_apply
