@@ -259,6 +259,19 @@ def test_the_gevent_pool_spawns_each_job_through_the_name_we_extend() -> None:
     assert params(green.apply_target)[:6] == params(green.apply_timeout)[:6]
 
 
+def test_the_threads_pool_calls_the_accept_callback_on_its_thread_before_the_body() -> None:
+    import inspect
+
+    from celery.concurrency import base
+    from celery.concurrency.thread import TaskPool
+
+    assert internals.threads_pool(object.__new__(TaskPool)) is True
+    assert "accept_callback" in inspect.signature(TaskPool.on_apply).parameters
+    # apply_target (run on the executor thread) accepts, then runs the body.
+    source = inspect.getsource(base.apply_target)
+    assert source.index("accept_callback(") < source.index("target(*args, **kwargs)")
+
+
 def test_celery_ends_revoked_and_cancelled_requests_through_the_hooks_we_extend() -> None:
     assert internals.missing_request_hooks(Request) == []
     # request.py reads `terminated` as the second argument.

@@ -1,30 +1,34 @@
-"""Celery's gevent pool: a rate grant and a throttle window judged where the body starts.
+"""Celery's gevent and threads pools: a rate grant and a throttle window judged where
+the body starts (issue 34 (a)).
 
-On the gevent pool the body runs on a greenlet of the main process. The main process
-judged the request when it handed it over (``worker/starting.py``), but the greenlet's
-first act is Celery's accept (``Request.on_accepted``), and on a worker without an event
-loop that acknowledges the message there and then (``Consumer.call_soon_ack``): a
-broker call. While the broker does not answer (slow, failing over, paused) the greenlet
-waits in it, and the worker, whose own greenlet goes on, grants the next request to the
-next free greenlet, which waits too; when the broker answers, their bodies start at
-once, and together with the grants that follow (issue 34 (a): three starts in 36 ms at
-2/s). A greenlet that the hub reaches late (another greenlet computing without
-yielding) starts late the same way.
+On these pools the body runs on a greenlet or an executor thread of the main process.
+The main process judged the request when it handed it over (``worker/starting.py``);
+what happens between the hand-over and the body it cannot see:
 
-So each greenlet accepts its job, then judges it (``worker/pool/at_start.py``: a stale
+* gevent: the greenlet's first act is Celery's accept (``Request.on_accepted``), and on
+  a worker without an event loop that acknowledges the message there and then
+  (``Consumer.call_soon_ack``): a broker call. While the broker does not answer (slow,
+  failing over, paused) the greenlet waits in it, and the worker, whose own greenlet
+  goes on, grants the next request to the next free greenlet, which waits too; when
+  the broker answered, their bodies started at once, and together with the grants that
+  follow (three starts in 36 ms at 2/s). A greenlet that the hub reaches late (another
+  greenlet computing without yielding) starts late the same way.
+* both: before Celery 5.7 a lost broker connection empties ``reserved_requests``,
+  running requests included; counted by those, the pool looked free while its threads
+  (greenlets) ran, and a grant waited behind them (the pool slots now count running
+  requests too: ``worker/pool_slots.py``).
+
+So the greenlet accepts its job, then judges it (``worker/pool/at_start.py``: a stale
 rate grant takes a fresh token, a late throttle run moves its window), then runs it:
 just before the body, and before Celery's hard time limit starts (gevent's ``Timeout``
-around the job; gevent has no soft limit), so that no limit cuts the wait. The message
-is acknowledged before the wait, as Celery acknowledges it before the body; a worker
-that dies meanwhile loses the run as it would lose a running one.
+around the job; gevent has no soft limit), so that no limit cuts the wait. Its message
+is acknowledged before the wait, as Celery acknowledges it before the body. On threads
+the event loop acknowledges the message, so the thread judges the job first, then
+accepts it (no time limits there): nothing is acknowledged while it waits. Solo runs the
+body as it is handed over: the main process's judgement is the last one.
 
-Threads: Celery's threads pool runs on the worker's event loop, which acknowledges the
-message (``call_soon_ack`` defers it to the loop) and sends the task-started event; the
-executor thread only marks the request active and runs the body, and a request is
-handed over only when a thread is free for it (``worker/pool_slots.py``). Nothing is
-judged there. Solo runs the body as it is handed over.
-
-The private names used here are checked by ``internals.gevent_pool``.
+The private names used here are checked by ``internals.gevent_pool`` and
+``internals.threads_pool``.
 """
 
 from __future__ import annotations
