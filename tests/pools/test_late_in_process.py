@@ -36,6 +36,14 @@ START_JITTER_US = 250_000
 OBSERVER_DB = 3
 
 
+def acks_on_the_greenlet() -> bool:
+    """Whether gevent's accept acknowledges the message on the body's greenlet (Celery
+    5.7: ``Consumer.call_soon_ack``); before, the worker's own loop did, later."""
+    from celery.worker.consumer.consumer import Consumer
+
+    return hasattr(Consumer, "call_soon_ack")
+
+
 @pytest.fixture
 def store_observer(store_server: StoreServer, store_url: str) -> Iterator[Observer]:
     """An Observer on the store server: its clock, and not paused with the broker."""
@@ -78,7 +86,7 @@ def test_rate_grants_held_up_before_the_body_do_not_start_together(
     starts = [s["start"] for s in store_observer.started() if s["key"] == "rated"]
     assert len(starts) == count
     assert_gcra_bound(starts, 2.0, burst=1, tolerance_us=START_JITTER_US)
-    if pool == "gevent":  # judged on the greenlet (threads: nothing held it up)
+    if pool == "gevent" and acks_on_the_greenlet():  # judged on the greenlet
         assert "after its rate grant" in worker.log_text()
 
 
@@ -118,7 +126,8 @@ def test_a_throttled_run_held_up_before_the_body_keeps_its_window(
         if after - before < window * 1_000_000 - START_JITTER_US
     ]
     assert not close, f"two starts of one throttle key closer than its {window:g} s window: {close}"
-    assert "after its throttle window opened" in a.log_text()
+    if acks_on_the_greenlet():
+        assert "after its throttle window opened" in a.log_text()
 
 
 @pytest.mark.parametrize("pool", ["threads", "gevent"])
