@@ -15,7 +15,9 @@ now (throttle_started.lua): its window is moved to count from now (never shorten
 or, if it ran out and another run opened the next one meanwhile, the run waits for
 that window to end and opens the one after it. Every two starts of a key are then a
 window apart, on the store's clock. A run whose window another run took is not dropped
-(``throttle_mode="drop"``): it was admitted, and runs in a later window.
+(``throttle_mode="drop"``): it was admitted, and runs in a later window. A store that
+does not answer is asked again every ``_STORE_RETRY`` s, as for a rate's fresh token:
+the run waits, holding its process.
 
 Where the judgement is made: a prefork process judges as it takes the job from its
 pipe, before it accepts it (``worker/pool/prefork.py``): no time limit runs and nothing
