@@ -33,6 +33,14 @@ kombu's virtual ``QoS.append``                         left unacked are put back
 ``_busy_workers``, ``outbound_buffer``,                a process that is leaving, and
 ``_fileno_to_inq``, ``_maxtasksperchild``;             a fresh rate token waited for
 billiard's ``Worker._make_child_methods``              inside the time limits
+Celery's gevent ``TaskPool._quick_put`` (set by        the worker is refused at start:
+``on_start``, called by ``on_apply``)                  a rate grant or a throttle
+                                                       window would not be judged at
+                                                       the body's start
+Celery's threads ``TaskPool.on_apply``'s               the worker is refused at start:
+``accept_callback``                                    a rate grant or a throttle
+                                                       window would not be judged at
+                                                       the body's start
 ``Request._announce_revoked``                          a revoked admitted run is given
                                                        back from Celery's
                                                        ``task_revoked`` signal
@@ -354,6 +362,48 @@ def prefork_pool_classes(task_pool: Any) -> tuple[type, type] | None:
         )
         return None
     return asyn, blocking
+
+
+#: Celery's gevent pool, as ``worker/pool/in_process.py`` extends it: ``on_start`` sets
+#: ``_quick_put`` (the gevent pool's ``spawn``), which ``on_apply`` calls with
+#: ``(apply_timeout or apply_target, target, args, kwargs, callback, accept_callback,
+#: getpid, timeout=..., timeout_callback=...)``.
+GEVENT_POOL_NAMES = ("on_start", "on_apply", "_quick_put")
+
+
+def gevent_pool(task_pool: Any) -> bool | None:
+    """True when ``task_pool`` is Celery's gevent ``TaskPool`` shaped as
+    ``worker/pool/in_process.py`` expects; None when it is another pool; False when it
+    is Celery's gevent pool without those names (logged once)."""
+    cls = type(task_pool)
+    if cls.__module__ != "celery.concurrency.gevent" or cls.__name__ != "TaskPool":
+        return None
+    missing = _names_of(cls, GEVENT_POOL_NAMES)
+    if missing:
+        unavailable(
+            f"celery's gevent TaskPool {', '.join(missing)}", "the worker is refused at start"
+        )
+        return False
+    return True
+
+
+def threads_pool(task_pool: Any) -> bool | None:
+    """True when ``task_pool`` is Celery's threads ``TaskPool`` and its ``on_apply``
+    takes the ``accept_callback`` it calls on the executor thread before the body
+    (``worker/pool/in_process.py``); None when it is another pool; False when it is
+    Celery's threads pool without it (logged once)."""
+    import inspect
+
+    cls = type(task_pool)
+    if cls.__module__ != "celery.concurrency.thread" or cls.__name__ != "TaskPool":
+        return None
+    on_apply = getattr(cls, "on_apply", None)
+    if on_apply is None or "accept_callback" not in inspect.signature(on_apply).parameters:
+        unavailable(
+            "celery's threads TaskPool.on_apply(accept_callback)", "the worker is refused at start"
+        )
+        return False
+    return True
 
 
 def pool_job_cache(task_pool: Any) -> dict[Any, Any] | None:

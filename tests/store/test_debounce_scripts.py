@@ -16,6 +16,7 @@ from celery_baton.core.debounce import (
     FlowPolicy,
     Outcome,
     parse_decision,
+    throttle_started,
 )
 from celery_baton.core.keys import KeyNames
 from celery_baton.store.connection import Store, connect
@@ -105,6 +106,31 @@ def test_throttle_drop_and_trailing(store: Store) -> None:
     run = decide(store, trailing, "c", key)
     assert run.outcome is Outcome.RUN and run.stands_for == ("b",)
     assert decide(store, trailing, "d", key).outcome is Outcome.WAIT  # a new window
+
+
+def started(store: Store, policy: FlowPolicy, task_id: str, key: str) -> float:
+    _script, keys, args = policy.started_call(key, task_id)
+    return throttle_started(store, keys, args)
+
+
+def test_a_late_start_moves_its_window_or_waits_for_the_next(store: Store) -> None:
+    """throttle_started.lua (a run its pool process started late): its own window moves
+    to count from its start; one another run took meanwhile is waited for, then its own."""
+    drop = FlowPolicy(FlowKind.THROTTLE, 0.4, None)
+    key = TH + "late"
+    assert decide(store, drop, "a", key).outcome is Outcome.RUN
+    time.sleep(0.3)
+    assert started(store, drop, "a", key) == 0.0  # starts now: the window counts from now
+    time.sleep(0.2)  # 0.5 s after a's admission, 0.2 s after its start
+    assert decide(store, drop, "b", key) == FlowDecision(Outcome.SKIP, holder="a")
+    time.sleep(0.25)
+    assert decide(store, drop, "c", key).outcome is Outcome.RUN  # a's moved window ended
+    # a's copy started (again) late, after c took the next window: it waits for its end.
+    wait = started(store, drop, "a", key)
+    assert 0.0 < wait <= 0.4
+    time.sleep(wait)
+    assert started(store, drop, "a", key) == 0.0  # then opens the next window itself
+    assert decide(store, drop, "d", key) == FlowDecision(Outcome.SKIP, holder="a")
 
 
 def test_the_memory_of_runs_is_kept_for_two_generations(store: Store, r: redis.Redis) -> None:

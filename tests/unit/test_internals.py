@@ -233,6 +233,45 @@ def test_the_prefork_pool_reports_its_processes_and_reads_jobs_where_we_extend_i
     assert internals.prefork_pool_classes(custom) is None
 
 
+def test_the_gevent_pool_spawns_each_job_through_the_name_we_extend() -> None:
+    import inspect
+
+    from celery.concurrency import gevent as green
+    from celery.concurrency.solo import TaskPool as Solo
+
+    pool = object.__new__(green.TaskPool)  # its type is what is judged: gevent not loaded
+    assert internals.gevent_pool(pool) is True
+    assert internals.gevent_pool(object.__new__(Solo)) is None
+    # on_apply spawns (run, target, args, kwargs, callback, accept_callback, getpid, ...)
+    # through _quick_put, which on_start sets (worker/pool/in_process.py wraps it).
+    assert "self._quick_put = " in inspect.getsource(green.TaskPool.on_start)
+    source = inspect.getsource(green.TaskPool.on_apply)
+    assert "self._quick_put(apply_timeout if timeout else apply_target," in source
+    assert "target, args, kwargs, callback, accept_callback,\n" in source
+    assert params(green.apply_timeout)[:6] == [
+        "target",
+        "args",
+        "kwargs",
+        "callback",
+        "accept_callback",
+        "getpid",
+    ]
+    assert params(green.apply_target)[:6] == params(green.apply_timeout)[:6]
+
+
+def test_the_threads_pool_calls_the_accept_callback_on_its_thread_before_the_body() -> None:
+    import inspect
+
+    from celery.concurrency import base
+    from celery.concurrency.thread import TaskPool
+
+    assert internals.threads_pool(object.__new__(TaskPool)) is True
+    assert "accept_callback" in inspect.signature(TaskPool.on_apply).parameters
+    # apply_target (run on the executor thread) accepts, then runs the body.
+    source = inspect.getsource(base.apply_target)
+    assert source.index("accept_callback(") < source.index("target(*args, **kwargs)")
+
+
 def test_celery_ends_revoked_and_cancelled_requests_through_the_hooks_we_extend() -> None:
     assert internals.missing_request_hooks(Request) == []
     # request.py reads `terminated` as the second argument.

@@ -94,6 +94,27 @@ class FlowPolicy:
             [task_id, _ms(self.seconds), self.mode, retention, channel],
         )
 
+    def started_call(self, key: str, task_id: str) -> tuple[str, list[str], list[Any]]:
+        """The script, KEYS and ARGV that move a throttled run's window to its start,
+        when its pool process starts it late (throttle_started.lua)."""
+        assert self.kind is FlowKind.THROTTLE
+        return (
+            "throttle_started",
+            [key],
+            [task_id, _ms(self.seconds), _ms(self.retention)],
+        )
+
+
+def throttle_started(store: Store, keys: Sequence[str], args: Sequence[Any]) -> float:
+    """throttle_started.lua (``FlowPolicy.started_call``): 0.0 when the run starts now
+    (its window counts from now), else how long (s) until another run's window ends.
+    Raises StoreUnavailable."""
+    try:
+        reply = store.scripts.call("throttle_started", keys, args)
+    except STORE_ERRORS as exc:
+        raise store.unavailable(exc) from exc
+    return 0.0 if int(reply[0]) == 1 else max(int(reply[1]) / 1000, 0.001)
+
 
 def debounce_keys(key: str) -> list[str]:
     return [key, f"{key}:ids", f"{key}:ran", f"{key}:ran0"]

@@ -56,6 +56,7 @@ SCRIPT_NAMES = (
     "debounce_record",
     "debounce_decide",
     "throttle_decide",
+    "throttle_started",
     "cancel_mark",
     "cancel_id",
     "cancel_key",

@@ -510,6 +510,8 @@ class Admission:
 
     def _apply_flow(self, delivery: Delivery, decision: flow.FlowDecision) -> None:
         outcome = flow.outcome(delivery, decision)
+        if isinstance(outcome, Start):  # its window opened after this ask was sent
+            delivery.flow_asked_at = delivery.asked_at
         if isinstance(outcome, Skip):
             self._skip(delivery, outcome)
         elif isinstance(outcome, Wait):

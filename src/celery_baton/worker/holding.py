@@ -80,6 +80,7 @@ class Delivery:
     denied_since: float | None = None  # when an exclusive refusal was first seen
     asking: bool = False  # a gate call for it is in flight
     asked_at: float = 0.0  # when the last gate call for it was sent
+    flow_asked_at: float = 0.0  # when its debounce/throttle decision was asked, if it ran
     queue_key: str | None = None  # the wait queue it sits in
     celery_rate: float | None = None  # Celery's rate_limit its plan was made with
     # Pool slots (worker/pool_slots.py): asked only while one is reserved for it.

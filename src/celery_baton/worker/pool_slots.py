@@ -29,8 +29,9 @@ Two ways to know that a process is free, chosen once per worker:
   take the process a granted request was asked for.
 * ``CountedSlots``: pools that queue inside themselves (threads, gevent, eventlet,
   solo, prefork without the event loop). Requests handed to the pool are counted until
-  Celery calls them ready (``worker.state.reserved_requests``); the waiters are looked
-  at again on a short timer while any wait.
+  Celery calls them ready (``worker.state.reserved_requests``, and ``active_requests``,
+  which a lost broker connection does not empty before Celery 5.7); the waiters are
+  looked at again on a short timer while any wait.
 
 Waiting for a slot costs no prefetch beyond what a plain request waiting for the pool
 costs: the message stays unacknowledged and counts in the window, as Celery's own
@@ -155,8 +156,11 @@ class CountedSlots:
             pool.on_change = self._serve
 
     def _free(self) -> int:
-        ready = worker_state.reserved_requests
-        self._in_pool = [request for request in self._in_pool if request in ready]
+        # A request leaves the pool when Celery calls it ready: both sets drop it then.
+        # Before Celery 5.7 a lost broker connection empties reserved_requests, running
+        # requests included (Consumer.on_close), while they still hold their threads.
+        reserved, active = worker_state.reserved_requests, worker_state.active_requests
+        self._in_pool = [r for r in self._in_pool if r in reserved or r in active]
         free = self.limit - len(self._in_pool) - self._reserved
         if self._startable is not None:
             free = min(free, self._startable() - self._reserved)

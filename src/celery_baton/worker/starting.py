@@ -31,6 +31,7 @@ from celery_baton.worker.pool.context import FENCE_FIELD
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
 from celery_baton.worker.pool.rate_grant import mark as mark_rate_grant
 from celery_baton.worker.pool.run_end import mark as mark_run_end
+from celery_baton.worker.pool.throttle_start import mark as mark_throttle
 from celery_baton.worker.pool_slots import PoolSlots
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.request import attach
@@ -100,6 +101,13 @@ class Starting:
             due = delivery.start_due if start.start_after > 0 else delivery.asked_at
             mark_rate_grant(
                 request.request_dict, delivery.plan.conditions, delivery.plan.owner, due
+            )
+            mark_throttle(
+                request.request_dict,
+                delivery.policy.flow,
+                delivery.plan.flow_key,
+                request.id,
+                delivery.flow_asked_at,
             )
         if start.start_after > 0:
             # A reserved rate slot: hold it, and its pool slot, until the slot's instant.

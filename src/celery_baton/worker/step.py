@@ -126,16 +126,39 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def _prepare_pool(task_pool: Any) -> None:
     """Celery's prefork pool, about to start: its processes say when one can start a
-    request, and judge a late rate grant before they accept the job (pool/prefork.py).
+    request, and judge a late rate grant or throttle before they accept the job
+    (pool/prefork.py); Celery's gevent pool judges them on the greenlet
+    (pool/in_process.py).
     A prefork pool that cannot be told so is refused: its limits would not hold."""
     # Imported here, by a worker: the prefork pool's modules are not a client's.
     from celery.concurrency.prefork import TaskPool
 
-    from celery_baton.worker.pool import green, prefork
+    from celery_baton.worker.pool import green, in_process, prefork
 
+    green.install(task_pool)  # gevent, eventlet: a reconnect lets the greenlets run
+
+    gevent = internals.gevent_pool(task_pool)
+    if gevent is False:
+        raise ConfigError(
+            "Celery's gevent pool is not as celery-baton knows it (on_start sets "
+            "_quick_put): a rate grant or a throttle window would not be judged at the "
+            "task's start"
+        )
+    if gevent:
+        in_process.install(task_pool)  # judged on the greenlet, before the body
+        return
+    threads = internals.threads_pool(task_pool)
+    if threads is False:
+        raise ConfigError(
+            "Celery's threads pool is not as celery-baton knows it (on_apply takes "
+            "accept_callback): a rate grant or a throttle window would not be judged at "
+            "the task's start"
+        )
+    if threads:
+        in_process.install_threads(task_pool)  # judged on the thread, before the body
+        return
     if not isinstance(task_pool, TaskPool):
-        green.install(task_pool)  # gevent, eventlet: a reconnect lets the greenlets run
-        return  # solo, threads, gevent, eventlet: tasks start in the main process
+        return  # solo, eventlet: tasks start in the main process
     refused = prefork.install(task_pool)
     if refused is not None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")

@@ -19,11 +19,11 @@ joins a leaving process and forks its replacement as soon as it can be reaped.
 and acknowledges its message (``acks_late=False``), when the pool process accepts the
 job, before ``task_prerun``. A fresh rate token waited for there was cut by a soft
 limit (the body then started without one) or killed by a hard one (the message was
-consumed, the body never ran). So the pool process judges a rate grant as it takes the
-job from its pipe, before it accepts it (``AcceptingWorker``; the judgement is in
-``worker/pool/rate_grant.py``): no limit runs and nothing is acknowledged while it
-waits, and if the process dies meanwhile Celery gives the job, never accepted, to
-another process.
+consumed, the body never ran). So the pool process judges a rate grant, and a
+throttle's window, as it takes the job from its pipe, before it accepts it
+(``AcceptingWorker``; the judgements are in ``worker/pool/at_start.py``): no limit
+runs and nothing is acknowledged while it waits, and if the process dies meanwhile
+Celery gives the job, never accepted, to another process.
 
 The private names used here are checked by ``internals.prefork_pool_classes``.
 """
@@ -37,7 +37,7 @@ from typing import Any
 from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 
-from celery_baton.worker.pool import rate_grant
+from celery_baton.worker.pool import at_start
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -60,7 +60,7 @@ def _judging(receive: Callable[[], Any]) -> Callable[[], Any]:
     def wait_for_job() -> Any:
         job = receive()
         if job:
-            rate_grant.judge_before_accept(job)
+            at_start.judge_before_accept(job)
         return job
 
     return wait_for_job

@@ -9,10 +9,11 @@ pool's write to the child's pipe). The body then starts late, and together with 
 grants that follow: two starts at once of a limit of one a second.
 
 So the request carries its grant's moment and its rate conditions, and the pool process
-looks at the clock when it takes the job from its pipe (``judge_before_accept``, called
-by ``worker/pool/prefork.py``). Later than ``STALE_GRANT``: the grant's token is left
-spent (the error is on the limit's side) and a fresh one is taken, waiting for it as
-the gate says; the process is busy meanwhile, which only such a late start pays.
+looks at the clock when it takes the job from its pipe (``judge``, called through
+``worker/pool/at_start.py`` by ``worker/pool/prefork.py``). Later than
+``STALE_GRANT``: the grant's token is left spent (the error is on the limit's side)
+and a fresh one is taken, waiting for it as the gate says; the process is busy
+meanwhile, which only such a late start pays.
 
 It is judged there, before the process accepts the job, not in ``task_prerun``: Celery
 starts a job's time limits, and acknowledges its message (``acks_late=False``), when the
@@ -22,8 +23,8 @@ ended by a hard one (the process killed, the message consumed, the body never ru
 Before the accept, no limit runs and the message is the broker's; a process that dies
 while it waits leaves the job unaccepted, and Celery writes it to another process.
 
-Without a pool process (solo, threads, gevent) the body starts in the main process,
-which judged it already: nothing is done here.
+Without a pool process the body starts in the main process: a gevent greenlet judges
+it before the body (``worker/pool/in_process.py``, where threads and solo are said).
 
 ``time.monotonic()`` is one clock for every process of a machine (Linux's
 ``CLOCK_MONOTONIC``), so the main process's moment can be read in its pool process.
@@ -84,24 +85,16 @@ def conditions_of(rates: Sequence[tuple[str, Sequence[Any]]]) -> list[Condition]
     return [_RATE_KINDS[kind](*fields) for kind, fields in rates]
 
 
-def judge_before_accept(job: Any) -> None:
-    """In the pool process, a job just read from its pipe: if it carries a rate grant
-    handed over too long ago, a fresh token is taken before the process accepts it.
-
-    ``job`` is billiard's ``(TASK, (job, i, fun, args, kwargs))``; Celery's ``args`` are
-    ``(task name, task id, request dict, body, content type, encoding)``."""
-    try:
-        _kind, (_job, _i, _fun, args, _kwargs) = job
-        name, task_id, request_dict = args[0], args[1], args[2]
-        fields = request_dict.get(RATE_GRANT_FIELD) if isinstance(request_dict, dict) else None
-    except (TypeError, ValueError, IndexError):
-        return  # not a Celery task's job: nothing of ours in it
+def judge(name: str, task_id: str, request_dict: Any) -> None:
+    """Just before the body of ``task_id`` starts (``worker/pool/at_start.py``): if it
+    carries a rate grant handed over too long ago, a fresh token is taken first."""
+    fields = request_dict.get(RATE_GRANT_FIELD) if isinstance(request_dict, dict) else None
     if not fields:
         return
     try:
-        main_pid, due, owner, rates = fields
+        _main_pid, due, owner, rates = fields
         late = time.monotonic() - due
-        if main_pid == os.getpid() or late <= STALE_GRANT:
+        if late <= STALE_GRANT:
             return
         logger.info(
             "%s[%s] reached its pool process %.2fs after its rate grant: taking a fresh "

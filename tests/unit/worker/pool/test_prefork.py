@@ -45,7 +45,7 @@ def test_a_pool_already_started_is_refused() -> None:
 
 
 def test_a_job_that_is_not_a_celery_tasks_is_left_alone() -> None:
-    from celery_baton.worker.pool.rate_grant import judge_before_accept
+    from celery_baton.worker.pool.at_start import judge_before_accept
 
     judge_before_accept((2, (1, None, print, (), {})))  # no Celery request in it
     judge_before_accept((2, (1, None, print, ("t", "id", {"other": 1}), {})))

@@ -1,0 +1,77 @@
+"""What is judged again where a task body starts, after the main process handed it over.
+
+The main process judges a request when it hands it to the pool; what happens after the
+hand-over it cannot see. So a request carries what must hold at its start, and the
+process, thread or greenlet that starts the body judges it just before:
+
+* a rate grant read too late takes a fresh token (``worker/pool/rate_grant.py``);
+* a throttle window opened too long ago counts from the start (``throttle_start.py``).
+
+``judge_before_accept`` is called by a prefork pool process on the job it just read
+from its pipe (``worker/pool/prefork.py``); ``judge`` by the thread or greenlet that
+runs the body on the threads and gevent pools (``worker/pool/in_process.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from celery import current_app
+
+from celery_baton.parts import parts_for
+from celery_baton.worker.pool import rate_grant, throttle_start
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: Fields of a request whose presence asks for a judgement; a request without any of
+#: them (most) costs a dict lookup each.
+_FIELDS = (rate_grant.RATE_GRANT_FIELD, throttle_start.THROTTLE_FIELD)
+
+
+def task_request(args: Sequence[Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """The task name, id and request dict of Celery's ``trace_task_ret`` ``args``
+    (``(task name, task id, request dict, body, content type, encoding)``)."""
+    try:
+        name, task_id, request_dict = args[0], args[1], args[2]
+    except (TypeError, IndexError, KeyError):
+        return None
+    if not isinstance(request_dict, dict) or not isinstance(name, str):
+        return None
+    return name, task_id, request_dict
+
+
+def judge(name: str, task_id: str, request_dict: dict[str, Any]) -> None:
+    """Judge a request whose body is about to start (see the module docstring)."""
+    if not any(field in request_dict for field in _FIELDS):
+        return
+    rate_grant.judge(name, task_id, request_dict)  # a fresh token first: it may wait
+    if throttle_start.THROTTLE_FIELD in request_dict:
+        try:
+            store = parts_for(current_app.tasks[name].app).store
+            throttle_start.judge(store, name, task_id, request_dict)
+        except Exception:  # never lose the job: it runs, and the error is logged
+            logger.exception("baton: %s[%s]: judging its throttle window failed", name, task_id)
+
+
+def judge_before_accept(job: Any) -> None:
+    """In a prefork pool process, a job just read from its pipe, before it is accepted.
+
+    ``job`` is billiard's ``(TASK, (job, i, fun, args, kwargs))``. A job that the main
+    process runs itself (a pool without processes) was judged there."""
+    try:
+        _kind, (_job, _i, _fun, args, _kwargs) = job
+    except (TypeError, ValueError):
+        return  # not a Celery task's job: nothing of ours in it
+    found = task_request(args)
+    if found is None:
+        return
+    name, task_id, request_dict = found
+    fields = request_dict.get(rate_grant.RATE_GRANT_FIELD) or request_dict.get(
+        throttle_start.THROTTLE_FIELD
+    )
+    if fields and fields[0] == os.getpid():
+        return
+    judge(name, task_id, request_dict)
