@@ -40,12 +40,16 @@ def test_worker_serves_counters(workers: Workers, observer: Observer) -> None:
     from tests.apps.exclusive import ex_skip, ex_wait
 
     port = free_port()
-    workers.start(APP, concurrency=2, env={"BATON_TEST_METRICS_PORT": str(port)})
-    first = ex_skip.delay("metrics", 1.5)
+    # Three processes: the skipped duplicate's verdict needs a free one while the first
+    # run and a waiting run hold two (a held delivery asks again only when a process
+    # could start it).
+    workers.start(APP, concurrency=3, env={"BATON_TEST_METRICS_PORT": str(port)})
+    first = ex_skip.delay("metrics", 4.0)  # the duplicate arrives while it runs, loaded
     # 20 s: a store this worker finds new holds the first lease for its grace (8 s).
     observer.starts_of("metrics", 1, timeout=20)  # it holds the key: the duplicate skips
     duplicate = ex_skip.delay("metrics", 0)
-    waiting = [ex_wait.delay("mwait", 0.3) for _ in range(2)]
+    # Long enough that the second is received while the first runs, on a loaded machine.
+    waiting = [ex_wait.delay("mwait", 2.0) for _ in range(2)]
     assert first.get(timeout=20) and all(r.get(timeout=20) for r in waiting)
     duplicate.get(timeout=20, propagate=False)
 

@@ -159,6 +159,8 @@ class LeaseBook:
         # Releases that failed (the store down), retried by the renewer: each with the
         # keys it frees (said if the worker stops before they were sent).
         self._pending_releases: list[tuple[Callable[[], object], tuple[str, ...]]] = []
+        # Leases the store said were lost, reported at the next pass if their run goes on.
+        self._suspects: list[HeldLease] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -235,6 +237,28 @@ class LeaseBook:
         with self._lock:
             self._pending_releases.append((release, tuple(keys)))
 
+    def _report_losses(self, held_before: Sequence[HeldLease]) -> None:
+        """Report the leases found lost by an earlier pass whose run still goes on.
+
+        A lease is reported lost one pass after the store said so, if its owner is still
+        held then: a run whose end this process had not heard of yet (its pool process
+        still sending its release to a store that stalled past the lease's deadline)
+        was over, not running without its lease."""
+        with self._lock:
+            due = [lease for lease in self._suspects if lease not in held_before]
+            self._suspects = [lease for lease in self._suspects if lease in held_before]
+            lost = [lease for lease in due if lease.owner in self._held]
+        for lease in lost:
+            self.losses += 1
+            metrics.lease_losses.inc()
+            logger.error(
+                "lease lost: %s held by %s expired, was unlocked or taken over",
+                lease.key,
+                lease.owner,
+            )
+            if self.on_lost:
+                self.on_lost(lease.owner, lease.key)
+
     def _drop(self, lease: HeldLease) -> None:
         with self._lock:
             current = self._held.get(lease.owner)
@@ -292,17 +316,11 @@ class LeaseBook:
                             for x in current
                         ]
                 if renewal.status == LOST:
-                    self.losses += 1
-                    metrics.lease_losses.inc()
-                    logger.error(
-                        "lease lost: %s held by %s expired, was unlocked or taken over",
-                        lease.key,
-                        lease.owner,
-                    )
-                    if self.on_lost:
-                        self.on_lost(lease.owner, lease.key)
+                    with self._lock:
+                        self._suspects.append(lease)
                 else:
                     logger.warning("lease re-asserted after the store lost it: %s", lease.key)
+        self._report_losses(held_before=held)
         self._keep_claims()
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []
