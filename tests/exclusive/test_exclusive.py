@@ -201,6 +201,31 @@ def test_a_skipped_duplicate_is_reported(workers: Workers, observer: Observer) -
     assert f"[{duplicate.id}] held for" not in log, log[-3000:]
 
 
+def test_a_duplicate_is_skipped_while_the_pool_is_busy_with_other_work(
+    workers: Workers, observer: Observer
+) -> None:
+    """A "skip" duplicate is held a quarter second for a release in flight, then asked
+    again. It used to wait for a free pool process to ask again: with the pool busy with
+    other work it asked only after its holder had ended, and ran (a duplicate delivered
+    while its key was held, run instead of skipped). A skip needs no process."""
+    from celery_baton import TaskSkipped
+    from tests.apps.exclusive import ex_skip, ex_wait
+
+    workers.start(APP, concurrency=2)
+    holder = ex_skip.delay("busy-pool", 5.0)
+    observer.starts_of("busy-pool")
+    duplicate = ex_skip.delay("busy-pool", 0)
+    # The other process: a backlog longer than the holder's run, queued behind the
+    # duplicate's first ask.
+    fillers = [ex_wait.delay(f"filler-{i}", 2.5) for i in range(3)]
+
+    with pytest.raises(TaskSkipped):
+        duplicate.get(timeout=30)
+    assert holder.get(timeout=30)
+    assert all(r.get(timeout=60) for r in fillers)
+    assert [r.task_id for r in observer.runs() if r.key == "busy-pool"] == [holder.id]
+
+
 CLIENT = """
 import sys
 from celery_baton import TaskSkipped

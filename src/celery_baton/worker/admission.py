@@ -189,7 +189,7 @@ class Admission:
         """Ask the gate for ``delivery`` once a pool process can start it now: a token
         spent or a lease granted while the request waits behind other work would be
         judged at the wrong moment (worker/pool_slots.py)."""
-        if delivery.slot or not delivery.at_start:
+        if delivery.slot or not delivery.at_start or delivery.skip_grace:
             self._decide(delivery)
         elif not delivery.waiting_slot:
             delivery.waiting_slot = True
@@ -463,6 +463,7 @@ class Admission:
             self.cancelling.revoke(request, "cancelled by id")
             return
         now = time.monotonic()
+        delivery.skip_grace = False  # set again below for a skip grace's wait only
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
         if decision.note:
@@ -502,6 +503,7 @@ class Admission:
                 self.stats["throttled"] += 1
                 outcomes.throttle(request, outcome.key, decision.retry_after)
             newer = outcome.reason is Reason.EXCLUSIVE and not delivery.held
+            delivery.skip_grace = outcome.quiet
             self.holding.hold(delivery, outcome)
             if newer and delivery.plan.supersede_key:
                 # A newer publish waits now: the older ones held here are superseded;

@@ -92,6 +92,10 @@ class Delivery:
     ahead: Any = None
     ahead_timer: Any = None
     asked_ahead: bool = False  # once at most: a refusal is not asked again before its slot
+    # A "skip" duplicate held for a release in flight (verdict.SKIP_GRACE): asked again
+    # without waiting for a pool process, since its answer is most likely a skip, which
+    # needs none (with the pool busy it asked only after its holder ended, and ran).
+    skip_grace: bool = False
     # The key its last task-baton-held event named, and why (worker/events.py).
     announced: str | None = None
     announced_reason: str = ""
