@@ -35,7 +35,7 @@ from typing import Any
 import redis
 from celery import Task
 
-from celery_baton import fence
+from celery_baton import Call, fence
 from celery_baton.signals import task_skipped
 from tests.apps.factory import make_baton_app, observer
 
@@ -47,6 +47,15 @@ RATE = 4.0  # per second
 BURST = 2
 #: Where the worker's main process records skips (observer server, observer db).
 SKIPPED = "soak:skipped"
+#: ``ordered_gap_timeout`` of :func:`inorder` (seconds): above the broker's redelivery of a
+#: killed worker's messages (VISIBILITY, then a restore each second), so a killed call
+#: comes back before its position is skipped, and short enough to drain a key that lost
+#: a call (kombu's transport window) within the soak's drain.
+ORDERED_GAP = 30.0
+#: :func:`batched`'s batches: up to this many calls of one key, or ``BATCH_WAIT`` s after the
+#: first of them arrived.
+BATCH_SIZE = 5
+BATCH_WAIT = 0.3
 
 app, baton = make_baton_app(
     "soak",
@@ -178,3 +187,23 @@ def tick(self: Task, entry: str) -> None:
     """A beat entry's run, keyed ``beat:<entry>|<slot ms>`` (slot from the message)."""
     slot = getattr(self.request, "baton_beat_slot", None)
     observer().run(f"beat:{entry}|{slot}", task_id=self.request.id)
+
+
+@app.task(bind=True, ordered="key", ordered_gap_timeout=ORDERED_GAP, **_LATE)
+def inorder(self: Task, key: str, seq: int, sleep: float) -> int:
+    """Call ``seq`` of ordered ``key`` (the publisher numbers each key's calls in its
+    publish order): one at a time per key, in publish order, on any worker."""
+    observer().run(f"inorder:{key}", sleep=sleep, task_id=self.request.id)
+    return seq
+
+
+@app.task(batch="key", batch_size=BATCH_SIZE, batch_wait=BATCH_WAIT, **_LATE)
+def batched(calls: list[Call]) -> list[str]:
+    """Calls of one ``key`` run together; one observed run per batch, keyed
+    ``batched:<the keys of its calls>`` (``|``-joined: a run that mixed keys shows it), its
+    call ids ``,``-joined as its task id. Each call's result names its own call:
+    ``<key>:<n>:<call id>``."""
+    keys = "|".join(sorted({str(c.kwargs.get("key")) for c in calls}))
+    sleep = max(float(c.kwargs.get("sleep", 0.0)) for c in calls)
+    observer().run(f"batched:{keys}", task_id=",".join(c.id for c in calls), sleep=sleep)
+    return [f"{c.kwargs['key']}:{c.kwargs['n']}:{c.id}" for c in calls]

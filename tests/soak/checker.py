@@ -10,7 +10,8 @@ docs/failure.md) and are counted apart, never silently dropped.
 The checks (each a function named ``check_*``), a module of :mod:`tests.soak.checks` per
 group, each describing its checks: :mod:`~tests.soak.checks.exclusive` (``exclusive``,
 ``concurrency``, ``unique``), :mod:`~tests.soak.checks.once` (``guard``, ``beat``),
-:mod:`~tests.soak.checks.rate` (``rate-start``, ``rate``) and
+:mod:`~tests.soak.checks.rate` (``rate-start``, ``rate``),
+:mod:`~tests.soak.checks.keyed` (``ordered``, ``batched``) and
 :mod:`~tests.soak.checks.accounting` (``accounting``). They read the
 :mod:`~tests.soak.checks.history`, built by :mod:`~tests.soak.checks.records`, through
 :mod:`~tests.soak.checks.spans`. Every public name of those modules is importable from
@@ -42,6 +43,7 @@ from tests.soak.checks.history import (
     Skip,
     load_history,
 )
+from tests.soak.checks.keyed import check_batched, check_ordered
 from tests.soak.checks.once import check_beat, check_guard
 from tests.soak.checks.rate import START_TOLERANCE, check_rate
 from tests.soak.checks.records import (
@@ -49,6 +51,7 @@ from tests.soak.checks.records import (
     crash_reason,
     lost_lease_task_ids,
     merge_runs,
+    ordered_log_notes,
     received_task_ids,
 )
 from tests.soak.checks.spans import (
@@ -77,6 +80,8 @@ def check(history: History, seed: int | None = None) -> Report:
     check_guard(history, spans, report)
     check_beat(history, spans, report)
     check_rate(history, history.runs, report)
+    check_ordered(history, spans, report)
+    check_batched(history, spans, report)
     if history.limits.pool_size:
         report.counts["pool saturated %"] = saturation(spans, history.limits.pool_size)
         report.counts["busy runs"] = sum(1 for r in history.runs if r.key == "busy")
@@ -112,16 +117,19 @@ __all__ = [
     "broker_moments",
     "check",
     "check_accounting",
+    "check_batched",
     "check_beat",
     "check_concurrency",
     "check_exclusive",
     "check_guard",
+    "check_ordered",
     "check_rate",
     "check_unique",
     "crash_reason",
     "load_history",
     "lost_lease_task_ids",
     "merge_runs",
+    "ordered_log_notes",
     "received_task_ids",
     "saturation",
 ]

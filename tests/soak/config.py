@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: What the publisher sends (each a task of tests.apps.soak); ``--only`` picks some.
-PUBLISH_KINDS = ("ex_skip", "ex_wait", "capped", "uq", "guarded", "rated", "busy")
+PUBLISH_KINDS = (
+    "ex_skip", "ex_wait", "capped", "uq", "guarded", "rated", "inorder", "batched", "busy",
+)  # fmt: skip
 
 
 @dataclass

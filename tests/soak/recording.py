@@ -19,6 +19,7 @@ from tests.soak.checker import (
     broker_moments,
     lost_lease_task_ids,
     merge_runs,
+    ordered_log_notes,
     received_task_ids,
 )
 from tests.soak.config import SoakConfig
@@ -27,6 +28,8 @@ from tests.support.observer import RUNS, STARTED
 from tests.support.servers import StoreServer
 
 SKIPPED = "soak:skipped"  # tests.apps.soak.SKIPPED, without importing the app here
+#: The kinds whose results' values the checker reads (each caller's own result).
+VALUED = ("inorder", "batched")
 
 
 class Recorder:
@@ -84,17 +87,27 @@ class Recorder:
         ]
         ids = sorted({p.task_id for p in self.published} | {s.task_id for s in skips})
         results: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        judged = {p.task_id for p in self.published if p.task in VALUED}
         pipe = self.results_db.pipeline(transaction=False)
         for task_id in ids:
             pipe.get(f"celery-task-meta-{task_id}")
         for task_id, raw in zip(ids, pipe.execute(), strict=True):
             if raw:
-                results[task_id] = _state(json.loads(raw))
+                meta = json.loads(raw)
+                results[task_id] = _state(meta)
+                if task_id in judged:
+                    values[task_id] = meta.get("result")
         lost: set[str] = set()
         received: set[str] = set()
         moments: dict[str, tuple[int, bool]] = {}
+        order_skips: list[tuple[str, str]] = []
+        order_lost: set[str] = set()
         for machine in self.machines:
             logs = machine.logs()
+            gaps, placed_lost = ordered_log_notes(logs)
+            order_skips += gaps
+            order_lost |= placed_lost
             lost |= lost_lease_task_ids(logs)
             received |= received_task_ids(logs)
             for task_id, moment in broker_moments(logs).items():
@@ -108,6 +121,9 @@ class Recorder:
             lost_leases=lost,
             received=received,
             to_broker={task_id: at for task_id, (at, handed) in moments.items() if handed},
+            values=values,
+            order_skips=order_skips,
+            order_lost=order_lost,
             limits=Limits(
                 lease_ttl=self.config.lease_ttl,
                 cap=self.module.CAP,
@@ -116,6 +132,7 @@ class Recorder:
                 # visibility_timeout, then a restore each second under a 5 s mutex.
                 redelivery=self.module.VISIBILITY + 10.0,
                 pool_size=self.config.machines * self.config.concurrency,
+                ordered_gap=self.module.ORDERED_GAP,
             ),
         )
 
@@ -134,4 +151,5 @@ def _dump(history: History) -> str:
     data = asdict(history)
     data["lost_leases"] = sorted(history.lost_leases)
     data["received"] = sorted(history.received or ())
+    data["order_lost"] = sorted(history.order_lost)
     return json.dumps(data, indent=1, default=str)

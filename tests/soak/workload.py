@@ -4,6 +4,11 @@ A publisher thread sends every kind of task at a moderate rate and records what 
 and what it was told (deduplicated into which id, or the publish failed). A second one
 sends plain ``busy`` tasks in surges that take every pool process for seconds at a
 time, so that guarded requests meet saturated pools, as on a real worker.
+
+Ordered calls (``inorder``) carry their key's sequence number, counted by this one
+publisher thread in its publish order (a failed publish takes its number too: the
+checker reads each call's from what was recorded). Batched calls (``batched``) come in
+bursts of one key, so that some batches fill and others run on their wait.
 """
 
 from __future__ import annotations
@@ -37,12 +42,16 @@ class Workload:
 
     def _publish_loop(self) -> None:
         rng = self.publish_rng
-        weighted = {"ex_skip": 2, "ex_wait": 2, "capped": 2, "uq": 2, "guarded": 1.5, "rated": 1.5}
+        weighted = {
+            "ex_skip": 2, "ex_wait": 2, "capped": 2, "uq": 2, "guarded": 1.5, "rated": 1.5,
+            "inorder": 2.5, "batched": 1.5,
+        }  # fmt: skip
         kinds = [k for k in weighted if not self.config.only or k in self.config.only]
         if not kinds:
             return  # --only busy
         weights = [weighted[k] for k in kinds]
         n = 0
+        seqs: dict[str, int] = {}
         while not self._stop_publishing.wait(rng.uniform(*self.config.publish_gap)):
             kind = rng.choices(kinds, weights)[0]
             n += 1
@@ -67,6 +76,18 @@ class Workload:
                 if task_id:
                     with self._lock:
                         self.guarded_ids.append((task_id, sleep, stamp))
+            elif kind == "inorder":
+                key = rng.choice("pqr")
+                seqs[key] = seqs.get(key, 0) + 1
+                args = (key, seqs[key], round(rng.uniform(0.02, 0.4), 2))
+                self._send(kind, args, detail=f"key={key} seq={seqs[key]}")
+            elif kind == "batched":
+                key = rng.choice("xyz")
+                sleep = round(rng.uniform(0.05, 0.5), 2)
+                for _ in range(rng.randint(1, 7)):
+                    n += 1
+                    kwargs = {"key": key, "n": n, "sleep": sleep}
+                    self._send(kind, (), kwargs=kwargs, detail=f"key={key} n={n}")
             else:
                 # Groups of up to 8 (admitted over up to 1.5 s at 4/s, burst 2): a group
                 # that meets a saturated pool shows whether the limit holds at the start.

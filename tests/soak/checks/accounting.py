@@ -2,7 +2,8 @@
 by the worker with the reason (a skipped exclusive duplicate also has its ``TaskSkipped``
 result), a deduplicated publish (``TaskDeduplicated`` result, against a holder that was
 really queued or running), or an expiry (``REVOKED``). A skip must name a holder that was
-really running.
+really running. Ordered and batched calls are accounted for by their own checks
+(:mod:`tests.soak.checks.keyed`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from tests.soak.checks.spans import (
     _release_due,
     _Span,
 )
+
+#: Publish kinds judged by checks of their own (tests.soak.checks.keyed): ordered calls
+#: and batched calls, whose runs and refusals those checks account for.
+JUDGED_APART = ("inorder", "batched")
 
 #: Seconds around a worker's SIGKILL in which a message it was taking off the queue
 #: may be lost by kombu's Redis transport (see ``lost-in-transport``).
@@ -162,7 +167,8 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
     by_id: dict[str, list[_Span]] = defaultdict(list)
     for span in spans:
         by_id[span.run.task_id].append(span)
-    ran = {r.task_id for r in history.runs}
+    # A batch run's task id is its calls' ids, joined by commas.
+    ran = {t for r in history.runs for t in r.task_id.split(",")}
     skips: dict[str, list[Skip]] = defaultdict(list)
     for skip in history.skips:
         skips[skip.task_id].append(skip)
@@ -174,7 +180,7 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
     outcomes: dict[str, int] = defaultdict(int)
     for pub in history.published:
         outcomes[pub.outcome] += 1
-        if pub.outcome == "failed":
+        if pub.outcome == "failed" or pub.task in JUDGED_APART:
             continue
         if pub.outcome == "deduplicated":
             result = history.results.get(pub.task_id, "")
@@ -250,6 +256,8 @@ def check_accounting(history: History, spans: list[_Span], report: Report) -> No
                     f"{skip.task} {skip.task_id} coalesced at {skip.at}, and no later slot ran"
                 )
             continue
+        if skip.reason == "out-of-order" and skip.task.endswith(".inorder"):
+            continue  # refused by the gap bound: judged by the ordered check
         if skip.reason != "exclusive":
             report.violations["accounting"].append(
                 f"{skip.task} {skip.task_id} skipped for {skip.reason!r}"

@@ -94,6 +94,9 @@ class Limits:
     beat_periods: dict[str, float] = field(default_factory=lambda: {"every1": 1.0})
     #: Pool processes of all workers together (0: unknown): for the saturation count.
     pool_size: int = 0
+    #: ``ordered_gap_timeout`` of the ordered task (seconds): a position is skipped only
+    #: once its key's next call has not come for this long.
+    ordered_gap: float = 30.0
 
 
 @dataclass
@@ -115,6 +118,14 @@ class History:
     #: task id -> when (us) a worker last handed it to the broker (a hand-back at the
     #: horizon, or a put-back after a reconnect) and no worker logged it after that.
     to_broker: dict[str, int] = field(default_factory=dict)
+    #: task id -> its result's value (ordered and batched calls: what its caller got).
+    values: dict[str, Any] = field(default_factory=dict)
+    #: The workers' logged gap skips of ordered keys: (the key in words, e.g.
+    #: ``inorder(key='p')``, the positions skipped, e.g. ``12`` or ``12-13``).
+    order_skips: list[tuple[str, str]] = field(default_factory=list)
+    #: Ordered task ids a worker logged as placed under an order record the store no
+    #: longer had (they run in arrival order: documented).
+    order_lost: set[str] = field(default_factory=set)
 
 
 def load_history(data: dict[str, Any]) -> History:
@@ -129,6 +140,9 @@ def load_history(data: dict[str, Any]) -> History:
         limits=Limits(**data["limits"]),
         received=set(data["received"]) if "received" in data else None,
         to_broker={k: int(v) for k, v in data.get("to_broker", {}).items()},
+        values=dict(data.get("values", {})),
+        order_skips=[(str(a), str(b)) for a, b in data.get("order_skips", [])],
+        order_lost=set(data.get("order_lost", [])),
     )
 
 

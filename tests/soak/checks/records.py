@@ -98,3 +98,18 @@ def crash_reason(log_text: str) -> tuple[str, float | None]:
         return chosen[2].strip()[:300], at
     found = _EXCEPTION.findall(log_text)
     return (found[-1].strip()[:300] if found else ""), None
+
+
+_ORDER_SKIP = re.compile(
+    r"baton: ordered key (.+?) of \S+ skipped position (\d+(?:-\d+)?): its call did not come"
+)
+_ORDER_LOST = re.compile(
+    r"\[([0-9a-f-]{36})\] of ordered key .+? was placed under an order record the store no "
+    r"longer has"
+)
+
+
+def ordered_log_notes(log_text: str) -> tuple[list[tuple[str, str]], set[str]]:
+    """What a worker's log says of ordered keys: each gap skip (the key in words, the
+    positions skipped) and the task ids placed under an order record the store lost."""
+    return _ORDER_SKIP.findall(log_text), set(_ORDER_LOST.findall(log_text))
