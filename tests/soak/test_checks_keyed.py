@@ -278,3 +278,14 @@ def test_the_workers_ordered_lines_are_read_back() -> None:
     skips, lost = ordered_log_notes(text)
     assert skips == [("inorder(key='p')", "12-13")]
     assert lost == {"0b8b2c1e-1111-2222-3333-444455556666"}
+
+
+def test_a_call_whose_publish_raised_may_run_in_its_place_or_not_at_all() -> None:
+    runs, published = in_order()
+    published[1] = Published(
+        "op2", "inorder", int(0.1 * S), "failed", detail="key=p seq=2 OperationalError('x=1')"
+    )
+    assert judge(runs, published).ok
+    del runs[2]
+    report = judge(runs, published, results={"op2": ""})
+    assert report.ok, report.summary()

@@ -75,14 +75,15 @@ class _Call:
         return self.pub.task_id
 
 
-def _calls(history: History, task: str, number: str) -> dict[str, _Call]:
-    """The sent calls of ``task``: task id -> key and number, from the publish's detail
-    (``key=p seq=3`` / ``key=x n=17``)."""
+def _calls(history: History, task: str, number: str, failed: bool = False) -> dict[str, _Call]:
+    """The sent calls of ``task`` (and, with ``failed``, those whose publish raised:
+    some were sent after all, an ordered one with its place): task id -> key and
+    number, from the publish's detail (``key=p seq=3`` / ``key=x n=17``)."""
     calls = {}
     for pub in history.published:
-        if pub.task != task or pub.outcome != "sent":
+        if pub.task != task or pub.outcome not in (("sent", "failed") if failed else ("sent",)):
             continue
-        fields = dict(part.split("=", 1) for part in pub.detail.split() if "=" in part)
+        fields = dict(part.split("=", 1) for part in pub.detail.split()[:2] if "=" in part)
         calls[pub.task_id] = _Call(fields["key"], int(fields[number]), pub)
     return calls
 
@@ -128,7 +129,7 @@ def _name(call: _Call, what: str = "seq") -> str:
 
 
 def check_ordered(history: History, spans: list[_Span], report: Report) -> None:
-    calls = _calls(history, ORDERED, "seq")
+    calls = _calls(history, ORDERED, "seq", failed=True)
     groups = _by_key(spans, (f"{ORDERED}:",))
     refusals = {
         s.task_id: s
@@ -140,7 +141,7 @@ def check_ordered(history: History, spans: list[_Span], report: Report) -> None:
         group = groups.get(f"{ORDERED}:{key}", [])
         mine = sorted((c for c in calls.values() if c.key == key), key=lambda c: c.pub.at)
         _ordered_key(history, key, mine, group, calls, refusals, report)
-    report.counts["ordered calls"] = len(calls)
+    report.counts["ordered calls"] = sum(1 for c in calls.values() if c.pub.outcome == "sent")
     report.counts["ordered refused (gap bound)"] = sum(1 for t in refusals if t in calls)
 
 
@@ -235,6 +236,8 @@ def _ordered_call(
         else:
             found.append(what)
         return
+    if call.pub.outcome == "failed":
+        return  # its publish raised: it need not run (it ran in order if it did)
     fault = None if result else _lost_in_transport(history, call.pub)
     if fault is not None and not runs:
         report.known["ordered-lost-in-transport"].append(
