@@ -10,7 +10,7 @@ from tests.soak.checker import Fault, History, Published, Report, Run, Skip, che
 from tests.soak.checks.records import ordered_log_notes
 from tests.soak.histories import S, run
 
-GAP_LINE = "inorder(key='p')"
+GAP_LINE = '{"key":"p"}'  # the key's label as the worker logs it
 
 
 def ordered(seq: int, at: float, key: str = "p") -> Published:
@@ -155,7 +155,7 @@ def test_a_refusal_without_the_workers_gap_line_or_its_result_is_a_violation() -
     report = judge(runs, published, skips=[refused(40)], results={"op2": ""})
     found = "\n".join(report.violations["ordered"])
     assert "but its result is missing (expected TaskSkipped)" in found
-    assert "no worker logged a gap skip of inorder(key='p')" in found
+    assert "no worker logged a gap skip of key 'p'" in found
 
 
 def test_a_refusal_before_any_later_call_ran_is_a_violation() -> None:
@@ -266,7 +266,7 @@ def test_a_caller_that_got_another_calls_result_is_a_violation() -> None:
 
 def test_the_workers_ordered_lines_are_read_back() -> None:
     text = (
-        "[2026-11-28 14:00:00,000: WARNING/MainProcess] baton: ordered key inorder(key='p') "
+        '[2026-11-28 14:00:00,000: WARNING/MainProcess] baton: ordered key {"key":"p"} '
         "of tests.apps.soak.inorder skipped position 12-13: its call did not come within "
         "ordered_gap_timeout (expired, revoked or lost before a worker took it); position 14"
         " runs next, and a skipped call is refused if it comes\n"
@@ -276,7 +276,7 @@ def test_the_workers_ordered_lines_are_read_back() -> None:
         "expired): it runs in arrival order, one at a time\n"
     )
     skips, lost = ordered_log_notes(text)
-    assert skips == [("inorder(key='p')", "12-13")]
+    assert skips == [('{"key":"p"}', "12-13")]
     assert lost == {"0b8b2c1e-1111-2222-3333-444455556666"}
 
 

@@ -120,8 +120,8 @@ class History:
     to_broker: dict[str, int] = field(default_factory=dict)
     #: task id -> its result's value (ordered and batched calls: what its caller got).
     values: dict[str, Any] = field(default_factory=dict)
-    #: The workers' logged gap skips of ordered keys: (the key in words, e.g.
-    #: ``inorder(key='p')``, the positions skipped, e.g. ``12`` or ``12-13``).
+    #: The workers' logged gap skips of ordered keys: (the key as logged, e.g.
+    #: ``{"key":"p"}``, the positions skipped, e.g. ``12`` or ``12-13``).
     order_skips: list[tuple[str, str]] = field(default_factory=list)
     #: Ordered task ids a worker logged as placed under an order record the store no
     #: longer had (they run in arrival order: documented).
