@@ -101,7 +101,7 @@ class Recorder:
         lost: set[str] = set()
         received: set[str] = set()
         moments: dict[str, tuple[int, bool]] = {}
-        order_skips: list[tuple[str, str]] = []
+        order_skips: list[tuple[str, str, int]] = []
         order_lost: set[str] = set()
         for machine in self.machines:
             logs = machine.logs()

@@ -121,8 +121,9 @@ class History:
     #: task id -> its result's value (ordered and batched calls: what its caller got).
     values: dict[str, Any] = field(default_factory=dict)
     #: The workers' logged gap skips of ordered keys: (the key as logged, e.g.
-    #: ``{"key":"p"}``, the positions skipped, e.g. ``12`` or ``12-13``).
-    order_skips: list[tuple[str, str]] = field(default_factory=list)
+    #: ``{"key":"p"}``, the positions skipped, e.g. ``12`` or ``12-13``, when: us, the
+    #: worker's clock, on the observer's host).
+    order_skips: list[tuple[str, str, int]] = field(default_factory=list)
     #: Ordered task ids a worker logged as placed under an order record the store no
     #: longer had (they run in arrival order: documented).
     order_lost: set[str] = field(default_factory=set)
@@ -141,7 +142,10 @@ def load_history(data: dict[str, Any]) -> History:
         received=set(data["received"]) if "received" in data else None,
         to_broker={k: int(v) for k, v in data.get("to_broker", {}).items()},
         values=dict(data.get("values", {})),
-        order_skips=[(str(a), str(b)) for a, b in data.get("order_skips", [])],
+        order_skips=[
+            (str(s[0]), str(s[1]), int(s[2]) if len(s) > 2 else 0)
+            for s in data.get("order_skips", [])
+        ],
         order_lost=set(data.get("order_lost", [])),
     )
 

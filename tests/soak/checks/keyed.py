@@ -7,11 +7,9 @@
 
   - a call whose position the gap bound skipped is *refused* if it comes: a
     ``task_skipped`` of reason ``out-of-order``, a ``TaskSkipped`` result, a worker's
-    log line naming the key's skip, a later call of the key started before the refusal,
-    and that later call started no sooner than ``ordered_gap_timeout`` after the refused
-    one's position became next (its publish, the end of every earlier call's run, the
-    end of its own killed run: a lower bound, so the bound is never judged undercut by
-    a guess);
+    log line naming the key's skip before the refusal, and neither that line nor a
+    later call of the key started sooner than ``ordered_gap_timeout`` after the first
+    missing position before it became next (see :func:`_judge_refusal`);
   - a call whose message never reached a worker (kombu's Redis transport window around
     a SIGKILL: ``lost-in-transport``) never runs; its key goes on after the gap bound;
   - a run killed (``acks_late``) runs again, before the key's next call; a run whose
@@ -206,7 +204,7 @@ def _ordered_key(
     for span, call in ours:
         runs_of[call.task_id].append(span)
     for call in mine:
-        _ordered_call(history, key, call, runs_of[call.task_id], ours, refusals, report)
+        _ordered_call(history, key, call, runs_of[call.task_id], ours, mine, refusals, report)
 
 
 def _ordered_call(
@@ -215,6 +213,7 @@ def _ordered_call(
     call: _Call,
     runs: list[_Span],
     ours: list[tuple[_Span, _Call]],
+    mine: list[_Call],
     refusals: dict[str, Skip],
     report: Report,
 ) -> None:
@@ -233,7 +232,7 @@ def _ordered_call(
             found.append(what)
     result = history.results.get(call.task_id, "")
     if call.task_id in refusals:
-        _judge_refusal(history, key, call, runs, ours, refusals[call.task_id], report)
+        _judge_refusal(history, key, call, runs, ours, mine, refusals[call.task_id], report)
         return
     if ended:
         value = history.values.get(call.task_id)
@@ -270,39 +269,65 @@ def _judge_refusal(
     call: _Call,
     runs: list[_Span],
     ours: list[tuple[_Span, _Call]],
+    mine: list[_Call],
     refusal: Skip,
     report: Report,
 ) -> None:
-    """A call refused as out of order: judged against what the gap bound allows."""
+    """A call refused as out of order: judged against what the gap bound allows.
+
+    The bound skips the key's next position once it has not run for
+    ``ordered_gap_timeout`` (since it became next, or its last lease ran out), and with
+    it every later position up to the first call that waits: so the refused call's own
+    position need not have waited the bound, the first missing one before it must.
+    That one became next no sooner than the end of the last run before it (of an
+    earlier call, or of this call's own killed run) and the publish of the first call
+    after that run: a lower bound, so the bound is never judged undercut by a guess.
+    """
     at = refusal.at
     found = report.violations["ordered"]
     what = f"key {key!r}: {_name(call)} refused at {at} (its position skipped by the gap bound)"
     result = history.results.get(call.task_id, "")
     if result != "FAILURE:TaskSkipped" and not any(not s.killed for s in runs):
         found.append(f"{what}, but its result is {result or 'missing'} (expected TaskSkipped)")
-    if not any(_names(label, key) for label, _ in history.order_skips):
-        found.append(f"{what}, but no worker logged a gap skip of key {key!r}")
-    later = [(s, c) for s, c in ours if c.number > call.number and s.run.start <= at]
-    if not later:
-        found.append(f"{what}, but no later call of the key had started by then")
-        return
-    first, successor = min(later, key=lambda sc: sc[0].run.start)
-    became_next = max(
-        [call.pub.at]
-        + [s.end for s, c in ours if c.number < call.number and s.run.start < first.run.start]
-        + [s.end for s in runs if s.run.start < first.run.start]
-    )
-    waited = (first.run.start - became_next) / SECOND
+    slack = int(GAP_SLACK * SECOND)
+    # A time of 0: a history from before the skips' times were recorded (not judged).
+    skipped_at = [
+        t for label, _, t in history.order_skips if _names(label, key) and t <= at + slack
+    ]
+    if not skipped_at:
+        found.append(f"{what}, but no worker logged a gap skip of key {key!r} before")
+    before = [(s, c) for s, c in ours if c.number < call.number and s.run.start < at]
+    before += [(s, call) for s in runs if s.run.start < at]
+    last_ran = max((c.number for _, c in before), default=0)
+    ended = max((s.end for s, _ in before), default=0)
+    first = min((c for c in mine if c.number > last_ran), key=lambda c: c.number, default=call)
+    if any(c is call for _, c in before):
+        first = call  # its own run was the key's: its position was next then
+    became_next = max(ended, first.pub.at)
     gap = history.limits.ordered_gap
-    if waited < gap - GAP_SLACK:
-        found.append(
-            f"{what}: {_name(successor)} started {waited:.1f} s after {_name(call)} became "
-            f"next (at the latest {became_next}), within ordered_gap_timeout {gap:g} s"
-        )
-    else:
+    bound = became_next + int(gap * SECOND) - slack
+    since = f"{_name(first)} became next (at the latest {became_next})"
+    later = [(s, c) for s, c in ours if c.number > call.number and s.run.start <= at]
+    if later:
+        span, successor = min(later, key=lambda sc: sc[0].run.start)
+        if span.run.start < bound:
+            found.append(
+                f"{what}: {_name(successor)} started {(span.run.start - became_next) / SECOND:.1f}"
+                f" s after {since}, within ordered_gap_timeout {gap:g} s"
+            )
+            return
+    if skipped_at and max(skipped_at) > 0:
+        latest = max(skipped_at)
+        if latest < bound:
+            found.append(
+                f"{what}: the key's latest gap skip before it was logged "
+                f"{(latest - became_next) / SECOND:.1f} s after {since}, within "
+                f"ordered_gap_timeout {gap:g} s"
+            )
+            return
         report.known["ordered-refused"].append(
-            f"{what}: {_name(successor)} started {waited:.1f} s after it became next "
-            f"(ordered_gap_timeout {gap:g} s)"
+            f"{what}: the key's gap skip was logged {(latest - became_next) / SECOND:.1f} s "
+            f"after {since} (ordered_gap_timeout {gap:g} s)"
         )
 
 

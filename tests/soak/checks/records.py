@@ -101,7 +101,9 @@ def crash_reason(log_text: str) -> tuple[str, float | None]:
 
 
 _ORDER_SKIP = re.compile(
-    r"baton: ordered key (.+?) of \S+ skipped position (\d+(?:-\d+)?): its call did not come"
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/MainProcess\] baton: ordered key (.+?) of "
+    r"\S+ skipped position (\d+(?:-\d+)?): its call did not come",
+    re.M,
 )
 _ORDER_LOST = re.compile(
     r"\[([0-9a-f-]{36})\] of ordered key .+? was placed under an order record the store no "
@@ -109,7 +111,12 @@ _ORDER_LOST = re.compile(
 )
 
 
-def ordered_log_notes(log_text: str) -> tuple[list[tuple[str, str]], set[str]]:
-    """What a worker's log says of ordered keys: each gap skip (the key in words, the
-    positions skipped) and the task ids placed under an order record the store lost."""
-    return _ORDER_SKIP.findall(log_text), set(_ORDER_LOST.findall(log_text))
+def ordered_log_notes(log_text: str) -> tuple[list[tuple[str, str, int]], set[str]]:
+    """What a worker's log says of ordered keys: each gap skip (the key as logged, the
+    positions skipped, when: us since the epoch, local clock) and the task ids placed
+    under an order record the store lost."""
+    skips = [
+        (label, where, int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * SECOND))
+        for stamp, label, where in _ORDER_SKIP.findall(log_text)
+    ]
+    return skips, set(_ORDER_LOST.findall(log_text))
