@@ -205,6 +205,34 @@ def test_a_call_that_never_comes_holds_its_key_only_for_the_gap_bound(
     assert "refused, not run out of order" in late_worker.log_text()
 
 
+def test_the_gap_bound_of_a_call_published_to_an_idle_key_counts_from_its_publish(
+    workers: Workers, observer: Observer
+) -> None:
+    """Key ``idle``: call 0 runs and ends, and the key stays idle past the gap bound (3 s).
+    Then call 1 goes to a queue no worker reads yet and call 2 to the worker's. Call 1's
+    position became next when it was published, not when call 0 ended: call 2 waits the
+    gap bound from call 1's publish, not from call 0's end. (Found by the nemesis soak,
+    seed 3811: a call published 20 s after its key went idle was skipped 11.5 s later
+    under a 30 s bound, and refused when it came.)"""
+    from tests.apps.ordered import ordered_apply
+
+    start_workers(workers, 1, env={"ORDERED_GAP": "3"})
+    ordered_apply.delay("idle", 0).get(timeout=60)
+    time.sleep(4.5)  # idle for longer than the gap bound
+    published = time.time()
+    ordered_apply.apply_async(("idle", 1), queue="late")
+    second = ordered_apply.delay("idle", 2)
+    assert second.get(timeout=60) == 2
+
+    runs = {r.task_id: r for r in observer.runs()}
+    # (same host: the observer's clock is this one's)
+    waited = runs[second.id].start / 1e6 - published
+    assert waited > 2.5, (
+        f"call 2 started {waited:.2f} s after call 1 was published: call 1's position was "
+        "skipped before it had been next for the gap bound (3 s)"
+    )
+
+
 def test_a_retry_keeps_its_place_and_the_next_call_waits_for_it(
     workers: Workers, observer: Observer
 ) -> None:

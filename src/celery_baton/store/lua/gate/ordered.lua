@@ -42,11 +42,16 @@
       note = 'lost'
       writes[#writes + 1] = {'Q', key, 0, life_ms}
     else
+      local q = tonumber(rec[2])
       if not seq then
         seq = call('HINCRBY', key, 'n', 1)
         note = 'assigned ' .. rec[1] .. ':' .. format('%d', seq)
+        if seq == q then
+          -- The key was idle: its gap clock starts with this position (ordered_stamp.lua).
+          rec[3] = format('%d', now_ms)
+          call('HSET', key, 't', rec[3])
+        end
       end
-      local q = tonumber(rec[2])
       if seq < q then
         local why = 'ran'
         for from, to in string.gmatch(rec[4] or '', '(%d+)-(%d+)') do
