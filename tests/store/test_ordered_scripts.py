@@ -156,3 +156,28 @@ def test_an_unstamped_call_is_given_the_next_place_and_a_lost_record_runs_in_arr
     r.delete(RECORD, LEASE)
     lost = ask(gate, Place("17", 5), "y")
     assert lost.granted and Note.parse(lost.note).lost
+
+
+def test_a_place_given_to_an_idle_key_starts_its_gap_clock_then(
+    parts: tuple[Gate, OrderedStamps],
+) -> None:
+    """The key went idle longer ago than the gap bound: the next place is next from its
+    publish, so a later call asking at once waits for it (the nemesis soak, seed 3811,
+    saw it skipped at once). Likewise for a place given to an unstamped call."""
+    gate, stamps = parts
+    first = stamps.take("t", "k")
+    assert ask(gate, first, "a", gap_ms=300).granted
+    end(gate, first, "a", "1")
+    time.sleep(0.4)  # idle past the gap bound
+    second, third = stamps.take("t", "k"), stamps.take("t", "k")
+    waiting = ask(gate, third, "c", gap_ms=300)
+    assert turn(waiting) == Turn("wait", 2) and not Note.parse(waiting.note).skipped
+    assert ask(gate, second, "b", gap_ms=300).granted
+    end(gate, second, "b", "1")
+    assert ask(gate, third, "c", gap_ms=300).granted
+    end(gate, third, "c", "1")
+
+    time.sleep(0.4)
+    unstamped = ask(gate, "", "x", gap_ms=300)  # given position 4, next at once
+    assert unstamped.granted and Note.parse(unstamped.note).assigned is not None
+    assert not Note.parse(unstamped.note).skipped
