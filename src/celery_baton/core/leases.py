@@ -159,8 +159,10 @@ class LeaseBook:
         # Releases that failed (the store down), retried by the renewer: each with the
         # keys it frees (said if the worker stops before they were sent).
         self._pending_releases: list[tuple[Callable[[], object], tuple[str, ...]]] = []
-        # Leases the store said were lost, reported at the next pass if their run goes on.
-        self._suspects: list[HeldLease] = []
+        # What the store said was lost (leases) or gone (unique claims), by owner: reported
+        # at the next pass if the owner's run still goes on then (not removed meanwhile).
+        self._lost: dict[str, list[HeldLease]] = {}
+        self._gone_claims: dict[str, HeldClaim] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -195,6 +197,8 @@ class LeaseBook:
 
     def remove(self, owner: str) -> list[HeldLease]:
         with self._lock:
+            self._lost.pop(owner, None)
+            self._gone_claims.pop(owner, None)
             self._claims.pop(owner, None)
             self._labels.pop(owner, None)
             return self._held.pop(owner, [])
@@ -237,27 +241,36 @@ class LeaseBook:
         with self._lock:
             self._pending_releases.append((release, tuple(keys)))
 
-    def _report_losses(self, held_before: Sequence[HeldLease]) -> None:
-        """Report the leases found lost by an earlier pass whose run still goes on.
+    def _report_losses(self) -> None:
+        """Report what an earlier pass found lost (a lease) or gone (a unique claim) of a
+        run that still goes on.
 
-        A lease is reported lost one pass after the store said so, if its owner is still
-        held then: a run whose end this process had not heard of yet (its pool process
-        still sending its release to a store that stalled past the lease's deadline)
-        was over, not running without its lease."""
+        Reported one pass after the store said so, if its owner was not removed since: a
+        run whose end this process had not heard of yet (its pool process freed the claim
+        at the body's end, or still sent its release to a store that stalled past the
+        lease's deadline, while this process's consumer reconnected) was over, not
+        running without them."""
         with self._lock:
-            due = [lease for lease in self._suspects if lease not in held_before]
-            self._suspects = [lease for lease in self._suspects if lease in held_before]
-            lost = [lease for lease in due if lease.owner in self._held]
-        for lease in lost:
-            self.losses += 1
-            metrics.lease_losses.inc()
-            logger.error(
-                "lease lost: %s held by %s expired, was unlocked or taken over",
-                lease.key,
-                lease.owner,
+            lost, self._lost = self._lost, {}
+            gone, self._gone_claims = self._gone_claims, {}
+        for leases in lost.values():
+            for lease in leases:
+                self.losses += 1
+                metrics.lease_losses.inc()
+                logger.error(
+                    "lease lost: %s held by %s expired, was unlocked or taken over",
+                    lease.key,
+                    lease.owner,
+                )
+                if self.on_lost:
+                    self.on_lost(lease.owner, lease.key)
+        for claim in gone.values():
+            logger.warning(
+                "unique claim %s of running task %s is gone (freed by hand, or the store "
+                "lost it): a duplicate publish may be queued beside it",
+                claim.key,
+                claim.task_id,
             )
-            if self.on_lost:
-                self.on_lost(lease.owner, lease.key)
 
     def _drop(self, lease: HeldLease) -> None:
         with self._lock:
@@ -271,6 +284,7 @@ class LeaseBook:
             return [key for _, keys in self._pending_releases for key in keys]
 
     def renew_now(self) -> None:
+        self._report_losses()
         held = self.held()
         if held:
             renewals = self.gate.renew(held)
@@ -317,10 +331,9 @@ class LeaseBook:
                         ]
                 if renewal.status == LOST:
                     with self._lock:
-                        self._suspects.append(lease)
+                        self._lost.setdefault(lease.owner, []).append(lease)
                 else:
                     logger.warning("lease re-asserted after the store lost it: %s", lease.key)
-        self._report_losses(held_before=held)
         self._keep_claims()
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []
@@ -345,12 +358,7 @@ class LeaseBook:
                 if self._claims.get(owner) is not claim:
                     continue  # the run finished meanwhile and freed its claim itself
                 del self._claims[owner]
-            logger.warning(
-                "unique claim %s of running task %s is gone (freed by hand, or the store "
-                "lost it): a duplicate publish may be queued beside it",
-                claim.key,
-                claim.task_id,
-            )
+                self._gone_claims[owner] = claim  # said at the next pass, if it runs on
 
     def _run(self) -> None:
         due = time.monotonic() + self.interval
