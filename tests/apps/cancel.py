@@ -42,6 +42,13 @@ def limited(self: Task, n: int) -> int:
     return n
 
 
+@app.task(bind=True, exclusive="n")
+def exclusive(self: Task, n: int) -> int:
+    """A guarded task without a rate: its grant is a lease."""
+    observer().run("exclusive", task_id=self.request.id)
+    return n
+
+
 @app.task(bind=True)
 def keyed(self: Task, account_id: int, n: int) -> int:
     """A plain task (nothing asked of the gate), cancelled by key."""

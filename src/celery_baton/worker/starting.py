@@ -27,6 +27,7 @@ from celery_baton.core.conditions import Rate, WeightedRate
 from celery_baton.core.leases import LeaseBook
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.pool import cancel_start
 from celery_baton.worker.pool.context import FENCE_FIELD
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
 from celery_baton.worker.pool.rate_grant import mark as mark_rate_grant
@@ -102,6 +103,7 @@ class Starting:
             mark_rate_grant(
                 request.request_dict, delivery.plan.conditions, delivery.plan.owner, due
             )
+            cancel_start.mark(request.request_dict, due)  # a late one asks about a cancel
             mark_throttle(
                 request.request_dict,
                 delivery.policy.flow,
