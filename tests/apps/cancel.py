@@ -7,7 +7,11 @@ library, says which calls ran. Results are kept (a cancelled call's state is REV
 
 from __future__ import annotations
 
+import logging
+import os
+
 from celery import Task
+from celery.signals import after_setup_logger
 
 from tests.apps.factory import make_baton_app, observer
 
@@ -23,10 +27,25 @@ app, baton = make_baton_app(
 )
 
 
+@after_setup_logger.connect
+def _baton_debug(**_: object) -> None:
+    """``TEST_BATON_DEBUG=1``: celery_baton's DEBUG lines in the log (the path a
+    delivery took, for a failing run)."""
+    if os.environ.get("TEST_BATON_DEBUG"):
+        logging.getLogger("celery_baton").setLevel(logging.DEBUG)
+
+
 @app.task(bind=True, global_rate_limit="5/s")
 def limited(self: Task, n: int) -> int:
     """5 starts per second across all workers: a backlog is held in the workers."""
     observer().run("limited", task_id=self.request.id)
+    return n
+
+
+@app.task(bind=True, exclusive="n")
+def exclusive(self: Task, n: int) -> int:
+    """A guarded task without a rate: its grant is a lease."""
+    observer().run("exclusive", task_id=self.request.id)
     return n
 
 

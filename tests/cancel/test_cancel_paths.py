@@ -1,8 +1,11 @@
 """``baton.cancel`` on the paths beside the common one (issue 38 §2): a debounced task
-that asks nothing more (no gate call to check a cancel in), and ``terminate=True``."""
+that asks nothing more (no gate call to check a cancel in), a call cancelled while its
+pool process stood still, and ``terminate=True``."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -29,6 +32,40 @@ def test_a_cancelled_debounced_call_never_runs(workers: Workers, observer: Obser
     assert gone.state == states.REVOKED
     observer.wait_for(1, timeout=10)
     assert {s["task_id"] for s in observer.started()} == {kept.id}
+
+
+@pytest.mark.parametrize("task", ["limited", "exclusive"])
+def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
+    workers: Workers, observer: Observer, task: str
+) -> None:
+    """A call granted and handed to a pool process that stands still (SIGSTOP: one
+    swapped out or starved on a loaded machine) is cancelled meanwhile. When the process
+    goes on, seconds after the cancel reached the store, the body must not start: the
+    promise is judged at the body's start. (It did: the pool process took the stale
+    rate grant's fresh token, or nothing, and started the body, cancel unseen.) A rate
+    grant (``limited``) and a lease (``exclusive``)."""
+    from tests.apps import cancel
+
+    work = getattr(cancel, task)
+
+    worker = workers.start(APP, concurrency=1, env={"TEST_BATON_DEBUG": "1"})
+    (child,) = worker.pool_pids()
+    os.kill(child, signal.SIGSTOP)
+    try:
+        call = work.delay(1)
+        wait_until(
+            lambda: f"[{call.id}] to the pool" in worker.log_text(), 30, "the call handed over"
+        )
+        cancel.baton.cancel(call.id)
+        time.sleep(3)  # not a wait: the process stands still past the hand-over's margin
+    finally:
+        os.kill(child, signal.SIGCONT)
+    with pytest.raises(TaskRevokedError):
+        call.get(timeout=30)
+    after = work.delay(2)  # the process goes on with the next call
+    assert after.get(timeout=30) == 2
+    assert [s["task_id"] for s in observer.started()] == [after.id]
+    assert f"[{call.id}] cancelled (cancelled by id, before its late start)" in worker.log_text()
 
 
 def test_terminate_stops_a_running_body_and_its_id_never_runs_again(

@@ -16,7 +16,7 @@ import pytest
 from celery import states
 
 from celery_baton.core.keys import KeyNames
-from tests.cancel.test_cancel import raced_with_cancel
+from tests.cancel.test_cancel import COUNTDOWN, cancel_timed, raced_with_cancel
 from tests.failover.conftest import ProdStore
 from tests.support.cluster_topology import ClusterTopology
 from tests.support.observer import Observer
@@ -57,7 +57,6 @@ def test_cancels_hold_on_the_production_stores_and_through_a_failover(
 
     use_store(cancel, prod_store.url)
     calls = [cancel.limited.delay(n) for n in range(40)]
-    later = [cancel.limited.apply_async((100 + n,), countdown=10) for n in range(5)]
     keyed_7 = [cancel.keyed.delay(7, n) for n in range(5)]
     keyed_8 = [cancel.keyed.delay(8, n) for n in range(5)]
     in_broker = calls[35:]
@@ -68,26 +67,31 @@ def test_cancels_hold_on_the_production_stores_and_through_a_failover(
     first = prod_workers.start(APP, concurrency=2)
     prod_workers.start(APP, concurrency=2)
     observer.wait_for(8, timeout=60)
+    # Published once the workers run (tests/cancel/test_cancel.py: COUNTDOWN), so that
+    # their cancels come before their ETA on a loaded machine.
+    countdowns = [cancel.limited.apply_async((100 + n,), countdown=COUNTDOWN) for n in range(5)]
+    due = time.monotonic() + COUNTDOWN
     started = {s["task_id"] for s in observer.started()}
     held = [r for r in calls[:35] if r.id not in started][-5:]
-    for result in held + later:
-        cancel.baton.cancel(result.id)
-    raced = raced_with_cancel(observer, held)
+    raced = raced_with_cancel(observer, cancel_timed(cancel.baton, observer, held + countdowns))
     held = [r for r in held if r.id not in raced]
+    later = [r for r in countdowns if r.id not in raced]
     assert len(held) >= 3
+    assert len(later) >= 3
 
     first.stop()
     _fail_over(prod_store)
     prod_workers.start(APP, concurrency=2)  # after the failover: learns from the new master
 
     cancelled = {r.id for r in in_broker + held + later + keyed_7}
-    expected = {r.id for r in calls + later + keyed_8} - cancelled
+    expected = {r.id for r in calls + countdowns + keyed_8} - cancelled
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if set(Counter(s["task_id"] for s in observer.started())) >= expected:
             break
         time.sleep(0.2)
-    time.sleep(2)  # not a wait: a cancelled call that would run runs now
+    # Not a wait: a cancelled call that would run runs now (a countdown one at its ETA).
+    time.sleep(max(2.0, due + 2.0 - time.monotonic()))
     ran = Counter(s["task_id"] for s in observer.started())
     assert not set(ran) & cancelled, f"{len(set(ran) & cancelled)} cancelled calls ran"
     assert set(ran) == expected, f"{len(expected - set(ran))} calls never ran"

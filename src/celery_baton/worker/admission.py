@@ -417,6 +417,12 @@ class Admission:
         if self.cancelling is not None and self.cancelling.in_gate:
             # While cancels by id live, the gate call itself says whether this id is one.
             conditions = self.cancelling.with_check(delivery.request, conditions)
+        logger.debug(
+            "%s[%s] asks the gate (%s)",
+            delivery.request.name,
+            delivery.request.id,
+            " ".join(type(c).__name__ for c in conditions),
+        )
         self.channel.ask(
             conditions,
             owner=delivery.plan.owner,

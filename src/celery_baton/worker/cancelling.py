@@ -89,6 +89,7 @@ class Cancelling:
         notice = parse_notice(self.cancels.names.cancels, text)
         if notice is None:
             return False
+        logger.debug("baton: cancel notice %s %s%s", notice.kind, notice.task_id, notice.task)
         self.watch.notice(notice)
         return True
 
@@ -117,6 +118,9 @@ class Cancelling:
         already): revoke ``request`` when the store says it is cancelled by id, else
         ``admit`` it (at once while no cancel by id lives, or when the store answered)."""
         if not self.watch.ids_live():
+            logger.debug(
+                "%s[%s] admitted unchecked (no cancel by id lives)", request.name, request.id
+            )
             return admit(request)
         script, keys, args = self.cancels.check_call(request.id)
         generation = self.generation()

@@ -27,6 +27,7 @@ from celery_baton.core.conditions import Rate, WeightedRate
 from celery_baton.core.leases import LeaseBook
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.pool import cancel_start
 from celery_baton.worker.pool.context import FENCE_FIELD
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
 from celery_baton.worker.pool.rate_grant import mark as mark_rate_grant
@@ -102,6 +103,7 @@ class Starting:
             mark_rate_grant(
                 request.request_dict, delivery.plan.conditions, delivery.plan.owner, due
             )
+            cancel_start.mark(request.request_dict, due)  # a late one asks about a cancel
             mark_throttle(
                 request.request_dict,
                 delivery.policy.flow,
@@ -110,6 +112,9 @@ class Starting:
                 delivery.flow_asked_at,
             )
         if start.start_after > 0:
+            logger.debug(
+                "%s[%s] granted a slot %.3fs ahead", request.name, request.id, start.start_after
+            )
             # A reserved rate slot: hold it, and its pool slot, until the slot's instant.
             self.holding.hold_reserved(delivery)
             delivery.reserved_start = True
@@ -117,6 +122,12 @@ class Starting:
                 start.start_after, self._dispatch, (delivery,), priority=5
             )
             return
+        logger.debug(
+            "%s[%s] to the pool (granted %.3fs after its ask)",
+            request.name,
+            request.id,
+            now - delivery.asked_at,
+        )
         self._count_admitted(delivery, guarded=guarded)
         self.holding.release(delivery)
         if guarded:
@@ -187,6 +198,11 @@ class Starting:
                     if why is not None and delivery.held:
                         self.drop_cancelled(delivery, why)
                     return
+                logger.debug(
+                    "%s[%s] to the pool at its reserved instant",
+                    delivery.request.name,
+                    delivery.request.id,
+                )
                 self._count_admitted(delivery, guarded=True)
                 self.holding.release(delivery)
                 self.releasing.handed(delivery.request)

@@ -5,7 +5,8 @@ hand-over it cannot see. So a request carries what must hold at its start, and t
 process, thread or greenlet that starts the body judges it just before:
 
 * a rate grant read too late takes a fresh token (``worker/pool/rate_grant.py``);
-* a throttle window opened too long ago counts from the start (``throttle_start.py``).
+* a throttle window opened too long ago counts from the start (``throttle_start.py``);
+* a prefork job read late is asked about a cancel, last (``cancel_start.py``).
 
 ``judge_before_accept`` is called by a prefork pool process on the job it just read
 from its pipe (``worker/pool/prefork.py``); ``judge`` by the thread or greenlet that
@@ -22,13 +23,14 @@ from typing import Any
 from celery import current_app
 
 from celery_baton.parts import parts_for
-from celery_baton.worker.pool import rate_grant, throttle_start
+from celery_baton.worker.pool import cancel_start, rate_grant, throttle_start
 
 logger = logging.getLogger("celery_baton.worker")
 
 #: Fields of a request whose presence asks for a judgement; a request without any of
 #: them (most) costs a dict lookup each.
 _FIELDS = (rate_grant.RATE_GRANT_FIELD, throttle_start.THROTTLE_FIELD)
+_PREFORK_FIELDS = (*_FIELDS, cancel_start.HANDED_FIELD)
 
 
 def task_request(args: Sequence[Any]) -> tuple[str, str, dict[str, Any]] | None:
@@ -56,22 +58,31 @@ def judge(name: str, task_id: str, request_dict: dict[str, Any]) -> None:
             logger.exception("baton: %s[%s]: judging its throttle window failed", name, task_id)
 
 
-def judge_before_accept(job: Any) -> None:
-    """In a prefork pool process, a job just read from its pipe, before it is accepted.
+def judge_before_accept(job: Any) -> Any:
+    """In a prefork pool process, a job just read from its pipe, before it is accepted:
+    the job to accept (``job``, or for a call cancelled meanwhile the same job with
+    ``cancel_start.CancelledBeforeStart`` in place of its body).
 
     ``job`` is billiard's ``(TASK, (job, i, fun, args, kwargs))``. A job that the main
     process runs itself (a pool without processes) was judged there."""
     try:
-        _kind, (_job, _i, _fun, args, _kwargs) = job
+        kind, (job_id, i, _fun, args, kwargs) = job
     except (TypeError, ValueError):
-        return  # not a Celery task's job: nothing of ours in it
+        return job  # not a Celery task's job: nothing of ours in it
     found = task_request(args)
     if found is None:
-        return
+        return job
     name, task_id, request_dict = found
-    fields = request_dict.get(rate_grant.RATE_GRANT_FIELD) or request_dict.get(
-        throttle_start.THROTTLE_FIELD
+    if not any(field in request_dict for field in _PREFORK_FIELDS):
+        return job
+    fields = (
+        request_dict.get(rate_grant.RATE_GRANT_FIELD)
+        or request_dict.get(throttle_start.THROTTLE_FIELD)
+        or request_dict.get(cancel_start.HANDED_FIELD)
     )
     if fields and fields[0] == os.getpid():
-        return
+        return job
     judge(name, task_id, request_dict)
+    if cancel_start.cancelled(name, task_id, request_dict):
+        return kind, (job_id, i, cancel_start.cancelled_body(task_id), args, kwargs)
+    return job

@@ -60,7 +60,7 @@ def _judging(receive: Callable[[], Any]) -> Callable[[], Any]:
     def wait_for_job() -> Any:
         job = receive()
         if job:
-            at_start.judge_before_accept(job)
+            job = at_start.judge_before_accept(job)
         return job
 
     return wait_for_job

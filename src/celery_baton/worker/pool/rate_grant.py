@@ -95,6 +95,9 @@ def judge(name: str, task_id: str, request_dict: Any) -> None:
         _main_pid, due, owner, rates = fields
         late = time.monotonic() - due
         if late <= STALE_GRANT:
+            logger.debug(
+                "%s[%s] reached its pool process %.3fs after its grant", name, task_id, late
+            )
             return
         logger.info(
             "%s[%s] reached its pool process %.2fs after its rate grant: taking a fresh "
@@ -105,6 +108,7 @@ def judge(name: str, task_id: str, request_dict: Any) -> None:
         )
         app = current_app.tasks[name].app
         wait_for_grant(parts_for(app).gate, conditions_of(rates), owner)
+        logger.debug("%s[%s] took its fresh rate grant", name, task_id)
     except Exception:  # never lose the job: it runs on its grant, and the error is logged
         logger.exception("baton: %s[%s]: taking a fresh rate grant failed", name, task_id)
 
