@@ -132,7 +132,7 @@ def test_skipped_superseded_debounced_throttled_and_refused_say_why_and_by_whom(
         held = events.wait_for("task-baton-held", last.id)
         assert held["reason"] == "debounce"
         assert held["waiting_for"] == "quiet time of save(doc_id='d')"
-        assert last.get(timeout=10) == ["d", 2]
+        assert last.get(timeout=20) == ["d", 2]
 
         # Throttled: a second call within the window is dropped, naming the run.
         ran = notify.delay("u", 1)
