@@ -18,6 +18,7 @@ import pytest
 from celery_baton.errors import BatchResultError
 from tests.support.observer import Observer, Run
 from tests.support.servers import StoreServer
+from tests.support.sizes import sized
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -185,11 +186,12 @@ def test_a_raising_body_fails_every_call_and_a_mapping_names_each_call(
 def test_ten_keys_of_300_calls_from_two_publishers_at_batch_size_50(
     workers: Workers, observer: Observer
 ) -> None:
-    """Issue 37's scale: 3 workers, 10 keys x 300 calls from 2 publishers."""
+    """Issue 37's scale: 3 workers, 10 keys x 300 calls from 2 publishers (with
+    BATON_FULL=1; 10 x 100 in the default run: 20 batches of 50 and more per key)."""
     from tests.apps.batching import wide
 
     start_three(workers)
-    keys, per_key = 10, 300
+    keys, per_key = 10, sized(100, 300)
     started = time.monotonic()
     results = publish_from_two(wide, keys, per_key, key_stride=10_000)
     published = time.monotonic() - started
