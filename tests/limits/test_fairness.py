@@ -203,12 +203,20 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     a = [r.start for r in runs if r.key == "A"]
     b = [r.start for r in runs if r.key == "B"]
     overtaking = sum(b_published < s < max(b) for s in a)
+    interleaved = sum(min(b) < s < max(b) for s in a)
     span = (max(b) - b_published) / 1e6
-    print(f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A meanwhile")
-    # First come first served would start A's remaining ~200 first (~5 s at 40/s);
-    # fair turns ~20 (one per B start) on a quiet machine, 55 and 74 on loaded ones
-    # (B's messages reach the workers behind A's): bounded at 45 % of A's backlog.
-    assert overtaking <= 200 * 45 // 100, (overtaking, span)
+    print(
+        f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A "
+        f"meanwhile, {interleaved} between B's first and last starts"
+    )
+    # First come first served would start A's remaining ~200 first (~5 s at 40/s).
+    # Once B asks, the turns alternate: about one A start per B start (~20), bounded as
+    # assert_fair bounds it (a quarter of A's backlog). From the queue's opening, which
+    # includes the time B's messages take to reach the workers behind A's (~20 on a
+    # quiet machine, 55 and 74 on loaded ones, 98 at twice the cores in load with the
+    # suite in six processes): two thirds, as assert_fair.
+    assert interleaved <= 200 // 4, (interleaved, overtaking, span)
+    assert overtaking <= 200 * 2 // 3, (interleaved, overtaking, span)
     assert_gcra_bound(admissions(runs), 40)
 
 
