@@ -130,6 +130,7 @@ def test_status_shows_the_requests_held_now_not_a_running_total(
     wait_until(lambda: held() == 0, timeout=20, what="none held once all ran")
 
 
+@pytest.mark.timeout(180)  # six commands, each starting Celery: >60 s at 10x the cores in load
 def test_locks_show_whole_keys_and_unique_claims_that_unlock_frees(
     workers: Workers, observer: Observer
 ) -> None:
