@@ -236,12 +236,20 @@ def test_a_held_message_the_broker_took_back_is_not_put_back_again(
     restore): it would be delivered twice, and the held request would run twice."""
     from tests.apps.exclusive import ex_wait
 
+    # The other worker is ready before the first run starts, consuming nothing of the
+    # task queue until just before the cut: started after the hold, a loaded machine took
+    # longer to start it than the first run lasted, and nothing was held at the cut.
+    other = workers.start(APP, concurrency=2, queues="not-yet")
     first_worker = workers.start(APP, concurrency=2)
-    ex_wait.delay("cut", 4.0)
+    ex_wait.delay("cut", 8.0)
     wait_until(lambda: observer.running("cut") == 1, 20, "the first run")
     second = ex_wait.delay("cut", 0)
     wait_until(lambda: f"[{second.id}] held for" in first_worker.log_text(), 20, "held")
-    other = workers.start(APP, concurrency=2)
+    replies = ex_wait.app.control.add_consumer(
+        "celery", destination=[other.name], reply=True, timeout=10
+    )
+    assert len(replies) == 1, f"the other worker does not consume the task queue: {replies}"
+    assert observer.running("cut") == 1, "the first run ended before the cut"
     ports = {
         c.laddr.port
         for c in psutil.Process(first_worker.pid).net_connections(kind="tcp")

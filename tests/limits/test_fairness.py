@@ -13,7 +13,6 @@ observer records every run on the server's clock; from it alone:
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from tests.limits.test_rate_limits import (
     server_time_us,
 )
 from tests.support.observer import Observer, Run, max_concurrent
+from tests.support.sizes import full
 from tests.support.workers import Workers
 
 APP = "tests.apps.fair"
@@ -179,7 +179,7 @@ def test_without_fair_key_the_small_tenant_waits_for_the_whole_backlog(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not os.environ.get("BATON_FAIR_FULL"), reason="set BATON_FAIR_FULL=1")
+@pytest.mark.skipif(not full("BATON_FAIR_FULL"), reason="set BATON_FAIR_FULL=1")
 def test_fair_key_full_form_2000_then_20(workers: Workers, observer: Observer) -> None:
     """The issue's own numbers: A 2000, then B 20."""
     from tests.apps import fair
@@ -203,12 +203,20 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     a = [r.start for r in runs if r.key == "A"]
     b = [r.start for r in runs if r.key == "B"]
     overtaking = sum(b_published < s < max(b) for s in a)
+    interleaved = sum(min(b) < s < max(b) for s in a)
     span = (max(b) - b_published) / 1e6
-    print(f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A meanwhile")
-    # First come first served would start A's remaining ~200 first (~5 s at 40/s);
-    # fair turns ~20 (one per B start) on a quiet machine, 55 and 74 on loaded ones
-    # (B's messages reach the workers behind A's): bounded at 45 % of A's backlog.
-    assert overtaking <= 200 * 45 // 100, (overtaking, span)
+    print(
+        f"rate: B's 20 started within {span:.2f} s of their publish; {overtaking} A "
+        f"meanwhile, {interleaved} between B's first and last starts"
+    )
+    # First come first served would start A's remaining ~200 first (~5 s at 40/s).
+    # Once B asks, the turns alternate: about one A start per B start (~20), bounded as
+    # assert_fair bounds it (a quarter of A's backlog). From the queue's opening, which
+    # includes the time B's messages take to reach the workers behind A's (~20 on a
+    # quiet machine, 55 and 74 on loaded ones, 98 at twice the cores in load with the
+    # suite in six processes): two thirds, as assert_fair.
+    assert interleaved <= 200 // 4, (interleaved, overtaking, span)
+    assert overtaking <= 200 * 2 // 3, (interleaved, overtaking, span)
     assert_gcra_bound(admissions(runs), 40)
 
 
@@ -226,9 +234,14 @@ def test_fair_weights_give_a_weighted_tenant_its_multiple(
     runs = observer.wait_for(300, timeout=60)
     gold = sorted(r.start for r in runs if r.key == "gold")
     tin = sorted(r.start for r in runs if r.key == "tin")
-    # The window in which both had requests waiting: from gold's 5th start (its first
-    # ones may still race the held tin requests) to the first tenant's last start.
-    window = (gold[4], min(gold[-1], tin[-1]))
+    # The window in which both are backlogged: from gold's 5th start (its first ones
+    # may still race the held tin requests) until the first tenant to finish has a
+    # quarter of its 150 left. Each worker holds its own part of each backlog (fetched
+    # unevenly: 34 to 61 of 150 on a loaded machine) and starts it on its own 2 threads:
+    # once a worker's part of gold is gone, gold's share is bounded by the other
+    # workers' threads, not by its turns (its last quarter ran at 1:1 to 2:1; over the
+    # whole of gold's backlog, 146:83 = 1.76 at twice the cores in load).
+    window = (gold[4], min(gold[len(gold) * 3 // 4], tin[len(tin) * 3 // 4]))
     g = sum(window[0] <= s <= window[1] for s in gold)
     t = sum(window[0] <= s <= window[1] for s in tin)
     print(f"weighted: {g} gold and {t} tin starts while both waited")

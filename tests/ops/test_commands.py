@@ -76,7 +76,7 @@ def test_status_locks_and_unlock(workers: Workers, observer: Observer) -> None:
     forced = as_json(workers, "unlock", lock["key"], "--force")
     assert forced["removed"] == 1
     assert as_json(workers, "locks") == []
-    worker.kill()  # the run would go on for 40 s; nothing more to see
+    worker.kill()  # the run would go on for 300 s; nothing more to see
 
 
 @pytest.mark.timeout(180)  # a dozen commands, each starting Celery: seconds apiece when loaded
@@ -105,15 +105,19 @@ def test_schedule_lists_nothing_without_beat(workers: Workers) -> None:
     assert "no entries" in baton(workers, "schedule").stdout
 
 
-@pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
+@pytest.mark.timeout(180)  # ~30-40 s here; 60 s is the default
 def test_status_shows_the_requests_held_now_not_a_running_total(
     workers: Workers, observer: Observer
 ) -> None:
     from tests.apps.exclusive import ex_wait
 
     worker = workers.start(APP, concurrency=2)
-    results = [ex_wait.delay("held-now", 5.0) for _ in range(3)]  # one runs, two wait
+    # One runs 20 s, two wait for it, then run 1 s each. Two are held for 20 s: long
+    # enough for a few `status` commands, each seconds apiece on a loaded machine (with
+    # three runs of 5 s, two were held for 5 s only, and a loaded run never saw it).
+    results = [ex_wait.delay("held-now", 20.0)]
     observer.starts_of("held-now")
+    results += [ex_wait.delay("held-now", 1.0) for _ in range(2)]
 
     def held() -> int:
         [report] = [w for w in as_json(workers, "status")["workers"]]
@@ -126,13 +130,16 @@ def test_status_shows_the_requests_held_now_not_a_running_total(
     wait_until(lambda: held() == 0, timeout=20, what="none held once all ran")
 
 
+@pytest.mark.timeout(180)  # six commands, each starting Celery: >60 s at 10x the cores in load
 def test_locks_show_whole_keys_and_unique_claims_that_unlock_frees(
     workers: Workers, observer: Observer
 ) -> None:
     from tests.apps.exclusive import mx_skip
 
     worker = workers.start(APP, concurrency=2)
-    running = mx_skip.delay("a-rather-long-key-name-" * 3, "sleep", 40.0, 1)
+    # Runs past the six commands below (seconds apiece on a loaded machine: at 40 s, the
+    # run had ended and freed its claim before `unlock --force`); killed at the end.
+    running = mx_skip.delay("a-rather-long-key-name-" * 3, "sleep", 300.0, 1)
     observer.starts_of("a-rather-long-key-name-" * 3)
     rows = as_json(workers, "locks")
     assert {r["kind"] for r in rows} == {"exclusive", "unique"}, rows
@@ -151,7 +158,7 @@ def test_locks_show_whole_keys_and_unique_claims_that_unlock_frees(
 
     missing = baton(workers, "unlock", claim["key"])
     assert missing.returncode != 0 and "no such lease" in missing.stderr, missing.stderr
-    worker.kill()  # the run would go on for 40 s; nothing more to see
+    worker.kill()  # the run would go on for 300 s; nothing more to see
 
 
 @pytest.mark.timeout(240)

@@ -9,7 +9,6 @@ the library's word.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -23,12 +22,13 @@ import pytest
 from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.processes import REPO_ROOT
+from tests.support.sizes import full
 from tests.support.workers import Workers
 
 APP = "tests.apps.ordered"
 #: The issue's done-when at full size (20 keys x 60 calls) with BATON_ORDERED_FULL=1;
 #: CI runs 8 x 25.
-FULL = os.environ.get("BATON_ORDERED_FULL") == "1"
+FULL = full("BATON_ORDERED_FULL")
 KEYS, CALLS = (20, 60) if FULL else (8, 25)
 
 

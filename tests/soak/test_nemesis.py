@@ -1,7 +1,8 @@
 """The short nemesis soak: about two minutes of faults against real workers and beats.
 
 ``SOAK_SEED`` replays a seed (default: a new one each run, printed and named in the
-failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 100 s);
+failure message); ``SOAK_SECONDS`` sets the length of the fault phase (default 40 s in
+the suite's run, 100 s with ``BATON_FULL=1``: tests/support/sizes.py);
 ``SOAK_PROFILES`` the worker profiles the workers take in turn (default: the prefork
 ones of tests.soak.machines: prefork, recycling, autoscale, time limits; ``threads`` and
 ``gevent`` too with the long form's ``--profiles all``).
@@ -29,13 +30,14 @@ import pytest
 
 from tests.soak.machines import PREFORK_PROFILES
 from tests.soak.nemesis import SoakConfig, soak
+from tests.support.sizes import sized
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(420)
 def test_nemesis_soak() -> None:
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
-    seconds = float(os.environ.get("SOAK_SECONDS", "100"))
+    seconds = float(os.environ.get("SOAK_SECONDS") or sized(40, 100))
     # The workers take in turn the ways the prefork pool runs (SOAK_PROFILES: a list).
     profiles = os.environ.get("SOAK_PROFILES", ",".join(PREFORK_PROFILES)).split(",")
     print(f"nemesis soak seed={seed} (replay: SOAK_SEED={seed})")
