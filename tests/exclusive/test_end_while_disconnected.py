@@ -13,12 +13,12 @@ is told by the store that the lease ended with its run (not lost: no error is lo
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.observer import Observer, assert_no_overlap
+from tests.support.pools import ALL_POOLS, EVENTLET
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -26,18 +26,7 @@ from tests.support.workers import Workers
 APP = "tests.apps.exclusive"
 KEY = "cut-off"
 
-POOLS = [
-    "prefork",
-    "threads",
-    "gevent",
-    pytest.param(
-        "eventlet",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("eventlet") is None, reason="eventlet is not installed"
-        ),
-    ),
-    "solo",
-]
+POOLS = ALL_POOLS
 
 
 @pytest.fixture
@@ -88,7 +77,7 @@ def test_a_run_ending_while_its_worker_has_no_broker_frees_its_key(
     assert cut_off.is_running
 
 
-@pytest.mark.parametrize("pool", ["gevent", pytest.param("eventlet", marks=POOLS[3].marks)])
+@pytest.mark.parametrize("pool", ["gevent", EVENTLET])
 def test_a_green_worker_keeps_its_lease_while_it_reconnects(
     pool: str, workers: Workers, observer: Observer, own_broker: StoreServer
 ) -> None:

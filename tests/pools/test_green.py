@@ -10,12 +10,12 @@ is free only once its body really ended, judged by the observer on its server's 
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 
 from tests.support.observer import Observer
+from tests.support.pools import EVENTLET
 from tests.support.servers import StoreServer
 from tests.support.waiting import revoke_until_heard
 from tests.support.workers import Workers
@@ -25,16 +25,7 @@ CLEANUP = 0.5
 #: The next run outlasts the stopped run's cleanup: its end is seen before the test ends.
 NEXT_RUN = 3 * CLEANUP
 
-POOLS = [
-    "prefork",
-    "gevent",
-    pytest.param(
-        "eventlet",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("eventlet") is None, reason="eventlet is not installed"
-        ),
-    ),
-]
+POOLS = ["prefork", "gevent", EVENTLET]
 
 
 def _starts(observer: Observer, key: str) -> list[dict[str, Any]]:

@@ -19,28 +19,16 @@ must still run (before the fix the claim was left for ``unique_ttl``).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests.support.observer import Observer
+from tests.support.pools import ALL_POOLS
 from tests.support.servers import StoreServer
 from tests.support.workers import Workers
 
 APP = "tests.apps.pools"
 
-POOLS = [
-    "prefork",
-    "threads",
-    "gevent",
-    pytest.param(
-        "eventlet",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("eventlet") is None, reason="eventlet is not installed"
-        ),
-    ),
-    "solo",
-]
+POOLS = ALL_POOLS
 
 
 def _held(store_server: StoreServer) -> dict[str, object]:
