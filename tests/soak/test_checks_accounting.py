@@ -101,6 +101,24 @@ def test_a_killed_unique_holder_keeps_its_key_until_the_broker_gives_its_message
     assert "gave its message back" in after.violations["accounting"][0], after.summary()
 
 
+def test_a_unique_holder_whose_ack_met_a_broker_outage_keeps_its_key_for_its_copy() -> None:
+    """Seed 212954746: a run ended as the broker restarted; its ack failed, and its claim
+    was kept for the copy the broker gives back (which came back expired and was
+    discarded). A dedup then is the known window; without a broker outage at its end, or
+    past the redelivery window, it is a violation."""
+    holder = [run("uq:a", "1", 0, 1)]
+    outage = [Fault("restart_broker", int(0.9 * S), int(3 * S))]
+    results = {"d": "FAILURE:TaskDeduplicated", "1": "SUCCESS"}
+    kept = judge(holder, published=[sent("1"), into("1", 14)], faults=outage, results=results)
+    assert kept.ok and kept.known["unique-expired-holder"], kept.summary()
+
+    acked = judge(holder, published=[sent("1"), into("1", 14)], results=results)
+    assert "no longer queued or running" in acked.violations["accounting"][0], acked.summary()
+
+    after = judge(holder, published=[sent("1"), into("1", 60)], faults=outage, results=results)
+    assert "redelivery window" in after.violations["accounting"][0], after.summary()
+
+
 def test_an_expiring_unique_holder_killed_with_its_worker_holds_its_key_for_lease_ttl() -> None:
     """Its run held the claim while it lived: a dedup within lease_ttl of the kill is the
     known window (the caller gets REVOKED); one later means the claim outlived its run."""

@@ -125,7 +125,29 @@ def _judge_late_holder(
                 report.counts.get("dedup while the holder's ack waited", 0) + 1
             )
             return
-        report.violations["accounting"].append(what)
+        restarted = any(
+            f.kind == "restart_broker" and f.start <= last.end + slack and f.end >= last.end - slack
+            for f in history.faults
+        )
+        if not restarted:  # its ack went through, at once or when a paused broker answered
+            report.violations["accounting"].append(what)
+            return
+        # It ended as the broker was restarted: its ack failed, and its claim was kept for
+        # the copy the broker gives back (worker/releasing.py, for the redelivery
+        # window): its message is still the broker's. The copy ran (another span: not
+        # this case), or came back expired and was discarded, which freed the key; the
+        # duplicate's caller has the run's result (or REVOKED): the known window, as for
+        # a killed run's message.
+        back_by = last.end + int(limits.redelivery * SECOND)
+        if pub.at > back_by + slack:
+            report.violations["accounting"].append(
+                f"{what} (later than the redelivery window after its failed ack, at {back_by})"
+            )
+        else:
+            report.known["unique-expired-holder"].append(
+                f"{what}; its ack met a broker outage: its claim was kept for the copy, "
+                "which came back expired and was discarded"
+            )
         return
     result = history.results.get(pub.into, "")
     if last.run.end is not None and result.startswith(("SUCCESS", "FAILURE")):
