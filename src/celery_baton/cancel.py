@@ -134,6 +134,11 @@ def _cancel_key(
         )
     cut_ms = time.time_ns() // 1_000_000
     live = records.cancel_key(name, KeyCancel(cut_ms, material), ttl=ttl)
+    # A call is cancelled when published at or before the cut, to the millisecond (its
+    # publish stamp's): one published by this process after cancel() returned must be
+    # stamped later, not in the same millisecond (CI saw one cancelled that way).
+    while time.time_ns() // 1_000_000 <= cut_ms:
+        time.sleep(0.0002)
     terminated: tuple[str, ...] = ()
     if terminate:
         terminated = _terminate_running(parts, name, material, spec)

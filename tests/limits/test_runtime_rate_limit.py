@@ -15,19 +15,14 @@ from typing import Any
 import pytest
 
 from tests.support.observer import Observer
-from tests.support.waiting import wait_until
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.loop"
 
 
 def _set_rate(app: Any, task: str, rate: str, workers: int) -> None:
-    try:
-        replies = app.control.rate_limit(task, rate, reply=True, timeout=10)
-    except app.connection_for_read().connection_errors:
-        # The test's own pooled broker connection, closed by the server since its last use
-        # (an earlier test of this process restarted the broker): once more, on a new one.
-        replies = app.control.rate_limit(task, rate, reply=True, timeout=10)
+    replies = broadcast(app, lambda: app.control.rate_limit(task, rate, reply=True, timeout=10))
     assert len(replies) == workers, replies
     assert all("ok" in next(iter(reply.values())) for reply in replies), replies
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def wait_until(
@@ -33,3 +35,14 @@ def revoke_until_heard(app: Any, task_id: str, *, terminate: bool, timeout: floa
         f"a worker answered the revoke of {task_id}",
         interval=0.0,
     )
+
+
+def broadcast(app: Any, send: Callable[[], T]) -> T:
+    """``send()`` a control broadcast of ``app``, once more on a broker connection error:
+    the test process's pooled connection may have been closed by the server since its
+    last use (an earlier test of this process restarted the broker), which is the test's
+    own client failing, not the system under test."""
+    try:
+        return send()
+    except app.connection_for_read().connection_errors:
+        return send()

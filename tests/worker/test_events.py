@@ -22,7 +22,7 @@ from celery.events.state import State
 
 from tests.support.servers import StoreServer
 from tests.support.task_events import EventCapture
-from tests.support.waiting import wait_until
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.events"
@@ -208,7 +208,9 @@ def test_without_task_events_nothing_is_sent_until_they_are_enabled(
         assert any(e["type"] == "worker-heartbeat" for e in events.events)  # it does send
 
         # `celery control enable_events`: the same decision is now sent.
-        replies = app.control.enable_events(destination=[worker.hostname], reply=True)
+        replies = broadcast(
+            app, lambda: app.control.enable_events(destination=[worker.hostname], reply=True)
+        )
         assert replies, "the worker did not answer enable_events"
         holder = skip_busy.delay("g", 1.0)
         events.wait_for("task-started", holder.id, timeout=20)  # sent now: it holds the key
