@@ -33,6 +33,7 @@ The private names used here are checked by ``internals.gevent_pool`` and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,18 +50,22 @@ def _accept_judge_run(
     kwargs: Any,
     callback: Any,
     accept_callback: Callable[[Any, float], Any] | None,
-    getpid: Callable[[], Any],
+    getpid: Callable[[], Any] | None = None,
     *rest: Any,
     **options: Any,
 ) -> Any:
     """The greenlet's job: Celery's accept, the judgement, then Celery's own ``run``
-    (``apply_timeout`` or ``apply_target``), which would have accepted it first."""
+    (``apply_timeout`` or ``apply_target``), which would have accepted it first.
+
+    Celery 5.5 and later pass ``getpid``; before, nothing (the process's pid is the
+    accept's), so it is passed on only when given."""
+    given = () if getpid is None else (getpid,)
     found = at_start.task_request(args)
     if found is None or accept_callback is None or not any(f in found[2] for f in _FIELDS):
-        return run(target, args, kwargs, callback, accept_callback, getpid, *rest, **options)
-    accept_callback(getpid(), time.monotonic())
+        return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
+    accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
-    return run(target, args, kwargs, callback, None, getpid, *rest, **options)
+    return run(target, args, kwargs, callback, None, *given, *rest, **options)
 
 
 def install(task_pool: Any) -> None:
