@@ -257,7 +257,11 @@ def test_the_gevent_pool_spawns_each_job_through_the_name_we_extend() -> None:
     ]
     # Celery 5.5 and later pass ``getpid`` next; before, a ``pid`` nobody passes.
     assert params(green.apply_timeout)[5] in ("getpid", "pid")
-    assert params(green.apply_target)[:6] == params(green.apply_timeout)[:6]
+    from celery.concurrency import base
+
+    # (Before Celery 5.5 the gevent pool runs base.apply_target, not one of its own.)
+    apply_target = getattr(green, "apply_target", base.apply_target)
+    assert params(apply_target)[:6] == params(green.apply_timeout)[:6]
 
 
 def test_the_threads_pool_calls_the_accept_callback_on_its_thread_before_the_body() -> None:
