@@ -272,12 +272,6 @@ class LeaseBook:
                 claim.task_id,
             )
 
-    def _drop(self, lease: HeldLease) -> None:
-        with self._lock:
-            current = self._held.get(lease.owner)
-            if current is not None:
-                self._held[lease.owner] = [x for x in current if x.key != lease.key]
-
     def unsent_keys(self) -> list[str]:
         """The lease keys of the releases still waiting to be sent."""
         with self._lock:
@@ -291,13 +285,7 @@ class LeaseBook:
             self.renewals += len(held)
             metrics.lease_renewals.inc(len(held))
             for lease, renewal in zip(held, renewals, strict=True):
-                if renewal.status == ENDED:
-                    # Its run's process freed it as the body ended; this process has not
-                    # heard of the end yet (its consumer may be reconnecting): not lost,
-                    # and no longer renewed.
-                    self._drop(lease)
-                    continue
-                if renewal.status != LOST and renewal.status != REASSERTED:
+                if renewal.status not in (LOST, REASSERTED, ENDED):
                     continue
                 with self._lock:
                     # A run that finished while the call was on its way released its
@@ -316,24 +304,25 @@ class LeaseBook:
                                 )
                             )
                         continue
-                    if renewal.status == LOST:
-                        # Lost is lost for good (unlocked, expired, taken over): one
-                        # incident, one report; renewing it again would report it at
-                        # every renewal until the run ends. Its other leases are kept.
+                    if renewal.status != REASSERTED:
+                        # Not renewed again. Ended: its run's process freed it as the
+                        # body ended, and this process has not heard of the end yet (its
+                        # consumer may be reconnecting): nothing to report. Lost is lost
+                        # for good (unlocked, expired, taken over): one incident, one
+                        # report, at the next pass if its run goes on then. Its other
+                        # leases are kept.
                         self._held[lease.owner] = [x for x in current if x.key != lease.key]
-                    elif renewal.status == REASSERTED:
-                        # Renew under the store's new epoch from now on.
-                        self._held[lease.owner] = [
-                            HeldLease(x.key, x.owner, x.limit, x.ttl, renewal.epoch)
-                            if x.key == lease.key
-                            else x
-                            for x in current
-                        ]
-                if renewal.status == LOST:
-                    with self._lock:
-                        self._lost.setdefault(lease.owner, []).append(lease)
-                else:
-                    logger.warning("lease re-asserted after the store lost it: %s", lease.key)
+                        if renewal.status == LOST:
+                            self._lost.setdefault(lease.owner, []).append(lease)
+                        continue
+                    # Renew under the store's new epoch from now on.
+                    self._held[lease.owner] = [
+                        HeldLease(x.key, x.owner, x.limit, x.ttl, renewal.epoch)
+                        if x.key == lease.key
+                        else x
+                        for x in current
+                    ]
+                logger.warning("lease re-asserted after the store lost it: %s", lease.key)
         self._keep_claims()
         with self._lock:
             pending, self._pending_releases = self._pending_releases, []
