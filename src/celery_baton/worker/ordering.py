@@ -17,6 +17,7 @@ from celery_baton.core.keys import KeyNames
 from celery_baton.core.ordered import Note, Place, positions
 from celery_baton.core.policy.headers import ORDERED_HEADER
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.core.policy.plan import ordered_keys
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -116,13 +117,7 @@ def passed(plan: RunPlan) -> Release | None:
     place = Place.parse(plan.order_place)
     if plan.order_key is None or place is None or plan.exclusive_key is None:
         return None
-    return Release(
-        (),
-        plan.owner,
-        order=f"{place.epoch} {place.position} 2 0",
-        order_key=plan.order_key,
-        order_lease=plan.exclusive_key,
-    )
+    return _given_up(plan.owner, place, plan.order_key, plan.exclusive_key)
 
 
 def passed_unadmitted(
@@ -137,12 +132,17 @@ def passed_unadmitted(
     if policy.ordered is None or place is None:
         return None
     digest, _ = policy.ordered_key(context.args or (), context.kwargs or {})
+    return _given_up(owner, place, *ordered_keys(policy, names, digest))
+
+
+def _given_up(owner: str, place: Place, order_key: str, order_lease: str) -> Release:
+    """The release giving up ``place`` in its key's line (release.lua, end "2")."""
     return Release(
         (),
         owner,
         order=f"{place.epoch} {place.position} 2 0",
-        order_key=names.ordered(policy.name, digest),
-        order_lease=names.lease(policy.name, "ex", digest),
+        order_key=order_key,
+        order_lease=order_lease,
     )
 
 

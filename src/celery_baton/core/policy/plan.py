@@ -163,8 +163,7 @@ def _ordered(
     the turn's check reads (gate/ordered.lua): the two are adjacent."""
     assert policy.ordered is not None
     material = policy.ordered.material(args, kwargs)
-    key_digest = digest(material)
-    plan.order_key = names.ordered(policy.name, key_digest)
+    plan.order_key, key = ordered_keys(policy, names, digest(material))
     plan.order_place = place
     plan.labels[plan.order_key] = material
     plan.conditions.append(
@@ -175,10 +174,15 @@ def _ordered(
             round(RECORD_LIFE * 1000),
         )
     )
-    key = names.lease(policy.name, "ex", key_digest)
     plan.exclusive_key = key
     plan.labels[key] = material
     _lease(policy, plan, key, 1, fence=True)
+
+
+def ordered_keys(policy: TaskPolicy, names: KeyNames, key_digest: str) -> tuple[str, str]:
+    """An ordered key's order record and its exclusive lease (``key_digest``: the digest
+    of its material, ``TaskPolicy.ordered_key``)."""
+    return names.ordered(policy.name, key_digest), names.lease(policy.name, "ex", key_digest)
 
 
 def _concurrency(
