@@ -137,26 +137,25 @@ def _prepare_pool(task_pool: Any) -> None:
 
     green.install(task_pool)  # gevent, eventlet: a reconnect lets the greenlets run
 
-    gevent = internals.gevent_pool(task_pool)
-    if gevent is False:
-        raise ConfigError(
-            "Celery's gevent pool is not as celery-baton knows it (on_start sets "
-            "_quick_put): a rate grant or a throttle window would not be judged at the "
-            "task's start"
-        )
-    if gevent:
-        in_process.install(task_pool)  # judged on the greenlet, before the body
-        return
-    threads = internals.threads_pool(task_pool)
-    if threads is False:
-        raise ConfigError(
-            "Celery's threads pool is not as celery-baton knows it (on_apply takes "
-            "accept_callback): a rate grant or a throttle window would not be judged at "
-            "the task's start"
-        )
-    if threads:
-        in_process.install_threads(task_pool)  # judged on the thread, before the body
-        return
+    # gevent: judged on the greenlet, threads: on the executor thread, before the body.
+    for pool, shaped, expected, install in (
+        ("gevent", internals.gevent_pool, "on_start sets _quick_put", in_process.install),
+        (
+            "threads",
+            internals.threads_pool,
+            "on_apply takes accept_callback",
+            in_process.install_threads,
+        ),
+    ):
+        known = shaped(task_pool)
+        if known is False:
+            raise ConfigError(
+                f"Celery's {pool} pool is not as celery-baton knows it ({expected}): a rate "
+                "grant or a throttle window would not be judged at the task's start"
+            )
+        if known:
+            install(task_pool)
+            return
     if not isinstance(task_pool, TaskPool):
         return  # solo, eventlet: tasks start in the main process
     refused = prefork.install(task_pool)
