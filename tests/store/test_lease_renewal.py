@@ -271,7 +271,11 @@ def test_lease_book_keeps_a_lease_alive_past_its_ttl(gate: Gate, r: redis.Redis)
     assert Lease(gate, KEY).acquire()
 
 
-def test_lease_book_reports_a_lost_lease(gate: Gate) -> None:
+def _book_holding_a_lost_lease(
+    gate: Gate,
+) -> tuple[LeaseBook, Lease, list[tuple[str, str]]]:
+    """A book that still holds a lease which expired and another owner took; the
+    losses its ``on_lost`` was told of."""
     lease = Lease(gate, KEY, ttl=0.2)
     assert lease.acquire()
     time.sleep(0.3)
@@ -279,6 +283,11 @@ def test_lease_book_reports_a_lost_lease(gate: Gate) -> None:
     lost: list[tuple[str, str]] = []
     book = LeaseBook(gate, interval=10, on_lost=lambda owner, key: lost.append((owner, key)))
     book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30)])
+    return book, lease, lost
+
+
+def test_lease_book_reports_a_lost_lease(gate: Gate) -> None:
+    book, lease, lost = _book_holding_a_lost_lease(gate)
     book.renew_now()
     assert lost == []  # reported at the next pass, if its run still goes on
     book.renew_now()
@@ -294,13 +303,7 @@ def test_a_lost_lease_whose_run_ended_before_the_next_pass_is_not_reported(
     """The store stalled past the lease's deadline while its run ended; the run's pool
     process was still sending its release when the renewal came back "lost". Its end
     reaches the book before the next pass: no loss to report."""
-    lease = Lease(gate, KEY, ttl=0.2)
-    assert lease.acquire()
-    time.sleep(0.3)
-    assert Lease(gate, KEY, ttl=30).acquire()
-    lost: list[tuple[str, str]] = []
-    book = LeaseBook(gate, interval=10, on_lost=lambda owner, key: lost.append((owner, key)))
-    book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30)])
+    book, lease, lost = _book_holding_a_lost_lease(gate)
     book.renew_now()
     book.remove(lease.owner)  # the worker hears of the run's end
     book.renew_now()
