@@ -322,6 +322,9 @@ ASYNPOOL_NAMES = (
     "_busy_workers",
     "outbound_buffer",
     "_fileno_to_inq",
+    "flush",
+    "apply_async",
+    "_state",
 )
 POOL_NAMES = ("_maxtasksperchild", "_pool")
 WORKER_NAMES = ("_make_child_methods", "wait_for_job")

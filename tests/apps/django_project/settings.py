@@ -24,6 +24,14 @@ if _engine == "sqlite":
             "OPTIONS": {"timeout": 20},
         }
     }
+    import django
+
+    if django.VERSION >= (5, 1):
+        # A transaction that reads, then writes (django-celery-beat's update_or_create of
+        # its change marker) cannot wait for the lock: SQLite answers "database is
+        # locked" at once when it would have to upgrade a read lock that another writer
+        # waits behind. Taking the write lock first makes it wait (Django's advice).
+        DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 else:
     DATABASES = {
         "default": {

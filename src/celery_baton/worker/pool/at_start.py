@@ -58,6 +58,11 @@ def judge(name: str, task_id: str, request_dict: dict[str, Any]) -> None:
             logger.exception("baton: %s[%s]: judging its throttle window failed", name, task_id)
 
 
+def judged_in_pool(request_dict: dict[str, Any]) -> bool:
+    """Whether a prefork pool process judges this request before accepting it."""
+    return any(field in request_dict for field in _PREFORK_FIELDS)
+
+
 def judge_before_accept(job: Any) -> Any:
     """In a prefork pool process, a job just read from its pipe, before it is accepted:
     the job to accept (``job``, or for a call cancelled meanwhile the same job with
@@ -73,7 +78,7 @@ def judge_before_accept(job: Any) -> Any:
     if found is None:
         return job
     name, task_id, request_dict = found
-    if not any(field in request_dict for field in _PREFORK_FIELDS):
+    if not judged_in_pool(request_dict):
         return job
     fields = (
         request_dict.get(rate_grant.RATE_GRANT_FIELD)

@@ -25,12 +25,25 @@ throttle's window, as it takes the job from its pipe, before it accepts it
 runs and nothing is acknowledged while it waits, and if the process dies meanwhile
 Celery gives the job, never accepted, to another process.
 
+**A job the main process let go of is not run.** At a warm shutdown, and when the broker
+connection is lost, Celery's ``AsynPool.flush`` drops every job its processes have not
+accepted yet from its books: "they will be redelivered by the broker", and their ack
+(``acks_late=False``) is never sent. A process that reads such a job and accepts it
+anyway runs a body whose message comes back: the call runs twice. Celery's own window
+for that is the microseconds between the write and the accept; a judgement before the
+accept (a fresh rate token waited for) made it seconds. So the pool counts its flushes
+in memory its processes share (``LetGo``), each job is stamped with the count as it
+enters the pool (``ReadyAsynPool.apply_async``), and a process that finds the count
+moved on when it is about to accept a job leaves it to the broker (``_judging``).
+
 The private names used here are checked by ``internals.prefork_pool_classes``.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -53,14 +66,70 @@ FIRST_COME = ("fast", "fcfs")
 #: A process's count of jobs reported READY (set on Celery's process object).
 _DONE_ATTR = "_baton_done"
 
+#: The pool's flush count when a job entered the pool (in the job's request dict).
+LET_GO_FIELD = "baton_let_go"
+
+
+class LetGo:
+    """How many times the main process let go of the jobs its pool processes had not
+    accepted (``AsynPool.flush``): a counter in anonymous shared memory, made by the
+    main process before it forks, so every pool process reads the main process's
+    count."""
+
+    _FORMAT = "Q"
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, struct.calcsize(self._FORMAT))
+
+    @property
+    def count(self) -> int:
+        return int(struct.unpack_from(self._FORMAT, self._memory)[0])
+
+    def bump(self) -> None:
+        """Main process only (the one writer)."""
+        struct.pack_into(self._FORMAT, self._memory, 0, self.count + 1)
+
+
+#: Made in the main process when the pool is installed; inherited by every pool process.
+_let_go: LetGo | None = None
+
+
+def _let_go_of(job: Any) -> bool:
+    """Whether ``job`` (billiard's ``(TASK, (job, i, fun, args, kwargs))``) entered the
+    pool before a flush of the main process: Celery dropped it, its message comes back."""
+    if _let_go is None:
+        return False
+    try:
+        args = job[1][3]
+    except (TypeError, IndexError):
+        return False
+    found = at_start.task_request(args)
+    if found is None or LET_GO_FIELD not in found[2]:
+        return False
+    name, task_id, request_dict = found
+    if request_dict[LET_GO_FIELD] == _let_go.count:
+        return False
+    logger.info(
+        "%s[%s] was let go by the worker (a shutdown or a lost broker connection) before "
+        "its pool process accepted it: it does not start here, its message goes back to "
+        "the broker",
+        name,
+        task_id,
+    )
+    return True
+
 
 def _judging(receive: Callable[[], Any]) -> Callable[[], Any]:
-    """The pool process's ``wait_for_job``, judging each job before it is accepted."""
+    """The pool process's ``wait_for_job``, judging each job before it is accepted; a
+    job the main process let go of meanwhile is not accepted (billiard's loop takes
+    None as no job)."""
 
     def wait_for_job() -> Any:
         job = receive()
         if job:
             job = at_start.judge_before_accept(job)
+            if _let_go_of(job):  # last, right before billiard sends the accept
+                return None
         return job
 
     return wait_for_job
@@ -150,6 +219,19 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
         self._baton_hub = hub
         super().register_with_event_loop(hub)
 
+    def apply_async(self, func: Any, args: Any = (), *rest: Any, **options: Any) -> Any:
+        # A guarded job (the only kind judged before its accept, so the only kind that
+        # can wait there) is stamped with the flush count it entered the pool under.
+        found = at_start.task_request(args)
+        if found is not None and _let_go is not None and at_start.judged_in_pool(found[2]):
+            found[2][LET_GO_FIELD] = _let_go.count
+        return super().apply_async(func, args, *rest, **options)
+
+    def flush(self) -> None:
+        if _let_go is not None and self._state != billiard_pool.TERMINATE:
+            _let_go.bump()  # before Celery drops the unaccepted jobs, so none runs after
+        super().flush()
+
 
 class JudgingBlockingPool(billiard_pool.Pool):  # type: ignore[misc]
     """billiard's prefork pool (Celery without the event loop) with judging processes."""
@@ -177,6 +259,9 @@ def install(task_pool: Any) -> str | None:
         )
     if getattr(task_pool, "_pool", None) is not None:
         return "the prefork pool started before celery-baton's consumer step was created"
+    global _let_go
+    if _let_go is None:
+        _let_go = LetGo()
     task_pool.Pool = ReadyAsynPool
     task_pool.BlockingPool = JudgingBlockingPool
     return None
