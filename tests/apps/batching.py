@@ -133,3 +133,17 @@ def item_batch(calls: list[Call]) -> list[int]:
     """The same 1 ms of work per call, 100 calls per run."""
     time.sleep(0.001 * len(calls))
     return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2, global_rate_limit="2/s")
+def paced_batch(calls: list[Call]) -> list[int]:
+    """Batches of up to 5 calls, each batch run one start of a 2/s limit across workers."""
+    _report("paced_batch", calls, sleep=0.01)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2, global_concurrency=1)
+def single_batch(calls: list[Call]) -> list[int]:
+    """Batches of up to 5 calls, one batch run at a time across all workers."""
+    _report("single_batch", calls, sleep=0.15)
+    return [c.kwargs["doc"] * 2 for c in calls]

@@ -44,8 +44,6 @@ INCOMPATIBLE = {
     "unique": "every call of a batch is a caller waiting for its own result",
     "debounce": "debounce keeps one call of a burst, batch keeps them all",
     "throttle": "throttle drops calls, batch keeps them all",
-    "global_rate_limit": "not yet: a batch run is not one start of a rate (issue 37)",
-    "global_concurrency": "not yet: a batch run is not one slot of a limit (issue 37)",
     "limits": "not yet: a batch run is not one start of a named limit (issue 37)",
     "fair_key": "not yet (issue 37)",
     "autoretry_for": "not yet: a retry of a batch is not supported (issue 37)",

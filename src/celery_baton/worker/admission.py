@@ -164,6 +164,20 @@ class Admission:
             # Held until its key's batch ran (worker/batching.py); asks no gate.
             self.batching.receive(request, policy)
             return None
+        return self._guard(request, policy)
+
+    def carry(self, request: Any) -> None:
+        """A batch's carrier (``worker/batching.py``), its batch claimed: the run is one
+        start of the task's rate and one slot of its concurrency, asked for here as any
+        guarded request's; a batched task with neither goes to the pool at once."""
+        policy = self.planner.policy(request)
+        if policy is None or not policy.gates_runs:
+            self.slots.plain(request)
+            return
+        self._guard(request, policy)
+
+    def _guard(self, request: Any, policy: TaskPolicy) -> Any:
+        """A guarded request, planned and asked for (or refused, or passed on plain)."""
         celery_rate = None
         if policy.rate_from_celery:
             celery_rate = self.planner.celery_rate(request.task)

@@ -64,8 +64,7 @@ def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
         ({"exclusive": "account_id"}, r"batch with exclusive"),
         ({"unique": "account_id"}, r"batch with unique"),
         ({"debounce": 1.0}, r"batch with debounce"),
-        ({"global_rate_limit": "10/s"}, r"batch with global_rate_limit: not yet"),
-        ({"global_concurrency": 2}, r"batch with global_concurrency: not yet"),
+        ({"limits": {"api": 1}}, r"batch with limits: not yet"),
         ({"autoretry_for": (ValueError,)}, r"batch with autoretry_for: not yet"),
         ({"ordered": "account_id"}, r"batch cannot be used with ordered=: not yet"),
     ],
@@ -75,6 +74,12 @@ def test_bad_batch_options_are_refused_at_declaration(
 ) -> None:
     with pytest.raises(ConfigError, match=match):
         declare(app, batch="account_id", **options)
+
+
+def test_a_batch_may_have_a_global_rate_limit_and_a_global_concurrency(app: Celery) -> None:
+    """A batch run is one start of the rate and one slot of the limit (tested on real
+    workers in tests/batching/test_batch_limits.py)."""
+    declare(app, batch="account_id", global_rate_limit="10/s", global_concurrency=2)
 
 
 def test_batch_size_or_wait_without_batch_is_refused(app: Celery) -> None:
