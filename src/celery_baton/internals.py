@@ -367,10 +367,10 @@ def prefork_pool_classes(task_pool: Any) -> tuple[type, type] | None:
     return asyn, blocking
 
 
-#: Celery's gevent pool, as ``worker/pool/in_process.py`` extends it: ``on_start`` sets
-#: ``_quick_put`` (the gevent pool's ``spawn``), which ``on_apply`` calls with
+#: Celery's gevent and eventlet pools, as ``worker/pool/in_process.py`` extends them:
+#: ``on_start`` sets ``_quick_put`` (the pool's ``spawn``), which ``on_apply`` calls with
 #: ``(apply_timeout or apply_target, target, args, kwargs, callback, accept_callback,
-#: getpid, timeout=..., timeout_callback=...)``.
+#: getpid, ...)`` (gevent: ``timeout=..., timeout_callback=...`` too).
 GEVENT_POOL_NAMES = ("on_start", "on_apply", "_quick_put")
 
 
@@ -378,13 +378,22 @@ def gevent_pool(task_pool: Any) -> bool | None:
     """True when ``task_pool`` is Celery's gevent ``TaskPool`` shaped as
     ``worker/pool/in_process.py`` expects; None when it is another pool; False when it
     is Celery's gevent pool without those names (logged once)."""
+    return _green_pool(task_pool, "gevent")
+
+
+def eventlet_pool(task_pool: Any) -> bool | None:
+    """The same for Celery's eventlet ``TaskPool``."""
+    return _green_pool(task_pool, "eventlet")
+
+
+def _green_pool(task_pool: Any, name: str) -> bool | None:
     cls = type(task_pool)
-    if cls.__module__ != "celery.concurrency.gevent" or cls.__name__ != "TaskPool":
+    if cls.__module__ != f"celery.concurrency.{name}" or cls.__name__ != "TaskPool":
         return None
     missing = _names_of(cls, GEVENT_POOL_NAMES)
     if missing:
         unavailable(
-            f"celery's gevent TaskPool {', '.join(missing)}", "the worker is refused at start"
+            f"celery's {name} TaskPool {', '.join(missing)}", "the worker is refused at start"
         )
         return False
     return True

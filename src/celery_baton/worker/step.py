@@ -127,8 +127,8 @@ class BatonConsumer(bootsteps.StartStopStep):  # type: ignore[misc]
 def _prepare_pool(task_pool: Any) -> None:
     """Celery's prefork pool, about to start: its processes say when one can start a
     request, and judge a late rate grant or throttle before they accept the job
-    (pool/prefork.py); Celery's gevent pool judges them on the greenlet
-    (pool/in_process.py).
+    (pool/prefork.py); Celery's gevent and eventlet pools judge them on the greenlet,
+    its threads pool on the executor thread (pool/in_process.py).
     A prefork pool that cannot be told so is refused: its limits would not hold."""
     # Imported here, by a worker: the prefork pool's modules are not a client's.
     from celery.concurrency.prefork import TaskPool
@@ -137,9 +137,11 @@ def _prepare_pool(task_pool: Any) -> None:
 
     green.install(task_pool)  # gevent, eventlet: a reconnect lets the greenlets run
 
-    # gevent: judged on the greenlet, threads: on the executor thread, before the body.
+    # gevent, eventlet: judged on the greenlet, threads: on the executor thread, before
+    # the body.
     for pool, shaped, expected, install in (
         ("gevent", internals.gevent_pool, "on_start sets _quick_put", in_process.install),
+        ("eventlet", internals.eventlet_pool, "on_start sets _quick_put", in_process.install),
         (
             "threads",
             internals.threads_pool,
@@ -157,7 +159,7 @@ def _prepare_pool(task_pool: Any) -> None:
             install(task_pool)
             return
     if not isinstance(task_pool, TaskPool):
-        return  # solo, eventlet: tasks start in the main process
+        return  # solo: tasks start in the main process, as they are handed over
     refused = prefork.install(task_pool)
     if refused is not None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")

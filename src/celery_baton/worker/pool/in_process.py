@@ -1,18 +1,19 @@
-"""Celery's gevent and threads pools: a rate grant and a throttle window judged where
-the body starts (issue 34 (a)).
+"""Celery's gevent, eventlet and threads pools: a rate grant and a throttle window
+judged where the body starts (issue 34 (a)).
 
 On these pools the body runs on a greenlet or an executor thread of the main process.
 The main process judged the request when it handed it over (``worker/starting.py``);
 what happens between the hand-over and the body it cannot see:
 
-* gevent: the greenlet's first act is Celery's accept (``Request.on_accepted``), and on
-  a worker without an event loop that acknowledges the message there and then
-  (``Consumer.call_soon_ack``): a broker call. While the broker does not answer (slow,
-  failing over, paused) the greenlet waits in it, and the worker, whose own greenlet
-  goes on, grants the next request to the next free greenlet, which waits too; when
-  the broker answered, their bodies started at once, and together with the grants that
-  follow (three starts in 36 ms at 2/s). A greenlet that the hub reaches late (another
-  greenlet computing without yielding) starts late the same way.
+* gevent and eventlet (said of gevent below, alike on eventlet): the greenlet's first
+  act is Celery's accept (``Request.on_accepted``), and on a worker without an event
+  loop that acknowledges the message there and then (``Consumer.call_soon_ack``): a
+  broker call. While the broker does not answer (slow, failing over, paused) the
+  greenlet waits in it, and the worker, whose own greenlet goes on, grants the next
+  request to the next free greenlet, which waits too; when the broker answered, their
+  bodies started at once, and together with the grants that follow (three starts in 36
+  ms at 2/s). A greenlet that the hub reaches late (another greenlet computing without
+  yielding) starts late the same way.
 * both: before Celery 5.7 a lost broker connection empties ``reserved_requests``,
   running requests included; counted by those, the pool looked free while its threads
   (greenlets) ran, and a grant waited behind them (the pool slots now count running
@@ -27,8 +28,8 @@ the event loop acknowledges the message, so the thread judges the job first, the
 accepts it (no time limits there): nothing is acknowledged while it waits. Solo runs the
 body as it is handed over: the main process's judgement is the last one.
 
-The private names used here are checked by ``internals.gevent_pool`` and
-``internals.threads_pool``.
+The private names used here are checked by ``internals.gevent_pool``,
+``internals.eventlet_pool`` and ``internals.threads_pool``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _accept_judge_run(
 
 
 def install(task_pool: Any) -> None:
-    """Make Celery's gevent ``task_pool`` (not started yet) spawn each job judged."""
+    """Make Celery's gevent or eventlet ``task_pool`` (not started yet) spawn each job
+    judged."""
     start = task_pool.on_start
 
     def on_start() -> None:
