@@ -147,3 +147,20 @@ def single_batch(calls: list[Call]) -> list[int]:
     """Batches of up to 5 calls, one batch run at a time across all workers."""
     _report("single_batch", calls, sleep=0.15)
     return [c.kwargs["doc"] * 2 for c in calls]
+
+
+def _attempt(call: Call) -> int:
+    """How many batch runs ``call`` was in so far, this one included (on the observer's
+    server: every worker counts in one place)."""
+    return int(observer()._redis.incr(f"batching:attempts:{call.id}"))
+
+
+@app.task(bind=True, batch="account", batch_size=4, batch_wait=0.2, max_retries=2)
+def flaky_batch(self: Any, calls: list[Call]) -> list[int]:
+    """Retries its whole batch (``self.retry``) while a call asking for it (``fail``:
+    how many of its runs fail) has not run that often; then doc * 2 each."""
+    attempts = {c.id: _attempt(c) for c in calls}
+    _report("flaky_batch", calls, sleep=0.01)
+    if any(attempts[c.id] <= c.kwargs.get("fail", 0) for c in calls):
+        raise self.retry(countdown=0.3)
+    return [c.kwargs["doc"] * 2 for c in calls]

@@ -46,7 +46,7 @@ INCOMPATIBLE = {
     "throttle": "throttle drops calls, batch keeps them all",
     "limits": "not yet: a batch run is not one start of a named limit (issue 37)",
     "fair_key": "not yet (issue 37)",
-    "autoretry_for": "not yet: a retry of a batch is not supported (issue 37)",
+    "autoretry_for": "not yet: a batch retries with self.retry() in its body (issue 37)",
     "ordered": "not yet: a batch runs many calls of a key at once, ordered= one at a time",
 }
 
@@ -68,6 +68,22 @@ class Call:
     id: str
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+#: Between a task id and its retry count in a delivery's id (``"<task id>~<retries>"``).
+_RETRY_MARK = "~"
+
+
+def delivery_id(task_id: str, retries: int) -> str:
+    """A call's id in the store: its task id, and for a retry (Celery publishes it under
+    the same task id) the retry's count too, so that a retry is a call of its own and
+    not one that already ran (a done call's message that comes back is acked, not run)."""
+    return f"{task_id}{_RETRY_MARK}{retries}" if retries else task_id
+
+
+def task_id_of(call_id: str) -> str:
+    """The task id of a delivery id (``delivery_id``)."""
+    return call_id.split(_RETRY_MARK, 1)[0]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from celery_baton import internals
-from celery_baton.core.batch import Batches, KeyTick
+from celery_baton.core.batch import Batches, KeyTick, delivery_id, task_id_of
 from celery_baton.core.keys import task_words
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
@@ -158,10 +158,11 @@ class Batching:
             state = self.keys[keys[0]] = KeyState(
                 keys, batch.size, batch.wait, policy.lease_ttl, label
             )
-        if request.id in state.held:  # the same message twice: keep one
-            self._leave(state.held.pop(request.id), ack=True)
-        state.held[request.id] = request
-        state.new.append((request.id, encoded))
+        call_id = delivery_id(request.id, int(request.request_dict.get("retries") or 0))
+        if call_id in state.held:  # the same message twice: keep one
+            self._leave(state.held.pop(call_id), ack=True)
+        state.held[call_id] = request
+        state.new.append((call_id, encoded))
         if len(self._counted) < self.hold_max:
             # Like an ETA task: a held call must not use up the prefetch window.
             self._counted.add(id(request))
@@ -267,7 +268,7 @@ class Batching:
             state.gone.append(call_id)
 
     def _noticed(self, call_id: str) -> bool:
-        return self.cancelling is not None and self.cancelling.watch.noticed(call_id)
+        return self.cancelling is not None and self.cancelling.watch.noticed(task_id_of(call_id))
 
     def _start(self, state: KeyState, run: str, carrier_id: str, calls: list[Any]) -> None:
         request = state.held.pop(carrier_id, None)
@@ -291,7 +292,12 @@ class Batching:
         }
         state.running.append(Running(run, carrier_id, request, [c for c, _ in calls]))
         self.stats["batches"] += 1
-        self._event(request, "task-baton-batch", run=run, calls=[call_id for call_id, _ in calls])
+        self._event(
+            request,
+            "task-baton-batch",
+            run=run,
+            calls=[task_id_of(call_id) for call_id, _ in calls],
+        )
         logger.debug("%s: batch %s of %d calls starts", request.name, run, len(calls))
         self.send(request)
 

@@ -277,8 +277,7 @@ class BatonWorker:
             batching=self.batching,
         )
         if self.batching is not None:
-            slots = self.admission.slots
-            self.batching.send = slots.plain  # a batch's carrier goes to the pool
+            self.batching.send = self.admission.carry  # a batch's carrier: one run
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
         self.listener = NoticeListener(parts.store, parts.names.notice_channel, self._noticed)

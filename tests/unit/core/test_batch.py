@@ -167,17 +167,19 @@ def test_a_call_without_the_keys_argument_is_refused_at_publish(app: Celery) -> 
         task.delay(doc_id=1)
 
 
-def test_a_retry_in_a_batched_body_fails_the_call_clearly(app: Celery) -> None:
-    from celery_baton import BatonError
+def test_a_retry_in_a_batched_body_called_eagerly_retries_as_celery_does(app: Celery) -> None:
+    """A batch of one (``.apply()``): Celery's eager retry runs it again at once."""
+    attempts: list[int] = []
 
-    @app.task(shared=False, bind=True, batch="account_id")
+    @app.task(shared=False, bind=True, batch="account_id", max_retries=2)
     def flaky(self: Any, calls: list[Call]) -> list[int]:
-        raise self.retry(countdown=1)
+        attempts.append(self.request.retries)
+        if len(attempts) < 2:
+            raise self.retry(countdown=1)
+        return [len(attempts) for _ in calls]
 
-    result = flaky.apply(kwargs={"account_id": 1})
-    assert result.state == "FAILURE"
-    with pytest.raises(BatonError, match=r"self.retry\(\) in a batched task is not supported"):
-        result.get()
+    assert flaky.apply(kwargs={"account_id": 1}).get() == 2
+    assert attempts == [0, 1]
 
 
 def test_a_batched_task_declared_by_a_call_of_app_task_takes_a_calls_arguments(
@@ -188,3 +190,14 @@ def test_a_batched_task_declared_by_a_call_of_app_task_takes_a_calls_arguments(
 
     task = app.task(double, shared=False, batch="account_id")
     assert task.apply(kwargs={"account_id": 1, "doc": 4}).get() == 8
+
+
+def test_a_retry_is_a_delivery_of_its_own_under_its_task_id() -> None:
+    """Celery publishes a retry under the same task id; the store tells it from the call
+    that already ran by its retry count."""
+    from celery_baton.core.batch import delivery_id, task_id_of
+
+    assert delivery_id("abc", 0) == "abc"
+    assert delivery_id("abc", 2) == "abc~2"
+    assert delivery_id("abc", 2) != delivery_id("abc", 1)
+    assert task_id_of(delivery_id("abc", 2)) == task_id_of("abc") == "abc"

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery.exceptions import Retry
 from kombu.utils import json as kombu_json
 
-from celery_baton.core.batch import Call, outcomes
+from celery_baton.core.batch import Call, outcomes, task_id_of
 from celery_baton.errors import BatonError
 from celery_baton.parts import installed_parts
 
@@ -36,6 +37,8 @@ BATCH_FIELD = "baton_batch"
 #: the pool process that runs its batch writes its result as Celery would: a chord's
 #: counter, the next task of a chain, its link and link_error callbacks.
 CANVAS_FIELDS = (
+    "retries",  # a retry of the batch counts each call's own
+    "expires",
     "callbacks",
     "errbacks",
     "chain",
@@ -66,7 +69,7 @@ def decode_call(call_id: str, encoded: str) -> tuple[Call, dict[str, Any]]:
     decoded = kombu_json.loads(encoded)  # type: ignore[no-untyped-call]
     args, kwargs = decoded[0], decoded[1]
     canvas = decoded[2] if len(decoded) > 2 else {}
-    return Call(call_id, tuple(args), dict(kwargs)), dict(canvas)
+    return Call(task_id_of(call_id), tuple(args), dict(kwargs)), dict(canvas)
 
 
 def batch_body(fun: Callable[..., Any], *, bound: bool) -> Callable[..., Any]:
@@ -123,6 +126,14 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
     others = [call for call in calls if call.id != own]
     try:
         returned = _invoke(task, fun, calls, bound=bound)
+    except Retry as retry:
+        # self.retry() in the body: Celery published the carrier's retry and marks it
+        # RETRY; every other call of the batch is retried the same way, under its own
+        # task id, then the batch is done (each retry is a call of its own).
+        for call in others:
+            _retry(task, call, canvas[call.id], retry)
+        _done(task, batch, calls)
+        raise
     except Exception as exc:
         # A body that raises fails every call of its batch (the carrier by Celery, below).
         for call in others:
@@ -144,17 +155,46 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
 
 
 def _invoke(task: Any, fun: Callable[..., Any], calls: list[Call], *, bound: bool) -> Any:
-    from celery.exceptions import Retry
+    return fun(task, calls) if bound else fun(calls)
 
+
+def _context(task: Any, call: Call, canvas: dict[str, Any]) -> Any:
+    """A call's request as Celery's trace would have it: its id, arguments and canvas."""
+    from celery.app.task import Context
+
+    return Context(
+        {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
+    )
+
+
+def _retry(task: Any, call: Call, canvas: dict[str, Any], retry: Any) -> None:
+    """Retry one call of a batch whose body called ``self.retry()``: published again as
+    Celery's ``Task.retry`` publishes a task's retry (its own id, args, canvas and retry
+    count; the carrier's countdown or eta, and its queue), its state RETRY; past
+    ``max_retries`` it fails with ``MaxRetriesExceededError``."""
+    request = _context(task, call, canvas)
+    request.delivery_info = task.request.delivery_info  # its queue: the carrier's
+    request.called_directly = False  # a worker's run (retry() raises Retry otherwise)
+    when = retry.sig.options if getattr(retry, "sig", None) is not None else {}
+    # Its own request alone (Celery 5.7's push_request would merge the carrier's in).
+    task.request_stack.push(request)
     try:
-        return fun(task, calls) if bound else fun(calls)
-    except Retry as exc:
-        # Celery would retry the carrying call alone, and the others' results would
-        # never come: refused, every call of the batch fails saying so.
-        raise BatonError(
-            f"{task.name}: self.retry() in a batched task is not supported yet (issue 37): "
-            "every call of the batch fails"
-        ) from exc
+        task.retry(
+            exc=retry.exc,
+            countdown=when.get("countdown"),
+            eta=when.get("eta"),
+            max_retries=getattr(task, "override_max_retries", None),
+            throw=False,
+        )
+    except Exception as exc:  # MaxRetriesExceededError (or the exc given), or no publish
+        _write(task, call, canvas, False, exc)
+        return
+    finally:
+        task.pop_request()
+    try:
+        task.backend.mark_as_retry(call.id, retry.exc or retry, request=request)
+    except Exception:
+        logger.exception("%s[%s]: its RETRY state could not be written", task.name, call.id)
 
 
 def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) -> None:
@@ -162,11 +202,8 @@ def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) 
     state, its chord's counter, then its chain's next task and its link callbacks (on
     success) or its link_error callbacks (on failure)."""
     from celery import signature
-    from celery.app.task import Context
 
-    request = Context(
-        {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
-    )
+    request = _context(task, call, canvas)
     request.ignore_result = task.ignore_result
     backend = task.backend
     try:
