@@ -164,3 +164,20 @@ def flaky_batch(self: Any, calls: list[Call]) -> list[int]:
     if any(attempts[c.id] <= c.kwargs.get("fail", 0) for c in calls):
         raise self.retry(countdown=0.3)
     return [c.kwargs["doc"] * 2 for c in calls]
+
+
+@app.task(
+    batch="account",
+    batch_size=4,
+    batch_wait=0.2,
+    max_retries=2,
+    autoretry_for=(ValueError,),
+    retry_kwargs={"countdown": 0.3},
+)
+def flaky_auto_batch(calls: list[Call]) -> list[int]:
+    """As ``flaky_batch``, retried by ``autoretry_for`` (a ValueError)."""
+    attempts = {c.id: _attempt(c) for c in calls}
+    _report("flaky_auto_batch", calls, sleep=0.01)
+    if any(attempts[c.id] <= c.kwargs.get("fail", 0) for c in calls):
+        raise ValueError("not yet")
+    return [c.kwargs["doc"] * 2 for c in calls]

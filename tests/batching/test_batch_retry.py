@@ -22,10 +22,14 @@ from tests.support.workers import Workers
 APP = "tests.apps.batching"
 
 
-def test_self_retry_in_a_batch_retries_every_call_of_it(
-    workers: Workers, observer: Observer
+@pytest.mark.parametrize("name", ["flaky_batch", "flaky_auto_batch"])
+def test_a_retry_of_a_batch_retries_every_call_of_it(
+    workers: Workers, observer: Observer, name: str
 ) -> None:
-    from tests.apps.batching import flaky_batch
+    """``self.retry()`` in the body, or an ``autoretry_for`` error it raises."""
+    from tests.apps import batching
+
+    flaky_batch = getattr(batching, name)
 
     for _ in range(2):
         workers.start(APP, concurrency=2, wait=False)
@@ -38,30 +42,36 @@ def test_self_retry_in_a_batch_retries_every_call_of_it(
     ]
     for n, result in enumerate(results):
         assert result.get(timeout=60) == n * 2
-    runs = runs_of(observer, "flaky_batch")
+    runs = runs_of(observer, name)
     seen = Counter(i for r in runs for i in call_ids(r))
     # Each call ran in the retried batch and once more after: twice, never three times.
     assert {result.id: seen[result.id] for result in results} == {r.id: 2 for r in results}
     assert len(runs) >= 2
 
 
-def test_a_call_past_max_retries_fails_with_max_retries_exceeded(
-    workers: Workers, observer: Observer
+@pytest.mark.parametrize(
+    ("name", "error"), [("flaky_batch", MaxRetriesExceededError), ("flaky_auto_batch", ValueError)]
+)
+def test_a_call_past_max_retries_fails(
+    workers: Workers, observer: Observer, name: str, error: type[Exception]
 ) -> None:
-    from tests.apps.batching import flaky_batch
+    """``self.retry()`` without ``exc``: ``MaxRetriesExceededError``; ``autoretry_for``:
+    the error itself, as Celery's own retry raises them."""
+    from tests.apps import batching
 
+    flaky_batch = getattr(batching, name)
     workers.start(APP, concurrency=2)
     results = [
         flaky_batch.apply_async(kwargs={"account": "m", "doc": n, "fail": 99}) for n in range(3)
     ]
     for result in results:
-        with pytest.raises(MaxRetriesExceededError):
+        with pytest.raises(error):
             result.get(timeout=60)
     wait_until(
-        lambda: sum(len(call_ids(r)) for r in runs_of(observer, "flaky_batch")) >= 9,
+        lambda: sum(len(call_ids(r)) for r in runs_of(observer, name)) >= 9,
         30,
         "three runs of each call",
     )
-    seen = Counter(i for r in runs_of(observer, "flaky_batch") for i in call_ids(r))
+    seen = Counter(i for r in runs_of(observer, name) for i in call_ids(r))
     # max_retries=2: the first run and two retries.
     assert {r.id: seen[r.id] for r in results} == {r.id: 3 for r in results}

@@ -46,7 +46,6 @@ INCOMPATIBLE = {
     "throttle": "throttle drops calls, batch keeps them all",
     "limits": "not yet: a batch run is not one start of a named limit (issue 37)",
     "fair_key": "not yet (issue 37)",
-    "autoretry_for": "not yet: a batch retries with self.retry() in its body (issue 37)",
     "ordered": "not yet: a batch runs many calls of a key at once, ordered= one at a time",
 }
 

@@ -65,7 +65,6 @@ def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
         ({"unique": "account_id"}, r"batch with unique"),
         ({"debounce": 1.0}, r"batch with debounce"),
         ({"limits": {"api": 1}}, r"batch with limits: not yet"),
-        ({"autoretry_for": (ValueError,)}, r"batch with autoretry_for: not yet"),
         ({"ordered": "account_id"}, r"batch cannot be used with ordered=: not yet"),
     ],
 )

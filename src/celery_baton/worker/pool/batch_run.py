@@ -107,6 +107,8 @@ def wrap_task(task: Any) -> None:
     bound = not isinstance(run, staticmethod)
     wrapped = batch_body(fun, bound=bound)
     type(task).run = wrapped if bound else staticmethod(wrapped)
+    if "_orig_run" in vars(task):  # Celery's autoretry_for wrapper calls the body it took
+        task._orig_run = type(task).run.__get__(task) if bound else wrapped
     type(task).typing = False  # its __header__ is the body's (calls), not a call's
 
 
@@ -130,11 +132,33 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
         # self.retry() in the body: Celery published the carrier's retry and marks it
         # RETRY; every other call of the batch is retried the same way, under its own
         # task id, then the batch is done (each retry is a call of its own).
+        when = retry.sig.options if getattr(retry, "sig", None) is not None else {}
         for call in others:
-            _retry(task, call, canvas[call.id], retry)
+            _retry(
+                task,
+                call,
+                canvas[call.id],
+                exc=retry.exc,
+                countdown=when.get("countdown"),
+                eta=when.get("eta"),
+                max_retries=getattr(task, "override_max_retries", None),
+            )
         _done(task, batch, calls)
         raise
     except Exception as exc:
+        if _autoretried(task, exc):
+            # autoretry_for: Celery's wrapper around this runner retries the carrier;
+            # every other call is retried alike, its backoff counted from its own retries.
+            for call in others:
+                _retry(
+                    task,
+                    call,
+                    canvas[call.id],
+                    exc=exc,
+                    **_autoretry_options(task, canvas[call.id]),
+                )
+            _done(task, batch, calls)
+            raise
         # A body that raises fails every call of its batch (the carrier by Celery, below).
         for call in others:
             _write(task, call, canvas[call.id], False, exc)
@@ -167,34 +191,68 @@ def _context(task: Any, call: Call, canvas: dict[str, Any]) -> Any:
     )
 
 
-def _retry(task: Any, call: Call, canvas: dict[str, Any], retry: Any) -> None:
-    """Retry one call of a batch whose body called ``self.retry()``: published again as
-    Celery's ``Task.retry`` publishes a task's retry (its own id, args, canvas and retry
-    count; the carrier's countdown or eta, and its queue), its state RETRY; past
-    ``max_retries`` it fails with ``MaxRetriesExceededError``."""
+def _retry(
+    task: Any,
+    call: Call,
+    canvas: dict[str, Any],
+    *,
+    exc: BaseException | None,
+    countdown: float | None,
+    eta: Any,
+    max_retries: int | None,
+) -> None:
+    """Retry one call of a batch whose body called ``self.retry()`` (or raised an
+    ``autoretry_for`` error): published again as Celery's ``Task.retry`` publishes a
+    task's retry (its own id, args, canvas and retry count; the carrier's queue), its
+    state RETRY; past ``max_retries`` it fails with ``MaxRetriesExceededError``."""
     request = _context(task, call, canvas)
     request.delivery_info = task.request.delivery_info  # its queue: the carrier's
     request.called_directly = False  # a worker's run (retry() raises Retry otherwise)
-    when = retry.sig.options if getattr(retry, "sig", None) is not None else {}
     # Its own request alone (Celery 5.7's push_request would merge the carrier's in).
     task.request_stack.push(request)
     try:
-        task.retry(
-            exc=retry.exc,
-            countdown=when.get("countdown"),
-            eta=when.get("eta"),
-            max_retries=getattr(task, "override_max_retries", None),
-            throw=False,
-        )
-    except Exception as exc:  # MaxRetriesExceededError (or the exc given), or no publish
-        _write(task, call, canvas, False, exc)
+        task.retry(exc=exc, countdown=countdown, eta=eta, max_retries=max_retries, throw=False)
+    except Exception as failed:  # MaxRetriesExceededError (or the exc given), or no publish
+        _write(task, call, canvas, False, failed)
         return
     finally:
         task.pop_request()
     try:
-        task.backend.mark_as_retry(call.id, retry.exc or retry, request=request)
+        task.backend.mark_as_retry(call.id, exc, request=request)
     except Exception:
         logger.exception("%s[%s]: its RETRY state could not be written", task.name, call.id)
+
+
+def _autoretried(task: Any, exc: BaseException) -> bool:
+    """Whether Celery's ``autoretry_for`` wrapper, around this runner, retries ``exc``."""
+    from celery.exceptions import Ignore
+
+    if not hasattr(task, "_orig_run"):  # no wrapper: nothing retries the carrier
+        return False
+    retried = tuple(getattr(task, "autoretry_for", ()) or ())
+    kept = tuple(getattr(task, "dont_autoretry_for", ()) or ())
+    return bool(retried) and isinstance(exc, retried) and not isinstance(exc, (Ignore, *kept))
+
+
+def _autoretry_options(task: Any, canvas: dict[str, Any]) -> dict[str, Any]:
+    """What Celery's autoretry gives ``retry()`` for a call of ``canvas``'s retry count:
+    the task's ``retry_kwargs``, and with ``retry_backoff`` the exponential countdown."""
+    from celery.utils.time import get_exponential_backoff_interval
+
+    options = dict(getattr(task, "retry_kwargs", None) or {})
+    backoff = float(getattr(task, "retry_backoff", False) or 0)
+    if backoff:
+        options["countdown"] = get_exponential_backoff_interval(
+            factor=int(max(1.0, backoff)),
+            retries=int(canvas.get("retries") or 0),
+            maximum=int(getattr(task, "retry_backoff_max", 600)),
+            full_jitter=getattr(task, "retry_jitter", True),
+        )
+    return {
+        "countdown": options.get("countdown"),
+        "eta": options.get("eta"),
+        "max_retries": options.get("max_retries"),
+    }
 
 
 def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) -> None:
