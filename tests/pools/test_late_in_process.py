@@ -173,3 +173,42 @@ def test_runs_going_on_across_a_lost_broker_connection_keep_their_pool_slots(
     starts = [s["start"] for s in store_observer.started() if s["key"] == "rated"]
     assert len(starts) == count
     assert_gcra_bound(starts, 2.0, burst=1, tolerance_us=START_JITTER_US)
+
+
+@pytest.mark.parametrize("pool", ["gevent", EVENTLET])
+def test_a_call_cancelled_while_its_greenlet_waited_does_not_start(
+    workers: Workers,
+    store_observer: Observer,
+    broker_server: StoreServer,
+    store_server: StoreServer,
+    broker_url: str,
+    pool: str,
+) -> None:
+    """2/s on one worker of 2 greenlets; the broker stops answering while two granted
+    calls wait in their greenlets' accept (its ack), and every call not started yet is
+    cancelled then (``baton.cancel``). None of them starts once the broker answers:
+    the greenlet asks about a cancel after the accept, before the body (before, the two
+    waiting ones started after their cancel)."""
+    from tests.apps import busy_pool
+
+    worker = workers.start(
+        "tests.apps.busy_pool",
+        pool=pool,
+        concurrency=2,
+        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
+    )
+    sent = [busy_pool.rated.delay(n).id for n in range(10)]
+    store_observer.starts_of("rated", 2, timeout=30)  # paced now
+    broker_server.pause()
+    try:
+        time.sleep(1.5)  # two grants handed over meanwhile, their greenlets in the ack
+        started = {s["task_id"] for s in store_observer.started() if s["key"] == "rated"}
+        cancelled = [task_id for task_id in sent if task_id not in started]
+        for task_id in cancelled:
+            busy_pool.baton.cancel(task_id)
+    finally:
+        broker_server.resume()
+    time.sleep(4.0)  # a cancelled call that starts anyway would start now
+    after = [s["task_id"] for s in store_observer.started() if s["key"] == "rated"]
+    assert not set(after) & set(cancelled), "a cancelled call started"
+    assert "was cancelled while it waited" in worker.log_text()  # judged on its greenlet

@@ -14,9 +14,11 @@ place of its body, and the main process revokes it as Celery revokes
 (``worker/request.py``): REVOKED, its event, its message acknowledged, its leases given
 back. A job on time pays nothing: the grant's own check is moments old.
 
-Not judged here: a plain job (no gate call, its request not ours to end), and the
-threads and gevent pools (``worker/pool/in_process.py``), where the hand-over is to a
-thread or greenlet of the main process.
+On gevent and eventlet the greenlet that starts the body asks the same, after Celery's
+accept and the rate's judgement (``worker/pool/in_process.py``): a greenlet reached late
+(its accept waiting on a broker that does not answer) is the same late start. Not
+judged: a plain job (no gate call, its request not ours to end), and the threads pool,
+whose thread takes the job as it is handed over (nothing stands between).
 """
 
 from __future__ import annotations
@@ -80,3 +82,19 @@ def cancelled_body(task_id: str) -> Callable[..., Any]:
         raise CancelledBeforeStart(task_id)
 
     return body
+
+
+def cancelled_trace(task_id: str) -> Callable[..., Any]:
+    """What a greenlet runs in place of a cancelled job's trace (gevent, eventlet:
+    ``worker/pool/in_process.py``): the failed trace Celery's ``trace_task_ret`` returns
+    (``(1, ExceptionInfo, runtime)``), which the request's ``on_success`` hands to its
+    ``on_failure``, where it is revoked as in prefork."""
+    from billiard.einfo import ExceptionInfo
+
+    def trace(*args: Any, **kwargs: Any) -> Any:
+        try:
+            raise CancelledBeforeStart(task_id)
+        except CancelledBeforeStart:
+            return 1, ExceptionInfo(), 0.0
+
+    return trace

@@ -39,9 +39,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_baton.worker.pool import at_start, rate_grant, throttle_start
+from celery_baton.worker.pool import at_start, cancel_start, rate_grant, throttle_start
 
 _FIELDS = (rate_grant.RATE_GRANT_FIELD, throttle_start.THROTTLE_FIELD)
+#: What a greenlet judges: the above, and a cancel of a guarded job reached late.
+_GREEN_FIELDS = (*_FIELDS, cancel_start.HANDED_FIELD)
 
 
 def _accept_judge_run(
@@ -62,10 +64,12 @@ def _accept_judge_run(
     accept's), so it is passed on only when given."""
     given = () if getpid is None else (getpid,)
     found = at_start.task_request(args)
-    if found is None or accept_callback is None or not any(f in found[2] for f in _FIELDS):
+    if found is None or accept_callback is None or not any(f in found[2] for f in _GREEN_FIELDS):
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
+    if cancel_start.cancelled(*found):  # last: the rate's wait may have been long
+        target = cancel_start.cancelled_trace(found[1])
     return run(target, args, kwargs, callback, None, *given, *rest, **options)
 
 
