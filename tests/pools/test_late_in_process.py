@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,19 @@ def acks_on_the_greenlet() -> bool:
     return hasattr(Consumer, "call_soon_ack")
 
 
+def _busy_pool_worker(
+    workers: Workers, store_server: StoreServer, pool: str, concurrency: int
+) -> Any:
+    """A worker of tests/apps/busy_pool.py whose bodies stamp their starts on the store
+    server (not paused with the broker)."""
+    return workers.start(
+        "tests.apps.busy_pool",
+        pool=pool,
+        concurrency=concurrency,
+        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
+    )
+
+
 @pytest.fixture
 def store_observer(store_server: StoreServer, store_url: str) -> Iterator[Observer]:
     """An Observer on the store server: its clock, and not paused with the broker."""
@@ -67,12 +81,7 @@ def test_rate_grants_held_up_before_the_body_do_not_start_together(
     2 s while the rate paces its backlog. Every start keeps to the rate."""
     from tests.apps import busy_pool
 
-    worker = workers.start(
-        "tests.apps.busy_pool",
-        pool=pool,
-        concurrency=2,
-        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
-    )
+    worker = _busy_pool_worker(workers, store_server, pool, concurrency=2)
     count = 12
     for n in range(count):
         busy_pool.rated.delay(n)
@@ -152,12 +161,7 @@ def test_runs_going_on_across_a_lost_broker_connection_keep_their_pool_slots(
     from tests.apps import busy_pool
     from tests.support.waiting import wait_until
 
-    worker = workers.start(
-        "tests.apps.busy_pool",
-        pool=pool,
-        concurrency=1,
-        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
-    )
+    worker = _busy_pool_worker(workers, store_server, pool, concurrency=1)
     busy_pool.occupy.delay(6.0)
     store_observer.starts_of("occupy", 1, timeout=30)
     broker_server.restart(down_for=0.5)
@@ -191,12 +195,7 @@ def test_a_call_cancelled_while_its_greenlet_waited_does_not_start(
     waiting ones started after their cancel)."""
     from tests.apps import busy_pool
 
-    worker = workers.start(
-        "tests.apps.busy_pool",
-        pool=pool,
-        concurrency=2,
-        env={"TEST_OBSERVER_URL": store_server.url(OBSERVER_DB)},
-    )
+    worker = _busy_pool_worker(workers, store_server, pool, concurrency=2)
     sent = [busy_pool.rated.delay(n).id for n in range(10)]
     store_observer.starts_of("rated", 2, timeout=30)  # paced now
     broker_server.pause()
