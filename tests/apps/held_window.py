@@ -10,7 +10,10 @@ Run by workers as ``celery -A tests.apps.held_window worker``. Reads the usual
 * ``HELD_SINGLE_ACTIVE`` -- ``"1"``: the queue has a single active consumer;
 * ``HELD_PER_CONSUMER`` -- ``"1"``: kombu reads the broker as RabbitMQ 4, which has no
   global QoS on any queue type, so every prefetch is per consumer (kombu's
-  ``qos_semantics_matches_spec``), also on the RabbitMQ 3 of the test machine.
+  ``qos_semantics_matches_spec``), also on the RabbitMQ 3 of the test machine;
+* ``HELD_SLOW_EXIT`` -- seconds a leaving pool process takes to exit (its
+  ``worker_process_shutdown`` handler sleeps): with ``--max-tasks-per-child`` its
+  replacement comes that much later.
 
 Celery's defaults otherwise, except ``worker_prefetch_multiplier = 4`` (the issue's
 setting). Every task reports its start to the observer.
@@ -19,8 +22,10 @@ setting). Every task reports its start to the observer.
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
-from celery import Task
+from celery import Task, signals
 from kombu import Queue
 
 from tests.apps.factory import make_baton_app, observer
@@ -58,6 +63,14 @@ app, baton = make_baton_app(
     ],
     worker_prefetch_multiplier=4,
 )
+
+
+_SLOW_EXIT = float(os.environ.get("HELD_SLOW_EXIT", "0"))
+if _SLOW_EXIT:
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _exit_slowly(**_: Any) -> None:
+        time.sleep(_SLOW_EXIT)
 
 
 @app.task(bind=True, global_rate_limit="2/s")

@@ -120,7 +120,25 @@ class SemaphoreSlots:
         # In the same line as the guarded requests, and to a process that can start it:
         # a plain job given a slot Celery released twice must not take the process a
         # granted request was asked for.
-        self.semaphore.acquire(self._holds_semaphore, functools.partial(self.run, request))
+        self.semaphore.acquire(self._holds_semaphore, functools.partial(self._run_kept, request))
+
+    def _run_kept(self, request: Any) -> None:
+        """A request served from the line, once a process can start it: unless Celery
+        dropped it meanwhile. A lost broker connection empties Celery's reserved
+        requests (``Consumer.on_close``) and its semaphore, but not this line; the
+        message comes back from the broker, so the request must not run here too (a
+        plain call ran twice; a granted one, whose keys were given back with the
+        connection, ran without them)."""
+        if request not in worker_state.reserved_requests:
+            logger.info(
+                "%s[%s] left to the broker: Celery dropped it (the broker connection was "
+                "lost) while it waited for a pool process",
+                request.name,
+                request.id,
+            )
+            self.give_back()
+            return
+        self.run(request)
 
     def _free(self) -> int:
         if self._startable is None:
