@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.batching.test_batching import (
     APP,
     assert_each_call_once,
@@ -17,6 +19,7 @@ from tests.batching.test_batching import (
 )
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 
@@ -147,3 +150,34 @@ def test_a_pool_process_killed_mid_run_fails_its_carrier_and_the_others_run_agai
     assert len(lost) == 1, "the carrier fails as Celery fails a task whose process died"
     runs = settle(observer, "long_run", 4)
     assert_each_call_once(runs, [i for i in results if i not in lost])
+
+
+@pytest.mark.timeout(180)
+def test_calls_given_again_by_the_broker_while_they_wait_survive_their_holder(
+    workers: Workers, observer: Observer
+) -> None:
+    """The Redis broker gives a held call's message again once its visibility timeout
+    passed (3 s here; the batch waits 8 s), to the same worker: the same message, with
+    the same delivery tag. Found by the nemesis soak (seed 682791223): the holder acked
+    the older copy of the call it held twice, which removed the broker's unacked record
+    of the newer; killed before the batch ran, it left nothing for the broker to give
+    again, and the calls never ran. Now every call runs once, on the next worker."""
+    from tests.apps.batching import patient
+
+    env = {"BATCH_VISIBILITY": "3"}
+    holder = workers.start(APP, concurrency=2, env=env)
+    results = {}
+    for d in range(5):
+        result = patient.apply_async(kwargs={"account": "v", "doc": d})
+        results[result.id] = (result, d)
+    wait_until(
+        lambda: holder.log_text().count("batching.patient[") >= 10,
+        30,
+        "every call received twice by its holder (the broker gave it again)",
+    )
+    holder.kill()  # before its batch's 8 s
+    workers.start(APP, concurrency=2, env=env)
+    for result, doc in results.values():
+        assert result.get(timeout=60) == doc
+    runs = settle(observer, "patient", 5, timeout=30)
+    assert_each_call_once(runs, list(results))

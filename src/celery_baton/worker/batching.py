@@ -159,8 +159,8 @@ class Batching:
                 keys, batch.size, batch.wait, policy.lease_ttl, label
             )
         call_id = delivery_id(request.id, int(request.request_dict.get("retries") or 0))
-        if call_id in state.held:  # the same message twice: keep one
-            self._leave(state.held.pop(call_id), ack=True)
+        if call_id in state.held:  # the same call twice: keep the newer copy
+            self._drop_copy(state.held.pop(call_id), request)
         state.held[call_id] = request
         state.new.append((call_id, encoded))
         if len(self._counted) < self.hold_max:
@@ -315,6 +315,18 @@ class Batching:
                     return  # told at a later tick; the run's lease is no longer renewed
                 state.running.remove(running)
 
+    def _drop_copy(self, older: Any, newer: Any) -> None:
+        """A held call received again. The Redis broker gives the same message again once
+        its visibility timeout passed: both copies carry one delivery tag, and acking the
+        older would take away the broker's unacked record of the newer (a holder killed
+        then left nothing to give again: the call was lost). So the older copy is only
+        forgotten; another message of the same call (a second publish) is acked."""
+        if _delivery_tag(older) is not None and _delivery_tag(older) == _delivery_tag(newer):
+            self._leave(older, ack=False)
+            worker_state.task_ready(older)
+            return
+        self._leave(older, ack=True)
+
     def _leave(self, request: Any, *, ack: bool) -> None:
         if id(request) in self._counted:
             self._counted.discard(id(request))
@@ -346,3 +358,8 @@ class Batching:
 
     def held_count(self) -> int:
         return sum(len(state.held) for state in self.keys.values())
+
+
+def _delivery_tag(request: Any) -> Any:
+    """The broker's tag of a request's message (None when it has none)."""
+    return getattr(getattr(request, "message", None), "delivery_tag", None)
