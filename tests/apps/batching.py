@@ -109,6 +109,14 @@ def long_run(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] for c in calls]
 
 
+@app.task(batch="account", batch_size=5, batch_wait=0.5)
+def steady(calls: list[Call]) -> list[int]:
+    """Batches of up to 5 calls, 0.5 s after the first, whose body runs 0.8 s: a stream
+    of calls keeps some waiting and some batches running at any moment (a failover)."""
+    _report("steady", calls, sleep=0.8)
+    return [c.kwargs["doc"] * 3 for c in calls]
+
+
 @app.task
 def add_one(value: int) -> int:
     """A plain task after a batched call in a chain."""

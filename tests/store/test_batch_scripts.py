@@ -150,7 +150,36 @@ def test_a_key_first_seen_by_a_server_up_longer_than_a_run_ttl_has_no_grace(
     time.sleep(0.6)  # the server is up for longer than the run ttl below
     reply = tick(batches, "w1", new=["a"], size=1, presence=0.5)
     assert reply.claim is not None
-    assert store.client.get(keys[8]) in (b"0", "0")
+    epoch = store.client.get(keys[8])
+    grace = (epoch.decode() if isinstance(epoch, bytes) else str(epoch)).split()[0]
+    assert grace == "0"  # "<grace> <replication id>"
+
+
+def test_a_batch_whose_done_marker_the_store_lost_is_done_again_by_its_runner(
+    batches: Batches, store: Store
+) -> None:
+    """A failover to a replica that lacked the done marker (the pool process wrote it on
+    the old master): the runner's end says the body returned, and its full checks say it
+    again for a run ttl; each holder hears its call ran, none is claimed again."""
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    tick(batches, "w2", new=["c"], size=10)
+    claim = tick(batches, "w1", size=3).claim
+    assert claim is not None
+    # batch_done never reached this store: the run ends with its calls given as done.
+    batches.end(keys, claim.run, claim.carrier, ["a", "b", "c"], keep=LONG)
+    assert store.client.zcard(keys[0]) == 0 and store.client.hlen(keys[4]) == 0
+    assert set(tick(batches, "w2", held=["c"]).finished) == {"c"}
+    # The calls lost again (registered again by their holders): the full check of the
+    # runner marks them done once more.
+    store.client.delete(keys[5])
+    tick(batches, "w1", new=["b"], size=1, held=["b"])
+    tick(batches, "w2", new=["c"], size=1, held=["c"])
+    again = KeyTick(keys, 1, LONG, held=["b"], done=["a", "b", "c"], keep=LONG)
+    (reply,) = batches.tick("w1", LONG, [again])
+    assert reply.claim is None and "b" in reply.finished
+    assert store.client.zcard(keys[0]) == 0
+    assert set(tick(batches, "w2", held=["c"]).finished) == {"c"}
 
 
 def test_a_run_the_store_forgot_is_written_back_and_not_claimed_twice(

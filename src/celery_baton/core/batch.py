@@ -20,11 +20,16 @@ A key's state, one hash slot (the ``{batch:<task>:<key>}`` tag), in the store:
 * ``runs``     sorted set: the running batches' ids (``<worker>/<micros>``) -> until
   when their lease lasts (renewed by their runner's ticks);
 * ``finished`` hash: worker -> the ids (comma separated) that ran since its last tick;
-* ``epoch``    string: until when no batch is claimed (ms), written when the key is
-  first seen by this server: a server that restarted empty waits one run ttl from its
-  start, so that a batch running meanwhile is written back by its runner first;
+* ``epoch``    string: ``"<until when no batch is claimed (ms)> <replication id>"``,
+  written when the key is first seen by this server: a server that restarted empty
+  waits one run ttl from its start, so that a batch running meanwhile is written back
+  by its runner first; and when the server was promoted from a replica (a failover: it
+  may lack its old master's last claims and done markers), one run ttl from then, in
+  which runners write their runs back and mark the batches they ran done again;
 * ``label``    string: the key in words (keys.task_words), for the operator, kept while
-  a worker ticks the key.
+  a worker ticks the key;
+* ``here``     string, never replicated: this server checked its replication id for the
+  key within the last second.
 """
 
 from __future__ import annotations
@@ -235,6 +240,7 @@ def batch_keys(names: KeyNames, task: str, key_digest: str) -> list[str]:
             "finished",
             "epoch",
             "label",
+            "here",
         )
     ]
 
@@ -264,6 +270,13 @@ class TickReply:
     missing: list[str]  # held calls the store does not know: register them again
     due: float | None  # seconds until a batch is due (None: nothing waits)
     claim: Claim | None
+    # Seconds of the grace this tick started: the server was promoted from a replica
+    # (a failover) and may lack its old master's last claims and done markers (0: none).
+    promoted: float = 0.0
+    redone: int = 0  # calls of ``done`` whose marker the store had lost: done again
+    # Seconds left of the key's grace (no claim: the store may have lost claims and done
+    # markers; 0: none): the batches this worker ran are sent as ``done`` meanwhile.
+    grace: float = 0.0
 
 
 @dataclass
@@ -282,6 +295,11 @@ class KeyTick:
     new: list[tuple[str, str]] = field(default_factory=list)  # calls to register
     held: list[str] | None = None  # every held call id: a full check (None: not now)
     label: str = ""  # the key in words, for the operator
+    # Calls of batches this worker ran to their end within the last run ttl (at a full
+    # check in the key's grace, else none): marked done again where the store lost the
+    # marker (a failover).
+    done: list[str] = field(default_factory=list)
+    keep: float = 0.0  # how long a done call is remembered
 
 
 class Batches:
@@ -315,6 +333,7 @@ class Batches:
             args.append(len(t.run_calls))
             for run, call_id in t.run_calls:
                 args += [run, call_id]
+            args += [len(t.done), _ms(t.keep), *t.done]
             args += [len(t.gone), *t.gone]
             if t.held is not None:
                 args += ["1", *t.held]
@@ -334,13 +353,27 @@ class Batches:
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 
-    def end(self, keys: list[str], run: str, carrier: str) -> None:
+    def end(
+        self,
+        keys: list[str],
+        run: str,
+        carrier: str,
+        done: Sequence[str] = (),
+        keep: float = 0.0,
+    ) -> int:
         """The run's carrying request left the pool: calls it did not mark done wait
-        again; the carrier's own call is Celery's (acked or requeued with its message)."""
+        again; the carrier's own call is Celery's (acked or requeued with its message).
+        ``done``: the batch's calls, when its body returned (marked done again, in case
+        the store lost the marker its pool process wrote). Returns how many of them
+        the store did not have done (their marker lost): done now."""
+        args: list[Any] = [run, carrier]
+        if done:
+            args += [_ms(keep), *done]
         try:
-            self.store.scripts.call("batch_end", keys, [run, carrier])
+            reply = self.store.scripts.call("batch_end", keys, args)
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
+        return int(reply[1]) if isinstance(reply, list | tuple) and len(reply) > 1 else 0
 
 
 def _tick_reply(reply: Sequence[Any]) -> TickReply:
@@ -352,4 +385,9 @@ def _tick_reply(reply: Sequence[Any]) -> TickReply:
     if raw:
         calls = [(_text(raw[i]), _text(raw[i + 1])) for i in range(2, len(raw), 2)]
         claim = Claim(_text(raw[0]), _text(raw[1]), calls)
-    return TickReply(finished, missing, None if due_ms < 0 else due_ms / 1000, claim)
+    promoted = int(reply[4]) / 1000 if len(reply) > 4 else 0.0
+    redone = int(reply[5]) if len(reply) > 5 else 0
+    grace = int(reply[6]) / 1000 if len(reply) > 6 else 0.0
+    return TickReply(
+        finished, missing, None if due_ms < 0 else due_ms / 1000, claim, promoted, redone, grace
+    )

@@ -9,6 +9,12 @@ are acked here, nothing runs), re-registers the calls the store forgot, and clai
 batch when this worker holds one of its calls. That call's own request carries the batch
 into the pool (worker/pool/batch_run.py runs the body and writes every call's result).
 When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
+
+A batch whose body returned is marked done again by its runner, at its end, and for one
+run ttl after at its full checks while the key is in a grace: its pool process's done
+marker may be lost (written on a Sentinel master just replaced by a replica it had not
+reached; the key's promotion grace holds every claim meanwhile, core/batch.py), and its
+calls must not run twice.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Running:
     carrier: Any  # the Celery request
     call_ids: list[str]  # the batch's calls, written back if the store forgot the run
     ended: bool = False  # left the pool; the store not told yet
+    completed: bool = False  # its body returned: the pool process marked the calls done
 
 
 @dataclass
@@ -76,6 +83,10 @@ class KeyState:
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     gone: list[str] = field(default_factory=list)  # held no more: they leave the key
     running: list[Running] = field(default_factory=list)  # batches it carries now
+    # Batches it ran to their end: (until when, monotonic; their call ids), marked done
+    # again at full checks (the store may have lost the markers in a failover).
+    ran: list[tuple[float, list[str]]] = field(default_factory=list)
+    in_grace: bool = False  # the store's last tick of the key said it is in a grace
     next_full: float = 0.0
     next_tick: float = 0.0  # when it is ticked again without news (monotonic)
 
@@ -181,9 +192,12 @@ class Batching:
         self._end_runs()
         for state in self.keys.values():
             self._drop_cancelled(state)
-        kept = [s for s in self.keys.values() if s.held or s.new or s.running or s.gone]
-        self.keys = {s.keys[0]: s for s in kept}
         now = time.monotonic()
+        for state in self.keys.values():
+            if state.ran and state.ran[0][0] <= now:
+                state.ran = [r for r in state.ran if r[0] > now]
+        kept = [s for s in self.keys.values() if s.held or s.new or s.running or s.gone or s.ran]
+        self.keys = {s.keys[0]: s for s in kept}
         # A key is ticked when it has news (calls to register, a run to renew), when its
         # batch may be due, or at least every IDLE_TICK (to hear of calls that ran).
         states = [
@@ -220,6 +234,12 @@ class Batching:
                     new=new,
                     held=held,
                     label=state.label,
+                    done=(
+                        [i for _, ids in state.ran for i in ids]
+                        if held is not None and state.in_grace
+                        else []
+                    ),
+                    keep=self.keep,
                 )
             )
         try:
@@ -233,6 +253,20 @@ class Batching:
             self._say_down(exc)
             return
         for state, reply in zip(states, replies, strict=True):
+            if reply.promoted:
+                logger.warning(
+                    "baton: batch key %s: the store was promoted from a replica (a "
+                    "failover) and may lack its old master's last writes; no batch is "
+                    "claimed for %.1f s while runners write theirs back",
+                    state.label,
+                    reply.promoted,
+                )
+            if reply.redone:
+                self._said_redone(state, reply.redone)
+            if reply.grace and not state.in_grace:
+                # Its runs written back and the batches it ran told at the next tick.
+                state.next_full = 0.0
+            state.in_grace = reply.grace > 0
             due = IDLE_TICK if reply.due is None else min(IDLE_TICK, reply.due)
             state.next_tick = now + due
             for call_id in reply.finished:
@@ -290,7 +324,9 @@ class Batching:
             "done": [call_id for call_id, _ in calls],
             "keep": self.keep,
         }
-        state.running.append(Running(run, carrier_id, request, [c for c, _ in calls]))
+        running = Running(run, carrier_id, request, [c for c, _ in calls])
+        state.running.append(running)
+        _watch_completion(request, running)
         self.stats["batches"] += 1
         self._event(
             request,
@@ -308,12 +344,19 @@ class Batching:
                 if not running.ended and running.carrier in worker_state.reserved_requests:
                     continue
                 running.ended = True
+                done = running.call_ids if running.completed else []
                 try:
-                    self.batches.end(state.keys, running.run, running.carrier_id)
+                    redone = self.batches.end(
+                        state.keys, running.run, running.carrier_id, done, self.keep
+                    )
                 except StoreUnavailable as exc:
                     self._say_down(exc)
                     return  # told at a later tick; the run's lease is no longer renewed
                 state.running.remove(running)
+                if done:
+                    state.ran.append((time.monotonic() + state.run_ttl, done))
+                if redone:
+                    self._said_redone(state, redone)
 
     def _drop_copy(self, older: Any, newer: Any) -> None:
         """A held call received again. The Redis broker gives the same message again once
@@ -350,6 +393,14 @@ class Batching:
             return
         dispatcher.send(kind, uuid=request.id, **fields)
 
+    def _said_redone(self, state: KeyState, count: int) -> None:
+        logger.warning(
+            "baton: batch key %s: %d calls of batches this worker ran had lost their done "
+            "marker in the store (written on a master since replaced): marked done again",
+            state.label,
+            count,
+        )
+
     def _say_down(self, exc: BaseException) -> None:
         now = time.monotonic()
         if now - self._down_said > 10:
@@ -363,3 +414,18 @@ class Batching:
 def _delivery_tag(request: Any) -> Any:
     """The broker's tag of a request's message (None when it has none)."""
     return getattr(getattr(request, "message", None), "delivery_tag", None)
+
+
+def _watch_completion(request: Any, running: Running) -> None:
+    """``running.completed`` once the carrier's body returned (Celery hands the pool's
+    outcome to ``request.on_success``; ``failed`` is false only when the task function
+    returned, and the batch runner returns only after marking its calls done). Read at
+    call time, the class's own ``on_success`` (the worker may swap the request's class)."""
+
+    def on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        outcome = failed__retval__runtime
+        if isinstance(outcome, tuple) and outcome and not outcome[0]:
+            running.completed = True
+        return type(request).on_success(request, failed__retval__runtime, **kwargs)
+
+    request.on_success = on_success

@@ -147,7 +147,7 @@ def test_a_result_of_another_shape_fails_every_call_clearly(returned: Any) -> No
 
 def test_one_keys_state_shares_one_hash_slot() -> None:
     keys = batch_keys(KeyNames("baton"), "proj.index", "abc")
-    assert len(keys) == 10  # pending ... epoch, and the label
+    assert len(keys) == 11  # pending ... epoch, the label, and here
     assert {k.split("}")[0] for k in keys} == {"baton:{batch:proj.index:abc"}
 
 

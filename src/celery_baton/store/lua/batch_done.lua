@@ -4,7 +4,7 @@
 --
 -- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
 -- KEYS[5] claimed   KEYS[6] done    KEYS[7] runs     KEYS[8] finished   KEYS[9] epoch
--- KEYS[10] label (unused here)
+-- KEYS[10] label   KEYS[11] here (unused here)
 -- ARGV[1] the run's id   ARGV[2] how long a done call is remembered (ms)
 -- ARGV[3..] the batch's call ids
 -- returns 1 when the run was still leased, 0 when its lease had lapsed (its calls may

@@ -7,9 +7,41 @@
 -- KEYS[1] pending   KEYS[2] calls   KEYS[3] holder   KEYS[4] workers
 -- KEYS[5] claimed   KEYS[6] done    KEYS[7] runs     KEYS[8] finished   KEYS[9] epoch
 -- KEYS[10] label (unused here)
+-- KEYS[11] here (unused here)
 -- ARGV[1] the run's id   ARGV[2] the carrier's call id
--- returns 1 when the run's calls were given back, 0 when it had ended (done or lapsed).
+-- ARGV[3] how long a done call is remembered (ms; optional)
+-- ARGV[4..] the batch's call ids when its body returned (its runner knows it ran): they
+--   are done, whether or not batch_done's marker is here (written on a master that was
+--   replaced since by a replica it had not reached, it is not)
+-- returns {1 when the run's calls were given back, 0 when it had ended (done or lapsed);
+--          how many of ARGV[4..] were not done here (their marker lost): done now}
 
+local redone = 0
+if #ARGV > 3 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local keep = now + tonumber(ARGV[3])
+  local inbox = {}
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    if not redis.call('ZSCORE', KEYS[6], id) then
+      redone = redone + 1
+      redis.call('ZADD', KEYS[6], keep, id)
+      local holder = redis.call('HGET', KEYS[3], id)
+      redis.call('HDEL', KEYS[5], id)
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+      if holder then
+        inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+      end
+    end
+  end
+  for holder, ids in pairs(inbox) do
+    local before = redis.call('HGET', KEYS[8], holder)
+    redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
+  end
+end
 local gave_back = 0
 if redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
   local claimed = redis.call('HGETALL', KEYS[5])
@@ -28,4 +60,4 @@ if not redis.call('ZSCORE', KEYS[6], ARGV[2]) then
   redis.call('HDEL', KEYS[2], ARGV[2])
   redis.call('HDEL', KEYS[3], ARGV[2])
 end
-return gave_back
+return {gave_back, redone}

@@ -6,18 +6,31 @@
 -- KEYS[5] claimed (hash: call id -> "<run> <registered ms>")
 -- KEYS[6] done      KEYS[7] runs (sorted set: run id -> lease until ms)
 -- KEYS[8] finished
--- KEYS[9] epoch: until when (ms) no batch is claimed after the store forgot the key
+-- KEYS[9] epoch: "<until when (ms) no batch is claimed> <the server's replication id>",
+--   written when the key is first seen by this server (it may have forgotten it) and
+--   when the server was promoted from a replica (it may lack its old master's last
+--   writes); a value without a replication id is adopted without a grace
 -- KEYS[10] label: the key in words, for the operator (`celery baton locks`, the web view)
+-- KEYS[11] here: present while this server checked its replication id for the key within
+--   the last second (never replicated: a promoted replica does not have it)
 -- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
 -- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
 -- ARGV[7] the key in words ('' : not written), kept as label while a worker ticks the key
 -- ARGV[8] n, then n pairs (call id, encoded call) to register
 -- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
+-- then d, how long a done call is remembered (ms), and d call ids: calls of batches this
+-- worker ran to their end (their body returned) within the last run ttl, at a full check
+-- while the key is in a grace: marked done again if the store lacks it (a promoted
+-- replica that was behind, a server restarted empty)
 -- then g and g call ids this worker held no more (cancelled, or its connection was
 -- lost: the broker has them again): they leave the key
 -- then '1' and every call id this worker holds (a full check), or '0'
 -- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
---          claim: {} or {run, carrier id, id1, call1, id2, call2, ...}}
+--          claim: {} or {run, carrier id, id1, call1, id2, call2, ...},
+--          ms of the grace this tick started because the server was promoted (0: none),
+--          how many of the d calls were not done here (their marker lost): done now,
+--          ms left of the key's grace (0: none; a store that may have lost done markers:
+--          runners send the calls of the batches they ran, the d calls above)}
 --   finished: held calls that ran in a batch (their holder acks them, runs nothing);
 --   missing: held calls the store does not know (it forgot them): register them again.
 
@@ -56,6 +69,35 @@ for i = 1, m do
   table.insert(run_calls[run], id)
 end
 at = at + 2 * m + 1
+-- Done again: the batch ran, its runner says so. The store lost the done marker (written
+-- on a master that was then replaced by a replica it had not reached): each call is done
+-- now, so that neither its holder's copy nor a lapsed claim runs it a second time.
+local d = tonumber(ARGV[at])
+local keep = now + tonumber(ARGV[at + 1])
+local inbox = {}
+local redone = 0
+for i = 1, d do
+  local id = ARGV[at + 1 + i]
+  if not redis.call('ZSCORE', KEYS[6], id) then
+    redone = redone + 1
+    redis.call('ZADD', KEYS[6], keep, id)
+    local holder = redis.call('HGET', KEYS[3], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    if holder == worker then
+      finished[#finished + 1] = id
+    elseif holder then
+      inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+    end
+  end
+end
+for holder, ids in pairs(inbox) do
+  local before = redis.call('HGET', KEYS[8], holder)
+  redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
+end
+at = at + d + 2
 local g = tonumber(ARGV[at])
 for i = 1, g do
   -- Only while this worker is its holder: a copy delivered to another worker since
@@ -82,19 +124,51 @@ end
 -- server started, and lives at most one run ttl after: until then no batch is claimed,
 -- so its runner has the time to write it back (below). A server up longer (a key never
 -- used, or FLUSHALL of a live server: docs/guides/batching.md) gives no grace.
+-- Written on another server's history: the server was promoted from a replica since
+-- (master_replid changed, master_replid2 set; gate/epochs.lua), which may have been
+-- behind: claims and done markers its old master wrote last (a Sentinel failover: the
+-- old master takes writes until each worker sees the switch) may be missing. A grace of
+-- one run ttl from now: runners write their runs back and mark their ended batches done
+-- again (above) before any batch of the key is claimed. The check reads INFO (on this
+-- server, once a second per key: "here").
 local grace = 0
+local promoted_grace = 0
 local epoch = redis.call('GET', KEYS[9])
-if epoch then
-  grace = tonumber(epoch)
+local checked = redis.call('EXISTS', KEYS[11]) == 1
+if epoch and checked then
+  grace = tonumber(string.match(epoch, '^(%d+)') or '0')
 else
-  local info = redis.pcall('INFO', 'server')
-  local up = 0
-  if type(info) == 'string' then
-    up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  local repl = redis.pcall('INFO', 'replication')
+  if type(repl) ~= 'string' then repl = '' end
+  local here = string.match(repl, 'master_replid:(%w+)') or ''
+  local second = string.match(repl, 'master_replid2:(%w+)')
+  local promoted = second ~= nil and second ~= string.rep('0', 40)
+  if epoch then
+    local until_ms, seen = string.match(epoch, '^(%d+) ?(%w*)')
+    grace = tonumber(until_ms or '0')
+    if seen ~= here then
+      if seen ~= '' and promoted then
+        grace = now + ttl
+        promoted_grace = ttl
+      end
+      redis.call('SET', KEYS[9], string.format('%.0f %s', grace, here))
+    end
+  else
+    local info = redis.pcall('INFO', 'server')
+    local up = 0
+    if type(info) == 'string' then
+      up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+    end
+    -- (A promoted server keeps master_replid2 for as long as it runs: a key missing
+    -- there is one never used, or first used on its old master within the writes it
+    -- lost; only the second would need a grace, and it cannot be told from the first.)
+    grace = now - up * 1000 + ttl
+    if grace <= now then grace = 0 end
+    redis.call('SET', KEYS[9], string.format('%.0f %s', grace, here))
   end
-  grace = now - up * 1000 + ttl
-  if grace <= now then grace = 0 end
-  redis.call('SET', KEYS[9], grace)
+  redis.set_repl(redis.REPL_NONE)  -- this server's own finding (KEYS[11])
+  redis.call('SET', KEYS[11], '1', 'PX', 1000)
+  redis.set_repl(redis.REPL_ALL)
 end
 
 -- This worker's runs: renewed; one the store forgot (within the grace) written back,
@@ -201,4 +275,6 @@ if waiting > 0 then
     due = wait - waited
   end
 end
-return {finished, missing, due, claim}
+local grace_left = 0
+if grace > now then grace_left = grace - now end
+return {finished, missing, due, claim, promoted_grace, redone, grace_left}
