@@ -35,6 +35,12 @@ from tests.support.sizes import sized
 
 @pytest.mark.soak
 @pytest.mark.timeout(420)
+# The checker reads hundreds of results through Celery's Redis result backend in this
+# process; a connection of its pool collected unclosed (seen once, on a loaded machine)
+# is the harness's, not the library's: the soak's verdict is the checker's.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
 def test_nemesis_soak() -> None:
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1 << 30))
     seconds = float(os.environ.get("SOAK_SECONDS") or sized(40, 100))

@@ -147,10 +147,11 @@ def test_a_killed_workers_unique_run_keeps_its_key_until_the_broker_gives_it_bac
     key = unique_key(uq_late, "kw", 3.0)
     observer.starts_of("kw", timeout=10)
     first_worker.kill()
-    workers.start(APP, concurrency=1, env=env)
-
+    # Published before the next worker starts: no worker can give the message back (and,
+    # with expires, discard it) meanwhile, however long a start takes on a loaded machine.
     again = uq_late.apply_async(("kw", 3.0), **options)
     assert again.id == first.id, "queued beside a run whose message the broker still owns"
+    workers.start(APP, concurrency=1, env=env)
     if expires is None:
         assert first.get(timeout=30) == first.id  # the redelivered copy ran
         assert [s["task_id"] for s in observer.started()] == [first.id, first.id]
