@@ -23,10 +23,12 @@ def _app(broker: str, **options: Any) -> Celery:
     return app
 
 
-def test_redis_window_covers_the_visibility_timeout_twice_and_the_restore_scan() -> None:
+def test_redis_window_covers_the_visibility_timeout_twice_the_restore_scan_and_mutex() -> None:
     app = _app("redis://127.0.0.1:1/0", visibility_timeout=10, unacked_restore_interval=1)
-    assert _redelivery_window(app) == 2 * 10 + 1 * 10  # (throttle 10 by default)
-    assert _redelivery_window(_app("redis://127.0.0.1:1/0")) == 2 * 3600 + 100
+    assert _redelivery_window(app) == 2 * 10 + 1 * 10 + 300  # (throttle 10, mutex 300 s)
+    assert _redelivery_window(_app("redis://127.0.0.1:1/0")) == 2 * 3600 + 100 + 300
+    app = _app("redis://127.0.0.1:1/0", visibility_timeout=10, unacked_mutex_expire=5)
+    assert _redelivery_window(app) == 2 * 10 + 100 + 5
 
 
 def test_amqp_has_no_window() -> None:

@@ -9,7 +9,8 @@ visibility sweep): then the message is unacked or back in a queue, and a copy ru
 
 The worker keeps a unique claim for that copy (``Releasing.finish``). Kept for nothing,
 it deduplicates every publish of the key into a task that ended, for the whole
-redelivery window (twice the ``visibility_timeout``: two hours by default). So, once the
+redelivery window (twice the ``visibility_timeout`` and kombu's restore period and mutex:
+about two hours by default). So, once the
 broker answers again, :class:`AckFates` asks it where the message is, in one script run
 atomically on the broker (after a ``PING`` answered: every command the broker had read
 before, the late ack among them, has then run):

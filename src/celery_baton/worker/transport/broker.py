@@ -27,7 +27,9 @@ class Broker:
     #: back when the channel closes, as AMQP does, or the setting is not a number).
     visibility: float | None
     #: Seconds within which such a message is delivered again: the timeout, once more
-    #: for the copy's wait in the queue, and kombu's Redis restore scan period.
+    #: for the copy's wait in the queue, kombu's Redis restore scan period, and its
+    #: restore mutex's expiry (a worker killed or a broker stopped while a restore held
+    #: it keeps every restore waiting that long).
     redelivery_window: float | None
 
 
@@ -42,7 +44,8 @@ def read_broker(app: Any) -> Broker:
             scan = float(options.get("unacked_restore_interval", 10)) * float(
                 options.get("unacked_restore_throttle", 10)
             )
-            window = 2 * visibility + max(0.0, scan)
+            mutex = float(options.get("unacked_mutex_expire", 300))
+            window = 2 * visibility + max(0.0, scan) + max(0.0, mutex)
         except (TypeError, ValueError):
             pass
     return Broker(scheme in REDIS_TRANSPORTS, visibility, window)
