@@ -28,6 +28,7 @@ from tests.limits.test_rate_limits import (
 )
 from tests.support.observer import Observer, Run, max_concurrent
 from tests.support.sizes import full
+from tests.support.waiting import broadcast
 from tests.support.workers import Workers
 
 APP = "tests.apps.fair"
@@ -108,7 +109,7 @@ def open_queue(app: Any, observer: Observer) -> int:
     """Tell every worker to consume :data:`QUEUE` (what the tests published is all in
     it); returns the moment (observer clock) it was opened."""
     opened = server_time_us(observer)
-    replies = app.control.add_consumer(QUEUE, reply=True, timeout=10)
+    replies = broadcast(app, lambda: app.control.add_consumer(QUEUE, reply=True, timeout=10))
     assert len(replies) == 3, f"not every worker consumes {QUEUE}: {replies}"
     return opened
 
