@@ -133,31 +133,20 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
         # RETRY; every other call of the batch is retried the same way, under its own
         # task id, then the batch is done (each retry is a call of its own).
         when = retry.sig.options if getattr(retry, "sig", None) is not None else {}
-        for call in others:
-            _retry(
-                task,
-                call,
-                canvas[call.id],
-                exc=retry.exc,
-                countdown=when.get("countdown"),
-                eta=when.get("eta"),
-                max_retries=getattr(task, "override_max_retries", None),
-            )
-        _done(task, batch, calls)
+        given = {
+            "countdown": when.get("countdown"),
+            "eta": when.get("eta"),
+            "max_retries": getattr(task, "override_max_retries", None),
+        }
+        _retry_batch(task, batch, calls, others, canvas, retry.exc, lambda _: given)
         raise
     except Exception as exc:
         if _autoretried(task, exc):
             # autoretry_for: Celery's wrapper around this runner retries the carrier;
             # every other call is retried alike, its backoff counted from its own retries.
-            for call in others:
-                _retry(
-                    task,
-                    call,
-                    canvas[call.id],
-                    exc=exc,
-                    **_autoretry_options(task, canvas[call.id]),
-                )
-            _done(task, batch, calls)
+            _retry_batch(
+                task, batch, calls, others, canvas, exc, lambda c: _autoretry_options(task, c)
+            )
             raise
         # A body that raises fails every call of its batch (the carrier by Celery, below).
         for call in others:
@@ -189,6 +178,23 @@ def _context(task: Any, call: Call, canvas: dict[str, Any]) -> Any:
     return Context(
         {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
     )
+
+
+def _retry_batch(
+    task: Any,
+    batch: dict[str, Any],
+    calls: list[Call],
+    others: list[Call],
+    canvas: dict[str, dict[str, Any]],
+    exc: BaseException | None,
+    options: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """Retry every call of ``batch`` but its carrier (Celery retries that one), each with
+    the ``retry()`` options its canvas gets, then tell the store the batch ran: each
+    retry is a call of its own."""
+    for call in others:
+        _retry(task, call, canvas[call.id], exc=exc, **options(canvas[call.id]))
+    _done(task, batch, calls)
 
 
 def _retry(
