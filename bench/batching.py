@@ -43,7 +43,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import NamedTuple
 
 from common import (
@@ -54,6 +53,7 @@ from common import (
     start_workers,
     stop_workers,
     table,
+    version_of,
     wait_for,
 )
 
@@ -61,13 +61,6 @@ TARGET = 5.0  # issue 37: celery-baton's batch >= 5 x plain per-task items/s (1 
 BATCH_SIZE = 100
 ITEM_S = 0.001  # each item's work (apps/batching.py)
 IDLE_QUEUE = "bench.idle"
-
-
-def version_of(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 class Variant(NamedTuple):

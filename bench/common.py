@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,14 @@ def redis_server_version() -> str:
 
 
 # -- timing ----------------------------------------------------------------------------------
+
+
+def version_of(package: str) -> str:
+    """An installed package's version, or "not installed"."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def rate(fn: Callable[[], object], seconds: float, batch: int = 50) -> float:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NamedTuple
 
@@ -57,6 +56,7 @@ from common import (
     ratio_table,
     table,
     verdict,
+    version_of,
     wait_for,
 )
 
@@ -72,13 +72,6 @@ try:
     OTHERS_INSTALLED = True
 except ImportError:
     OTHERS_INSTALLED = False
-
-
-def version_of(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 class Variant(NamedTuple):
