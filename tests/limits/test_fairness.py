@@ -29,6 +29,7 @@ from tests.limits.test_rate_limits import (
     server_time_us,
 )
 from tests.support.observer import Observer, Run, max_concurrent
+from tests.support.servers import StoreServer
 from tests.support.sizes import full
 from tests.support.waiting import broadcast
 from tests.support.workers import Workers
@@ -215,6 +216,29 @@ def test_fair_key_gives_a_late_small_tenant_its_share(workers: Workers, observer
     share = a_then_b(workers, observer, fair.fair_capped, 400)
     print(share.describe())
     assert_fair(share, 400)
+
+
+def test_fair_key_shares_from_the_end_of_a_store_grace(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """A store that just started (a restart without persistence) holds every new lease
+    for its grace: A's backlog and B's requests all wait for it in the workers, received
+    long before it ends. When it ends, B's turns come at once. They used to wait for it in
+    one queue per worker, in arrival order, and ask one at a time after it, A's backlog
+    first, admitted while the cap had room: at twice the cores in load, 101 and 144 A
+    starts after B's requests were in the workers (fair: 21-26)."""
+    from tests.apps import fair
+
+    store_server.restart()  # up less than a lease_ttl ago: the workers find a grace
+    # Every message is received during the grace: short runs judge nothing of the
+    # broker's speed, and make A's turnover fast, which is what overtook B.
+    share = a_then_b(workers, observer, fair.fair_capped, 400, sleep=SLEEP)
+    print(share.describe())
+    first_start = min(r.start for r in share.a_runs + share.b_runs)
+    assert first_start - share.b_published_us > 1e6, f"no grace seen: {share.describe()}"
+    assert_fair(share, 400)
+    # All of B was held when the grace ended: its turns alternate with A's from there.
+    assert share.a_after_b_received <= 2 * B_COUNT, share.describe()
 
 
 def test_without_fair_key_the_small_tenant_waits_for_the_whole_backlog(

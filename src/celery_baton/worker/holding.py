@@ -30,7 +30,7 @@ from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
 from celery_baton.core.debounce import FlowKind
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
-from celery_baton.worker.verdict import Wait
+from celery_baton.worker.verdict import Reason, Wait
 from celery_baton.worker.wait_queues import WaitQueues
 from celery_baton.worker.wake_pipe import WakePipe
 
@@ -200,10 +200,10 @@ class Holding:
                 wait.delay,
             )
         self.on_held(delivery, wait)
-        queue_key = delivery.plan.fair_queues.get(wait.key, wait.key)
+        limit_key, queue_key = _queue_of(delivery, wait)
         if delivery.queue_key != queue_key:
             self.remove(delivery)
-            self._queues.add(queue_key, wait.key, delivery)
+            self._queues.add(queue_key, limit_key, delivery)
             delivery.queue_key = queue_key
         delay = wait.delay
         if self._released.at(wait.key) >= delivery.asked_at:
@@ -388,6 +388,18 @@ class Holding:
             queues = self._queues.woken_by(key)
         for queue_key in queues:
             self._on_timer(queue_key)
+
+
+def _queue_of(delivery: Delivery, wait: Wait) -> tuple[str, str]:
+    """The limit key and the queue ``delivery`` waits in for ``wait``. A store's grace
+    refuses every request on one key: a fair request waits for it in its own key's fair
+    queue, so that when the grace ends each key's head asks and the store picks among
+    them. In the grace's one queue they asked in arrival order, one at a time: a big
+    backlog's first, each admitted while the cap had room (issue 39)."""
+    fair_queues = delivery.plan.fair_queues
+    if wait.reason is Reason.GRACE and fair_queues:
+        return next(iter(fair_queues.items()))
+    return wait.key, fair_queues.get(wait.key, wait.key)
 
 
 def _message(delivery: Delivery) -> Any:
