@@ -13,10 +13,15 @@ from celery import Task
 from celery_baton import Call
 from tests.apps.factory import make_baton_app, observer
 
-#: The gap bound: a position whose call does not come holds its key this long.
-GAP = 20.0
-#: How long a lone call of ``index_docs`` waits for its batch.
-BATCH_WAIT = 12.0
+#: The gap bound: a position whose call does not come holds its key this long. Long: a
+#: test looks at the key while it waits (on a loaded machine, a command line takes
+#: seconds to start), then sends the missing call where a worker reads it.
+GAP = 60.0
+#: How long a lone call of ``index_docs`` waits for its batch (long, as GAP: a test
+#: fills the batch when it has looked).
+BATCH_WAIT = 60.0
+#: ``index_docs``'s batch size: never reached by the calls a test looks at.
+BATCH_SIZE = 50
 
 app, baton = make_baton_app(
     "lines",
@@ -29,26 +34,30 @@ app, baton = make_baton_app(
 
 
 @app.task(bind=True, ordered="account")
-def apply_event(self: Task, account: str, n: int, sleep: float = 0.0) -> int:
-    """Call ``n`` of ``account``'s line: one observed run of ``sleep`` seconds."""
-    observer().run(f"apply:{account}", None, sleep=sleep, task_id=self.request.id)
+def apply_event(self: Task, account: str, n: int, sleep: float = 0.0, until: str = "") -> int:
+    """Call ``n`` of ``account``'s line: one observed run of ``sleep`` seconds (with
+    ``until``: until the test releases that name, ``sleep`` s at most)."""
+    observer().run(f"apply:{account}", None, sleep=sleep, task_id=self.request.id, until=until)
     return n
 
 
-def _report(task: str, calls: list[Call], sleep: float = 0.0) -> None:
+def _report(task: str, calls: list[Call], sleep: float = 0.0, until: str = "") -> None:
     accounts = "|".join(sorted({str(c.kwargs.get("account")) for c in calls}))
-    observer().run(f"{task}:{accounts}", task_id=",".join(c.id for c in calls), sleep=sleep)
+    ids = ",".join(c.id for c in calls)
+    observer().run(f"{task}:{accounts}", task_id=ids, sleep=sleep, until=until)
 
 
-@app.task(batch="account", batch_size=1000, batch_wait=BATCH_WAIT)
+@app.task(batch="account", batch_size=BATCH_SIZE, batch_wait=BATCH_WAIT)
 def index_docs(calls: list[Call]) -> list[int]:
-    """Never full: its calls wait ``BATCH_WAIT`` seconds, long enough to be seen."""
+    """Its calls wait ``BATCH_WAIT`` seconds, long enough to be seen, unless a test
+    sends ``BATCH_SIZE`` of a key."""
     _report("index_docs", calls)
     return [c.kwargs["doc"] for c in calls]
 
 
 @app.task(batch="account", batch_size=3, batch_wait=0.2)
 def slow_index(calls: list[Call]) -> list[int]:
-    """Batches of 3 that run 12 s: long enough to be seen running."""
-    _report("slow_index", calls, sleep=12.0)
+    """Batches of 3 that run until the test releases ``"slow_index"`` (60 s at most):
+    long enough to be seen running."""
+    _report("slow_index", calls, sleep=60.0, until="slow_index")
     return [c.kwargs["doc"] for c in calls]

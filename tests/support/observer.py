@@ -116,12 +116,28 @@ class Observer:
             self._end(keys=[running, RUNS], args=[json.dumps({"start": start, **entry})])
 
     def run(
-        self, key: str, fence: int | None = None, *, sleep: float = 0.0, task_id: str = ""
+        self,
+        key: str,
+        fence: int | None = None,
+        *,
+        sleep: float = 0.0,
+        task_id: str = "",
+        until: str = "",
     ) -> None:
-        """Record one run of ``key`` that lasts ``sleep`` seconds."""
+        """Record one run of ``key`` that lasts ``sleep`` seconds; with ``until``, until
+        the test calls ``release(until)``, ``sleep`` seconds at most."""
         with self.track(key, fence, task_id=task_id):
-            if sleep > 0:
+            deadline = time.monotonic() + sleep
+            while until and time.monotonic() < deadline:
+                if self._redis.get(f"observer:release:{until}"):
+                    return
+                time.sleep(0.05)
+            if sleep > 0 and not until:
                 time.sleep(sleep)
+
+    def release(self, name: str) -> None:
+        """Let the runs that wait for ``name`` (``run(..., until=name)``) end now."""
+        self._redis.set(f"observer:release:{name}", 1)
 
     def now_us(self) -> int:
         """The observer server's clock now (microseconds): the clock of every start."""
