@@ -31,7 +31,7 @@ from tests.limits.test_rate_limits import (
 from tests.support.observer import Observer, Run, max_concurrent
 from tests.support.servers import StoreServer
 from tests.support.sizes import full
-from tests.support.waiting import broadcast
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.fair"
@@ -137,6 +137,11 @@ def received_us(started: list[Any], task_ids: set[str]) -> int:
     return int(last * 1e6) + 1000  # the line's millisecond, to its end
 
 
+def received_count(started: list[Any]) -> int:
+    """How many requests the workers logged as received."""
+    return sum(bool(_RECEIVED.match(line)) for w in started for line in w.log_text().splitlines())
+
+
 def start_workers(workers: Workers) -> list[Any]:
     """The three workers of these tests (2 pool threads each: 6 slots over a cap of 4),
     consuming nothing of :data:`QUEUE` yet."""
@@ -238,6 +243,36 @@ def test_fair_key_shares_from_the_end_of_a_store_grace(
     assert first_start - share.b_published_us > 1e6, f"no grace seen: {share.describe()}"
     assert_fair(share, 400)
     # All of B was held when the grace ended: its turns alternate with A's from there.
+    assert share.a_after_b_received <= 2 * B_COUNT, share.describe()
+
+
+def test_fair_key_shares_from_the_end_of_a_store_outage(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """The store stops answering (SIGSTOP) before A's backlog and B's requests reach the
+    workers: they all wait for it there. When it answers again, B's turns come at once,
+    as after a grace (the same one queue for every request held for the store)."""
+    from tests.apps import fair
+
+    started = start_workers(workers)
+    publish(fair.fair_capped, 400, "A", SLEEP)
+    publish(fair.fair_capped, B_COUNT, "B", SLEEP)
+    store_server.pause()
+    try:
+        opened = open_queue(fair.app, observer)
+        wait_until(
+            lambda: received_count(started) == 400 + B_COUNT,
+            timeout=30,
+            what="every request received while the store is stopped",
+        )
+    finally:
+        store_server.resume()
+    runs = observer.wait_for(400 + B_COUNT, timeout=60)
+    b_runs = [r for r in runs if r.key == "B"]
+    received = received_us(started, {r.task_id for r in b_runs})
+    share = Share([r for r in runs if r.key == "A"], b_runs, opened, fair.CAP, received)
+    print(share.describe())
+    assert_fair(share, 400)
     assert share.a_after_b_received <= 2 * B_COUNT, share.describe()
 
 

@@ -300,6 +300,26 @@ class Holding:
                 self.hold_max,
             )
 
+    def spread(self, key: str) -> None:
+        """Ask again now for what waits in ``key``'s queue (the store's, when it answers
+        again), each fair request from its own key's fair queue: when the store is back,
+        each key's head asks and the store picks among them. In the one queue they asked
+        in arrival order, one at a time, a big backlog's first (issue 39). While the
+        store is down they wait in one queue, so that one request probes it."""
+        queue = self._queues.get(key)
+        if not queue:
+            return
+        for delivery in [d for d in queue if d.plan.fair_queues and not d.asking]:
+            queue.remove(delivery)
+            limit_key, queue_key = next(iter(delivery.plan.fair_queues.items()))
+            self._queues.add(queue_key, limit_key, delivery)
+            delivery.queue_key = queue_key
+            self.arm(queue_key, 0.0, jitter=False)
+        if queue:
+            self.arm(key, 0.0, jitter=False)
+        else:
+            self._drop_queue(key)
+
     def wake_all(self) -> None:
         """Ask the head of every queue again now: the store answers again after a
         failure, and a release notice may have been lost meanwhile."""

@@ -99,7 +99,7 @@ class StoreDown:
         if self._held_for_store:
             self._held_for_store = False
             with self.holding.lock:
-                self.holding.arm(STORE_KEY, 0.0, jitter=False)
+                self.holding.spread(STORE_KEY)
 
     def recovered(self) -> None:
         """The store answers again after a call failed (``GateChannel.on_recovered``):
@@ -110,6 +110,7 @@ class StoreDown:
         self._down_until = 0.0
         self._held_for_store = False
         with self.holding.lock:
+            self.holding.spread(STORE_KEY)
             self.holding.wake_all()
 
     def failed(self, delivery: Delivery, error: BaseException) -> None:
