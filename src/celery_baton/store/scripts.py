@@ -91,7 +91,24 @@ GATE_KINDS = (
 def script_source(name: str) -> str:
     if name == "gate":
         return join_gate(_lua_file)
-    return _lua_file(f"{name}.lua")
+    return with_includes(_lua_file(f"{name}.lua"), _lua_file)
+
+
+#: A script's line that stands for a shared file's text: ``-- @include batch/done.lua``.
+INCLUDE = "-- @include "
+
+
+def with_includes(source: str, read: Callable[[str], str]) -> str:
+    """``source`` with each ``-- @include <path>`` line replaced by that file's text
+    (a path under lua/): pieces several scripts share (their local functions) are
+    written once, and each script still runs as one chunk."""
+    lines = []
+    for line in source.splitlines():
+        if line.startswith(INCLUDE):
+            lines += read(line[len(INCLUDE) :].strip()).splitlines()
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def _lua_file(path: str) -> str:

@@ -10,24 +10,17 @@
 -- returns 1 when the run was still leased, 0 when its lease had lapsed (its calls may
 --         have been claimed again: they are marked done all the same).
 
+-- @include batch/done.lua
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local keep = now + tonumber(ARGV[2])
 local inbox = {}
 for i = 3, #ARGV do
-  local id = ARGV[i]
-  local holder = redis.call('HGET', KEYS[3], id)
-  redis.call('ZADD', KEYS[6], keep, id)
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
+  local holder = mark_done(ARGV[i], keep)
   if holder then
-    inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+    to_inbox(inbox, holder, ARGV[i])
   end
 end
-for holder, ids in pairs(inbox) do
-  local before = redis.call('HGET', KEYS[8], holder)
-  redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
-end
+tell_holders(inbox)
 return redis.call('ZREM', KEYS[7], ARGV[1])

@@ -16,6 +16,8 @@
 -- returns {1 when the run's calls were given back, 0 when it had ended (done or lapsed);
 --          how many of ARGV[4..] were not done here (their marker lost): done now}
 
+-- @include batch/done.lua
+
 local redone = 0
 if #ARGV > 3 then
   local t = redis.call('TIME')
@@ -26,21 +28,13 @@ if #ARGV > 3 then
     local id = ARGV[i]
     if not redis.call('ZSCORE', KEYS[6], id) then
       redone = redone + 1
-      redis.call('ZADD', KEYS[6], keep, id)
-      local holder = redis.call('HGET', KEYS[3], id)
-      redis.call('HDEL', KEYS[5], id)
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[3], id)
+      local holder = mark_done(id, keep)
       if holder then
-        inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+        to_inbox(inbox, holder, id)
       end
     end
   end
-  for holder, ids in pairs(inbox) do
-    local before = redis.call('HGET', KEYS[8], holder)
-    redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
-  end
+  tell_holders(inbox)
 end
 local gave_back = 0
 if redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then

@@ -34,6 +34,8 @@
 --   finished: held calls that ran in a batch (their holder acks them, runs nothing);
 --   missing: held calls the store does not know (it forgot them): register them again.
 
+-- @include batch/done.lua
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local worker = ARGV[1]
@@ -80,23 +82,15 @@ for i = 1, d do
   local id = ARGV[at + 1 + i]
   if not redis.call('ZSCORE', KEYS[6], id) then
     redone = redone + 1
-    redis.call('ZADD', KEYS[6], keep, id)
-    local holder = redis.call('HGET', KEYS[3], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
+    local holder = mark_done(id, keep)
     if holder == worker then
       finished[#finished + 1] = id
     elseif holder then
-      inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+      to_inbox(inbox, holder, id)
     end
   end
 end
-for holder, ids in pairs(inbox) do
-  local before = redis.call('HGET', KEYS[8], holder)
-  redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
-end
+tell_holders(inbox)
 at = at + d + 2
 local g = tonumber(ARGV[at])
 for i = 1, g do

@@ -1,0 +1,29 @@
+-- batch/done.lua, put in place of "-- @include batch/done.lua" in the batch scripts (one
+-- chunk, as if written there): a call's end, and its holders told.
+-- KEYS as in those scripts: [1] pending [2] calls [3] holder [5] claimed [6] done
+-- [8] finished.
+
+-- Marks call ``id`` done (remembered until ``keep``, ms) and takes it out of the key's
+-- waiting, claimed and held calls; returns the worker that held its message, if any.
+local function mark_done(id, keep)
+  local holder = redis.call('HGET', KEYS[3], id)
+  redis.call('ZADD', KEYS[6], keep, id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  return holder
+end
+
+-- Adds ``id`` to ``holder``'s line of ``inbox`` (holder -> "id,id,...").
+local function to_inbox(inbox, holder, id)
+  inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
+end
+
+-- Each holder of ``inbox`` learns its done calls at its next tick (batch_tick).
+local function tell_holders(inbox)
+  for holder, ids in pairs(inbox) do
+    local before = redis.call('HGET', KEYS[8], holder)
+    redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
+  end
+end
