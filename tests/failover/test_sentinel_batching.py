@@ -137,8 +137,10 @@ def test_batches_in_flight_through_a_sentinel_failover_run_each_call_once(
     assert set(stream.after) <= {i for r in runs for i in r.task_id.split(",")}
     # Each key's first tick on the new master saw the promotion (its grace: no claim
     # while runners write back what the old master took last).
-    # At least one key saw it. (In a loaded CI run 2 of the 4 keys logged it, each call
-    # still ran once; why the other two did not is not known yet.)
+    # At least one key logged it. In a loaded CI run 2 of the 4 keys did, each call still
+    # ran once: a tick that ran on the new master but whose reply was lost (a socket
+    # timeout, frequent in a failover under load) sets the grace without the line, and
+    # the key's next tick finds the epoch rewritten. Not yet shown to be the cause.
     assert logs.count("promoted from a replica") >= 1
     for result, doc in results.values():
         assert result.get(timeout=30) == doc * 3, "each caller gets its own call's result"
