@@ -257,7 +257,14 @@ def test_admin_edits_are_picked_up_within_seconds(
     before = [s for s in every2 if s < editing]
     after = [s for s in every2 if s > edited + pickup]
     assert {b - a for a, b in itertools.pairwise(before)} == {2000}, before
-    assert {b - a for a, b in itertools.pairwise(after)} == {1000}, after
+    # The new interval, 1 s. A beat late by a second (a machine's stall: 2.2 s without a
+    # send in a CI run) coalesces the late slot into the next one, the default misfire,
+    # and says so in its log: a gap of 2 s then, never the old interval throughout.
+    gaps = [b - a for a, b in itertools.pairwise(after)]
+    assert gaps and all(g % 1000 == 0 for g in gaps), after
+    assert sum(g == 1000 for g in gaps) >= 2 * len(gaps) // 3, after
+    if any(g > 1000 for g in gaps):
+        assert "coalesced into one run" in logs, after
     # The edit moves the next slot to the first after now (or the last run + 1 s): no
     # burst, and no gap beyond the old interval's next slot (+ the new interval).
     switch = min(s for s in every2 if s > before[-1]) - before[-1]
