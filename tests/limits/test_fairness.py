@@ -17,6 +17,7 @@ import datetime
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,7 +165,12 @@ def open_queue(app: Any, observer: Observer) -> int:
 
 
 def a_then_b(
-    workers: Workers, observer: Observer, task: Any, a_count: int, sleep: float = BACKLOG_SLEEP
+    workers: Workers,
+    observer: Observer,
+    task: Any,
+    a_count: int,
+    sleep: float = BACKLOG_SLEEP,
+    before_open: Callable[[], None] = lambda: None,
 ) -> Share:
     from tests.apps import fair
 
@@ -176,6 +182,7 @@ def a_then_b(
     started = start_workers(workers)
     publish(task, a_count, "A", sleep)
     publish(task, B_COUNT, "B", sleep)
+    before_open()
     b_published = open_queue(task.app, observer)
     runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * sleep)
     b_runs = [r for r in runs if r.key == "B"]
@@ -234,10 +241,14 @@ def test_fair_key_shares_from_the_end_of_a_store_grace(
     starts after B's requests were in the workers (fair: 21-26)."""
     from tests.apps import fair
 
-    store_server.restart()  # up less than a lease_ttl ago: the workers find a grace
     # Every message is received during the grace: short runs judge nothing of the
-    # broker's speed, and make A's turnover fast, which is what overtook B.
-    share = a_then_b(workers, observer, fair.fair_capped, 400, sleep=SLEEP)
+    # broker's speed, and make A's turnover fast, which is what overtook B. The store
+    # restarts once the workers are up and the backlogs queued (restarted before, the
+    # workers' start and the publishes outlasted its lease_ttl on a busy machine: no
+    # grace), so that it is up less than a lease_ttl when the first request asks.
+    share = a_then_b(
+        workers, observer, fair.fair_capped, 400, sleep=SLEEP, before_open=store_server.restart
+    )
     print(share.describe())
     first_start = min(r.start for r in share.a_runs + share.b_runs)
     assert first_start - share.b_published_us > 1e6, f"no grace seen: {share.describe()}"
