@@ -143,6 +143,24 @@ def received_count(started: list[Any]) -> int:
     return sum(bool(_RECEIVED.match(line)) for w in started for line in w.log_text().splitlines())
 
 
+def share_of(runs: list[Run], started: list[Any], opened: int, cap: int) -> Share:
+    """A's and B's runs, B's publish (the queue's opening), the cap, and when the last
+    of B's requests reached a worker (``started``'s logs)."""
+    b_runs = [r for r in runs if r.key == "B"]
+    received = received_us(started, {r.task_id for r in b_runs})
+    return Share([r for r in runs if r.key == "A"], b_runs, opened, cap, received)
+
+
+def assert_b_turns_once_held(share: Share, in_flight: int) -> None:
+    """Once the workers hold all of B's requests, B's turns come: at most B's 20, the
+    runs already in flight and a fifth of what A still had then start before B's last
+    (first come first served: all of it). It cannot pass without judging: A must have
+    had a backlog left when B arrived."""
+    unstarted = share.a_unstarted_at_b_received
+    assert unstarted >= 3 * B_COUNT, f"A was done before B arrived: {share.describe()}"
+    assert share.a_after_b_received <= B_COUNT + in_flight + unstarted // 5, share.describe()
+
+
 def start_workers(workers: Workers) -> list[Any]:
     """The three workers of these tests (2 pool threads each: 6 slots over a cap of 4),
     consuming nothing of :data:`QUEUE` yet."""
@@ -185,14 +203,7 @@ def a_then_b(
     before_open()
     b_published = open_queue(task.app, observer)
     runs = observer.wait_for(a_count + B_COUNT, timeout=30 + a_count * sleep)
-    b_runs = [r for r in runs if r.key == "B"]
-    return Share(
-        [r for r in runs if r.key == "A"],
-        b_runs,
-        b_published,
-        fair.CAP,
-        received_us(started, {r.task_id for r in b_runs}),
-    )
+    return share_of(runs, started, b_published, fair.CAP)
 
 
 def assert_fair(share: Share, a_count: int) -> None:
@@ -215,9 +226,7 @@ def assert_fair(share: Share, a_count: int) -> None:
     # from the moment the last B request was received (the workers' logs): first come
     # first served starts every A not started by then before B's last (242-318 of 400
     # seen); fair, B's 20 alternate with what A still has (16-23 seen, quiet or loaded).
-    unstarted = share.a_unstarted_at_b_received
-    assert unstarted >= 3 * B_COUNT, f"A was done before B arrived: {share.describe()}"
-    assert share.a_after_b_received <= B_COUNT + 2 * share.cap + unstarted // 5, share.describe()
+    assert_b_turns_once_held(share, 2 * share.cap)
     # A uses every slot once B has nothing waiting.
     assert max_concurrent(share.a_after_b) == share.cap, share.describe()
 
@@ -281,9 +290,7 @@ def test_fair_key_shares_from_the_end_of_a_store_outage(
         store_server.resume()
     resumed = observer.now_us()
     runs = observer.wait_for(400 + B_COUNT, timeout=60)
-    b_runs = [r for r in runs if r.key == "B"]
-    received = received_us(started, {r.task_id for r in b_runs})
-    share = Share([r for r in runs if r.key == "A"], b_runs, opened, fair.CAP, received)
+    share = share_of(runs, started, opened, fair.CAP)
     first = min(r.start for r in runs)
     print(f"first start {(first - resumed) / 1e6:.2f} s after the store answered again")
     print(share.describe())
@@ -333,19 +340,15 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     publish(fair.fair_rated, B_COUNT, "B", numbered=True)
     b_published = open_queue(fair.app, observer)
     runs = observer.wait_for(200 + B_COUNT, timeout=60)
-    b_runs = [r for r in runs if r.key == "B"]
-    received = received_us(started, {r.task_id for r in b_runs})
-    share = Share([r for r in runs if r.key == "A"], b_runs, b_published, 0, received)
+    share = share_of(runs, started, b_published, 0)
     print(f"rate: {share.describe()}")
     # First come first served would start A's remaining ~200 first (~5 s at 40/s).
     # Once B asks, the turns alternate: about one A start per B start (~20), bounded as
     # assert_fair bounds it: a quarter of A's backlog between B's first and last starts,
     # and from the moment the workers hold all of B's requests, B's 20 and a fifth of
     # what A still had then (first come first served: all of it).
-    unstarted = share.a_unstarted_at_b_received
     assert share.a_interleaved <= 200 // 4, share.describe()
-    assert unstarted >= 3 * B_COUNT, f"A was done before B arrived: {share.describe()}"
-    assert share.a_after_b_received <= B_COUNT + 8 + unstarted // 5, share.describe()
+    assert_b_turns_once_held(share, 8)
     assert_gcra_bound(admissions(runs), 40)
 
 

@@ -311,7 +311,7 @@ class Holding:
             return
         for delivery in [d for d in queue if d.plan.fair_queues and not d.asking]:
             queue.remove(delivery)
-            limit_key, queue_key = next(iter(delivery.plan.fair_queues.items()))
+            limit_key, queue_key = _own_fair_queue(delivery.plan)
             self._queues.add(queue_key, limit_key, delivery)
             delivery.queue_key = queue_key
             self.arm(queue_key, 0.0, jitter=False)
@@ -418,8 +418,14 @@ def _queue_of(delivery: Delivery, wait: Wait) -> tuple[str, str]:
     backlog's first, each admitted while the cap had room (issue 39)."""
     fair_queues = delivery.plan.fair_queues
     if wait.reason is Reason.GRACE and fair_queues:
-        return next(iter(fair_queues.items()))
+        return _own_fair_queue(delivery.plan)
     return wait.key, fair_queues.get(wait.key, wait.key)
+
+
+def _own_fair_queue(plan: RunPlan) -> tuple[str, str]:
+    """The limit key and the fair queue of a fair plan's first shared limit: where it
+    waits for what refuses every key alike (a grace, a store that does not answer)."""
+    return next(iter(plan.fair_queues.items()))
 
 
 def _message(delivery: Delivery) -> Any:
