@@ -224,6 +224,8 @@ def workers(
     env = app_env(store_url, broker_url, result_url, broker_server.url(2))
     started = Workers(env, tmp_path_factory.mktemp("celery"))
     yield started
+    if _failed(request):
+        print(started.stacks())
     try:
         started.end_all(passed=not _failed(request))
     finally:

@@ -8,7 +8,10 @@ The process handles, and how one is started without the fixture, are in
 
 from __future__ import annotations
 
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -108,10 +111,54 @@ class Workers:
         else:
             self.stop_all(timeout=15)
 
-    def report(self, lines: int = 60) -> str:
+    def stacks(self) -> str:
+        """Where every process still running, and each of its pool processes, is now
+        (``py-spy dump``; nothing without py-spy): a failed test's hang shows its place
+        before the shutdown moves it."""
+        beside = Path(sys.executable).parent / "py-spy"
+        spy = str(beside) if beside.exists() else shutil.which("py-spy")
+        if spy is None:
+            return ""
+        parts = []
+        for process in self.started:
+            if process.returncode is not None:
+                continue
+            for pid in [process._proc.pid, *_children(process._proc.pid)]:
+                try:
+                    dump = subprocess.run(
+                        [spy, "dump", "--pid", str(pid)],
+                        capture_output=True,
+                        text=True,
+                        timeout=20,
+                    )
+                    parts.append(
+                        f"----- stacks of pid {pid} ({process!r}) -----\n{dump.stdout}{dump.stderr}"
+                    )
+                except (OSError, subprocess.SubprocessError) as exc:
+                    parts.append(f"----- stacks of pid {pid}: {exc!r}")
+        return "\n".join(parts)
+
+    def report(self, lines: int = 150) -> str:
         """The tail of every process's log, for a failed test's output."""
         parts = [
             f"----- {process!r} ({process.log_path}) -----\n{process.log_tail(lines)}"
             for process in self.started
         ]
         return "\n".join(parts)
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (a worker's pool processes), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces; the fields follow its ")".
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry.name))
+    return found
