@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
@@ -41,6 +42,8 @@ logger = logging.getLogger("celery_baton.store")
 
 #: How often a Sentinel store asks the sentinels which node is the master (seconds).
 MASTER_CHECK_INTERVAL = 0.5
+#: Sentinel's own default ``down-after-milliseconds``, in seconds.
+DEFAULT_DOWN_AFTER = 30.0
 
 #: What a client error looks like when the store is down or slow.
 STORE_ERRORS: tuple[type[BaseException], ...] = (
@@ -292,6 +295,9 @@ class MasterWatch:
         self.interval = interval
         self._generation = 0
         self._pid = 0  # the process whose thread runs (a forked child starts its own)
+        #: Called on the watch's thread after each master change (nothing may block it
+        #: long: start a thread).
+        self.on_change: list[Callable[[], None]] = []
 
     def generation(self) -> int:
         """How many master changes this process has seen; starts the watch on first use."""
@@ -299,6 +305,19 @@ class MasterWatch:
             self._pid = os.getpid()
             threading.Thread(target=self._run, name="baton-master-watch", daemon=True).start()
         return self._generation
+
+    def down_after(self) -> float:
+        """The sentinels' ``down-after-milliseconds`` for this master, in seconds
+        (Sentinel's default, 30 s, when none answers)."""
+        manager = getattr(self._pool, "sentinel_manager", None)
+        service = getattr(self._pool, "service_name", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            try:
+                state = sentinel.sentinel_master(service)
+                return float(state["down-after-milliseconds"]) / 1000
+            except Exception:  # a sentinel down, or an answer without it: ask the next
+                continue
+        return DEFAULT_DOWN_AFTER
 
     def _run(self) -> None:
         pid = self._pid
@@ -315,6 +334,11 @@ class MasterWatch:
                     logger.warning(
                         "store master changed from %s:%s to %s:%s; reconnecting", *last, *address
                     )
+                    for listener in list(self.on_change):
+                        try:
+                            listener()
+                        except Exception:  # one listener must not stop the watch
+                            logger.exception("baton: a master change listener failed")
                 last = address
             time.sleep(self.interval)
 

@@ -28,6 +28,7 @@ from celery_baton.core.gate import Release
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.core.recorded_ends import RecordedEnds
 from celery_baton.worker import ordering
 from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool, retried
@@ -58,8 +59,11 @@ class Releasing:
         hub: Any = None,
         redelivery_window: float | None = None,
         ack_fates: AckFates | None = None,
+        recorded: RecordedEnds | None = None,
     ) -> None:
         self.book = book
+        #: The ends recorded lately, written again on a new master (replicated stores).
+        self.recorded = recorded
         self.timer = timer
         self.hub = hub  # the consumer's event loop (None: solo and threads pools)
         #: Seconds within which the broker delivers an unacked message again (None: not
@@ -136,6 +140,8 @@ class Releasing:
             plan.done_link,
         )
         self.channel.release(ordering.with_end(release, request, plan, final=final))
+        if done_key and self.recorded is not None:
+            self.recorded.keep(release)
 
     def on_loop(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the consumer's loop thread (now, when this is it)."""
@@ -283,9 +289,10 @@ class Releasing:
         done_key = plan.done_key if done_ttl > 0 else None
         if plan.leases or done_key:
             lease_keys = tuple(lease.key for lease in plan.leases)
-            self.channel.release(
-                Release(lease_keys, plan.owner, done_key, done_ttl, done_link=plan.done_link)
-            )
+            release = Release(lease_keys, plan.owner, done_key, done_ttl, done_link=plan.done_link)
+            self.channel.release(release)
+            if done_key and self.recorded is not None:
+                self.recorded.keep(release)
 
     def give_back_lost(self, plan: RunPlan) -> None:
         """``plan``'s ask got no answer, but the store may still execute it and grant its

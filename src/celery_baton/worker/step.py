@@ -23,6 +23,7 @@ from celery_baton import internals, metrics
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, WorkerReports
+from celery_baton.core.recorded_ends import RecordedEnds
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker import ordering
@@ -231,6 +232,7 @@ class BatonWorker:
             self.unsent,
             hub=getattr(parent, "hub", None),
             redelivery_window=broker.redelivery_window,
+            recorded=_recorded_ends(parts),
         )
         self.channel = GateChannel(
             parts.gate,
@@ -506,3 +508,15 @@ class BatonWorker:
         """Between reports, keep this one alive (one PEXPIRE); write it if it is gone."""
         if not self.reports.touch(consumer.hostname):
             self._report(consumer)
+
+
+def _recorded_ends(parts: AppParts) -> RecordedEnds | None:
+    """On Sentinel, the ends this worker records, written again on a new master
+    (core/recorded_ends.py); kept as long as Sentinel may promote a replica that was
+    behind (ten times its down-after, plus one for the master's own detection)."""
+    watch = parts.store.master_watch
+    if watch is None:
+        return None
+    recorded = RecordedEnds(parts.gate.release_many, keep_for=11 * watch.down_after())
+    watch.on_change.append(recorded.write_back)
+    return recorded
