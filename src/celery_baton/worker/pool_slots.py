@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -54,6 +55,10 @@ logger = logging.getLogger("celery_baton.worker")
 
 #: How often ``CountedSlots`` looks for a free slot while requests wait for one.
 POLL_INTERVAL = 0.02
+#: A request that waited this long for a pool process while the pool ran nothing at all
+#: is said (with what the pool says of its processes): that is never a wait for work to
+#: end, but a pool that lost a process or a release.
+STUCK_AFTER = 10.0
 
 
 class PoolSlots(Protocol):
@@ -77,13 +82,23 @@ class PoolSlots(Protocol):
 class SemaphoreSlots:
     """The prefork pool's own semaphore, and its processes (see the module docstring)."""
 
-    def __init__(self, semaphore: Any, process_task: Callable[[Any], Any], handle: Any) -> None:
+    def __init__(
+        self,
+        semaphore: Any,
+        process_task: Callable[[Any], Any],
+        handle: Any,
+        timer: Any = None,
+    ) -> None:
         self.semaphore = semaphore
         self.process_task = process_task
         self.handle = handle
+        self.timer = timer
         self._startable: Callable[[], int] | None = None  # the pool's count, once known
         self._waiters: deque[Callable[[], None]] = deque()  # hold the semaphore
         self._reserved = 0  # slots given to waiters, not yet run or given back
+        self._pool: Any = None
+        self._idle_since: float | None = None  # requests wait, the pool runs nothing
+        self._said_stuck = False
 
     def attach(self, task_pool: Any) -> None:
         """The started pool: its processes say when a request can start (prefork.py)."""
@@ -91,8 +106,40 @@ class SemaphoreSlots:
         startable = getattr(pool, "startable", None)
         if callable(startable):
             self._startable = startable
+            self._pool = pool
             pool.on_change = self._serve
             self._serve()
+            if self.timer is not None:
+                self.timer.call_repeatedly(STUCK_AFTER / 2, self._look_for_a_stuck_wait)
+
+    def _look_for_a_stuck_wait(self) -> None:
+        """Say once when requests waited ``STUCK_AFTER`` s for a process of a pool that
+        ran nothing meanwhile (on the timer; nothing may escape)."""
+        try:
+            waiting = len(self._waiters) + len(getattr(self.semaphore, "_waiting", ()))
+            if not waiting or len(getattr(self._pool, "_cache", ())) > 0:
+                self._idle_since, self._said_stuck = None, False
+                return
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            elif now - self._idle_since >= STUCK_AFTER and not self._said_stuck:
+                self._said_stuck = True
+                describe = getattr(self._pool, "describe", None)
+                logger.error(
+                    "baton: %d request(s) waited %.0fs for a pool process while the pool ran "
+                    "nothing: semaphore %s, %d waiting for a process, %d slot(s) reserved, "
+                    "%s start now; %s",
+                    waiting,
+                    now - self._idle_since,
+                    getattr(self.semaphore, "value", "?"),
+                    len(self._waiters),
+                    self._reserved,
+                    self._startable() if self._startable is not None else "?",
+                    describe() if callable(describe) else "",
+                )
+        except Exception:
+            logger.exception("baton: looking at the requests waiting for a pool process failed")
 
     def acquire(self, callback: Callable[[], None]) -> None:
         self.semaphore.acquire(self._holds_semaphore, callback)
@@ -233,7 +280,9 @@ def pool_slots(consumer: Any, handle: Callable[[Any], Any]) -> PoolSlots:
     # _process_task_sem (prefork on the event loop, with pool_putlocks).
     process_task = internals.semaphore_process_task(controller, handle)
     if process_task is not None:
-        return SemaphoreSlots(controller.semaphore, process_task, handle)
+        return SemaphoreSlots(
+            controller.semaphore, process_task, handle, getattr(consumer, "timer", None)
+        )
     pool = getattr(consumer, "pool", None)
     limit = getattr(pool, "limit", None) or getattr(controller, "concurrency", None) or 1
     return CountedSlots(

@@ -175,6 +175,24 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
             free += 1
         return free - len(self.outbound_buffer)
 
+    def describe(self) -> str:
+        """What the pool says of its processes, for a log line: why none can start a job."""
+        procs = []
+        for proc in list(self._pool):
+            fd = proc.inqW_fd
+            flags = [
+                "up" if fd in self._all_inqueues else "not-up",
+                "busy" if fd in self._busy_workers else "idle",
+                "alive" if proc._is_alive() else "gone",
+            ]
+            if getattr(proc, "dead", False):
+                flags.append("dead")
+            procs.append(f"{proc.pid}({','.join(flags)},done={getattr(proc, _DONE_ATTR, 0)})")
+        return (
+            f"processes [{' '.join(procs)}], {len(self._cache)} job(s) in the pool, "
+            f"{len(self.outbound_buffer)} waiting to be written, state {self._state}"
+        )
+
     def _changed(self) -> None:
         if self.on_change is not None:
             try:
