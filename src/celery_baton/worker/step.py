@@ -38,7 +38,12 @@ from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close
-from celery_baton.worker.transport.broker import hold_horizon, read_broker, warn_long_tasks
+from celery_baton.worker.transport.broker import (
+    hold_horizon,
+    read_broker,
+    warn_long_tasks,
+    warn_short_gaps,
+)
 from celery_baton.worker.transport.consumer_window import ConsumerWindow
 from celery_baton.worker.transport.held_renewal import HeldRenewal
 from celery_baton.worker.transport.held_return import HeldReturn
@@ -362,6 +367,10 @@ class BatonWorker:
             keep_running_jobs(getattr(parent, "pool", None))
             self.admission.slots.attach(getattr(parent, "pool", None))
             warn_long_tasks(parent.app, self.broker.visibility)
+            warn_short_gaps(
+                map(parts.policy_for, list(parent.app.tasks.values())),
+                self.broker.redelivery_window,
+            )
             warn_eviction(parts.gate)
             metrics.serve(parts.settings.metrics_port)
             self.cancelling.refresh()  # a worker started after a cancel knows of it

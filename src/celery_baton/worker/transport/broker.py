@@ -11,6 +11,7 @@ behind).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,3 +80,24 @@ def warn_long_tasks(app: Any, visibility: float | None) -> None:
                 visibility,
                 longest,
             )
+
+
+def warn_short_gaps(policies: Iterable[Any], redelivery_window: float | None) -> None:
+    """Warn about ordered tasks whose gap bound is shorter than the broker's redelivery
+    window: a killed worker's calls come back after their positions were skipped, and
+    are refused (docs/guides/ordered.md, "Why 60 s")."""
+    if redelivery_window is None:
+        return
+    for policy in policies:
+        if policy is None or policy.ordered is None or policy.ordered_gap >= redelivery_window:
+            continue
+        logger.warning(
+            "baton: %s is ordered with ordered_gap_timeout=%.0fs, shorter than the time the "
+            "broker may take to deliver a killed worker's messages again (%.0fs: twice its "
+            "visibility_timeout, its restore scan and its unacked_mutex_expire): such a call "
+            "comes back after its position was skipped, and is refused. Lower those "
+            "broker_transport_options or raise ordered_gap_timeout",
+            policy.name,
+            policy.ordered_gap,
+            redelivery_window,
+        )
