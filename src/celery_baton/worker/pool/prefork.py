@@ -218,7 +218,10 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
 
     def _event_process_exit(self, hub: Any, proc: Any) -> None:
         super()._event_process_exit(hub, proc)
-        if proc.exitcode is None:  # it closed its pipes, and is not reaped yet
+        # Still in the pool: it closed its pipes before it could be reaped. (Not
+        # ``proc.exitcode is None``: reading it reaps a process that has just become
+        # reapable, which would then wait for Celery's 5 s tick to be joined.)
+        if proc in self._pool:
             self._replace_when_gone(proc)
         self._changed()
 
