@@ -1,4 +1,4 @@
-"""The ends a worker recorded lately, written again when the store's master changes.
+"""The ends a worker recorded lately, written again when the store may have lost them.
 
 A run's end is recorded in the store (the redelivery guard's done marker, a beat slot's
 run record: ``Release.done_key``): a copy of its message is acked without running. A
@@ -13,10 +13,14 @@ ends it recorded within the time a promoted replica can have been behind, and wr
 them again as soon as it sees a new master. The copy waits meanwhile: it needs its run
 lease, which the new master does not grant during its grace.
 
-How far behind a replica can be and still be promoted: Sentinel skips a replica whose
-link to the master was down longer than ten times ``down-after-milliseconds`` (plus the
-time the master has been down), so the ends of that long are kept, at most
-``MAX_KEPT`` of them (the oldest go first; said once).
+The same holds for any store that forgets (restarted without its data, a Cluster
+shard's replica promoted): the worker writes its ends again when it sees that the store
+forgot its report, or when the gate refuses for a grace.
+
+How long ends are kept: Sentinel skips a replica whose link to the master was down
+longer than ten times ``down-after-milliseconds`` (plus the time the master has been
+down), so the ends of that long; on other stores a minute (the worker passes it). At
+most ``MAX_KEPT`` of them (the oldest go first; said once).
 
 Writing an end again is harmless: a done marker set again, a slot's run merged again
 (release.lua). Celery-free.
@@ -56,6 +60,7 @@ class RecordedEnds:
         self._said_full = False
         self._writing: threading.Thread | None = None
         self._again = False  # another master change while writing back
+        self._why = ""
 
     def keep(self, end: Release) -> None:
         """An end just recorded (only its record is kept: leases and claims are not
@@ -94,10 +99,12 @@ class RecordedEnds:
     def __len__(self) -> int:
         return len(self._ends)
 
-    def write_back(self) -> None:
-        """The master changed: write every kept end again, on a thread of its own, until
-        the new master has them (or they are older than ``keep_for``)."""
+    def write_back(self, why: str = "the store's master changed") -> None:
+        """The store may have lost its last writes (``why``, for the log): write every
+        kept end again, on a thread of its own, until it has them (or they are older
+        than ``keep_for``)."""
         with self._lock:
+            self._why = why
             if self._writing is not None and self._writing.is_alive():
                 self._again = True  # the thread writes everything once more
                 return
@@ -117,8 +124,9 @@ class RecordedEnds:
                 if not self._again:
                     if written:
                         logger.warning(
-                            "baton: the store's master changed: %d run end(s) recorded in "
-                            "the last %.0fs written again (a promoted replica may lack them)",
+                            "baton: %s: %d run end(s) recorded in the last %.0fs written "
+                            "again (the store may have lost them)",
+                            self._why,
                             len(ends),
                             self.keep_for,
                         )
@@ -134,8 +142,8 @@ class RecordedEnds:
             except Exception as exc:
                 if time.monotonic() > deadline:
                     logger.error(
-                        "baton: %d run end(s) could not be written again on the store's new "
-                        "master: %s; a copy of those runs may run again",
+                        "baton: %d run end(s) could not be written again to the store: %s; "
+                        "a copy of those runs may run again",
                         len(ends) - start,
                         exc,
                     )

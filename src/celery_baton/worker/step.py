@@ -49,6 +49,10 @@ from celery_baton.worker.transport.held_renewal import HeldRenewal
 from celery_baton.worker.transport.held_return import HeldReturn
 from celery_baton.worker.unsent import UnsentReleases
 
+#: Seconds a worker keeps the ends it recorded, to write them again on a store that
+#: forgot them (not Sentinel, where the sentinels' down-after says).
+KEEP_ENDS_FOR = 60.0
+
 logger = logging.getLogger("celery_baton.worker")
 
 
@@ -514,18 +518,25 @@ class BatonWorker:
         self._alive(consumer)
 
     def _alive(self, consumer: Any) -> None:
-        """Between reports, keep this one alive (one PEXPIRE); write it if it is gone."""
+        """Between reports, keep this one alive (one PEXPIRE); write it if it is gone.
+        Gone, the store may have forgotten (restarted empty, a replica promoted): the
+        ends recorded lately are written again."""
         if not self.reports.touch(consumer.hostname):
+            recorded = self.releasing.recorded
+            if recorded is not None and len(recorded):
+                recorded.write_back("the store forgot this worker's report")
             self._report(consumer)
 
 
-def _recorded_ends(parts: AppParts) -> RecordedEnds | None:
-    """On Sentinel, the ends this worker records, written again on a new master
-    (core/recorded_ends.py); kept as long as Sentinel may promote a replica that was
-    behind (ten times its down-after, plus one for the master's own detection)."""
+def _recorded_ends(parts: AppParts) -> RecordedEnds:
+    """The ends this worker records, written again when the store may have lost them
+    (core/recorded_ends.py): on Sentinel when the master changes, kept as long as
+    Sentinel may promote a replica that was behind (ten times its down-after, plus one
+    for the master's own detection); on any store when it forgot (``_alive``, and a
+    grace refusal: worker/store_down.py)."""
     watch = parts.store.master_watch
     if watch is None:
-        return None
+        return RecordedEnds(parts.gate.release_many, keep_for=KEEP_ENDS_FOR)
     recorded = RecordedEnds(parts.gate.release_many, keep_for=11 * watch.down_after())
     watch.on_change.append(recorded.write_back)
     return recorded

@@ -178,6 +178,10 @@ class StoreDown:
         """The gate refused for the grace of a new (or emptied) store."""
         if now - self._grace_logged > 10:
             self._grace_logged = now
+            # The store forgot: the ends recorded lately may be gone with it.
+            recorded = self.releasing.recorded
+            if recorded is not None and len(recorded):
+                recorded.write_back("the store is new or lost its data (grace)")
             app = getattr(getattr(self.holding.consumer, "app", None), "main", None)
             logger.warning(
                 "baton: the store is new or lost its data (it started less than a "
