@@ -42,12 +42,12 @@ logger = logging.getLogger("celery_baton.worker")
 MAX_KEPT = 200_000
 #: Ends written per round trip when they are written again.
 CHUNK = 1_000
-#: Seconds between tries while the new master does not answer yet.
+#: Seconds between tries while the store does not answer yet.
 RETRY_EVERY = 0.5
 
 
 class RecordedEnds:
-    """``keep`` each recorded end; ``write_back`` all that may be missing on a new master.
+    """``keep`` each recorded end; ``write_back`` them all when the store may have lost them.
 
     ``write`` sends a chunk of releases (``Gate.release_many``); ``keep_for`` is how long
     an end is kept (seconds)."""
@@ -59,7 +59,7 @@ class RecordedEnds:
         self._lock = threading.Lock()
         self._said_full = False
         self._writing: threading.Thread | None = None
-        self._again = False  # another master change while writing back
+        self._again = False  # asked again while writing back: everything once more
         self._why = ""
 
     def keep(self, end: Release) -> None:
@@ -88,7 +88,7 @@ class RecordedEnds:
                 self._said_full = True
                 logger.warning(
                     "baton: more than %d run ends recorded in %.0fs: only the last %d are "
-                    "written again if the store's master changes",
+                    "written again if the store loses them",
                     MAX_KEPT,
                     self.keep_for,
                     MAX_KEPT,
