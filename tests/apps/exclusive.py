@@ -74,6 +74,21 @@ def ex_long(self: Task, key: str, sleep: float = 0.0) -> int:
     return _fenced_run(self, key, sleep)
 
 
+class _SlowAfterReturn(Task):  # type: ignore[misc]
+    """Its run's end lingers after the result is stored (``after_return`` comes before
+    ``task_postrun``): another run on the same thread pool or greenlet hub goes on
+    meanwhile."""
+
+    def after_return(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.5)  # cooperative on the green pools (Celery patches them)
+
+
+@app.task(bind=True, base=_SlowAfterReturn, exclusive="key", exclusive_conflict="wait")
+def ex_slow_end(self: Task, key: str, sleep: float = 0.0) -> int:
+    """Like :func:`ex_wait`, its end lingering 0.5 s after its result."""
+    return _fenced_run(self, key, sleep)
+
+
 @app.task(
     bind=True,
     exclusive="key",

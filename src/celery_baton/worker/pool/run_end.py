@@ -62,7 +62,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from celery import signals, states
+from celery import current_task, signals, states
 
 from celery_baton.core.conditions import attempt_stamp
 from celery_baton.core.gate import Release
@@ -178,12 +178,18 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
     )
 
 
-#: The runs of this process whose end is not recorded yet: task id -> (task, RunEnd).
-_running: dict[str, tuple[Any, RunEnd]] = {}
+#: Set on a run's own request context (``task.request``, one per thread or greenlet)
+#: while its end is not recorded yet: its RunEnd.
+_ARMED_ATTR = "_baton_run_end"
 
 
 def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> None:
-    """``task_prerun``: a run whose end is to be recorded starts in this process."""
+    """``task_prerun``: a run whose end is to be recorded starts in this process.
+
+    Kept on the run's own request context, not by task id: on the threads, gevent and
+    eventlet pools two runs of one task id can share the process (a redelivered copy
+    beside its first delivery), and a run that found the other's record by its id freed
+    the other's leases as it ended (tests/pools/test_same_id_twice.py)."""
     if task is None or not task_id:
         return
     fields = getattr(task.request, RUN_END_FIELD, None)
@@ -194,19 +200,23 @@ def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> No
     except TypeError:  # not what mark() wrote: never guess
         logger.error("baton: %s[%s]: unreadable %s %r", task.name, task_id, RUN_END_FIELD, fields)
         return
-    _running[task_id] = (task, run_end)
-    _record_before_the_result(task.backend)
+    setattr(task.request, _ARMED_ATTR, run_end)
+    _record_before_the_result(task, task.backend)
 
 
-def _record_before_the_result(backend: Any) -> None:
+def _record_before_the_result(task: Any, backend: Any) -> None:
     """Make ``backend`` record a running task's end before it stores its final state."""
     if getattr(backend, _WRAPPED_ATTR, False):
         return
     store_result = backend.store_result
 
     def recording_store_result(task_id: Any, result: Any, state: Any, *a: Any, **kw: Any) -> Any:
-        if state in _STORED_ENDS and task_id in _running:
-            _record(task_id, state, result)
+        if state in _STORED_ENDS:
+            # The run on this thread or greenlet, if it is the one whose state this is
+            # (a body may store other tasks' results: a batch's calls).
+            current = current_task._get_current_object() if current_task else None
+            if current is not None:
+                _record(current, task_id, state, result)
         return store_result(task_id, result, state, *a, **kw)
 
     backend.store_result = recording_store_result
@@ -214,16 +224,27 @@ def _record_before_the_result(backend: Any) -> None:
 
 
 def record_run_end(
-    sender: Any = None, task_id: str = "", state: str | None = None, retval: Any = None, **_: Any
+    sender: Any = None,
+    task_id: str = "",
+    task: Any = None,
+    state: str | None = None,
+    retval: Any = None,
+    **_: Any,
 ) -> None:
     """``task_postrun``: an end whose result was not stored, recorded before the pool
     process reports back."""
-    if task_id in _running:
-        _record(task_id, state or "", retval)
+    if task is not None:
+        _record(task, task_id, state or "", retval)
 
 
-def _record(task_id: str, state: str, exc: Any) -> None:
-    task, run_end = _running.pop(task_id)
+def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
+    """Record the end of ``task``'s run on this thread or greenlet, once, if it is armed
+    and is the run of ``task_id``."""
+    request = task.request
+    run_end = getattr(request, _ARMED_ATTR, None)
+    if run_end is None or getattr(request, "id", None) != task_id:
+        return
+    setattr(request, _ARMED_ATTR, None)
     release = run_end.release(task_id, state, exc, bool(task.acks_late))
     if release is None:
         return
