@@ -118,6 +118,17 @@ def test_a_unique_holder_whose_ack_met_a_broker_outage_keeps_its_key_for_its_cop
     after = judge(holder, published=[sent("1"), into("1", 60)], faults=outage, results=results)
     assert "redelivery window" in after.violations["accounting"][0], after.summary()
 
+    # Seed 993991265: a pause longer than the client's socket timeout fails the ack too;
+    # a short one only delays it.
+    long_pause = [Fault("pause_broker", int(0.5 * S), int(7.6 * S))]
+    paused = judge(holder, published=[sent("1"), into("1", 14)], faults=long_pause, results=results)
+    assert paused.ok and paused.known["unique-expired-holder"], paused.summary()
+    short_pause = [Fault("pause_broker", int(0.5 * S), int(2 * S))]
+    waited = judge(
+        holder, published=[sent("1"), into("1", 14)], faults=short_pause, results=results
+    )
+    assert "no longer queued or running" in waited.violations["accounting"][0], waited.summary()
+
 
 def test_an_expiring_unique_holder_killed_with_its_worker_holds_its_key_for_lease_ttl() -> None:
     """Its run held the claim while it lived: a dedup within lease_ttl of the kill is the
@@ -136,9 +147,11 @@ def test_a_unique_holder_whose_ack_waited_on_the_broker_still_holds_its_key() ->
     """A run that ended while the broker was SIGSTOPped: Celery acks first, then the key
     is freed, so the key is held until the broker answers again (and no longer)."""
     holder = [run("uq:a", "1", 0, 2)]
-    pause = [Fault("pause_broker", int(1.9 * S), int(9.9 * S))]
+    # (It ends within the client's socket timeout of the run's end: a longer pause fails
+    # the ack: see the broker outage test above.)
+    pause = [Fault("pause_broker", int(1.9 * S), int(5.9 * S))]
     results = {"d": "FAILURE:TaskDeduplicated"}
-    ok = judge(holder, published=[sent("1"), into("1", 10)], faults=pause, results=results)
+    ok = judge(holder, published=[sent("1"), into("1", 7)], faults=pause, results=results)
     assert ok.ok, ok.summary()
     late = judge(holder, published=[sent("1"), into("1", 20)], faults=pause, results=results)
     assert "no longer queued or running" in late.violations["accounting"][0], late.summary()

@@ -125,8 +125,16 @@ def _judge_late_holder(
                 report.counts.get("dedup while the holder's ack waited", 0) + 1
             )
             return
+        # A restart fails the ack; so does a pause longer than the client's socket
+        # timeout (seed 993991265: a 7.1 s pause, "Couldn't ack", the claim kept).
+        failed_ack = limits.broker_socket_timeout * SECOND
         restarted = any(
-            f.kind == "restart_broker" and f.start <= last.end + slack and f.end >= last.end - slack
+            (
+                f.kind == "restart_broker"
+                or (f.kind == "pause_broker" and f.end - f.start > failed_ack)
+            )
+            and f.start <= last.end + slack
+            and f.end >= last.end - slack
             for f in history.faults
         )
         if not restarted:  # its ack went through, at once or when a paused broker answered

@@ -90,6 +90,9 @@ class Limits:
     #: back (a Redis broker: ``visibility_timeout``, plus its restore interval and restore
     #: mutex). Until then a killed run's unique key is still its own (docs/failure.md).
     redelivery: float = 25.0
+    #: The broker client's ``socket_timeout``: an ack sent to a broker paused longer
+    #: than this fails (kombu's "Couldn't ack"), and the message comes back.
+    broker_socket_timeout: float = 5.0
     #: Beat entries with a fixed period (seconds): their slots are at least that far apart.
     beat_periods: dict[str, float] = field(default_factory=lambda: {"every1": 1.0})
     #: Pool processes of all workers together (0: unknown): for the saturation count.
