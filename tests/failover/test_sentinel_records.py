@@ -23,24 +23,18 @@ import pytest
 from tests.failover.conftest import ProdStore
 from tests.failover.test_sentinel import _wait_new_master
 from tests.support.observer import Observer
+from tests.support.run_ends import ACK_FAILED, assert_the_copy_does_not_run, holds_done_marker
 from tests.support.sentinel_topology import SentinelTopology
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.ackfail"
-#: The worker's line once Celery gave up the ack; its main process records the end then.
-ACK_FAILED = "ended but its ack failed"
 
 
 @pytest.fixture
 def prod_store(sentinel: SentinelTopology, sentinel_url: str) -> ProdStore:
     return ProdStore("sentinel", sentinel_url, sentinel)
-
-
-def _holds_done_marker(server: StoreServer, task_id: str) -> bool:
-    with server.client() as r:
-        return any(":done:" in key for key in r.scan_iter(f"*{task_id}*"))
 
 
 @pytest.mark.timeout(180)
@@ -68,22 +62,12 @@ def test_an_end_recorded_on_a_master_that_died_before_its_replica_had_it_still_s
         try:
             wait_until(lambda: ACK_FAILED in worker.log_text(), 60, "the ack to fail")
             time.sleep(1.0)  # the main process records the end again right after the line
-            assert _holds_done_marker(master, first.id), "the end was not recorded"
-            assert not _holds_done_marker(replica, first.id)
+            assert holds_done_marker(master, first.id), "the end was not recorded"
+            assert not holds_done_marker(replica, first.id)
             master.kill()  # with the only record of the end
             _wait_new_master(sentinel, master, timeout=60)
             assert sentinel.master() is replica
         finally:
             admin.execute_command("CLIENT", "UNPAUSE")
 
-    # The broker gives the message back (visibility_timeout 10 s): the copy is acked
-    # without running, or runs (the record lost with the old master).
-    wait_until(
-        lambda: f"{first.id}] skipped" in worker.log_text() or len(observer.started()) > 1,
-        90,
-        "the copy to be judged",
-    )
-    time.sleep(1.0)  # a copy run after all would have started by now
-    assert [s["task_id"] for s in observer.started()] == [first.id], (
-        "the copy of a run whose end was recorded ran again"
-    )
+    assert_the_copy_does_not_run(worker, observer, first.id)

@@ -14,18 +14,12 @@ from __future__ import annotations
 import time
 
 from tests.support.observer import Observer
+from tests.support.run_ends import ACK_FAILED, assert_the_copy_does_not_run, holds_done_marker
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.ackfail"
-#: The worker's line once Celery gave up the ack; its main process records the end then.
-ACK_FAILED = "ended but its ack failed"
-
-
-def _holds_done_marker(server: StoreServer, task_id: str) -> bool:
-    with server.client() as r:
-        return any(":done:" in key for key in r.scan_iter(f"*{task_id}*"))
 
 
 def test_an_end_lost_with_a_store_that_restarted_empty_still_stops_the_copy(
@@ -44,19 +38,9 @@ def test_an_end_lost_with_a_store_that_restarted_empty_still_stops_the_copy(
         try:
             wait_until(lambda: ACK_FAILED in worker.log_text(), 60, "the ack to fail")
             time.sleep(1.0)  # the main process records the end again right after the line
-            assert _holds_done_marker(store_server, first.id), "the end was not recorded"
+            assert holds_done_marker(store_server, first.id), "the end was not recorded"
             store_server.restart_empty()
         finally:
             admin.execute_command("CLIENT", "UNPAUSE")
 
-    # The broker gives the message back (visibility_timeout 10 s): the copy is acked
-    # without running, or runs (the record lost with the store's data).
-    wait_until(
-        lambda: f"{first.id}] skipped" in worker.log_text() or len(observer.started()) > 1,
-        90,
-        "the copy to be judged",
-    )
-    time.sleep(1.0)  # a copy run after all would have started by now
-    assert [s["task_id"] for s in observer.started()] == [first.id], (
-        "the copy of a run whose end was recorded ran again"
-    )
+    assert_the_copy_does_not_run(worker, observer, first.id)
