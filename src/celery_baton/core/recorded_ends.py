@@ -104,6 +104,8 @@ class RecordedEnds:
         kept end again, on a thread of its own, until it has them (or they are older
         than ``keep_for``)."""
         with self._lock:
+            if not self._ends:
+                return  # nothing recorded lately: nothing to write
             self._why = why
             if self._writing is not None and self._writing.is_alive():
                 self._again = True  # the thread writes everything once more

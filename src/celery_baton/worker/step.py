@@ -523,7 +523,7 @@ class BatonWorker:
         ends recorded lately are written again."""
         if not self.reports.touch(consumer.hostname):
             recorded = self.releasing.recorded
-            if recorded is not None and len(recorded):
+            if recorded is not None:
                 recorded.write_back("the store forgot this worker's report")
             self._report(consumer)
 

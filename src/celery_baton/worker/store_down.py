@@ -180,7 +180,7 @@ class StoreDown:
             self._grace_logged = now
             # The store forgot: the ends recorded lately may be gone with it.
             recorded = self.releasing.recorded
-            if recorded is not None and len(recorded):
+            if recorded is not None:
                 recorded.write_back("the store is new or lost its data (grace)")
             app = getattr(getattr(self.holding.consumer, "app", None), "main", None)
             logger.warning(
