@@ -201,10 +201,10 @@ def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> No
         logger.error("baton: %s[%s]: unreadable %s %r", task.name, task_id, RUN_END_FIELD, fields)
         return
     setattr(task.request, _ARMED_ATTR, run_end)
-    _record_before_the_result(task, task.backend)
+    _record_before_the_result(task.backend)
 
 
-def _record_before_the_result(task: Any, backend: Any) -> None:
+def _record_before_the_result(backend: Any) -> None:
     """Make ``backend`` record a running task's end before it stores its final state."""
     if getattr(backend, _WRAPPED_ATTR, False):
         return
