@@ -5,6 +5,11 @@
 ``tests.apps.beat_app.record``, which records one observed run keyed ``<entry>|<slot>``
 (the slot comes from the message's ``baton_beat_slot`` header). ``BATON_BEAT_*`` env
 variables become ``baton_beat_*`` settings; ``BEAT_CONF`` (JSON) any other settings.
+
+Its workers install celery-baton (``Baton(app)``), as a user's must for a slot sent twice
+(a leader killed or a master lost between the send and its record) to run once.
+``BEAT_PLAIN_WORKERS=1`` leaves Celery plain: a test of what the beat itself sends counts
+every copy that way.
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ from typing import Any
 from celery import Task
 from celery.schedules import crontab, schedule
 
-from tests.apps.factory import make_app, observer
+from tests.apps.factory import make_app, make_baton_app, observer
 
-app = make_app(
-    "beat_app",
-    timezone=os.environ.get("BEAT_TIMEZONE", "UTC"),
-    beat_scheduler="celery_baton.beat:Scheduler",
-    worker_prefetch_multiplier=4,
-    result_expires=None,
-)
+_CONF: dict[str, Any] = {
+    "timezone": os.environ.get("BEAT_TIMEZONE", "UTC"),
+    "beat_scheduler": "celery_baton.beat:Scheduler",
+    "worker_prefetch_multiplier": 4,
+    "result_expires": None,
+}
+if os.environ.get("BEAT_PLAIN_WORKERS") == "1":
+    app = make_app("beat_app", **_CONF)
+else:
+    app, baton = make_baton_app("beat_app", **_CONF)
 for name, value in os.environ.items():
     if name.startswith("BATON_BEAT_"):
         app.conf[name.lower()] = json.loads(value)

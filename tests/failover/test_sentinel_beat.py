@@ -8,7 +8,8 @@ done marker vanish when the old master resyncs, so the new master still expects 
 slot, and the leader used to claim and send it again: it ran twice (1 slot of a 1 s
 entry per failover, docs/benchmarks.md#beat-sentinel). Now the leader remembers what it claimed
 and writes a lost claim back instead. Counted from the worker side (the slot comes from
-each message's header; this worker has no celery-baton, so a slot sent twice runs twice).
+each message's header; this worker has no celery-baton (``BEAT_PLAIN_WORKERS``), so a
+slot sent twice runs twice).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ FAILOVERS_MAX = 3
 def test_a_planned_failover_runs_each_beat_slot_once(
     prod_workers: Workers, observer: Observer, prod_store: ProdStore, sentinel: SentinelTopology
 ) -> None:
-    env = beat_env({"every1": {"every": 1}})
+    env = {**beat_env({"every1": {"every": 1}}), "BEAT_PLAIN_WORKERS": "1"}
     prod_workers.start("tests.apps.beat_app", env=env, concurrency=2)
     beats = start_two_beats(prod_workers, env)
     with prod_store.client() as store:

@@ -11,6 +11,7 @@ import time
 import redis
 import redis.cluster
 
+from tests.support import processes
 from tests.support.servers import StoreServer, free_port
 from tests.support.topologies import _client, _wait
 
@@ -41,6 +42,26 @@ class ClusterNode(StoreServer):
                 "--cluster-replica-validity-factor", "0",
             ],
         )  # fmt: skip
+
+    def start(self) -> None:
+        """Start as :meth:`StoreServer.start` does; a restart that finds the bus port taken
+        (a port chosen free at the session's start can be taken by any process later: seen
+        in a CI rehearsal beside a soak) takes another one. The other nodes learn it from
+        the node's first ping (the bus port travels in every cluster message's header)."""
+        for attempt in range(3):
+            try:
+                super().start()
+                return
+            except RuntimeError:
+                if attempt == 2 or not self._bus_port_was_taken():
+                    raise
+                self.bus_port = free_port()
+
+    def _bus_port_was_taken(self) -> bool:
+        return any(
+            "Address already in use" in line and str(self.bus_port) in line
+            for line in processes.log_tail(self.log_path, lines=10).splitlines()
+        )
 
     def _command(self) -> list[str]:
         extra = ["--enable-debug-command", "local"] if _debug_needs_enabling(self.binary) else []
