@@ -20,6 +20,7 @@ from celery_baton import StoreUnavailable
 from celery_baton.core.gate import ENDED, Gate, HeldClaim, HeldLease, Release, Renewal
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import Lease, LeaseBook
+from celery_baton.core.shared_ends import ENDING, SharedEnds
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.connection import Store, connect
 from tests.store.lease_helpers import KEY, owners
@@ -149,6 +150,31 @@ def test_a_lease_its_run_freed_at_the_body_end_is_ended_for_its_renewer_not_lost
     time.sleep(0.3)
     assert Lease(gate, third.key, ttl=30).acquire()
     assert f"x:{third.owner}" not in r.hgetall(third.key)
+
+
+def test_a_lease_its_run_freed_without_a_mark_is_its_release_by_the_shared_table(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """The same end, told through the worker's shared table (core/shared_ends) instead of
+    a mark in the store: the run's process said ENDING, then freed its lease; the renewer
+    reads LOST, asks the table, drops the lease and reports nothing; a lease the store
+    forgot is not written back for that run (given back if it was)."""
+    ends = SharedEnds()
+    lease = Lease(gate, KEY, ttl=30)
+    assert lease.acquire()
+    lost: list[tuple[str, str]] = []
+    book = LeaseBook(
+        gate, interval=10, on_lost=lambda o, k: lost.append((o, k)), ending=ends.ending
+    )
+    book.add(lease.owner, [HeldLease(KEY, lease.owner, 1, 30, lease.epoch)])
+    ends.set(lease.owner, ENDING)
+    assert gate.release_many([Release((KEY,), lease.owner)]) == [1]
+    assert f"x:{lease.owner}" not in r.hgetall(KEY)  # nothing left for anyone to clear
+    book.renew_now()
+    book.renew_now()  # (a loss would be reported here)
+    assert lost == [] and book.losses == 0
+    assert book.held() == []
+    assert owners(r) == {}
 
 
 def test_an_ended_mark_keeps_a_key_that_held_nothing_else(gate: Gate, r: redis.Redis) -> None:

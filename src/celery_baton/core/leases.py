@@ -141,9 +141,14 @@ class LeaseBook:
         on_tick: Callable[[], None] | None = None,
         heartbeat: float | None = None,
         on_heartbeat: Callable[[], None] | None = None,
+        ending: Callable[[str], bool] | None = None,
     ) -> None:
         self.gate = gate
         self.interval = interval
+        #: Whether an owner's run is over by its own process's word (core/shared_ends):
+        #: a lease that process freed is its release, not a loss, before this process
+        #: hears of the end.
+        self.ending = ending or (lambda owner: False)
         self.on_lost = on_lost
         self.on_tick = on_tick  # e.g. the worker's status report, on the same schedule
         # A sign of life more often than renewals (a long lease_ttl renews seldom): the
@@ -253,7 +258,9 @@ class LeaseBook:
         with self._lock:
             lost, self._lost = self._lost, {}
             gone, self._gone_claims = self._gone_claims, {}
-        for leases in lost.values():
+        for owner, leases in lost.items():
+            if self.ending(owner):
+                continue  # its run was over after all: the lease went with its end
             for lease in leases:
                 self.losses += 1
                 metrics.lease_losses.inc()
@@ -293,6 +300,11 @@ class LeaseBook:
                     # store had forgotten it, the renewal wrote it back for a run that
                     # is over: give it back (owner-compared, so never anyone else's).
                     current = self._held.get(lease.owner)
+                    if current is not None and self.ending(lease.owner):
+                        # Over: its run's process freed it at the body's end, and this
+                        # process has not heard of the end yet. Not renewed again.
+                        self._held[lease.owner] = [x for x in current if x.key != lease.key]
+                        current = None
                     if current is None:
                         if renewal.status == REASSERTED:
                             self._pending_releases.append(

@@ -29,6 +29,7 @@ from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.core.recorded_ends import RecordedEnds
+from celery_baton.core.shared_ends import SharedEnds
 from celery_baton.worker import ordering
 from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool, retried
@@ -60,8 +61,12 @@ class Releasing:
         redelivery_window: float | None = None,
         ack_fates: AckFates | None = None,
         recorded: RecordedEnds | None = None,
+        shared_ends: SharedEnds | None = None,
     ) -> None:
         self.book = book
+        #: The ends the runs' own processes recorded (worker/pool/run_end.py): not sent
+        #: again.
+        self.shared_ends = shared_ends
         #: The ends recorded lately, written again on a new master (replicated stores).
         self.recorded = recorded
         self.timer = timer
@@ -139,9 +144,20 @@ class Releasing:
             done_stamp,
             plan.done_link,
         )
-        self.channel.release(ordering.with_end(release, request, plan, final=final))
         if done_key and self.recorded is not None:
             self.recorded.keep(release)
+        if (
+            (final or retried(request))
+            and not unacked
+            and self.shared_ends is not None
+            and self.shared_ends.recorded(plan.owner)
+        ):
+            # Its process recorded this end already, decided the same way (a final end
+            # or a retry): sending it again would cost a store call per run for nothing.
+            # Only this process knows of a failed ack (the claim kept for the copy) and
+            # of a message that comes back (an ordered call's gap clock restarted).
+            return
+        self.channel.release(ordering.with_end(release, request, plan, final=final))
 
     def on_loop(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the consumer's loop thread (now, when this is it)."""

@@ -30,7 +30,7 @@ from celery_baton.worker import ordering
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.batching import Batching, tick_interval
 from celery_baton.worker.cancelling import Cancelling
-from celery_baton.worker.pool import stand_ins
+from celery_baton.worker.pool import run_end, stand_ins
 from celery_baton.worker.pool.batch_run import wrap_task
 from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
@@ -226,8 +226,12 @@ class BatonWorker:
             # process (4-12 us each on a small machine), so only when it can matter.
             stand_ins.install()
         self.parts = parts
+        # Before the pool forks: its processes inherit the table they say their
+        # recorded ends in.
+        shared_ends = run_end.share_ends()
         self.book = LeaseBook(
             parts.gate,
+            ending=shared_ends.ending,
             interval=parts.renew_interval,
             on_lost=parts.on_lease_lost,
             on_tick=lambda: self._report(parent),
@@ -242,6 +246,7 @@ class BatonWorker:
             hub=getattr(parent, "hub", None),
             redelivery_window=broker.redelivery_window,
             recorded=_recorded_ends(parts),
+            shared_ends=shared_ends,
         )
         self.channel = GateChannel(
             parts.gate,

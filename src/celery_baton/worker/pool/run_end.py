@@ -39,9 +39,15 @@ them: a duplicate on another worker was skipped as held by a run that had ended.
 lease freed here is marked ended in the store (``Release.ended_mark``), so that the
 renewals still on their way read "ended", not "lost" (renew.lua).
 
-The main process records the same again when it learns of the end (idempotent, every
-release compares its owner, so a claim a new publish took meanwhile stays, and its
-release takes the ended marks away). Without a pool (solo, threads, gevent) the task
+The process says what it did in memory the worker's main process reads
+(``core/shared_ends.py``: ending, then recorded once the store answered). The main
+process records the same again when it learns of the end only when that record is
+missing (the store did not answer, or the process died sending it): idempotent, every
+release compares its owner, so a claim a new publish took meanwhile stays. Its lease
+renewer takes a lease gone under a run that is ending for that run's release, not a
+loss. (A worker without that shared memory marks each freed lease ended in the store
+instead, ``Release.ended_mark``, and its main process always records the end again and
+takes the marks away.) Without a pool (solo, threads, gevent) the task
 runs in a thread of the main process: its end is recorded here all the same, before the
 result.
 
@@ -67,6 +73,7 @@ from celery import current_task, signals, states
 from celery_baton.core.conditions import attempt_stamp
 from celery_baton.core.gate import Release
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.core.shared_ends import ENDING, RECORDED, SharedEnds
 from celery_baton.parts import parts_for
 from celery_baton.worker import ordering
 
@@ -75,6 +82,20 @@ logger = logging.getLogger("celery_baton.worker")
 RUN_END_FIELD = "baton_run_end"
 #: Set on a result backend whose ``store_result`` records a run's end first.
 _WRAPPED_ATTR = "_baton_records_run_ends"
+
+#: What the worker's processes say of the ends they recorded (made by the main process
+#: before its pool forks: ``share_ends``); None in a process that is no worker.
+_shared: SharedEnds | None = None
+
+
+def share_ends() -> SharedEnds:
+    """Worker's main process, before the pool starts: the table its pool processes
+    (forked from it, so sharing it) and its own runs write their recorded ends in."""
+    global _shared
+    if _shared is None:
+        _shared = SharedEnds()
+    return _shared
+
 
 #: The states Celery stores for a run that ended (a retry is an end of its attempt).
 _STORED_ENDS = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
@@ -172,9 +193,10 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         plan.order_key or "",
         plan.exclusive_key or "",
         tuple(lease.key for lease in plan.leases),
-        # Longer than a renewal interval (a third of the ttl) with room to spare: the
-        # renewals sent before the main process hears of the end all read the mark.
-        2 * max((lease.ttl for lease in plan.leases), default=0.0),
+        # Without the shared table: longer than a renewal interval (a third of the ttl)
+        # with room to spare, so that the renewals sent before the main process hears of
+        # the end all read the mark. With it the renewer asks the table instead.
+        0.0 if _shared is not None else 2 * max((lease.ttl for lease in plan.leases), default=0.0),
     )
 
 
@@ -248,10 +270,16 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
     release = run_end.release(task_id, state, exc, bool(task.acks_late))
     if release is None:
         return
+    shared = _shared
+    if shared is not None:
+        shared.set(run_end.owner, ENDING)
     try:
         parts_for(task.app).gate.release_many([release])
     except Exception as error:  # the main process records it too, when it learns of the end
         logger.warning("baton: %s[%s] ended; recording it failed: %s", task.name, task_id, error)
+        return
+    if shared is not None:
+        shared.set(run_end.owner, RECORDED)
 
 
 def install() -> None:
