@@ -19,7 +19,11 @@ import os
 import time
 from typing import Any
 
+from celery import Task
+
 from celery_baton import Call
+from celery_baton.core.batch import batch_keys
+from celery_baton.core.keys import digest
 from tests.apps.factory import make_baton_app, observer
 
 VISIBILITY = float(os.environ.get("BATCH_VISIBILITY", "3600"))
@@ -212,3 +216,12 @@ def flaky_auto_batch(calls: list[Call]) -> list[int]:
     if any(attempts[c.id] <= c.kwargs.get("fail", 0) for c in calls):
         raise ValueError("not yet")
     return [c.kwargs["doc"] * 2 for c in calls]
+
+
+def batch_key(task: Task, **kwargs: Any) -> str:
+    """A store key of the batch key that a call ``task.delay(**kwargs)`` waits under (its
+    hash slot is the whole batch key's)."""
+    policy = baton.policy_for(task)
+    assert policy is not None and policy.batch is not None
+    material = policy.batch.material(task.name, (), kwargs)
+    return batch_keys(baton.names, task.name, digest(material))[0]

@@ -11,7 +11,8 @@ into the pool (worker/pool/batch_run.py runs the body and writes every call's re
 When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
 
 A batch whose body returned is marked done again by its runner, at its end, and for one
-run ttl after at its full checks while the key is in a grace: its pool process's done
+run ttl after (after the store answers again, when it was away) at its full checks while
+the key is in a grace: its pool process's done
 marker may be lost (written on a Sentinel master just replaced by a replica it had not
 reached; the key's promotion grace holds every claim meanwhile, core/batch.py), and its
 calls must not run twice.
@@ -254,6 +255,13 @@ class Batching:
                 state.gone[:0] = sent.gone
                 if sent.held is not None:
                     state.next_full = 0.0
+            # The batches it ran are kept one run ttl past the store's return, not their
+            # end: a master killed just after marking them done is replaced when its
+            # failure is detected (a Cluster's node timeout, 15 s by default; Sentinel's
+            # down-after), often later than that, and the promoted replica's grace is
+            # when they are marked done again.
+            for state in self.keys.values():
+                state.ran = [(max(until, now + state.run_ttl), ids) for until, ids in state.ran]
             self._say_down(exc)
             return
         for state, reply in zip(states, replies, strict=True):
