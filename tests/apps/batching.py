@@ -5,7 +5,8 @@ environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
 ``visibility_timeout`` (a test that kills a worker sets a few seconds, so its held
 messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
-worker's presence outlive their last renewal.
+worker's presence outlive their last renewal. A named limit, ``"partner"``, for the
+batched tasks that spend it (``limits=``, ``cost=``).
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
 key, or several joined by ``|``: a run that mixed keys shows it), with its call ids
@@ -18,10 +19,16 @@ import os
 import time
 from typing import Any
 
+from celery import Task
+
 from celery_baton import Call
+from celery_baton.core.batch import batch_keys
+from celery_baton.core.keys import digest
 from tests.apps.factory import make_baton_app, observer
 
 VISIBILITY = float(os.environ.get("BATCH_VISIBILITY", "3600"))
+#: A partner API's budget of calls: 10 a second, 5 back to back.
+PARTNER = {"rate": "10/s", "burst": 5}
 
 app, baton = make_baton_app(
     "batching",
@@ -34,6 +41,7 @@ app, baton = make_baton_app(
     },
     worker_lost_wait=1.0,
     baton_lease_ttl=float(os.environ.get("BATCH_LEASE_TTL", "8")),
+    baton_limits={"partner": PARTNER},
 )
 
 
@@ -157,6 +165,25 @@ def single_batch(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] * 2 for c in calls]
 
 
+@app.task(batch="account", batch_size=5, batch_wait=0.2, limits=["partner"], cost=len)
+def partner_batch(calls: list[Call]) -> list[int]:
+    """Batches of up to 5 calls; a run spends one unit of "partner" per call."""
+    _report("partner_batch", calls, sleep=0.01)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
+def _weight(calls: list[Call]) -> int:
+    return sum(int(c.kwargs.get("weight", 1)) for c in calls)
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2, limits=["partner"], cost=_weight)
+def weighed_batch(calls: list[Call]) -> list[int]:
+    """A run spends the calls' weights of "partner": a batch weighing more than its
+    burst (5) could never be admitted."""
+    _report("weighed_batch", calls, sleep=0.01)
+    return [c.kwargs["doc"] * 2 for c in calls]
+
+
 def _attempt(call: Call) -> int:
     """How many batch runs ``call`` was in so far, this one included (on the observer's
     server: every worker counts in one place)."""
@@ -189,3 +216,12 @@ def flaky_auto_batch(calls: list[Call]) -> list[int]:
     if any(attempts[c.id] <= c.kwargs.get("fail", 0) for c in calls):
         raise ValueError("not yet")
     return [c.kwargs["doc"] * 2 for c in calls]
+
+
+def batch_key(task: Task, **kwargs: Any) -> str:
+    """A store key of the batch key that a call ``task.delay(**kwargs)`` waits under (its
+    hash slot is the whole batch key's)."""
+    policy = baton.policy_for(task)
+    assert policy is not None and policy.batch is not None
+    material = policy.batch.material(task.name, (), kwargs)
+    return batch_keys(baton.names, task.name, digest(material))[0]

@@ -1,15 +1,20 @@
-"""A batch run is one start of a ``global_rate_limit`` and one slot of a
-``global_concurrency``, across all workers (issue 37), judged at the batch body's start
-by the observer (its own server's clock). Tasks in tests/apps/batching.py.
+"""A batch run is one start of a ``global_rate_limit``, one slot of a
+``global_concurrency`` and one admission of each named limit (``limits=``, its ``cost=``
+priced on the batch's calls), across all workers (issue 37), judged at the batch body's
+start by the observer (its own server's clock). Tasks in tests/apps/batching.py.
 
-Before, both options were refused at declaration with a batch.
+Before, all three were refused at declaration with a batch.
 """
 
 from __future__ import annotations
 
+import pytest
+
+from celery_baton.errors import CostError
 from tests.batching.test_batching import assert_each_call_once, call_ids, settle
 from tests.limits.test_at_start import START_JITTER_US
 from tests.limits.test_rate_limits import assert_gcra_bound
+from tests.limits.test_shared import weighted_excess
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.workers import Workers
 
@@ -64,3 +69,59 @@ def test_batch_runs_hold_one_slot_of_a_global_concurrency(
     for result, doc in sent.values():
         assert result.get(timeout=30) == doc * 2  # type: ignore[attr-defined]
     assert_no_overlap(runs, per_key=False)
+
+
+def test_batch_runs_spend_a_named_limit_by_their_number_of_calls(
+    workers: Workers, observer: Observer
+) -> None:
+    """``limits=["partner"], cost=len`` (10/s, a bucket of 5; batches of up to 5): in any
+    window of the bodies' starts, the calls started sum to at most the bucket plus the
+    window's refill, the hand-over's noise allowed for (a quarter second of refill,
+    2.5 calls; without the limit 40 calls start within about a second, 30 too many)."""
+    from tests.apps.batching import PARTNER, partner_batch
+
+    _two_workers(workers)
+    sent = _publish(partner_batch)
+    runs = settle(observer, "partner_batch", len(sent), timeout=90)
+    assert_each_call_once(runs, list(sent))
+    assert all(len(call_ids(r)) <= 5 for r in runs)
+    assert len(runs) < len(sent), "no batch held more than one call: cost=len not exercised"
+    for result, doc in sent.values():
+        assert result.get(timeout=30) == doc * 2  # type: ignore[attr-defined]
+    per_second = 10.0
+    assert PARTNER == {"rate": "10/s", "burst": 5}
+    excess = weighted_excess(
+        [(r.start, float(len(call_ids(r)))) for r in runs], per_second, burst=5
+    )
+    assert excess <= START_JITTER_US / 1e6 * per_second, (
+        f"calls started beyond the partner limit by {excess:.1f} "
+        f"(runs: {[(r.start, len(call_ids(r))) for r in runs]})"
+    )
+
+
+def test_a_batch_weighing_more_than_the_limit_runs_the_part_that_fits(
+    workers: Workers, observer: Observer
+) -> None:
+    """``cost=`` a callable of the calls (their weights; "partner" holds 5): a batch that
+    weighs more runs the calls that fit and gives the others back to the next batch, so
+    the key is never stuck; a call that alone weighs more than the limit holds fails
+    with a CostError and never runs (as a plain task's would)."""
+    from tests.apps.batching import weighed_batch
+
+    _two_workers(workers)
+    sent = {}
+    for n in range(12):
+        result = weighed_batch.apply_async(kwargs={"account": 1, "doc": n, "weight": 2})
+        sent[result.id] = (result, n)
+    heavy = weighed_batch.apply_async(kwargs={"account": 1, "doc": 99, "weight": 6})
+    runs = settle(observer, "weighed_batch", len(sent), timeout=90)
+    assert_each_call_once(runs, list(sent))
+    assert all(len(call_ids(r)) <= 2 for r in runs), "a run weighed more than 5"
+    for result, doc in sent.values():
+        assert result.get(timeout=30) == doc * 2
+    with pytest.raises(CostError, match="larger than the burst 5"):
+        heavy.get(timeout=30)
+    assert heavy.id not in {c for r in runs for c in call_ids(r)}
+    # Publish after the heavy call failed: the key still batches.
+    late = weighed_batch.apply_async(kwargs={"account": 1, "doc": 7, "weight": 1})
+    assert late.get(timeout=30) == 14

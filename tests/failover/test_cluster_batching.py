@@ -1,13 +1,41 @@
 """Batching on a Redis Cluster store (issue 37): a key's batch state is in one hash slot
 (``{batch:<task>:<key>}``), so every batch script runs on the node of its key; keys
-spread over the masters. Broker and observer stay on the broker server."""
+spread over the masters. Broker and observer stay on the broker server.
+
+And through a shard's failover: the master of the batch keys' slots SIGKILLed while
+calls stream in, wait, run in batches and are marked done; its replica is promoted
+(``cluster-node-timeout`` 1 s). As on Sentinel (test_sentinel_batching.py), the promoted
+server may lack its old master's last claims and done markers: each key's first tick
+there starts a grace of one run ttl without claims (core/batch.py, "epoch").
+
+Passed on the code as it was; with the promotion's grace taken out of batch_tick.lua it
+fails (no key saw the promotion), though SIGKILL alone lost no claim that mattered in
+two runs. The ``lagging`` case found the runners forgetting the batches they ran one run
+ttl after their end, before a promotion that comes later (its done markers lost with
+the replica's last second): 6 calls were marked done again where 12 were due; the
+presence of the workers, lapsed on the promoted replica too, dropped the rest's waiting
+copies, by luck. Now a runner keeps them one run ttl after the store answers again.
+"""
 
 from __future__ import annotations
 
-from tests.batching.test_batching import APP, assert_each_call_once, call_ids, settle
-from tests.support.cluster_topology import ClusterTopology
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.batching.test_batching import APP, assert_each_call_once, call_ids, runs_of, settle
+from tests.failover.test_cluster_forgets import cut_off
+from tests.failover.test_sentinel_batching import Publisher
+from tests.support.cluster_topology import CLUSTER_NODE_TIMEOUT_MS, ClusterTopology
 from tests.support.observer import Observer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
+
+LEASE_TTL = 4.0
 
 
 def test_batches_of_keys_spread_over_the_cluster_run_each_call_once(
@@ -30,3 +58,99 @@ def test_batches_of_keys_spread_over_the_cluster_run_each_call_once(
     for result, doc in results.values():
         assert result.get(timeout=30) == doc * 2
     assert max(len(call_ids(r)) for r in runs) <= 10
+
+
+@contextlib.contextmanager
+def node_timeout(cluster: ClusterTopology, ms: int) -> Iterator[None]:
+    """Every node declares a peer failed after ``ms`` (a replica is promoted that much
+    later), as a production cluster's 15 s default is longer than a run ttl."""
+    for node in cluster.nodes:
+        with node.client() as r:
+            r.config_set("cluster-node-timeout", ms)
+    try:
+        yield
+    finally:
+        for node in cluster.nodes:
+            if node.is_running:
+                with node.client() as r:
+                    r.config_set("cluster-node-timeout", CLUSTER_NODE_TIMEOUT_MS)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["sigkill", "lagging"])
+def test_batches_in_flight_through_a_cluster_shard_failover_run_each_call_once(
+    workers: Workers, observer: Observer, cluster: ClusterTopology, cluster_url: str, how: str
+) -> None:
+    """Calls of 4 keys stream in, 10 a second (3 keys on the shard that fails, 1 on
+    another); 3 workers of 2 processes; the shard's master SIGKILLed mid-stream.
+    ``lagging``: its replica cut off from it 1 s before (the claims, done markers and
+    registrations of that second are not on the server promoted), and the replica
+    promoted about 6 s after the kill, longer than the run ttl (4 s). Every call in
+    exactly one successful run, each caller gets its own result, and the calls
+    published after the promotion are batched too."""
+    from tests.apps.batching import batch_key, steady
+
+    victim = cluster.master_of(batch_key(steady, account="f0"))
+    on_victim = [
+        a
+        for a in (f"f{n}" for n in range(200))
+        if cluster.master_of(batch_key(steady, account=a)) is victim
+    ][:3]
+    elsewhere = next(
+        a
+        for a in (f"g{n}" for n in range(200))
+        if cluster.master_of(batch_key(steady, account=a)) is not victim
+    )
+    replica = cluster.replica_of(victim)
+    env = {"BATON_URL": cluster_url, "BATCH_LEASE_TTL": str(LEASE_TTL)}
+    pool = [workers.start(APP, concurrency=2, env=env, wait=False) for _ in range(3)]
+    for worker in pool:
+        worker.wait_ready()
+    with Publisher(accounts=[*on_victim, elsewhere]) as stream:
+        deadline = time.monotonic() + 30
+        while len(runs_of(observer, "steady")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.ExitStack() as lagging:
+            if how == "lagging":
+                lagging.enter_context(node_timeout(cluster, 6000))
+                lagging.enter_context(cut_off(replica))
+            cut_us = observer.now_us()
+            time.sleep(1.0)  # batches running, others waiting, some just done
+            changed = time.monotonic()
+            changed_us = observer.now_us()
+            victim.kill()
+            wait_until(lambda: replica.role() == "master", 60, "the replica promoted")
+            promoted = time.monotonic() - changed
+        stream.mark()
+        time.sleep(4.0)  # the stream goes on on the promoted replica
+    results = stream.results
+    runs = settle(observer, "steady", len(results), timeout=60)
+    time.sleep(LEASE_TTL + 1)  # a lapsed or forgotten run's calls would run again by now
+    runs = runs_of(observer, "steady")
+    logs = "".join(w.log_text() for w in pool)
+    redone = sum(int(n) for n in re.findall(r"(\d+) calls of batches this worker ran", logs))
+    print(
+        f"\nCLUSTER {how}: replica promoted {promoted:.1f} s after; {len(results)} calls "
+        f"({len(stream.after)} after), {len(runs)} runs, largest "
+        f"{max(len(call_ids(r)) for r in runs)}; keys that saw the promotion: "
+        f"{logs.count('promoted from a replica')}; calls marked done again: {redone}; "
+        f"runs that ended in the second before the kill: "
+        f"{sum(cut_us <= r.end <= changed_us for r in runs)}"
+    )
+    seen: dict[str, list[Any]] = {}
+    for r in runs:
+        for i in call_ids(r):
+            seen.setdefault(i, []).append(r)
+    for i, twice in seen.items():
+        if len(twice) > 1:
+            print(f"call {i} ran in: {[(r.key, r.pid, r.start, r.end) for r in twice]}")
+    assert all("|" not in r.key for r in runs), "a run held calls of two keys"
+    assert_each_call_once(runs, list(results))
+    assert set(stream.after) <= set(seen), "a call published after the promotion never ran"
+    assert {r.key.split(":", 1)[1] for r in runs} == {*on_victim, elsewhere}
+    # The keys of the failed shard saw the promotion (their grace); at least one logged
+    # it (a tick whose reply was lost sets the grace without the line: see
+    # test_sentinel_batching.py).
+    assert logs.count("promoted from a replica") >= 1
+    for result, doc in results.values():
+        assert result.get(timeout=30) == doc * 3, "each caller gets its own call's result"

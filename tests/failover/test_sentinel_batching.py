@@ -39,12 +39,13 @@ KEYS = 4
 
 
 class Publisher:
-    """Publishes ``steady`` calls of KEYS keys, one every ``every`` seconds, from a thread
-    until stopped: ``{task id: (its AsyncResult, its doc)}`` and the ids published after
-    :meth:`mark`."""
+    """Publishes ``steady`` calls of KEYS keys (or of ``accounts``), one every ``every``
+    seconds, from a thread until stopped: ``{task id: (its AsyncResult, its doc)}`` and
+    the ids published after :meth:`mark`."""
 
-    def __init__(self, every: float = 0.1) -> None:
+    def __init__(self, every: float = 0.1, accounts: list[str] | None = None) -> None:
         self.every = every
+        self.accounts = accounts or [f"s{n}" for n in range(KEYS)]
         self.results: dict[str, tuple[Any, int]] = {}
         self.after: list[str] = []
         self._marked = False
@@ -56,7 +57,8 @@ class Publisher:
 
         doc = 0
         while not self._stop.is_set():
-            result = steady.apply_async(kwargs={"account": f"s{doc % KEYS}", "doc": doc})
+            account = self.accounts[doc % len(self.accounts)]
+            result = steady.apply_async(kwargs={"account": account, "doc": doc})
             self.results[result.id] = (result, doc)
             if self._marked:
                 self.after.append(result.id)

@@ -37,11 +37,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_baton.core.keys import KeyNames, KeySpec, digest
-from celery_baton.errors import BatchResultError, ConfigError, KeySpecError
+from celery_baton.errors import BatchResultError, ConfigError, CostError, KeySpecError
 from celery_baton.store.connection import STORE_ERRORS, Store
+
+if TYPE_CHECKING:
+    from celery_baton.core.shared_limits import SharedLimit
 
 #: The options a batched task cannot have, and why (said at declaration).
 INCOMPATIBLE = {
@@ -49,8 +52,7 @@ INCOMPATIBLE = {
     "unique": "every call of a batch is a caller waiting for its own result",
     "debounce": "debounce keeps one call of a burst, batch keeps them all",
     "throttle": "throttle drops calls, batch keeps them all",
-    "limits": "not yet: a batch run is not one start of a named limit (issue 37)",
-    "fair_key": "not yet (issue 37)",
+    "fair_key": "not yet: a batch holds calls of several fair keys' callers (issue 37)",
     "ordered": "not yet: a batch runs many calls of a key at once, ordered= one at a time",
 }
 
@@ -184,6 +186,70 @@ def _check_body(name: str, fun: Callable[..., Any], *, bound: bool) -> None:
             f"(def {getattr(fun, '__name__', 'body')}(calls): ...), but it takes: {takes}",
             subject=name,
         )
+
+
+def check_batch_cost(
+    name: str, batch: BatchPolicy, cost: object, shared: Sequence[SharedLimit]
+) -> None:
+    """A batched task's ``cost=``: a number is spent by each batch run (checked against
+    the limits' bursts with the limits); a callable gets the batch's list of calls, as
+    its body does (``cost=len``: one unit per call). ``cost=len`` with batches a limit's
+    burst cannot hold would never run a full batch: refused. ConfigError naming the task."""
+    if not callable(cost):
+        return
+    try:
+        inspect.signature(cost).bind([])
+    except TypeError:
+        raise ConfigError(
+            "a batched task's cost= gets the batch's list of calls, as its body does "
+            "(cost=len: one unit per call; cost=lambda calls: sum(...)), but it takes: "
+            f"{inspect.signature(cost)}",
+            subject=f"{name}.cost",
+        ) from None
+    except ValueError:  # a callable without a signature Python can read: asked at runs
+        pass
+    for limit in shared:
+        if cost is len and batch.size > limit.burst:
+            raise ConfigError(
+                f"cost=len: a full batch of {batch.size} calls costs {batch.size}, more than "
+                f"the burst {limit.burst} of limit {limit.name!r} could ever admit; set "
+                f"batch_size <= {limit.burst} (or the limit's burst >= {batch.size})",
+                subject=f"{name}.cost",
+            )
+
+
+T = TypeVar("T")
+
+
+def fit_batch(
+    calls: list[T], carrier: int, price: Callable[[list[T]], float]
+) -> tuple[list[T], float]:
+    """The calls of a claimed batch that one admission of its named limits can take (in
+    their order), and their cost (``price``: a batch's cost, CostError when a limit's
+    burst could never admit it). All of them when they fit; else ``calls[carrier]`` (its
+    message carries the run) and as many of the others, oldest first, as fit (found by
+    halving: a batch's cost grows with its calls). CostError when the carrier alone does
+    not fit: it can never run, as a plain call of that cost never would."""
+    try:
+        return calls, price(calls)
+    except CostError:
+        if len(calls) == 1:
+            raise
+    others = [i for i in range(len(calls)) if i != carrier]
+
+    def first(k: int) -> list[T]:
+        return [calls[i] for i in sorted([carrier, *others[:k]])]
+
+    best = first(0)
+    cost = price(best)
+    low, high = 0, len(others) - 1  # first(low) fits; first(high + 1), all, does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            cost, best, low = price(first(middle)), first(middle), middle
+        except CostError:
+            high = middle - 1
+    return best, cost
 
 
 def outcomes(calls: Sequence[Call], returned: Any) -> list[tuple[bool, Any]]:

@@ -27,6 +27,7 @@ a Celery task event when the worker sends them (``worker/events.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -49,6 +50,7 @@ from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
+from celery_baton.worker.pool.batch_run import BATCH_FIELD
 from celery_baton.worker.pool.run_end import mark as mark_run_end
 from celery_baton.worker.pool_slots import pool_slots
 from celery_baton.worker.releasing import Releasing
@@ -168,12 +170,18 @@ class Admission:
 
     def carry(self, request: Any) -> None:
         """A batch's carrier (``worker/batching.py``), its batch claimed: the run is one
-        start of the task's rate and one slot of its concurrency, asked for here as any
-        guarded request's; a batched task with neither goes to the pool at once."""
+        start of the task's rate, one slot of its concurrency and one admission of each
+        named limit, asked for here as any guarded request's; a batched task with none
+        goes to the pool at once."""
         policy = self.planner.policy(request)
         if policy is None or not policy.gates_runs:
             self.slots.plain(request)
             return
+        cost = (request.request_dict.get(BATCH_FIELD) or {}).get("cost")
+        if cost is not None:
+            # Priced on the batch's calls at its claim: the run spends that, not what a
+            # callable would say of the carrier's own arguments.
+            policy = dataclasses.replace(policy, cost=cost)
         self._guard(request, policy)
 
     def _guard(self, request: Any, policy: TaskPolicy) -> Any:

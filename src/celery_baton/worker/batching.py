@@ -11,7 +11,8 @@ into the pool (worker/pool/batch_run.py runs the body and writes every call's re
 When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
 
 A batch whose body returned is marked done again by its runner, at its end, and for one
-run ttl after at its full checks while the key is in a grace: its pool process's done
+run ttl after (after the store answers again, when it was away) at its full checks while
+the key is in a grace: its pool process's done
 marker may be lost (written on a Sentinel master just replaced by a replica it had not
 reached; the key's promotion grace holds every claim meanwhile, core/batch.py), and its
 calls must not run twice.
@@ -29,13 +30,14 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from celery_baton import internals
-from celery_baton.core.batch import Batches, KeyTick, delivery_id, task_id_of
+from celery_baton.core.batch import Batches, Call, KeyTick, delivery_id, fit_batch, task_id_of
 from celery_baton.core.keys import task_words
 from celery_baton.core.policy.model import TaskPolicy
-from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
+from celery_baton.core.shared_limits import call_cost
+from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes
 from celery_baton.worker.cancelling import Cancelling, revoke
-from celery_baton.worker.pool.batch_run import BATCH_FIELD, encode_call
+from celery_baton.worker.pool.batch_run import BATCH_FIELD, decode_call, encode_call
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -79,6 +81,9 @@ class KeyState:
     wait: float
     run_ttl: float  # the task's lease_ttl
     label: str  # the key in words, written for the operator with the key's ticks
+    # A batch's cost of its named limits, when ``cost=`` is a callable (of the calls):
+    # priced at the claim, before the run asks for it (None: a number, or no limits).
+    price: Callable[[list[Call]], float] | None = None
     held: dict[str, Any] = field(default_factory=dict)  # call id -> request
     new: list[tuple[str, str]] = field(default_factory=list)  # to register
     gone: list[str] = field(default_factory=list)  # held no more: they leave the key
@@ -167,7 +172,7 @@ class Batching:
         if state is None:
             label = task_words(request.name, material)
             state = self.keys[keys[0]] = KeyState(
-                keys, batch.size, batch.wait, policy.lease_ttl, label
+                keys, batch.size, batch.wait, policy.lease_ttl, label, _pricer(policy)
             )
         call_id = delivery_id(request.id, int(request.request_dict.get("retries") or 0))
         if call_id in state.held:  # the same call twice: keep the newer copy
@@ -250,6 +255,13 @@ class Batching:
                 state.gone[:0] = sent.gone
                 if sent.held is not None:
                     state.next_full = 0.0
+            # The batches it ran are kept one run ttl past the store's return, not their
+            # end: a master killed just after marking them done is replaced when its
+            # failure is detected (a Cluster's node timeout, 15 s by default; Sentinel's
+            # down-after), often later than that, and the promoted replica's grace is
+            # when they are marked done again.
+            for state in self.keys.values():
+                state.ran = [(max(until, now + state.run_ttl), ids) for until, ids in state.ran]
             self._say_down(exc)
             return
         for state, reply in zip(states, replies, strict=True):
@@ -315,16 +327,32 @@ class Batching:
             revoke(request, why)
             state.running.append(Running(run, carrier_id, None, [], ended=True))
             return
+        # A call cancelled by id is left out of the run (marked done with it: its holder
+        # revoked it).
+        cancelled = [call_id for call_id, _ in calls if self._noticed(call_id)]
+        kept = [call for call in calls if call[0] not in cancelled]
+        cost = None
+        if state.price is not None:
+            try:
+                kept, cost = _fit(kept, carrier_id, state.price)
+            except CostError as exc:
+                # The carrier alone costs more than a limit ever admits: it fails as a
+                # plain call of that cost would; the others wait again (the run's end).
+                outcomes.refuse(request, exc)
+                state.running.append(Running(run, carrier_id, None, [], ended=True))
+                return
+        # The calls left out to fit the limits are not in ``done``: given back to the
+        # key when the run ends (batch_done.lua).
+        done = [call_id for call_id, _ in kept] + cancelled
         request.request_dict[BATCH_FIELD] = {
             "run": run,
             "keys": state.keys,
-            # A call cancelled by id is left out of the run (marked done with it: its
-            # holder revoked it).
-            "calls": [list(call) for call in calls if not self._noticed(call[0])],
-            "done": [call_id for call_id, _ in calls],
+            "calls": [list(call) for call in kept],
+            "done": done,
             "keep": self.keep,
+            "cost": cost,  # of its named limits, priced here (None: the task's cost=)
         }
-        running = Running(run, carrier_id, request, [c for c, _ in calls])
+        running = Running(run, carrier_id, request, done)
         state.running.append(running)
         _watch_completion(request, running)
         self.stats["batches"] += 1
@@ -409,6 +437,25 @@ class Batching:
 
     def held_count(self) -> int:
         return sum(len(state.held) for state in self.keys.values())
+
+
+def _pricer(policy: TaskPolicy) -> Callable[[list[Call]], float] | None:
+    """A batch's cost of ``policy``'s named limits when its ``cost=`` is a callable: it
+    gets the batch's calls (core/batch.check_batch_cost); CostError past a limit's burst."""
+    cost, shared = policy.cost, policy.shared
+    if not shared or not callable(cost):
+        return None
+    return lambda calls: call_cost(cost, shared, (calls,), {})
+
+
+def _fit(
+    calls: list[tuple[str, str]], carrier: str, price: Callable[[list[Call]], float]
+) -> tuple[list[tuple[str, str]], float]:
+    """The claimed calls one admission can take (core/batch.fit_batch), and their cost."""
+    decoded = [decode_call(call_id, encoded)[0] for call_id, encoded in calls]
+    at = next((i for i, (call_id, _) in enumerate(calls) if call_id == carrier), 0)
+    kept, cost = fit_batch(list(range(len(calls))), at, lambda ix: price([decoded[i] for i in ix]))
+    return [calls[i] for i in kept], cost
 
 
 def _delivery_tag(request: Any) -> Any:

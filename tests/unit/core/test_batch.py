@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_baton import BatchResultError, Baton, Call, ConfigError, KeySpecError
-from celery_baton.core.batch import batch_keys, outcomes
+from celery_baton import BatchResultError, Baton, Call, ConfigError, CostError, KeySpecError
+from celery_baton.core.batch import batch_keys, fit_batch, outcomes
 from celery_baton.core.keys import KeyNames
 from celery_baton.worker.batching import tick_interval
 
@@ -64,7 +64,7 @@ def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
         ({"exclusive": "account_id"}, r"batch with exclusive"),
         ({"unique": "account_id"}, r"batch with unique"),
         ({"debounce": 1.0}, r"batch with debounce"),
-        ({"limits": {"api": 1}}, r"batch with limits: not yet"),
+        ({"fair_key": "account_id", "global_rate_limit": "1/s"}, r"batch with fair_key: not yet"),
         ({"ordered": "account_id"}, r"batch cannot be used with ordered=: not yet"),
     ],
 )
@@ -79,6 +79,68 @@ def test_a_batch_may_have_a_global_rate_limit_and_a_global_concurrency(app: Cele
     """A batch run is one start of the rate and one slot of the limit (tested on real
     workers in tests/batching/test_batch_limits.py)."""
     declare(app, batch="account_id", global_rate_limit="10/s", global_concurrency=2)
+
+
+def test_a_batch_may_spend_named_limits_per_run_or_by_its_calls() -> None:
+    """A batch run is one admission of each named limit: ``cost=`` a number per run, or
+    a callable of the batch's calls (tested on real workers in test_batch_limits.py)."""
+    app = Celery("batching", set_as_current=False)
+    app.conf.baton_limits = {"partner": {"rate": "10/s", "burst": 5}}
+    Baton(app, url="redis://127.0.0.1:1/0")
+    declare(app, batch="account_id", batch_size=50, limits=["partner"])
+    declare(app, batch="account_id", batch_size=50, limits=["partner"], cost=3)
+    declare(app, batch="account_id", batch_size=5, limits=["partner"], cost=len)
+    declare(app, batch="account_id", batch_size=50, limits="partner", cost=lambda calls: 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        # A full batch could never be admitted: refused, not a key that never runs.
+        (
+            {"batch_size": 6, "cost": len},
+            r"cost: cost=len: a full batch of 6 calls costs 6, more than the burst 5 of "
+            r"limit 'partner'.*batch_size <= 5",
+        ),
+        # Written for one call: a batch's cost gets the list of calls.
+        (
+            {"cost": lambda account_id, doc_id: 1},
+            r"cost: a batched task's cost= gets the batch's list of calls.*account_id, doc_id",
+        ),
+        ({"cost": 6}, r"cost 6 is larger than the burst 5 of limit 'partner'"),
+    ],
+)
+def test_a_batch_cost_that_cannot_work_is_refused_at_declaration(
+    options: dict[str, Any], match: str
+) -> None:
+    app = Celery("batching", set_as_current=False)
+    app.conf.baton_limits = {"partner": {"rate": "10/s", "burst": 5}}
+    Baton(app, url="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match=match):
+        declare(app, batch="account_id", limits=["partner"], **options)
+
+
+def _weights(limit: int) -> Any:
+    def price(calls: list[int]) -> float:
+        if sum(calls) > limit:
+            raise CostError(f"{sum(calls)} > {limit}")
+        return float(sum(calls))
+
+    return price
+
+
+def test_a_batch_that_costs_too_much_keeps_its_carrier_and_the_oldest_that_fit() -> None:
+    assert fit_batch([1, 1, 1], 2, _weights(5)) == ([1, 1, 1], 3.0)  # all fit
+    # The carrier (index 3) and the oldest others that fit, in their order.
+    assert fit_batch([2, 2, 2, 3], 3, _weights(5)) == ([2, 3], 5.0)
+    assert fit_batch([1, 1, 1, 1, 1, 1, 1], 0, _weights(4)) == ([1, 1, 1, 1], 4.0)
+    # Oldest first: one that never fits keeps the younger from joining (its holder
+    # refuses it when it carries a batch).
+    assert fit_batch([9, 1, 1], 1, _weights(4)) == ([1], 1.0)
+    with pytest.raises(CostError):  # the carrier alone never fits
+        fit_batch([1, 9], 1, _weights(4))
+    with pytest.raises(CostError):
+        fit_batch([9], 0, _weights(4))
 
 
 def test_batch_size_or_wait_without_batch_is_refused(app: Celery) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_baton.config import Settings, suggest
 from celery_baton.core import debounce
-from celery_baton.core.batch import compile_batch
+from celery_baton.core.batch import check_batch_cost, compile_batch
 from celery_baton.core.fairness import FairPolicy, check_weights
 from celery_baton.core.keys import KeySpec, KeySpecValue
 from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
@@ -74,6 +74,9 @@ def compile_policy(
     for option, needed in NEEDS.items():
         if options(option) is not None and options(needed) is None:
             raise ConfigError(f"{option} needs {needed}", subject=name)
+    # Before the other keys are built: what a batch refuses is said as such, not as a key
+    # naming an argument its body (which takes the calls) lacks.
+    batch = compile_batch(name, options, fun, bound=bound)
 
     rate = None
     more_rates: tuple[RatePolicy, ...] = ()
@@ -108,7 +111,8 @@ def compile_policy(
     fair = _fair_policy(name, options, spec)
     shared = _shared_limits(name, options, settings)
     flow = debounce.compile_flow(name, options, spec)
-    batch = compile_batch(name, options, fun, bound=bound)
+    if batch is not None:
+        check_batch_cost(name, batch, options("cost"), shared)
 
     if options("exclusive_wait_timeout") is not None and (
         options("exclusive_conflict") or "skip"

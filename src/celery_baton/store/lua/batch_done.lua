@@ -9,6 +9,8 @@
 -- ARGV[3..] the batch's call ids
 -- returns 1 when the run was still leased, 0 when its lease had lapsed (its calls may
 --         have been claimed again: they are marked done all the same).
+-- A call the run claimed and did not run (left out so that the batch's cost fits its
+-- named limits: worker/batching.py) waits again, with its place in the line.
 
 -- @include batch/done.lua
 
@@ -23,4 +25,15 @@ for i = 3, #ARGV do
   end
 end
 tell_holders(inbox)
-return redis.call('ZREM', KEYS[7], ARGV[1])
+local leased = redis.call('ZREM', KEYS[7], ARGV[1])
+if leased == 1 then
+  local claimed = redis.call('HGETALL', KEYS[5])
+  for i = 1, #claimed, 2 do
+    local run, since = string.match(claimed[i + 1], '^(%S+) (%d+)$')
+    if run == ARGV[1] then
+      redis.call('HDEL', KEYS[5], claimed[i])
+      redis.call('ZADD', KEYS[1], since, claimed[i])
+    end
+  end
+end
+return leased
