@@ -25,7 +25,6 @@ Celery-free.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 
 #: Nothing known of the owner in its slot.
@@ -53,8 +52,11 @@ class SharedEnds:
         self._table = mmap.mmap(-1, slots * _SLOT)
 
     def _where(self, owner: str) -> tuple[int, bytes]:
-        digest = hashlib.blake2b(owner.encode(), digest_size=_DIGEST).digest()
-        return int.from_bytes(digest[:4], "little") % self.slots * _SLOT, digest
+        # Python's own str hash: the same in every process forked from the one that
+        # made the table (the hash seed is chosen at the interpreter's start), cached on
+        # the string, and 64 bits wide: two owners alike by chance are out of reach.
+        value = hash(owner) & 0xFFFF_FFFF_FFFF_FFFF
+        return value % self.slots * _SLOT, value.to_bytes(_DIGEST, "little")
 
     def set(self, owner: str, state: int) -> None:
         at, digest = self._where(owner)
