@@ -35,6 +35,7 @@ from celery_baton.store.embedded import (
     stop_embedded_server,
 )
 from celery_baton.store.scripts import Scripts
+from celery_baton.store.shards import ShardMasters
 
 EMBEDDED_URL = "embedded://"
 
@@ -116,6 +117,8 @@ class Store:
     master_watch: MasterWatch | None = None
     #: Seconds a call waits for its answer before it fails (None: for ever).
     socket_timeout: float | None = None
+    #: Redis Cluster only: who serves which slot (see :class:`ShardMasters`).
+    shards: ShardMasters | None = None
     scripts: Scripts = field(init=False)
 
     def __post_init__(self) -> None:
@@ -198,7 +201,7 @@ def connect(
             )
         except CLUSTER_UNREACHABLE as exc:
             raise StoreUnavailable(f"cannot reach the cluster: {exc}", url=redact_url(url)) from exc
-        return Store(url, client, socket_timeout=socket_timeout)
+        return Store(url, client, socket_timeout=socket_timeout, shards=ShardMasters(client))
     raise ConfigError(
         "unsupported store URL scheme; use redis://, rediss://, unix://, sentinel://, "
         "redis+cluster:// or embedded://",

@@ -537,11 +537,14 @@ def _recorded_ends(parts: AppParts) -> RecordedEnds:
     """The ends this worker records, written again when the store may have lost them
     (core/recorded_ends.py): on Sentinel when the master changes, kept as long as
     Sentinel may promote a replica that was behind (ten times its down-after, plus one
-    for the master's own detection); on any store when it forgot (``_alive``, and a
-    grace refusal: worker/store_down.py)."""
+    for the master's own detection); on Redis Cluster when the master of a slot they
+    live on changes (watched by the ends themselves); on any store when it forgot
+    (``_alive``, and a grace refusal: worker/store_down.py)."""
     watch = parts.store.master_watch
     if watch is None:
-        return RecordedEnds(parts.gate.release_many, keep_for=KEEP_ENDS_FOR)
+        return RecordedEnds(
+            parts.gate.release_many, keep_for=KEEP_ENDS_FOR, shards=parts.store.shards
+        )
     recorded = RecordedEnds(parts.gate.release_many, keep_for=11 * watch.down_after())
     watch.on_change.append(recorded.write_back)
     return recorded

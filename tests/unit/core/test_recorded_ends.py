@@ -4,12 +4,14 @@ on until the new master takes them. Pure logic: the writer is a list."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from celery_baton.core import recorded_ends
 from celery_baton.core.gate import Release
 from celery_baton.core.recorded_ends import RecordedEnds
+from celery_baton.store.shards import UNKNOWN, ShardMaster, ShardMasters
 
 
 def _end(n: int, done: bool = True) -> Release:
@@ -83,3 +85,31 @@ def test_a_write_back_goes_on_until_the_new_master_answers(
     ends.write_back()
     _wait_written(writes, 1)
     assert len(tries) == 4 and len(writes) == 1
+
+
+def test_a_write_back_of_some_slots_writes_only_the_ends_kept_there() -> None:
+    # Cluster: one shard's master changed; the ends on the other shards are where they
+    # were, and a script call cannot span slots anyway.
+    writes: list[list[Release]] = []
+    shards = ShardMasters(client=None)  # only its slot arithmetic is used here
+    ends = RecordedEnds(lambda chunk: writes.append(list(chunk)), keep_for=60, shards=shards)
+    for n, family in enumerate(("a", "b", "a")):
+        end = _end(n)
+        ends.keep(replace(end, done_key=f"baton:{{{family}}}:done:id{n}"))
+    ends.write_back("a shard's master changed", slots=[shards.slot("{a}")])
+    _wait_written(writes, 2)
+    time.sleep(0.05)
+    assert sorted(end.done_key or "" for chunk in writes for end in chunk) == [
+        "baton:{a}:done:id0",
+        "baton:{a}:done:id2",
+    ]
+
+
+def test_a_shard_master_is_replaced_by_another_address_or_another_history() -> None:
+    old = ShardMaster("10.0.0.1:7000", "r1")
+    assert old.replaced_by(ShardMaster("10.0.0.2:7000", "r2"))  # a replica promoted
+    assert old.replaced_by(ShardMaster("10.0.0.1:7000", "r3"))  # restarted empty
+    assert not old.replaced_by(ShardMaster("10.0.0.1:7000", "r1"))
+    # A master that did not say its replication id (down, INFO refused): by address.
+    assert not old.replaced_by(ShardMaster("10.0.0.1:7000", UNKNOWN))
+    assert ShardMaster("10.0.0.1:7000", UNKNOWN).replaced_by(ShardMaster("10.0.0.2:7000"))
