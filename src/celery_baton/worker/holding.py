@@ -196,7 +196,8 @@ class Holding:
                 "%s[%s] held for %s, retry in %.3fs",
                 delivery.request.name,
                 delivery.request.id,
-                wait.key,
+                # No key: the store's grace (it lost or may lack its leases), not a holder.
+                wait.key or "the store's grace",
                 wait.delay,
             )
         self.on_held(delivery, wait)
