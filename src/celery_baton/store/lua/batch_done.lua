@@ -25,15 +25,4 @@ for i = 3, #ARGV do
   end
 end
 tell_holders(inbox)
-local leased = redis.call('ZREM', KEYS[7], ARGV[1])
-if leased == 1 then
-  local claimed = redis.call('HGETALL', KEYS[5])
-  for i = 1, #claimed, 2 do
-    local run, since = string.match(claimed[i + 1], '^(%S+) (%d+)$')
-    if run == ARGV[1] then
-      redis.call('HDEL', KEYS[5], claimed[i])
-      redis.call('ZADD', KEYS[1], since, claimed[i])
-    end
-  end
-end
-return leased
+return end_run(ARGV[1])

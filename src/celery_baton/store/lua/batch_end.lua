@@ -36,18 +36,7 @@ if #ARGV > 3 then
   end
   tell_holders(inbox)
 end
-local gave_back = 0
-if redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
-  local claimed = redis.call('HGETALL', KEYS[5])
-  for i = 1, #claimed, 2 do
-    local run, since = string.match(claimed[i + 1], '^(%S+) (%d+)$')
-    if run == ARGV[1] then
-      redis.call('HDEL', KEYS[5], claimed[i])
-      redis.call('ZADD', KEYS[1], since, claimed[i])
-    end
-  end
-  gave_back = 1
-end
+local gave_back = end_run(ARGV[1])
 if not redis.call('ZSCORE', KEYS[6], ARGV[2]) then
   redis.call('ZREM', KEYS[1], ARGV[2])
   redis.call('HDEL', KEYS[5], ARGV[2])

@@ -1,7 +1,7 @@
 -- batch/done.lua, put in place of "-- @include batch/done.lua" in the batch scripts (one
 -- chunk, as if written there): a call's end, and its holders told.
 -- KEYS as in those scripts: [1] pending [2] calls [3] holder [5] claimed [6] done
--- [8] finished.
+-- [7] runs [8] finished.
 
 -- Marks call ``id`` done (remembered until ``keep``, ms) and takes it out of the key's
 -- waiting, claimed and held calls; returns the worker that held its message, if any.
@@ -26,4 +26,20 @@ local function tell_holders(inbox)
     local before = redis.call('HGET', KEYS[8], holder)
     redis.call('HSET', KEYS[8], holder, before and (before .. ',' .. ids) or ids)
   end
+end
+
+-- Ends run ``run``'s lease; the calls it still holds claimed (not marked done: a run
+-- that failed, or calls left out of it) wait again, each with its place in the line.
+-- Returns 1 when the run was still leased.
+local function end_run(run)
+  if redis.call('ZREM', KEYS[7], run) == 0 then return 0 end
+  local claimed = redis.call('HGETALL', KEYS[5])
+  for i = 1, #claimed, 2 do
+    local by, since = string.match(claimed[i + 1], '^(%S+) (%d+)$')
+    if by == run then
+      redis.call('HDEL', KEYS[5], claimed[i])
+      redis.call('ZADD', KEYS[1], since, claimed[i])
+    end
+  end
+  return 1
 end
