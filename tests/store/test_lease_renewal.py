@@ -9,6 +9,7 @@ Acquisition and release are in test_leases.py.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,9 +101,18 @@ def test_a_renewal_queued_behind_the_release_on_another_connection_is_lost(
         assert releaser.submit(gate.release, [KEY], owner="nobody").result() == 0
         assert renewer.submit(store.scripts.call, "renew", [], []).result() == []
         store_server.pause()
+        sent = threading.Event()
+
+        def release() -> int:
+            keys, args = Release((KEY,), lease.owner).script_call(gate.notice_channel)
+            pending = store.scripts.send("release", keys, args)
+            sent.set()  # in the store's socket (a thread late on a loaded machine is waited for)
+            return int(store.scripts.result(pending))
+
         try:
-            released = releaser.submit(gate.release, [KEY], owner=lease.owner)
-            time.sleep(0.3)  # the release is in the store's socket first
+            released = releaser.submit(release)
+            assert sent.wait(10)
+            time.sleep(0.1)  # (the kernel has it: written before the event was set)
             renewed = renewer.submit(lease.renew)
             time.sleep(0.3)
         finally:
