@@ -88,6 +88,8 @@ class Release:
     # > 0: freed by the run's own process as its body ended, before its worker's main
     # process knows (it renews them meanwhile): each freed lease is marked ended for this
     # many seconds, so that those renewals read ENDED, not LOST (release.lua, renew.lua).
+    # A worker's own processes tell its renewer in memory instead (core/shared_ends.py)
+    # and pass 0: a mark nobody clears would pile up in a busy concurrency key.
     ended_mark: float = 0.0
 
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:

@@ -35,9 +35,9 @@ The run's leases (exclusive key, concurrency slots) are freed here too, whatever
 end: the main process hears of an end on its consumer's event loop, which does not turn
 while the consumer reconnects to the broker (seconds after a broker restart, or as long
 as the broker stays away), and its lease renewer, a thread of its own, went on renewing
-them: a duplicate on another worker was skipped as held by a run that had ended. Each
-lease freed here is marked ended in the store (``Release.ended_mark``), so that the
-renewals still on their way read "ended", not "lost" (renew.lua).
+them: a duplicate on another worker was skipped as held by a run that had ended. The
+renewals still on their way must read "ended", not "lost": the renewer asks the shared
+memory below (or, without it, reads a mark left in the store: ``Release.ended_mark``).
 
 The process says what it did in memory the worker's main process reads
 (``core/shared_ends.py``: ending, then recorded once the store answered). The main
