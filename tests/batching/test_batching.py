@@ -19,7 +19,7 @@ from celery_baton.errors import BatchResultError
 from tests.support.observer import Observer, Run
 from tests.support.servers import StoreServer
 from tests.support.sizes import sized
-from tests.support.waiting import wait_until
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.batching"
@@ -140,7 +140,9 @@ def test_a_burst_within_batch_wait_runs_in_full_batches(
     for w in workers.started:
         w.wait_ready()
     results = [fill.apply_async(kwargs={"account": n % 3, "doc": n}) for n in range(90)]
-    replies = fill.app.control.add_consumer("celery", reply=True, timeout=10)
+    replies = broadcast(
+        fill.app, lambda: fill.app.control.add_consumer("celery", reply=True, timeout=10)
+    )
     assert len(replies) == 2, f"not every worker consumes the task queue: {replies}"
     runs = settle(observer, "fill", 90)
     assert_each_call_once(runs, [r.id for r in results])

@@ -17,7 +17,7 @@ import pytest
 from celery_baton import KeySpecError
 from tests.support.observer import Observer, assert_no_overlap
 from tests.support.servers import StoreServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
@@ -245,8 +245,11 @@ def test_a_held_message_the_broker_took_back_is_not_put_back_again(
     wait_until(lambda: observer.running("cut") == 1, 20, "the first run")
     second = ex_wait.delay("cut", 0)
     wait_until(lambda: f"[{second.id}] held for" in first_worker.log_text(), 20, "held")
-    replies = ex_wait.app.control.add_consumer(
-        "celery", destination=[other.name], reply=True, timeout=10
+    replies = broadcast(
+        ex_wait.app,
+        lambda: ex_wait.app.control.add_consumer(
+            "celery", destination=[other.name], reply=True, timeout=10
+        ),
     )
     assert len(replies) == 1, f"the other worker does not consume the task queue: {replies}"
     assert observer.running("cut") == 1, "the first run ended before the cut"

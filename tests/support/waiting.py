@@ -28,9 +28,13 @@ def revoke_until_heard(app: Any, task_id: str, *, terminate: bool, timeout: floa
     """``app.control.revoke`` until a worker answers it. On a Redis broker a broadcast
     is published to the workers' control consumers as they listen now: one made just
     after a worker said it is ready, before its control consumer listens, is lost (a
-    loaded run's gevent worker never heard its revoke, and the test waited in vain)."""
+    loaded run's gevent worker never heard its revoke, and the test waited in vain). Sent
+    through :func:`broadcast`: a CI rehearsal's revoke failed on a pooled connection the
+    broker had closed."""
     wait_until(
-        lambda: app.control.revoke(task_id, terminate=terminate, reply=True, timeout=1.0),
+        lambda: broadcast(
+            app, lambda: app.control.revoke(task_id, terminate=terminate, reply=True, timeout=1.0)
+        ),
         timeout,
         f"a worker answered the revoke of {task_id}",
         interval=0.0,

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.waiting import wait_until
+from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.loop"
@@ -40,14 +40,17 @@ def test_plain_tasks_keep_flowing_while_the_store_hangs(
     # frees its unique key: a store call on the consumer's loop.
     keys = [f"r{i}" for i in range(8)]
     ids = [loop.unique_later.delay(key).id for key in keys]
-    replies = loop.app.control.revoke(ids, reply=True, timeout=10)
+    replies = broadcast(loop.app, lambda: loop.app.control.revoke(ids, reply=True, timeout=10))
     assert len(replies) == 1, replies
 
     sent: dict[str, float] = {}
     store_server.pause()
     try:
-        replies = loop.app.control.add_consumer(
-            "later", destination=[worker.hostname], reply=True, timeout=10
+        replies = broadcast(
+            loop.app,
+            lambda: loop.app.control.add_consumer(
+                "later", destination=[worker.hostname], reply=True, timeout=10
+            ),
         )
         assert len(replies) == 1, replies
         for _ in range(10):
@@ -128,7 +131,9 @@ def test_a_lost_gate_reply_of_a_request_revoked_while_held_does_not_keep_the_key
     try:
         held = loop.exclusive_skip.delay("revoked")
         wait_until(lambda: f"[{held.id}], retry in" in worker.log_text(), 20, "the request is held")
-        replies = loop.app.control.revoke(held.id, reply=True, timeout=10)
+        replies = broadcast(
+            loop.app, lambda: loop.app.control.revoke(held.id, reply=True, timeout=10)
+        )
         assert len(replies) == 1, replies
     finally:
         store_server.resume()
