@@ -84,11 +84,11 @@ def test_a_renewal_after_the_release_does_not_bring_the_lease_back(
     assert Lease(gate, KEY).acquire()  # the next run gets the key at once
 
 
-def test_a_renewal_queued_behind_the_release_on_another_connection_is_lost(
+def test_a_renewal_queued_beside_the_release_on_another_connection_leaves_the_key_free(
     store_server: StoreServer, store: Store, r: redis.Redis
 ) -> None:
     """The race itself: the release and the renewal wait in two connections of a stalled
-    store; the release was sent first, so it runs first, and the renewal runs after it.
+    store, the release sent first; whichever the server runs first, the key ends free.
 
     Each call is made by a thread of its own, as in a worker (the event loop releases, the
     renewer renews); each thread keeps its own connection, opened before the stall.
@@ -118,7 +118,12 @@ def test_a_renewal_queued_behind_the_release_on_another_connection_is_lost(
         finally:
             store_server.resume()
         assert released.result(timeout=10) == 1
-        assert renewed.result(timeout=10) is False
+        # The release was in the store's socket first; the server usually runs it first,
+        # and the renewal then finds the lease gone (False). Three loaded CI rehearsals
+        # saw the server pick the renewal's connection first after SIGCONT (True: renewed,
+        # then released). Either order must leave the key free: a renewal never brings
+        # back a lease its owner released.
+        renewed.result(timeout=10)
     assert owners(r) == {}
     assert Lease(gate, KEY).acquire()
 
