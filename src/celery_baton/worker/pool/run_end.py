@@ -37,7 +37,7 @@ while the consumer reconnects to the broker (seconds after a broker restart, or 
 as the broker stays away), and its lease renewer, a thread of its own, went on renewing
 them: a duplicate on another worker was skipped as held by a run that had ended. The
 renewals still on their way must read "ended", not "lost": the renewer asks the shared
-memory below (or, without it, reads a mark left in the store: ``Release.ended_mark``).
+memory below.
 
 The process says what it did in memory the worker's main process reads
 (``core/shared_ends.py``: ending, then recorded once the store answered). The main
@@ -45,9 +45,9 @@ process records the same again when it learns of the end only when that record i
 missing (the store did not answer, or the process died sending it): idempotent, every
 release compares its owner, so a claim a new publish took meanwhile stays. Its lease
 renewer takes a lease gone under a run that is ending for that run's release, not a
-loss. (A worker without that shared memory marks each freed lease ended in the store
-instead, ``Release.ended_mark``, and its main process always records the end again and
-takes the marks away.) Without a pool (solo, threads, gevent) the task
+loss. (Workers of the previous version marked each freed lease ended in the store
+instead, ``Release.ended_mark``: release.lua and renew.lua still read those marks.)
+Without a pool (solo, threads, gevent) the task
 runs in a thread of the main process: its end is recorded here all the same, before the
 result.
 
@@ -117,9 +117,8 @@ class RunEnd:
     place: str = ""
     order_key: str = ""
     order_lease: str = ""
-    # The run's leases, freed at any end, marked ended for ``ended_mark`` s.
+    # The run's leases, freed at any end.
     lease_keys: tuple[str, ...] = ()
-    ended_mark: float = 0.0
 
     def release(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
         """The record of an end in ``state`` (``exc``: what the body raised), or None."""
@@ -129,7 +128,6 @@ class RunEnd:
         return dataclasses.replace(
             release or Release((), self.owner),
             lease_keys=tuple(self.lease_keys),
-            ended_mark=self.ended_mark,
         )
 
     def _of_the_end(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
@@ -193,10 +191,6 @@ def mark(request_dict: dict[str, Any], policy: TaskPolicy, plan: RunPlan) -> Non
         plan.order_key or "",
         plan.exclusive_key or "",
         tuple(lease.key for lease in plan.leases),
-        # Without the shared table: longer than a renewal interval (a third of the ttl)
-        # with room to spare, so that the renewals sent before the main process hears of
-        # the end all read the mark. With it the renewer asks the table instead.
-        0.0 if _shared is not None else 2 * max((lease.ttl for lease in plan.leases), default=0.0),
     )
 
 
