@@ -8,7 +8,10 @@ Three ``celery worker`` processes (prefork, concurrency 2 each, prefetch 4,
 interleaved by key, with bodies of 5-40 ms: under ``exclusive="key",
 exclusive_conflict="wait"`` first (on the colder workers), then the same calls under
 ``ordered="key"`` on the same workers; then the hand-off alone: ``handoff`` calls of one
-ordered key, 2 ms each, nothing else running.
+ordered key, 2 ms each, nothing else running: its first run holds the key until all are
+published, so that this script's publish loop does not share the two CPUs with the
+hand-offs timed (``--publish-beside``: timed during the publish, the method before
+2026-11-29, whose p99 was the publisher's).
 Each run records its body's start and end (one clock: every process runs on this
 machine), its key, its place in its key's publish order and its worker.
 
@@ -28,6 +31,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from apps.base import PUBLISHING
 from common import (
     RedisServer,
     Worker,
@@ -49,17 +53,28 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_mode(
-    app: Any, client: Any, task: str, keys: int, calls: int, fixed_ms: float = 0.0
+    app: Any,
+    client: Any,
+    task: str,
+    keys: int,
+    calls: int,
+    fixed_ms: float = 0.0,
+    hold: bool = False,
 ) -> dict[str, object]:
-    """One workload on the running workers; its runs' numbers."""
+    """One workload on the running workers; its runs' numbers. ``hold``: the first run
+    holds its key until every call is published (the hand-off alone is timed without
+    this script's publish loop on the same CPUs)."""
     total = keys * calls
     client.delete("bench:runs")
+    if hold:
+        client.set(PUBLISHING, 1, ex=120)
     began = time.time()
     with app.producer_or_acquire() as producer:
         for n in range(calls):
             for k in range(keys):
                 work_ms = fixed_ms or 5 + (n * 7 + k * 3) % 36
                 app.send_task(task, (f"{task}-k{k}", n, work_ms), producer=producer)
+    client.delete(PUBLISHING)
     if not wait_for(lambda: client.llen("bench:runs") >= total, timeout=120 + total * 0.05):
         raise RuntimeError(f"only {client.llen('bench:runs')} of {total} ran")
     lines = [line.split() for line in client.lrange("bench:runs", 0, -1)]
@@ -95,6 +110,7 @@ def main() -> None:
         calls={"type": int, "default": None},
         workers={"type": int, "default": 3},
         handoff={"type": int, "default": None},
+        publish_beside={"action": "store_true", "help": "time the hand-off during the publish"},
     )
     keys = args.keys or (8 if args.quick else 20)
     calls = args.calls or (20 if args.quick else 60)
@@ -117,7 +133,9 @@ def main() -> None:
                 for mode, task in (("exclusive wait", "waiting_one"), ("ordered", "ordered_one"))
             }
             solo = args.handoff or (100 if args.quick else 400)
-            results["ordered, one key alone"] = run_mode(app, client, "ordered_one", 1, solo, 2.0)
+            results["ordered, one key alone"] = run_mode(
+                app, client, "ordered_one", 1, solo, 2.0, hold=not args.publish_beside
+            )
         finally:
             stop_workers(workers)
     rows = []

@@ -43,6 +43,19 @@ def bench_redis() -> redis.Redis:
     return _client
 
 
+#: Set by a hand-off benchmark while it publishes: a run that starts meanwhile holds its
+#: key until the publish ended, so that the hand-offs timed after it do not share the
+#: machine's two CPUs with the benchmark's own publisher (which would time the publisher).
+PUBLISHING = "bench:publishing"
+
+
+def hold_while_publishing() -> None:
+    client = bench_redis()
+    deadline = time.monotonic() + 120
+    while client.exists(PUBLISHING) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def record_done(started: float) -> None:
     """Count a finished task; keep the first start and the last end (local clock)."""
     pipe = bench_redis().pipeline(transaction=False)

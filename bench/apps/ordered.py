@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from apps.base import bench_redis, make_app
+from apps.base import bench_redis, hold_while_publishing, make_app
 
 app = make_app("bench_ordered")
 app.conf.update(task_acks_late=True, worker_prefetch_multiplier=4)
@@ -16,6 +16,7 @@ app.conf.update(task_acks_late=True, worker_prefetch_multiplier=4)
 
 def _record(task: Any, key: str, n: int, work_ms: float) -> None:
     started = time.time()
+    hold_while_publishing()
     time.sleep(work_ms / 1000)
     ended = time.time()  # the body's last moment: the release follows it
     bench_redis().rpush(
