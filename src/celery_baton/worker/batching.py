@@ -38,6 +38,7 @@ from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavai
 from celery_baton.worker import outcomes
 from celery_baton.worker.cancelling import Cancelling, revoke
 from celery_baton.worker.pool.batch_run import BATCH_FIELD, decode_call, encode_call
+from celery_baton.worker.transport.acks_together import acknowledge_together
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -281,10 +282,8 @@ class Batching:
             state.in_grace = reply.grace > 0
             due = IDLE_TICK if reply.due is None else min(IDLE_TICK, reply.due)
             state.next_tick = now + due
-            for call_id in reply.finished:
-                request = state.held.pop(call_id, None)
-                if request is not None:
-                    self._leave(request, ack=True)
+            finished = [state.held.pop(call_id, None) for call_id in reply.finished]
+            self._leave_acked([request for request in finished if request is not None])
             for call_id in reply.missing:
                 request = state.held.get(call_id)
                 if request is not None:
@@ -399,14 +398,24 @@ class Batching:
         self._leave(older, ack=True)
 
     def _leave(self, request: Any, *, ack: bool) -> None:
-        if id(request) in self._counted:
+        if ack:
+            self._leave_acked([request])
+        elif id(request) in self._counted:
             self._counted.discard(id(request))
             self.consumer.qos.decrement_eventually()
-        if ack:
-            # Its call ran in a batch (its result is written): acked, nothing runs.
+
+    def _leave_acked(self, requests: list[Any]) -> None:
+        """Held calls that ran in a batch (their results are written): acked, together
+        (one broker round trip for a batch's calls: worker/transport/acks_together.py),
+        nothing runs."""
+        for request in requests:
+            if id(request) in self._counted:
+                self._counted.discard(id(request))
+                self.consumer.qos.decrement_eventually()
             self.stats["calls_acked"] += 1
             worker_state.task_ready(request)
-            request.acknowledge()
+        acknowledge_together(requests)
+        for request in requests:
             self._event(request, "task-baton-batched")
 
     def _event(self, request: Any, kind: str, **fields: Any) -> None:

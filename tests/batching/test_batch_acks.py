@@ -1,0 +1,101 @@
+"""A batch's held messages are acked together: one broker round trip per batch, not one
+per call (kombu's Redis transport acks one delivery tag per ``MULTI ZREM HDEL EXEC``;
+100 of them back to back held the consumer's loop while the pool waited:
+docs/benchmarks.md#batching, bound 2).
+
+Counted from outside: the broker's transactions that remove delivery tags from kombu's
+unacked index (``MONITOR``, grouped per client connection), and at the end no message of
+the calls left unacked (none would come back after the visibility timeout).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from tests.batching.test_batching import assert_each_call_once, settle
+from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.waiting import broadcast, wait_until
+from tests.support.workers import Workers
+
+APP = "tests.apps.batching"
+CALLS = 100  # two batches of 50 (``wide``)
+
+
+@contextmanager
+def ack_transactions(server: StoreServer) -> Iterator[list[int]]:
+    """The size (tags removed) of every broker transaction that acks deliveries."""
+    sizes: list[int] = []
+    client = redis.Redis(port=server.port, decode_responses=True)
+    monitor = client.monitor()
+    monitor.__enter__()  # MONITOR sent and answered: watching from here
+    stop = threading.Event()
+    open_by_client: dict[str, list[str]] = defaultdict(list)
+    in_multi: set[str] = set()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                seen = monitor.next_command()
+            except (redis.RedisError, OSError, ValueError):
+                return
+            who = f"{seen.get('client_address')}:{seen.get('client_port')}"
+            command = seen["command"]
+            verb = command.split(" ", 1)[0].upper()
+            if verb == "MULTI":
+                in_multi.add(who)
+                open_by_client[who] = []
+            elif verb == "EXEC" and who in in_multi:
+                in_multi.discard(who)
+                removed = [c for c in open_by_client.pop(who, []) if c.startswith("ZREM")]
+                if removed:
+                    sizes.append(len(removed))
+            elif who in in_multi:
+                open_by_client[who].append(command.upper())
+            elif verb == "ZREM" and "unacked_index" in command:
+                sizes.append(1)  # an ack outside a transaction
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield sizes
+    finally:
+        stop.set()
+        client.ping()  # a command the monitor sees, so that its loop looks at stop
+        thread.join(5)
+        monitor.__exit__()
+        client.close()
+
+
+def test_a_batch_s_messages_are_acked_in_one_round_trip(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    from tests.apps.batching import wide
+
+    workers.start(APP, concurrency=2, queues="not-yet")
+    results = [wide.apply_async(kwargs={"account": "acks", "doc": n}) for n in range(CALLS)]
+    with ack_transactions(broker_server) as sizes:
+        replies = broadcast(
+            wide.app, lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10)
+        )
+        assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
+        runs = settle(observer, "wide", CALLS)
+        assert [r.get(timeout=30) for r in results] == [n * 2 for n in range(CALLS)]
+        with broker_server.client() as client:
+            wait_until(
+                lambda: client.hlen("unacked") == 0, timeout=10, what="no message left unacked"
+            )
+    assert_each_call_once(runs, [r.id for r in results])
+    acked = sum(sizes)
+    print(f"{len(runs)} runs; ack transactions: {len(sizes)}, tags per transaction {sizes}")
+    assert acked >= CALLS, f"only {acked} of {CALLS} deliveries seen acked"
+    # One per batch, plus a few for calls acked on their own (a carrier's own ack is
+    # Celery's, after its run): far from one per call.
+    assert len(sizes) <= 2 * len(runs) + 4, (
+        f"{len(sizes)} ack round trips for {CALLS} calls in {len(runs)} runs"
+    )
