@@ -5,7 +5,8 @@ environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
 ``visibility_timeout`` (a test that kills a worker sets a few seconds, so its held
 messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
-worker's presence outlive their last renewal. A named limit, ``"partner"``, for the
+worker's presence outlive their last renewal; ``BATCH_RESULT_EXTENDED``: set,
+``result_extended`` is on. A named limit, ``"partner"``, for the
 batched tasks that spend it (``limits=``, ``cost=``).
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
@@ -34,6 +35,7 @@ app, baton = make_baton_app(
     "batching",
     baton_socket_timeout=1.0,
     task_acks_late=bool(os.environ.get("BATCH_ACKS_LATE")),
+    result_extended=bool(os.environ.get("BATCH_RESULT_EXTENDED")),
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
@@ -135,6 +137,18 @@ def add_one(value: int) -> int:
 def total(values: list[int]) -> int:
     """A chord's callback over batched calls."""
     return sum(values)
+
+
+@app.task
+def double(account: Any, doc: int) -> int:
+    """What ``fill`` does for one call, as a plain task (a record Celery writes itself)."""
+    return doc * 2
+
+
+@app.task
+def plain_boom(account: Any, fail: bool = False) -> int:
+    """What ``boom`` does for one failing call, as a plain task."""
+    raise ValueError("boom in a batch of 4")
 
 
 @app.task
