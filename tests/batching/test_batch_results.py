@@ -224,3 +224,25 @@ def test_a_caller_waiting_before_its_batch_runs_wakes_on_its_result(
     lags = sorted(at - run.end / 1e6 for at, _ in woke.values())
     print(f"callers woke {lags[0]:.3f}-{lags[-1]:.3f} s after their batch's body ended")
     assert lags[-1] < 2.0, "a waiting caller wakes on its result's message"
+
+
+def test_a_groups_batched_calls_records_name_their_group(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    from celery import group
+
+    from tests.apps.batching import double, fill
+
+    workers.start(APP, concurrency=2)
+    plain = group(double.s(account="g", doc=d) for d in range(2)).apply_async()
+    assert plain.get(timeout=30) == [0, 2]
+    batched = group(fill.s(account="g", doc=d) for d in range(6)).apply_async()
+    assert batched.get(timeout=30) == [2 * d for d in range(6)]
+    runs = [r for r in runs_of(observer, "fill") if r.key == "fill:g"]
+    assert any(len(call_ids(r)) > 2 for r in runs), "the group's calls ran batched"
+    plain_record, _ = record(broker_server, plain.results[0].id)
+    assert plain_record["group_id"] == plain.id
+    for doc, result in enumerate(batched.results):
+        found, _ = record(broker_server, result.id)
+        own = {"task_id": result.id, "result": doc * 2, "group_id": batched.id}
+        assert_like(found, plain_record, own)
