@@ -186,6 +186,32 @@ def partner_batch(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] * 2 for c in calls]
 
 
+#: The cap two tenants share fairly (``fair_batch``), or first come first served.
+FAIR_CAP = 2
+
+
+@app.task(
+    batch=["tenant", "account"],
+    batch_size=4,
+    batch_wait=0.2,
+    global_concurrency=FAIR_CAP,
+    fair_key="tenant",
+)
+def fair_batch(calls: list[Call]) -> list[int]:
+    """Batches of up to 4 calls of one tenant's account, 0.1 s each; at most 2 batch runs
+    anywhere, shared by tenant (the fair key, read from a batch's first call, is every
+    call's: the tenant is in the batch key)."""
+    _report("fair_batch", calls, sleep=0.1)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch=["tenant", "account"], batch_size=4, batch_wait=0.2, global_concurrency=FAIR_CAP)
+def fifo_batch(calls: list[Call]) -> list[int]:
+    """``fair_batch`` without ``fair_key``: first come first served, for comparison."""
+    _report("fifo_batch", calls, sleep=0.1)
+    return [c.kwargs["doc"] for c in calls]
+
+
 def _weight(calls: list[Call]) -> int:
     return sum(int(c.kwargs.get("weight", 1)) for c in calls)
 
