@@ -65,14 +65,17 @@ def store(backend: Any, items: Sequence[Written]) -> set[str]:
     records: list[tuple[str, bytes | str, int | None]] = []
     for item in items:
         state = states.SUCCESS if item.ok else states.FAILURE
-        meta = make_record(
-            result=backend.encode_result(item.value, state),
-            state=state,
-            traceback=item.traceback,
-            request=item.request,
-        )
-        meta["task_id"] = item.call_id
-        encoded = backend.encode(meta)
+        try:
+            meta = make_record(
+                result=backend.encode_result(item.value, state),
+                state=state,
+                traceback=item.traceback,
+                request=item.request,
+            )
+            meta["task_id"] = item.call_id
+            encoded = backend.encode(meta)
+        except Exception:
+            continue  # a result it cannot encode: the per-call path fails it, logged
         if isinstance(encoded, str) and len(encoded) > longest:
             continue  # the per-call path refuses it with Celery's own error
         expires = backend.expires
