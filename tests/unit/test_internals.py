@@ -341,9 +341,8 @@ def test_the_redis_result_backend_writes_the_record_its_meta_function_makes() ->
     meta = make(result=3, state=states.SUCCESS, traceback=None, request=None)
     assert meta["status"] == states.SUCCESS and meta["result"] == 3
     assert {"traceback", "children", "date_done"} <= set(meta)
-    # What _store_result writes is that record (with its task id), by _set_with_state.
+    # What _store_result writes is that record (with its task id).
     assert "_get_result_meta" in inspect.getsource(type(app.backend)._store_result)
-    assert "_set_with_state" in inspect.getsource(type(app.backend)._store_result)
 
 
 def test_a_backend_that_is_not_celerys_redis_backend_has_no_bulk_writer() -> None:
