@@ -68,6 +68,9 @@ command loads ``-A`` with)                              import traceback, its li
 ``Celery._tasks``, ``Celery._pending`` and a            tasks declared before
 pending ``PromiseProxy``'s ``_Proxy__args`` /           ``Baton(app)`` are checked at
 ``_Proxy__kwargs``                                     worker start, not when it is made
+``Backend._get_result_meta`` (the record               a batch's results on a Redis
+``_store_result`` writes) and                          result backend are written one
+``RedisBackend._MAX_STR_VALUE_SIZE``                   by one (two round trips each)
 ``kombu.utils.functional.sleep``,                      on gevent and eventlet, a
 ``celery.worker.consumer.consumer.sleep`` (each          broker reconnect may stop every
 module's own ``from time import sleep``)                greenlet while it waits
@@ -479,6 +482,53 @@ def request_context(request: Any) -> Any:
     from celery.app.task import Context
 
     return Context(dict(getattr(request, "request_dict", None) or {}))
+
+
+# -- Celery's result backends ----------------------------------------------------------
+
+#: The methods by which Celery's Redis result backend writes a task's record: a subclass
+#: that overrides one writes something else, and its records are written its own way.
+REDIS_RECORD_PATH = (
+    "mark_as_done",
+    "mark_as_failure",
+    "store_result",
+    "_store_result",
+    "_get_result_meta",
+    "_set_with_state",
+    "set",
+    "_set",
+    "encode",
+    "encode_result",
+    "get_key_for_task",
+    "_get_task_meta_for",
+)
+
+
+def redis_record_writer(backend: Any) -> tuple[Callable[..., dict[str, Any]], int] | None:
+    """When ``backend`` is Celery's Redis result backend (or a subclass writing records
+    as it does): the function that makes a task's record as ``_store_result`` writes it
+    (``_get_result_meta(result=, state=, traceback=, request=)``) and the longest value
+    it stores; otherwise None (and, when Celery's names are missing, logged once)."""
+    try:
+        from celery.backends.redis import RedisBackend
+    except ImportError:  # no redis-py: no Redis result backend either
+        return None
+    if not isinstance(backend, RedisBackend):
+        return None
+    if any(
+        getattr(type(backend), name, None) is not getattr(RedisBackend, name, None)
+        for name in REDIS_RECORD_PATH
+    ):
+        return None
+    make = getattr(backend, "_get_result_meta", None)
+    longest = getattr(RedisBackend, "_MAX_STR_VALUE_SIZE", None)
+    if not callable(make) or not isinstance(longest, int):
+        unavailable(
+            "celery's Backend._get_result_meta and RedisBackend._MAX_STR_VALUE_SIZE",
+            "a batch's results are written one by one",
+        )
+        return None
+    return make, longest
 
 
 # -- Celery's schedules -----------------------------------------------------------------

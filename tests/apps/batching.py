@@ -5,7 +5,8 @@ environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
 ``visibility_timeout`` (a test that kills a worker sets a few seconds, so its held
 messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
-worker's presence outlive their last renewal. A named limit, ``"partner"``, for the
+worker's presence outlive their last renewal; ``BATCH_RESULT_EXTENDED``: set,
+``result_extended`` is on. A named limit, ``"partner"``, for the
 batched tasks that spend it (``limits=``, ``cost=``).
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
@@ -34,6 +35,7 @@ app, baton = make_baton_app(
     "batching",
     baton_socket_timeout=1.0,
     task_acks_late=bool(os.environ.get("BATCH_ACKS_LATE")),
+    result_extended=bool(os.environ.get("BATCH_RESULT_EXTENDED")),
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,
@@ -138,6 +140,18 @@ def total(values: list[int]) -> int:
 
 
 @app.task
+def double(account: Any, doc: int) -> int:
+    """What ``fill`` does for one call, as a plain task (a record Celery writes itself)."""
+    return doc * 2
+
+
+@app.task
+def plain_boom(account: Any, fail: bool = False) -> int:
+    """What ``boom`` does for one failing call, as a plain task."""
+    raise ValueError("boom in a batch of 4")
+
+
+@app.task
 def item_plain(doc: int) -> int:
     """1 ms of work per call, one call per run (a throughput measurement's baseline)."""
     time.sleep(0.001)
@@ -170,6 +184,32 @@ def partner_batch(calls: list[Call]) -> list[int]:
     """Batches of up to 5 calls; a run spends one unit of "partner" per call."""
     _report("partner_batch", calls, sleep=0.01)
     return [c.kwargs["doc"] * 2 for c in calls]
+
+
+#: The cap two tenants share fairly (``fair_batch``), or first come first served.
+FAIR_CAP = 2
+
+
+@app.task(
+    batch=["tenant", "account"],
+    batch_size=4,
+    batch_wait=0.2,
+    global_concurrency=FAIR_CAP,
+    fair_key="tenant",
+)
+def fair_batch(calls: list[Call]) -> list[int]:
+    """Batches of up to 4 calls of one tenant's account, 0.1 s each; at most 2 batch runs
+    anywhere, shared by tenant (the fair key, read from a batch's first call, is every
+    call's: the tenant is in the batch key)."""
+    _report("fair_batch", calls, sleep=0.1)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch=["tenant", "account"], batch_size=4, batch_wait=0.2, global_concurrency=FAIR_CAP)
+def fifo_batch(calls: list[Call]) -> list[int]:
+    """``fair_batch`` without ``fair_key``: first come first served, for comparison."""
+    _report("fifo_batch", calls, sleep=0.1)
+    return [c.kwargs["doc"] for c in calls]
 
 
 def _weight(calls: list[Call]) -> int:

@@ -3,22 +3,29 @@
 priced on the batch's calls), across all workers (issue 37), judged at the batch body's
 start by the observer (its own server's clock). Tasks in tests/apps/batching.py.
 
-Before, all three were refused at declaration with a batch.
+Before, all three were refused at declaration with a batch; so was ``fair_key``, which
+now shares a limit among a batched task's fair keys, one batch run one admission.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from celery_baton.errors import CostError
 from tests.batching.test_batching import assert_each_call_once, call_ids, settle
 from tests.limits.test_at_start import START_JITTER_US
-from tests.limits.test_rate_limits import assert_gcra_bound
+from tests.limits.test_fairness import received_us
+from tests.limits.test_rate_limits import assert_gcra_bound, server_time_us
 from tests.limits.test_shared import weighted_excess
-from tests.support.observer import Observer, assert_no_overlap
+from tests.support.observer import Observer, assert_no_overlap, max_concurrent
+from tests.support.servers import StoreServer
+from tests.support.waiting import broadcast
 from tests.support.workers import Workers
 
 APP = "tests.apps.batching"
+BATCH_LEASE_TTL = 8.0  # the app's baton_lease_ttl (tests/apps/batching.py)
 KEYS = 4
 PER_KEY = 10
 
@@ -125,3 +132,76 @@ def test_a_batch_weighing_more_than_the_limit_runs_the_part_that_fits(
     # Publish after the heavy call failed: the key still batches.
     late = weighed_batch.apply_async(kwargs={"account": 1, "doc": 7, "weight": 1})
     assert late.get(timeout=30) == 14
+
+
+#: A's backlog and B's calls (batches of 4: 50 of A's, 4 of B's).
+A_CALLS, B_CALLS = 200, 16
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair_key", "first_come"])
+def test_fair_key_shares_a_limit_between_tenants_by_batch_runs(
+    workers: Workers, observer: Observer, store_server: StoreServer, fair: bool
+) -> None:
+    """Tenant A's backlog of 50 batches, then tenant B's 4, on a cap of 2 batch runs
+    shared by 3 workers (6 pool processes): once the workers hold B's calls, B's batch
+    runs take their turns with A's (judged at the bodies' starts), where first come
+    first served starts most of A's backlog first (the same test without the fair key,
+    for comparison). A's runs take every slot again once B has nothing waiting."""
+    from tests.apps.batching import FAIR_CAP, fair_batch, fifo_batch
+
+    task = fair_batch if fair else fifo_batch
+    name = task.name.rsplit(".", 1)[-1]
+    for _ in range(3):
+        workers.start(APP, concurrency=2, wait=False, queues="not-yet")
+    for w in workers.started:
+        w.wait_ready()
+    # A store up for less than a run ttl (the session's first test) lets no batch be
+    # claimed until then (core/batch.py, ``epoch``): every batch of both tenants would
+    # be claimed at once, and the order they ask in would be no one's.
+    with store_server.client() as client:
+        up = int(client.info("server")["uptime_in_seconds"])
+    time.sleep(max(0.0, BATCH_LEASE_TTL + 1 - up))
+    # Both backlogs queued before the workers consume them, B's right behind A's (see
+    # tests/limits/test_fairness.py: published while they consume, A ran before B came).
+    sent = [
+        task.apply_async(kwargs={"tenant": tenant, "account": tenant, "doc": n}).id
+        for tenant, count in (("A", A_CALLS), ("B", B_CALLS))
+        for n in range(count)
+    ]
+    opened = server_time_us(observer)
+    replies = broadcast(
+        task.app, lambda: task.app.control.add_consumer("celery", reply=True, timeout=10)
+    )
+    assert len(replies) == 3, f"not every worker consumes the task queue: {replies}"
+    runs = settle(observer, name, len(sent), timeout=120)
+    assert_each_call_once(runs, sent)
+    a_runs = [r for r in runs if r.key == f"{name}:A"]
+    b_runs = [r for r in runs if r.key == f"{name}:B"]
+    assert len(a_runs) + len(b_runs) == len(runs), "a batch held calls of both tenants"
+    # The cap holds across batch runs, and is used.
+    assert max_concurrent(runs) == FAIR_CAP
+
+    b_received = received_us(workers.started, {i for r in b_runs for i in call_ids(r)})
+    last_b = max(r.start for r in b_runs)
+    unstarted = sum(r.start > b_received for r in a_runs)  # A's backlog then
+    overtaking = sum(b_received < r.start < last_b for r in a_runs)
+    print(
+        f"{name}: A {len(a_runs)} runs, B {len(b_runs)} runs; B received "
+        f"{(b_received - opened) / 1e6:.2f} s after the open, A had {unstarted} unstarted "
+        f"then, {overtaking} of them started before B's last start "
+        f"({(last_b - b_received) / 1e6:.2f} s after); starts after the open (s): "
+        f"A {[round((r.start - opened) / 1e6, 2) for r in a_runs]}, "
+        f"B {[round((r.start - opened) / 1e6, 2) for r in b_runs]}"
+    )
+    assert unstarted >= 3 * len(b_runs), f"A's backlog was done before B came: {unstarted}"
+    # Fair: B's runs alternate with A's, about one A start per B run, plus the runs
+    # already asked for (a cap's worth per worker) and a fifth of A's backlog for a
+    # loaded machine; first come first served starts most of A's backlog first (3 and
+    # 32 of 45 seen, bound 19).
+    bound = len(b_runs) + 3 * FAIR_CAP + unstarted // 5
+    if fair:
+        assert overtaking <= bound
+        last_b_end = max(r.end for r in b_runs)
+        assert max_concurrent([r for r in a_runs if r.start > last_b_end]) == FAIR_CAP
+    else:
+        assert overtaking > bound, "first come first served: A's backlog first"

@@ -20,16 +20,14 @@ copies, by luck. Now a runner keeps them one run ttl after the store answers aga
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests.batching.stream import Publisher, judge_stream
 from tests.batching.test_batching import APP, assert_each_call_once, call_ids, runs_of, settle
 from tests.failover.test_cluster_forgets import cut_off
-from tests.failover.test_sentinel_batching import Publisher
 from tests.support.cluster_topology import CLUSTER_NODE_TIMEOUT_MS, ClusterTopology
 from tests.support.observer import Observer
 from tests.support.waiting import wait_until
@@ -121,36 +119,20 @@ def test_batches_in_flight_through_a_cluster_shard_failover_run_each_call_once(
             victim.kill()
             wait_until(lambda: replica.role() == "master", 60, "the replica promoted")
             promoted = time.monotonic() - changed
+            promoted_us = observer.now_us()
         stream.mark()
         time.sleep(4.0)  # the stream goes on on the promoted replica
-    results = stream.results
-    runs = settle(observer, "steady", len(results), timeout=60)
-    time.sleep(LEASE_TTL + 1)  # a lapsed or forgotten run's calls would run again by now
-    runs = runs_of(observer, "steady")
-    logs = "".join(w.log_text() for w in pool)
-    redone = sum(int(n) for n in re.findall(r"(\d+) calls of batches this worker ran", logs))
-    print(
-        f"\nCLUSTER {how}: replica promoted {promoted:.1f} s after; {len(results)} calls "
-        f"({len(stream.after)} after), {len(runs)} runs, largest "
-        f"{max(len(call_ids(r)) for r in runs)}; keys that saw the promotion: "
-        f"{logs.count('promoted from a replica')}; calls marked done again: {redone}; "
-        f"runs that ended in the second before the kill: "
-        f"{sum(cut_us <= r.end <= changed_us for r in runs)}"
+    runs = judge_stream(
+        observer,
+        stream,
+        pool,
+        label=f"CLUSTER {how}: replica promoted {promoted:.1f} s after",
+        lease_ttl=LEASE_TTL,
+        changed_us=changed_us,
+        promoted_us=promoted_us,
+        more=lambda runs: (
+            "runs that ended in the second before the kill: "
+            f"{sum(cut_us <= r.end <= changed_us for r in runs)}"
+        ),
     )
-    seen: dict[str, list[Any]] = {}
-    for r in runs:
-        for i in call_ids(r):
-            seen.setdefault(i, []).append(r)
-    for i, twice in seen.items():
-        if len(twice) > 1:
-            print(f"call {i} ran in: {[(r.key, r.pid, r.start, r.end) for r in twice]}")
-    assert all("|" not in r.key for r in runs), "a run held calls of two keys"
-    assert_each_call_once(runs, list(results))
-    assert set(stream.after) <= set(seen), "a call published after the promotion never ran"
     assert {r.key.split(":", 1)[1] for r in runs} == {*on_victim, elsewhere}
-    # The keys of the failed shard saw the promotion (their grace); at least one logged
-    # it (a tick whose reply was lost sets the grace without the line: see
-    # test_sentinel_batching.py).
-    assert logs.count("promoted from a replica") >= 1
-    for result, doc in results.values():
-        assert result.get(timeout=30) == doc * 3, "each caller gets its own call's result"

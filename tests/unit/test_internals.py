@@ -330,6 +330,33 @@ def test_the_prefork_pool_keeps_its_jobs_by_id_and_is_flushed_by_the_consumer() 
 # -- Celery's schedules, redis-py -------------------------------------------------------
 
 
+def test_the_redis_result_backend_writes_the_record_its_meta_function_makes() -> None:
+    from celery import Celery, states
+
+    app = Celery("records", backend="redis://127.0.0.1:1/1", set_as_current=False)
+    writer = internals.redis_record_writer(app.backend)
+    assert writer is not None
+    make, longest = writer
+    assert longest >= 1 << 20
+    meta = make(result=3, state=states.SUCCESS, traceback=None, request=None)
+    assert meta["status"] == states.SUCCESS and meta["result"] == 3
+    assert {"traceback", "children", "date_done"} <= set(meta)
+    # What _store_result writes is that record (with its task id).
+    assert "_get_result_meta" in inspect.getsource(type(app.backend)._store_result)
+
+
+def test_a_backend_that_is_not_celerys_redis_backend_has_no_bulk_writer() -> None:
+    from celery import Celery
+    from celery.backends.redis import RedisBackend
+
+    class Writing(RedisBackend):
+        def _set(self, key: str, value: object, expires: object = None) -> None: ...
+
+    app = Celery("records", backend="cache+memory://", set_as_current=False)
+    assert internals.redis_record_writer(app.backend) is None
+    assert internals.redis_record_writer(Writing(app=app, url="redis://127.0.0.1:1/1")) is None
+
+
 def test_a_crontab_keeps_its_fields_as_given() -> None:
     fields = internals.crontab_fields(crontab(minute="*/15", hour="1-3", day_of_week="mon"))
     assert fields == {

@@ -52,7 +52,6 @@ INCOMPATIBLE = {
     "unique": "every call of a batch is a caller waiting for its own result",
     "debounce": "debounce keeps one call of a burst, batch keeps them all",
     "throttle": "throttle drops calls, batch keeps them all",
-    "fair_key": "not yet: a batch holds calls of several fair keys' callers (issue 37)",
     "ordered": "not yet: a batch runs many calls of a key at once, ordered= one at a time",
 }
 
@@ -113,7 +112,7 @@ class BatchPolicy:
             ) from exc
 
 
-def _any_call(*args: Any, **kwargs: Any) -> None:
+def any_call(*args: Any, **kwargs: Any) -> None:
     """The signature a batch key is bound to: the body takes the list of calls, so a
     key names the keyword arguments of a call (or a callable reads the call)."""
 
@@ -157,14 +156,58 @@ def compile_batch(
     # A bound task's run read from the task is a method (self already given), but the
     # body behind it is the plain function, self first.
     _check_body(name, body, bound=bound or (body is not fun and inspect.ismethod(fun)))
-    key = KeySpec.build(spec, _any_call, subject=f"{name}.batch")
+    key = KeySpec.build(spec, any_call, subject=f"{name}.batch")
     if key.names and "calls" in key.names:
         raise ConfigError(
             "batch key names 'calls', the body's list: name an argument the callers pass "
             "(batch='account_id' for index_docs.delay(account_id=7, ...))",
             subject=f"{name}.batch",
         )
+    _check_fair_key(name, spec, key, options("fair_key"))
     return BatchPolicy(key, size, float(wait))
+
+
+def _check_fair_key(name: str, spec: Any, key: KeySpec, fair: Any) -> None:
+    """``fair_key`` on a batched task: a batch run is one admission of the shared limit,
+    asked for under its carrier's fair key, so every call of a batch must have that fair
+    key: each argument the fair key reads is one of the batch key's (then calls of one
+    batch key share one fair key). Refused, naming what is missing, otherwise."""
+    if fair is None or fair is False or fair is True:
+        return  # none, or True: refused with the fair key's own rules (policy/compile.py)
+    subject = f"{name}.fair_key"
+    if key.whole_task:
+        raise ConfigError(
+            "batch=True with fair_key: batch=True makes one batch of every caller's calls, "
+            "whatever their fair key, and a batch run is admitted under one fair key; "
+            "batch by the fair key's arguments (batch=<the fair key's arguments>, or a "
+            "list holding them)",
+            subject=subject,
+        )
+    if key.func is not None:
+        raise ConfigError(
+            "batch with fair_key: the batch key is a callable, so which arguments it reads "
+            "is unknown, and a batch's calls may not share one fair key; name the batch "
+            "key's arguments (batch=['tenant', 'account_id'])",
+            subject=subject,
+        )
+    fair_key = KeySpec.build(fair, any_call, subject=subject)
+    if fair_key.func is not None:
+        raise ConfigError(
+            "batch with fair_key: a callable fair_key reads arguments that cannot be known, "
+            "and a batch's calls may not share one fair key; name its arguments (each one "
+            "also an argument of the batch key)",
+            subject=subject,
+        )
+    missing = [n for n in fair_key.names if n not in key.names]
+    if missing:
+        said = ", ".join(repr(n) for n in dict.fromkeys(missing))
+        wanted = list(dict.fromkeys([*key.names, *missing]))
+        raise ConfigError(
+            f"batch with fair_key: fair_key reads {said}, which the batch key {spec!r} does "
+            "not: one batch would hold calls of several fair keys, and a batch run is "
+            f"admitted under one; add it to the batch key (batch={wanted!r})",
+            subject=subject,
+        )
 
 
 def _check_body(name: str, fun: Callable[..., Any], *, bound: bool) -> None:

@@ -64,7 +64,6 @@ def test_the_defaults_are_100_calls_or_1_second(app: Celery) -> None:
         ({"exclusive": "account_id"}, r"batch with exclusive"),
         ({"unique": "account_id"}, r"batch with unique"),
         ({"debounce": 1.0}, r"batch with debounce"),
-        ({"fair_key": "account_id", "global_rate_limit": "1/s"}, r"batch with fair_key: not yet"),
         ({"ordered": "account_id"}, r"batch cannot be used with ordered=: not yet"),
     ],
 )
@@ -79,6 +78,75 @@ def test_a_batch_may_have_a_global_rate_limit_and_a_global_concurrency(app: Cele
     """A batch run is one start of the rate and one slot of the limit (tested on real
     workers in tests/batching/test_batch_limits.py)."""
     declare(app, batch="account_id", global_rate_limit="10/s", global_concurrency=2)
+
+
+def test_a_batchs_other_keys_name_a_calls_arguments_not_the_bodys(app: Celery) -> None:
+    """A per-key limit's key is read from a call's arguments, as the batch key is (the
+    body takes only ``calls``)."""
+    declare(
+        app,
+        batch="account_id",
+        global_concurrency=2,
+        global_concurrency_key="account_id",
+        global_rate_limit="10/s",
+        global_rate_limit_key="region",
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "fair_key"),
+    [
+        ("tenant", "tenant"),
+        (["tenant", "account_id"], "tenant"),
+        (["tenant", "account_id"], ["account_id", "tenant"]),
+        ("{tenant}/{account_id}", "{tenant}"),
+        (["tenant", "user"], "{user.org}"),  # an attribute of a batch key's argument
+    ],
+)
+def test_a_fair_key_within_the_batch_key_is_allowed(app: Celery, batch: Any, fair_key: Any) -> None:
+    """Every call of a batch then has one fair key: a batch run is one admission of the
+    fair-shared limit under it (on real workers: tests/batching/test_batch_limits.py)."""
+    from celery_baton.baton import baton_for
+
+    task = declare(app, batch=batch, fair_key=fair_key, global_concurrency=2)
+    baton = baton_for(app)
+    assert baton is not None
+    policy = baton.policy_for(task)
+    assert policy.batch is not None and policy.fair is not None
+
+
+@pytest.mark.parametrize(
+    ("batch", "fair_key", "match"),
+    [
+        (
+            "account_id",
+            "tenant",
+            r"index_docs.fair_key: batch with fair_key: fair_key reads 'tenant', which the "
+            r"batch key 'account_id' does not.*batch=\['account_id', 'tenant'\]",
+        ),
+        (
+            ["account_id", "region"],
+            "{tenant}-{region}",
+            r"fair_key reads 'tenant', which the batch key \['account_id', 'region'\] does not",
+        ),
+        ("{account_id}", ["tenant", "plan"], r"fair_key reads 'tenant', 'plan'"),
+        (True, "tenant", r"batch=True with fair_key: batch=True makes one batch of every"),
+        (lambda tenant, **kw: tenant, "tenant", r"the batch key is a callable"),
+        ("tenant", lambda tenant, **kw: tenant, r"a callable fair_key reads arguments"),
+    ],
+)
+def test_a_fair_key_a_batch_would_mix_is_refused_naming_what_is_missing(
+    app: Celery, batch: Any, fair_key: Any, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        declare(app, batch=batch, fair_key=fair_key, global_rate_limit="10/s")
+
+
+def test_a_batch_with_fair_key_still_needs_a_limit_to_share(app: Celery) -> None:
+    with pytest.raises(ConfigError, match="fair_key shares a limit fairly: it needs"):
+        declare(app, batch="tenant", fair_key="tenant")
+    with pytest.raises(ConfigError, match="fair_key must name what the limit is shared by"):
+        declare(app, batch="tenant", fair_key=True, global_concurrency=1)
 
 
 def test_a_batch_may_spend_named_limits_per_run_or_by_its_calls() -> None:

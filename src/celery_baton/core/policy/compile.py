@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_baton.config import Settings, suggest
 from celery_baton.core import debounce
-from celery_baton.core.batch import check_batch_cost, compile_batch
+from celery_baton.core.batch import any_call, check_batch_cost, compile_batch
 from celery_baton.core.fairness import FairPolicy, check_weights
 from celery_baton.core.keys import KeySpec, KeySpecValue
 from celery_baton.core.policy.model import ConcurrencyPolicy, RatePolicy, TaskPolicy
@@ -43,11 +43,16 @@ def compile_policy(
     declaration time); ``fun`` is the function whose signature keys are bound to.
     """
 
+    # A batched body takes the list of calls: its other keys (a per-key limit, the fair
+    # key) are read from a call's arguments, as its batch key is.
+    batched = options("batch") is not None and options("batch") is not False
+    keyed, keyed_bound = (any_call, False) if batched else (fun, bound)
+
     def spec(option: str) -> KeySpec | None:
         value: KeySpecValue | None = options(option)
         if value is None or value is False:
             return None
-        return KeySpec.build(value, fun, subject=f"{name}.{option}", bound=bound)
+        return KeySpec.build(value, keyed, subject=f"{name}.{option}", bound=keyed_bound)
 
     def choice(option: str, allowed: tuple[str, ...], default: str | None = None) -> str:
         value = options(option)

@@ -6,7 +6,8 @@ A batch is carried into the pool by one of its calls' own request (the carrier, 
 id, its store keys and every call's id and encoded arguments). Celery stores the
 carrier's own result as it stores any task's; the other calls' results are written here,
 from the same pool process, before the store hears that the batch ran: a caller never
-sees its call done without its result.
+sees its call done without its result. On a Redis result backend they are written
+together (``batch_results.py``), elsewhere one by one.
 
 A run of the task without that field (called directly, ``.apply()``, eager mode) is a
 batch of one: the body gets a list of one call and the call its own result.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,7 @@ from kombu.utils import json as kombu_json
 from celery_baton.core.batch import Call, outcomes, task_id_of
 from celery_baton.errors import BatonError
 from celery_baton.parts import installed_parts
+from celery_baton.worker.pool.batch_results import Written, bulk_eligible, store
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -49,6 +52,7 @@ CANVAS_FIELDS = (
     "parent_id",
     "reply_to",
     "correlation_id",
+    "delivery_info",  # its queue, in its record with result_extended
 )
 
 
@@ -148,18 +152,21 @@ def run_batch(task: Any, fun: Callable[..., Any], args: Any, kwargs: Any, *, bou
                 task, batch, calls, others, canvas, exc, lambda c: _autoretry_options(task, c)
             )
             raise
-        # A body that raises fails every call of its batch (the carrier by Celery, below).
-        for call in others:
-            _write(task, call, canvas[call.id], False, exc)
+        # A body that raises fails every call of its batch (the carrier by Celery, below),
+        # each with the body's traceback, as the carrier's record has it.
+        told = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        _write_all(task, [_written(task, c, canvas[c.id], False, exc, told) for c in others])
         _done(task, batch, calls)
         raise
     results = outcomes(calls, returned)
     own_outcome: tuple[bool, Any] = (True, None)
+    written = []
     for call, (ok, value) in zip(calls, results, strict=True):
         if call.id == own:
             own_outcome = (ok, value)
         else:
-            _write(task, call, canvas[call.id], ok, value)
+            written.append(_written(task, call, canvas[call.id], ok, value))
+    _write_all(task, written)
     _done(task, batch, calls)
     ok, value = own_outcome
     if not ok:
@@ -175,8 +182,19 @@ def _context(task: Any, call: Call, canvas: dict[str, Any]) -> Any:
     """A call's request as Celery's trace would have it: its id, arguments and canvas."""
     from celery.app.task import Context
 
+    carrier = task.request
     return Context(
-        {**canvas, "id": call.id, "task": task.name, "args": call.args, "kwargs": call.kwargs}
+        {
+            # The batch's worker ran it (its record's ``worker``); a call stored by an
+            # earlier version without its own delivery_info: the carrier's queue.
+            "hostname": getattr(carrier, "hostname", None),
+            "delivery_info": getattr(carrier, "delivery_info", None) or {},
+            **canvas,
+            "id": call.id,
+            "task": task.name,
+            "args": call.args,
+            "kwargs": call.kwargs,
+        }
     )
 
 
@@ -219,7 +237,7 @@ def _retry(
     try:
         task.retry(exc=exc, countdown=countdown, eta=eta, max_retries=max_retries, throw=False)
     except Exception as failed:  # MaxRetriesExceededError (or the exc given), or no publish
-        _write(task, call, canvas, False, failed)
+        _write(task, _written(task, call, canvas, False, failed))
         return
     finally:
         task.pop_request()
@@ -261,33 +279,60 @@ def _autoretry_options(task: Any, canvas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _write(task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any) -> None:
-    """One call's result under its own task id, as Celery's trace writes a task's: its
-    state, its chord's counter, then its chain's next task and its link callbacks (on
-    success) or its link_error callbacks (on failure)."""
-    from celery import signature
-
+def _written(
+    task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any, told: str | None = None
+) -> Written:
+    """One call's outcome with its request as Celery's trace would have it."""
     request = _context(task, call, canvas)
     request.ignore_result = task.ignore_result
+    return Written(call.id, request, ok, value, told)
+
+
+def _write_all(task: Any, written: list[Written]) -> None:
+    """The calls' results: on a Redis result backend, the records of those Celery writes
+    nothing else for in one read and one pipeline (``batch_results.py``); then each call's own
+    steps after its record (and its record too, where it was not written together)."""
+    stored: set[str] = set()
+    if len(written) > 1:
+        stored = store(task.backend, [w for w in written if bulk_eligible(w)])
+    for item in written:
+        _write(task, item, stored=item.call_id in stored)
+
+
+def _write(task: Any, item: Written, *, stored: bool = False) -> None:
+    """One call's result under its own task id, as Celery's trace writes a task's: its
+    record (unless ``stored`` already), its chord's counter, then its chain's next task
+    and its link callbacks (on success) or its link_error callbacks (on failure)."""
+    from celery import signature
+
+    request, value = item.request, item.value
     backend = task.backend
     try:
-        if not ok:
-            backend.mark_as_failure(call.id, value, traceback=None, request=request)
-            return
-        backend.mark_as_done(call.id, value, request=request)
-        root_id = canvas.get("root_id") or call.id
-        for callback in canvas.get("callbacks") or ():
-            signature(callback, app=task.app).apply_async(
-                (value,), parent_id=call.id, root_id=root_id
+        if not item.ok:
+            backend.mark_as_failure(
+                item.call_id,
+                value,
+                traceback=item.traceback,
+                request=request,
+                store_result=not stored,
             )
-        chain = list(canvas.get("chain") or ())
+            return
+        backend.mark_as_done(item.call_id, value, request=request, store_result=not stored)
+        root_id = request.root_id or item.call_id
+        for callback in request.callbacks or ():
+            signature(callback, app=task.app).apply_async(
+                (value,), parent_id=item.call_id, root_id=root_id
+            )
+        chain = list(request.chain or ())
         if chain:
             following = signature(chain.pop(), app=task.app)
-            following.apply_async((value,), chain=chain, parent_id=call.id, root_id=root_id)
+            following.apply_async((value,), chain=chain, parent_id=item.call_id, root_id=root_id)
     except Exception:
         # One call's result or callback that could not be written must not keep the
         # others' from being written, nor the batch from being marked done.
-        logger.exception("%s[%s]: its result in batch could not be written", task.name, call.id)
+        logger.exception(
+            "%s[%s]: its result in batch could not be written", task.name, item.call_id
+        )
 
 
 def _done(task: Any, batch: dict[str, Any], calls: list[Call]) -> None:
