@@ -13,6 +13,7 @@ from celery import states
 from celery.exceptions import TaskRevokedError
 
 from tests.support.observer import Observer
+from tests.support.pools import ALL_POOLS
 from tests.support.task_events import EventCapture
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -105,3 +106,36 @@ def test_a_dropped_cancelled_call_sends_the_task_revoked_event_and_get_raises(
         event = events.wait_for("task-revoked", gone.id)
     assert event["terminated"] is False
     assert observer.started() == []
+
+
+@pytest.mark.parametrize("pool", ALL_POOLS)
+def test_a_plain_call_waiting_for_a_busy_pool_never_starts_once_cancelled(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """A plain call (no gate call) received while every pool process is busy waits in
+    the worker for one (prefork's outbound buffer, the threads pool's queue, a green
+    pool's spawn); cancelled meanwhile, it must not start when the pool frees. It was
+    screened at its delivery, before its cancel existed: the promise is judged at the
+    body's start ("wherever its message is: ... held in a worker"). It started on every
+    pool but solo (whose loop reads the call only once the pool is free)."""
+    from tests.apps import cancel
+
+    worker = workers.start(APP, pool=pool, concurrency=1)
+    busy = cancel.slow.delay(4.0)
+    wait_until(lambda: any(s["task_id"] == busy.id for s in observer.started()), 30, "busy")
+    call = cancel.keyed.delay(7, 1)
+    if pool == "solo":
+        # Solo's loop stands still while the body runs: the call is read after it (and
+        # then starts at once); cancelled while it is still in the broker.
+        time.sleep(0.5)
+    else:
+        wait_until(lambda: call.id in worker.log_text(), 30, "the call received")
+    cancel.baton.cancel(call.id)
+    assert busy.get(timeout=30) == 4.0
+    with pytest.raises(TaskRevokedError):
+        call.get(timeout=30)
+    after = cancel.keyed.delay(7, 2)  # the pool goes on with the next call
+    assert after.get(timeout=30) == 2
+    started = [s["task_id"] for s in observer.started()]
+    assert call.id not in started, f"the cancelled call started ({pool})"
+    assert started == [busy.id, after.id]

@@ -34,6 +34,7 @@ from celery_baton.core.cancels import REFRESH, Cancels, CancelWatch, parse_notic
 from celery_baton.core.conditions import Condition, NotCancelled
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
+from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.errors import BatonError
 
 logger = logging.getLogger("celery_baton.worker")
@@ -57,8 +58,12 @@ class Cancelling:
         keep_noticed: float,
         generation: Callable[[], int],
         in_gate: bool,
+        noticed: SharedCancels | None = None,
     ) -> None:
         self.cancels = cancels
+        #: Where the ids noticed cancelled are told to whatever starts a job (a plain
+        #: job waiting for a pool process is asked again there: core/shared_cancels.py).
+        self.noticed = noticed
         #: A delivery that asks the gate is checked in that very call (NotCancelled):
         #: on one server; on Redis Cluster the id's record is on a slot of its own.
         self.in_gate = in_gate
@@ -90,6 +95,8 @@ class Cancelling:
         if notice is None:
             return False
         logger.debug("baton: cancel notice %s %s%s", notice.kind, notice.task_id, notice.task)
+        if notice.task_id and self.noticed is not None:
+            self.noticed.add(notice.task_id)
         self.watch.notice(notice)
         return True
 

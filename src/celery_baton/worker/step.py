@@ -30,7 +30,7 @@ from celery_baton.worker import ordering
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.batching import Batching, tick_interval
 from celery_baton.worker.cancelling import Cancelling
-from celery_baton.worker.pool import run_end, stand_ins
+from celery_baton.worker.pool import cancel_start, run_end, stand_ins
 from celery_baton.worker.pool.batch_run import wrap_task
 from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
@@ -169,7 +169,11 @@ def _prepare_pool(task_pool: Any) -> None:
             install(task_pool)
             return
     if not isinstance(task_pool, TaskPool):
-        return  # solo: tasks start in the main process, as they are handed over
+        # solo: tasks start in the main process, as they are handed over; a plain one
+        # the loop read before the notice of its cancel is asked about it then.
+        if type(task_pool).__module__ == "celery.concurrency.solo":
+            in_process.install_solo(task_pool)
+        return
     refused = prefork.install(task_pool)
     if refused is not None:
         raise ConfigError(f"{refused}: global limits could not hold at the task's start")
@@ -265,6 +269,8 @@ class BatonWorker:
         self.cancelling = Cancelling(
             parts.cancels,
             self.channel,
+            # Before the pool forks: the ids it is told of, read where jobs start.
+            noticed=cancel_start.share_cancels(),
             keep_noticed=horizon,
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,

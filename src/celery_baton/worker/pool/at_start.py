@@ -6,7 +6,8 @@ process, thread or greenlet that starts the body judges it just before:
 
 * a rate grant read too late takes a fresh token (``worker/pool/rate_grant.py``);
 * a throttle window opened too long ago counts from the start (``throttle_start.py``);
-* a prefork job read late is asked about a cancel, last (``cancel_start.py``).
+* a prefork job read late is asked about a cancel, last (``cancel_start.py``);
+* a plain job whose id this worker was told is cancelled is asked about it (every pool).
 
 ``judge_before_accept`` is called by a prefork pool process on the job it just read
 from its pipe (``worker/pool/prefork.py``); ``judge`` by the thread or greenlet that
@@ -79,6 +80,9 @@ def judge_before_accept(job: Any) -> Any:
         return job
     name, task_id, request_dict = found
     if not judged_in_pool(request_dict):
+        # A plain job: cancelled since its worker screened it (told so, in memory)?
+        if cancel_start.plain_cancelled(name, task_id):
+            return kind, (job_id, i, cancel_start.plain_cancelled_trace(task_id), args, kwargs)
         return job
     fields = (
         request_dict.get(rate_grant.RATE_GRANT_FIELD)

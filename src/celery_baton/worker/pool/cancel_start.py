@@ -16,9 +16,15 @@ back. A job on time pays nothing: the grant's own check is moments old.
 
 On gevent and eventlet the greenlet that starts the body asks the same, after Celery's
 accept and the rate's judgement (``worker/pool/in_process.py``): a greenlet reached late
-(its accept waiting on a broker that does not answer) is the same late start. Not
-judged: a plain job (no gate call, its request not ours to end), and the threads pool,
-whose thread takes the job as it is handed over (nothing stands between).
+(its accept waiting on a broker that does not answer) is the same late start. The
+threads pool's thread takes a guarded job as it is handed over (nothing stands between).
+
+A plain job (no gate call) waits in the worker for a pool process when every process is
+busy, after it was screened; a cancel noticed meanwhile (``share_cancels``: the ids the
+worker was told of, in memory its processes share) is asked of the store where the job
+starts, on every pool, and a cancelled one is ignored as Celery ignores a task
+(``plain_cancelled_trace``). A guarded job whose cancel was noticed is asked too,
+however early it is read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from celery import current_app
 
+from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.parts import parts_for
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
 
@@ -43,6 +50,64 @@ HANDED_FIELD = "baton_handed"
 class CancelledBeforeStart(Exception):
     """Raised in place of a body whose call was cancelled while its job stood between
     the hand-over and its pool process; the main process revokes the request."""
+
+
+#: The ids this worker was told are cancelled (core/shared_cancels.py): made by the
+#: main process before the pool forks (``share_cancels``).
+_noticed: SharedCancels | None = None
+
+
+def share_cancels() -> SharedCancels:
+    """Worker's main process, before the pool starts: the table of noticed cancels its
+    pool processes (forked from it) and its threads and greenlets read."""
+    global _noticed
+    if _noticed is None:
+        _noticed = SharedCancels()
+    return _noticed
+
+
+def noticed(task_id: str) -> bool:
+    """Whether this worker was told ``task_id`` is cancelled (a hint, in memory)."""
+    return _noticed is not None and _noticed.has(task_id)
+
+
+def plain_cancelled(name: str, task_id: str) -> bool:
+    """A plain job (no gate call) about to start: cancelled since its worker screened it?
+    Asked of the store only when this worker was told of a cancel of its id; False when
+    the store does not answer (it runs, as a call screened unchecked does)."""
+    if not noticed(task_id):
+        return False
+    try:
+        if not parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id):
+            return False
+    except Exception:  # never lose the job: it runs, and the error is logged
+        logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
+        return False
+    logger.info(
+        "%s[%s] was cancelled while it waited for its pool: it does not start "
+        "(its result is REVOKED)",
+        name,
+        task_id,
+    )
+    return True
+
+
+def plain_cancelled_trace(task_id: str) -> Callable[..., Any]:
+    """What runs in place of a cancelled plain job's trace, on every pool (in a prefork
+    pool process, on an executor thread, a greenlet, or solo's loop): the ignored trace
+    Celery's ``trace_task_ret`` returns (Celery's ``Ignore``), which the request's
+    ``on_success`` hands to ``on_failure``: acknowledged, nothing stored over the
+    ``REVOKED`` its cancel wrote, no error callback run."""
+    from billiard.einfo import ExceptionInfo
+    from celery.exceptions import Ignore
+
+    def trace(*args: Any, **kwargs: Any) -> Any:
+        try:
+            raise Ignore(f"cancelled: {task_id}")
+        except Ignore:
+            return 1, ExceptionInfo(internal=True), 0.0
+
+    return trace
 
 
 def mark(request_dict: dict[str, Any], due: float) -> None:
@@ -59,7 +124,7 @@ def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> bool:
     try:
         _main_pid, due = fields
         late = time.monotonic() - due
-        if late <= STALE_GRANT:
+        if late <= STALE_GRANT and not noticed(task_id):
             return False
         if not parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id):
             return False

@@ -65,6 +65,8 @@ def _accept_judge_run(
     given = () if getpid is None else (getpid,)
     found = at_start.task_request(args)
     if found is None or accept_callback is None or not any(f in found[2] for f in _GREEN_FIELDS):
+        if found is not None and cancel_start.plain_cancelled(found[0], found[1]):
+            target = cancel_start.plain_cancelled_trace(found[1])
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
@@ -103,6 +105,18 @@ def _judged_first(
     return judge_then_accept
 
 
+def _cancel_checked(target: Callable[..., Any], name: str, task_id: str) -> Callable[..., Any]:
+    """``target`` (a job's trace), asking just before it runs whether the job, a plain
+    one, was cancelled since its worker screened it (``cancel_start.plain_cancelled``)."""
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if cancel_start.plain_cancelled(name, task_id):
+            return cancel_start.plain_cancelled_trace(task_id)(*args, **kwargs)
+        return target(*args, **kwargs)
+
+    return checked
+
+
 def install_threads(task_pool: Any) -> None:
     """Make Celery's threads ``task_pool`` judge each job on its thread, first."""
     apply = task_pool.on_apply
@@ -112,6 +126,22 @@ def install_threads(task_pool: Any) -> None:
         found = at_start.task_request(args) if args else None
         if found is not None and accept is not None and any(f in found[2] for f in _FIELDS):
             options["accept_callback"] = _judged_first(found, accept)
+        elif found is not None:  # a job waiting in the executor's queue may be cancelled
+            target = _cancel_checked(target, found[0], found[1])
+        return apply(target, args, kwargs, **options)
+
+    task_pool.on_apply = on_apply
+
+
+def install_solo(task_pool: Any) -> None:
+    """Make Celery's solo ``task_pool`` ask about a plain job's cancel as it runs it (on
+    the loop, which may have read the job before the notice of its cancel)."""
+    apply = task_pool.on_apply
+
+    def on_apply(target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        found = at_start.task_request(args) if args else None
+        if found is not None and cancel_start.plain_cancelled(found[0], found[1]):
+            target = cancel_start.plain_cancelled_trace(found[1])
         return apply(target, args, kwargs, **options)
 
     task_pool.on_apply = on_apply

@@ -1,0 +1,33 @@
+"""core/shared_cancels: ids the worker's main process was told are cancelled, read by the
+processes it forked (before they accept a job)."""
+
+from __future__ import annotations
+
+import os
+
+from celery_baton.core.shared_cancels import SharedCancels
+
+
+def test_an_id_added_after_the_fork_is_read_by_the_child() -> None:
+    noticed = SharedCancels()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a pool process waiting for its next job
+        try:
+            os.read(read, 1)  # until the parent was told of the cancel
+            os._exit(0 if noticed.has("id-1") and not noticed.has("id-2") else 1)
+        finally:
+            os._exit(2)
+    noticed.add("id-1")
+    os.write(write, b"!")
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+
+
+def test_two_ids_in_one_slot_never_read_as_each_other() -> None:
+    noticed = SharedCancels(slots=1)  # every id shares the one slot
+    assert not noticed.has("first")
+    noticed.add("first")
+    noticed.add("second")
+    assert noticed.has("second")
+    assert not noticed.has("first")  # overwritten: screened at receipt only, as before
