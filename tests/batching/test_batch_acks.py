@@ -10,14 +10,8 @@ the calls left unacked (none would come back after the visibility timeout).
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import redis
-
 from tests.batching.test_batching import assert_each_call_once, settle
+from tests.support.monitor import monitored, transactions
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.waiting import broadcast, wait_until
@@ -27,51 +21,6 @@ APP = "tests.apps.batching"
 CALLS = 100  # two batches of 50 (``wide``)
 
 
-@contextmanager
-def ack_transactions(server: StoreServer) -> Iterator[list[int]]:
-    """The size (tags removed) of every broker transaction that acks deliveries."""
-    sizes: list[int] = []
-    client = redis.Redis(port=server.port, decode_responses=True)
-    monitor = client.monitor()
-    monitor.__enter__()  # MONITOR sent and answered: watching from here
-    stop = threading.Event()
-    open_by_client: dict[str, list[str]] = defaultdict(list)
-    in_multi: set[str] = set()
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                seen = monitor.next_command()
-            except (redis.RedisError, OSError, ValueError):
-                return
-            who = f"{seen.get('client_address')}:{seen.get('client_port')}"
-            command = seen["command"]
-            verb = command.split(" ", 1)[0].upper()
-            if verb == "MULTI":
-                in_multi.add(who)
-                open_by_client[who] = []
-            elif verb == "EXEC" and who in in_multi:
-                in_multi.discard(who)
-                removed = [c for c in open_by_client.pop(who, []) if c.startswith("ZREM")]
-                if removed:
-                    sizes.append(len(removed))
-            elif who in in_multi:
-                open_by_client[who].append(command.upper())
-            elif verb == "ZREM" and "unacked_index" in command:
-                sizes.append(1)  # an ack outside a transaction
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield sizes
-    finally:
-        stop.set()
-        client.ping()  # a command the monitor sees, so that its loop looks at stop
-        thread.join(5)
-        monitor.__exit__()
-        client.close()
-
-
 def test_a_batch_s_messages_are_acked_in_one_round_trip(
     workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
@@ -79,7 +28,7 @@ def test_a_batch_s_messages_are_acked_in_one_round_trip(
 
     workers.start(APP, concurrency=2, queues="not-yet")
     results = [wide.apply_async(kwargs={"account": "acks", "doc": n}) for n in range(CALLS)]
-    with ack_transactions(broker_server) as sizes:
+    with monitored(broker_server) as commands:
         replies = broadcast(
             wide.app, lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10)
         )
@@ -91,6 +40,12 @@ def test_a_batch_s_messages_are_acked_in_one_round_trip(
                 lambda: client.hlen("unacked") == 0, timeout=10, what="no message left unacked"
             )
     assert_each_call_once(runs, [r.id for r in results])
+    # The tags each transaction (or lone command) took out of kombu's unacked index.
+    sizes = [
+        len(removed)
+        for block in transactions(commands)
+        if (removed := [c for c in block if c.upper().startswith("ZREM") and "unacked_index" in c])
+    ]
     acked = sum(sizes)
     print(f"{len(runs)} runs; ack transactions: {len(sizes)}, tags per transaction {sizes}")
     assert acked >= CALLS, f"only {acked} of {CALLS} deliveries seen acked"

@@ -13,14 +13,13 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import pytest
 
 from tests.batching.test_batching import call_ids, runs_of, settle
+from tests.support.monitor import monitored
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
@@ -31,37 +30,6 @@ RESULTS_DB = 1  # the result backend's db on the broker server (tests/conftest.p
 META = re.compile(r"celery-task-meta-([0-9a-f-]{36})")
 #: The commands by which Celery's Redis backend reads or writes a task's record.
 RECORD_COMMANDS = {"GET", "MGET", "SET", "SETEX", "PUBLISH"}
-
-
-@contextmanager
-def monitored(server: StoreServer) -> Iterator[list[dict[str, Any]]]:
-    """The commands ``server`` runs on the results db while the block runs (MONITOR),
-    complete once the block exits (an ``ECHO`` sent last is waited for)."""
-    seen: list[dict[str, Any]] = []
-    marker = f"monitor-end-{time.monotonic_ns()}"
-    ready = f"monitor-ready-{time.monotonic_ns()}"
-
-    def listen() -> None:
-        with server.client().monitor() as monitor:
-            for command in monitor.listen():
-                if command["command"] == f"ECHO {marker}":
-                    return
-                if command["db"] == RESULTS_DB:
-                    seen.append(command)
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    with server.client(RESULTS_DB) as client:
-
-        def listening() -> bool:
-            client.echo(ready)
-            return any(c["command"] == f"ECHO {ready}" for c in seen)
-
-        wait_until(listening, 10, "MONITOR listening")
-        yield seen
-        client.echo(marker)
-    listener.join(10)
-    assert not listener.is_alive(), "MONITOR never saw the end marker"
 
 
 def round_trips(commands: list[dict[str, Any]], ids: set[str]) -> tuple[int, Counter]:
@@ -104,7 +72,7 @@ def test_a_batch_writes_its_calls_results_in_one_pipeline(
     workers.start(APP, concurrency=2)
     fill.apply_async(kwargs={"account": "warm", "doc": 0}).get(timeout=30)
     n_calls = 8
-    with monitored(broker_server) as commands:
+    with monitored(broker_server, db=RESULTS_DB) as commands:
         results = [fill.apply_async(kwargs={"account": "m", "doc": d}) for d in range(n_calls)]
         runs = [r for r in settle(observer, "fill", n_calls + 1) if r.key == "fill:m"]
         with broker_server.client(RESULTS_DB) as client:

@@ -13,14 +13,10 @@ process itself. Counted from outside: the store's ``release`` script calls
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
-import redis
 
 from celery_baton.store.scripts import script_sha
+from tests.support.monitor import monitored
 from tests.support.observer import Observer
 from tests.support.pools import ALL_POOLS
 from tests.support.servers import StoreServer
@@ -28,37 +24,6 @@ from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 RUNS = 12
-
-
-@contextmanager
-def release_calls(server: StoreServer) -> Iterator[list[str]]:
-    """The ``release`` script calls the store executes meanwhile (``MONITOR``)."""
-    sha = script_sha("release")
-    seen: list[str] = []
-    client = redis.Redis(port=server.port, decode_responses=True)
-    monitor = client.monitor()
-    monitor.__enter__()  # MONITOR sent and answered: watching from here
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                command = monitor.next_command()["command"]
-            except (redis.RedisError, OSError, ValueError):
-                return
-            if command.startswith(f"EVALSHA {sha}"):
-                seen.append(command)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        client.ping()  # a command the monitor sees, so that its loop looks at stop
-        thread.join(5)
-        monitor.__exit__()
-        client.close()
 
 
 #: Every pool, and prefork with its processes recycled (each forked later, from the table's
@@ -75,8 +40,10 @@ def test_each_run_end_is_recorded_once(
     name, *extra = pool.split()
     workers.start(APP, pool=name, concurrency=2, extra_args=extra)
     assert ex_skip.delay("warm-up", 0).get(timeout=30)  # the scripts loaded, the pool up
-    with release_calls(store_server) as calls:
+    with monitored(store_server) as commands:
         for n in range(RUNS):  # one at a time: nothing asked ahead, nothing given back
             assert ex_skip.delay(f"once-{n}", 0).get(timeout=30)
         observer.wait_for(RUNS + 1, timeout=30)
+    sha = script_sha("release")
+    calls = [c["command"] for c in commands if c["command"].startswith(f"EVALSHA {sha}")]
     assert len(calls) == RUNS, f"{len(calls)} release calls for {RUNS} runs: {calls[:4]}"

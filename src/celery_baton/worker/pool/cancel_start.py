@@ -71,17 +71,21 @@ def noticed(task_id: str) -> bool:
     return _noticed is not None and _noticed.has(task_id)
 
 
+def _asked(name: str, task_id: str) -> bool:
+    """The store's word on a cancel of ``task_id``; False when it does not answer (the
+    job runs, and the error is logged: never lose it)."""
+    try:
+        return bool(parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id))
+    except Exception:
+        logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
+        return False
+
+
 def plain_cancelled(name: str, task_id: str) -> bool:
     """A plain job (no gate call) about to start: cancelled since its worker screened it?
     Asked of the store only when this worker was told of a cancel of its id; False when
     the store does not answer (it runs, as a call screened unchecked does)."""
-    if not noticed(task_id):
-        return False
-    try:
-        if not parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id):
-            return False
-    except Exception:  # never lose the job: it runs, and the error is logged
-        logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
+    if not noticed(task_id) or not _asked(name, task_id):
         return False
     logger.info(
         "%s[%s] was cancelled while it waited for its pool: it does not start "
@@ -124,12 +128,11 @@ def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> bool:
     try:
         _main_pid, due = fields
         late = time.monotonic() - due
-        if late <= STALE_GRANT and not noticed(task_id):
-            return False
-        if not parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id):
-            return False
-    except Exception:  # never lose the job: it runs, and the error is logged
-        logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
+    except (TypeError, ValueError):  # not what mark() wrote: never guess, it runs
+        return False
+    if late <= STALE_GRANT and not noticed(task_id):
+        return False
+    if not _asked(name, task_id):
         return False
     logger.info(
         "%s[%s] was cancelled while it waited %.2fs for its pool process: it does not start",
