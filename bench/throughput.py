@@ -214,7 +214,9 @@ def main() -> None:
         print("<!-- celery-once / celery-singleton not installed (the bench extra): left out -->")
     if args.only:
         # The baselines (plain Celery, celery-baton without options) always run.
-        variants = VARIANTS[:2] + [VARIANTS[int(i) - 1] for i in args.only.split(",")]
+        # (1 and 2 given again are not drained twice.)
+        chosen = sorted({int(i) for i in args.only.split(",")} - {1, 2})
+        variants = VARIANTS[:2] + [VARIANTS[i - 1] for i in chosen]
     pairs: list[tuple[int, int]] = []  # (before, after) indexes into variants
     if args.before:
         variants, pairs = with_revisions(variants, Path(args.before).resolve())
