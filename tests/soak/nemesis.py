@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.soak.checker import Fault, Published, Report, check
+from tests.soak.checker import Cancel, Fault, Published, Report, check
 from tests.soak.config import PUBLISH_KINDS, SoakConfig
 from tests.soak.faults import Faults
 from tests.soak.machines import APP, WORKER_PROFILES, Clock, Machine, Watcher
@@ -76,6 +76,8 @@ class Nemesis(Faults, Workload, Watcher, Recorder):
         self.published: list[Published] = []
         # Guarded messages sent: task id, sleep, publish stamp (a copy carries the same).
         self.guarded_ids: list[tuple[str, float, str]] = []
+        # The publisher's baton.cancel calls (the ``cancelled`` kind).
+        self.cancels: list[Cancel] = []
         self._stop_publishing = threading.Event()
         self._stop_watching = threading.Event()
         self._lock = threading.Lock()

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from tests.soak.checker import (
+    Cancel,
     Fault,
     History,
     Limits,
@@ -41,6 +42,7 @@ class Recorder:
     store: StoreServer
     machines: list[Machine]
     published: list[Published]
+    cancels: list[Cancel]
     faults: list[Fault]
     module: Any
     observer_db: redis.Redis
@@ -124,6 +126,7 @@ class Recorder:
             values=values,
             order_skips=order_skips,
             order_lost=order_lost,
+            cancels=list(self.cancels),
             limits=Limits(
                 lease_ttl=self.config.lease_ttl,
                 cap=self.module.CAP,
