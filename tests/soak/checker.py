@@ -27,7 +27,7 @@ from tests.soak.checks.accounting import (
     TRANSPORT_WINDOW,
     check_accounting,
 )
-from tests.soak.checks.cancels import HAND_OVER, check_cancels
+from tests.soak.checks.cancels import CANCEL_TASKS, HAND_OVER, check_cancels
 from tests.soak.checks.exclusive import check_concurrency, check_exclusive, check_unique
 from tests.soak.checks.history import (
     BROKER_OUTAGES,
@@ -55,7 +55,9 @@ from tests.soak.checks.records import (
     lost_lease_task_ids,
     merge_runs,
     ordered_log_notes,
+    received_moments,
     received_task_ids,
+    unchecked_cancel_ids,
 )
 from tests.soak.checks.spans import (
     ACK_RELEASE_WINDOW,
@@ -101,6 +103,7 @@ def check(history: History, seed: int | None = None) -> Report:
 __all__ = [
     "ACK_RELEASE_WINDOW",
     "BROKER_OUTAGES",
+    "CANCEL_TASKS",
     "HAND_OVER",
     "KILLS",
     "KILL_SLACK",
@@ -137,8 +140,10 @@ __all__ = [
     "lost_lease_task_ids",
     "merge_runs",
     "ordered_log_notes",
+    "received_moments",
     "received_task_ids",
     "saturation",
+    "unchecked_cancel_ids",
 ]
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.soak.checker import Cancel, Fault, Published, Report
+from tests.soak.checker import (
+    Cancel,
+    Fault,
+    Published,
+    Report,
+    received_moments,
+    unchecked_cancel_ids,
+)
 from tests.soak.histories import S, judge, run
 
 
@@ -155,3 +162,60 @@ def test_a_cancelled_call_lost_in_transport_is_a_known_window() -> None:
         [], [call("1", 0, key="k1")], cancels=[by_key("k1", 0.5)], results={}, faults=faults
     )
     assert report.ok and report.known["cancelled-lost-in-transport"], report.summary()
+
+
+def test_a_plain_call_screened_before_its_cancel_may_start_late_a_later_screen_may_not() -> None:
+    """A plain call is screened at its delivery (Celery logs it received just before) or,
+    with a countdown, when the timer hands it on; admitted then, it is not asked again
+    at its start, however long it waits for a pool process (the guide). Seed 257605182:
+    received 0.004 s after its publish, cancelled 0.31 s after, started 2.42 s after
+    (its worker's main process stalled on a paused broker)."""
+    runs = [run("cancelled:a", "1", 3.0, 3.2)]
+    results = {"1": "SUCCESS"}
+    cancels = [by_id("1", 0.5)]
+    before = {"1": [int(0.1 * S)]}
+    report = judged(runs, [call("1", 0)], cancels=cancels, results=results, received_at=before)
+    assert report.ok and report.known["cancel-plain-admitted"], report.summary()
+    # Received after the cancel: screened after it, so it must not start.
+    after = {"1": [int(0.6 * S)]}
+    report = judged(runs, [call("1", 0)], cancels=cancels, results=results, received_at=after)
+    assert report.failed_checks() == ["cancel"]
+    assert "received at 600000" in report.violations["cancel"][0]
+    # A countdown whose ETA came after the cancel: handed on (screened) after it.
+    countdown = Published("1", "cancelled", 0, detail="key=a countdown=1.5")
+    report = judged(runs, [countdown], cancels=cancels, results=results, received_at=before)
+    assert report.failed_checks() == ["cancel"]
+    # A guarded call is asked again at a late start: no such window.
+    rated = [call("1", 0, task="cancelled_rated")]
+    runs = [run("cancelled_rated:a", "1", 3.0, 3.2)]
+    report = judged(runs, rated, cancels=cancels, results=results, received_at=before)
+    assert report.failed_checks() == ["cancel"]
+
+
+def test_a_call_its_worker_could_not_check_is_the_known_window_cancel_store_unchecked() -> None:
+    runs = [run("cancelled_rated:a", "1", 3.0, 3.2)]
+    published = [call("1", 0, task="cancelled_rated")]
+    cancels = [by_id("1", 0.5)]
+    report = judged(
+        runs, published, cancels=cancels, results={"1": "SUCCESS"}, cancel_unchecked={"1"}
+    )
+    assert report.ok and report.known["cancel-store-unchecked"], report.summary()
+    assert not judged(runs, published, cancels=cancels, results={"1": "SUCCESS"}).ok
+
+
+def test_the_workers_logs_give_the_receipts_and_the_unchecked_calls() -> None:
+    log = (
+        "[2026-11-29 06:44:20,738: INFO/MainProcess] Task tests.apps.soak.cancelled"
+        "[efd5b7c8-7dbb-4d33-bb8d-ecf5d61a1960] received\n"
+        "[2026-11-29 06:44:21,001: WARNING/MainProcess] baton: could not check whether "
+        "tests.apps.soak.cancelled[0fa9df6b-5d04-4802-8ed4-0a68b45bdca6] is cancelled "
+        "(Timeout); admitting it\n"
+        "[2026-11-29 06:44:22,001: ERROR/ForkPoolWorker-1] baton: tests.apps.soak.cancelled_rated"
+        "[540d1236-0c65-41e6-b8f8-83ebf176ecf5]: asking about a cancel failed\n"
+    )
+    moments = received_moments(log)
+    assert list(moments) == ["efd5b7c8-7dbb-4d33-bb8d-ecf5d61a1960"]
+    assert unchecked_cancel_ids(log) == {
+        "0fa9df6b-5d04-4802-8ed4-0a68b45bdca6",
+        "540d1236-0c65-41e6-b8f8-83ebf176ecf5",
+    }

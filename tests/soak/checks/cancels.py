@@ -21,10 +21,15 @@ returned, by the history's clock):
 
 The soak's store keeps its data (an fsynced append-only file), so a cancel that returned
 holds through the store's pauses and restarts: no fault excuses a late start. Known
-windows: ``cancel-hand-over`` (a start within :data:`HAND_OVER` after the cancel
-returned, with its delay), ``cancel-expired`` (a start after the cancel's ``ttl``: it is
-forgotten then, as documented) and ``cancelled-lost-in-transport`` (kombu's window, as
-for the accounting).
+windows, each the guide's documented edge with its evidence: ``cancel-hand-over`` (a
+start within :data:`HAND_OVER` after the cancel returned, with its delay),
+``cancel-plain-admitted`` (a plain call its worker screened -- logged received, or its
+countdown's ETA -- before the cancel returned: admitted then, a plain job is not asked
+again at its start, however long it waits for a pool process), ``cancel-store-unchecked``
+(its worker logged it could not ask the store: it runs, as documented),
+``cancel-expired`` (a start after the cancel's ``ttl``: forgotten then),
+``cancelled-ran-again`` and ``cancelled-lost-in-transport`` (kombu's window, as for the
+accounting).
 """
 
 from __future__ import annotations
@@ -52,6 +57,15 @@ CANCEL_TASKS = ("cancelled", "cancelled_rated")
 HAND_OVER = 2.0
 
 _KEY = re.compile(r"\bkey=(\S+)")
+_COUNTDOWN = re.compile(r"\bcountdown=([\d.]+)")
+
+#: The plain task of the kind (nothing asked of the gate): screened at its delivery only.
+PLAIN = ("cancelled",)
+
+
+def _received(history: History, pub: Published) -> str:
+    moments = history.received_at.get(pub.task_id, [])
+    return f"; received at {', '.join(map(str, moments))}" if moments else "; never logged received"
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,48 @@ def _ack_lost(history: History, span: _Span) -> str:
     return ""
 
 
+def _screened(history: History, pub: Published, span: _Span) -> int | None:
+    """When the worker that ran ``span`` screened its delivery for a cancel: when it
+    logged it received (a plain delivery is screened right after), or for a countdown
+    when Celery's timer handed it on (its ETA); None if no worker logged it."""
+    received = [at for at in history.received_at.get(pub.task_id, []) if at <= span.run.start]
+    if not received:
+        return None
+    countdown = _COUNTDOWN.search(pub.detail)
+    eta = pub.at + int(float(countdown.group(1)) * SECOND) if countdown else 0
+    return max(received[-1], eta)
+
+
+def _late_start(
+    history: History, pub: Published, span: _Span, cancel: _Cancelled, what: str, report: Report
+) -> bool:
+    """Judge a start more than HAND_OVER after its cancel returned: True if excused (a
+    documented window, with its evidence)."""
+    late = span.run.start - cancel.at
+    said = f"{what}: started {late / SECOND:.3f} s after it returned: {_describe(span)}"
+    if late > cancel.ttl * SECOND > 0:
+        report.known["cancel-expired"].append(f"{said}, past its ttl of {cancel.ttl:g} s")
+        return True
+    if pub.task_id in history.cancel_unchecked:
+        # The worker could not ask the store (down) and let it run, as documented.
+        report.known["cancel-store-unchecked"].append(
+            f"{said}; its worker logged it could not ask the store about a cancel"
+        )
+        return True
+    screened = _screened(history, pub, span) if pub.task in PLAIN else None
+    if screened is not None and screened <= cancel.at:
+        # Screened at its delivery, before the cancel, and admitted: a plain job is not
+        # asked again at its start (docs/guides/cancel.md), however long it then
+        # waits for a pool process (a busy pool, a main process stalled on a paused
+        # broker).
+        report.known["cancel-plain-admitted"].append(
+            f"{said}; screened {(cancel.at - screened) / SECOND:.3f} s before the cancel "
+            f"returned, it waited {(span.run.start - screened) / SECOND:.3f} s for its start"
+        )
+        return True
+    return False
+
+
 def _judge_cancelled(
     history: History, pub: Published, spans: list[_Span], cancel: _Cancelled, report: Report
 ) -> None:
@@ -121,29 +177,23 @@ def _judge_cancelled(
         late = span.run.start - cancel.at
         if late <= 0:
             continue
-        if late > cancel.ttl * SECOND > 0:
-            report.known["cancel-expired"].append(
-                f"{what}: started {late / SECOND:.3f} s after it, past its ttl of "
-                f"{cancel.ttl:g} s: {_describe(span)}"
-            )
-        elif late <= HAND_OVER * SECOND:
+        if late <= HAND_OVER * SECOND:
             report.known["cancel-hand-over"].append(
                 f"{what}: started {late / SECOND:.3f} s after it returned: {_describe(span)}"
             )
-        else:
+        elif not _late_start(history, pub, span, cancel, what, report):
             report.violations["cancel"].append(
                 f"{what}: started {late / SECOND:.3f} s after it returned (more than "
                 f"{HAND_OVER:g} s): {_describe(span)}"
                 + (f"; it had started before: {_describe(before[0])}" if before else "")
+                + _received(history, pub)
             )
-    expired = cancel.at + cancel.ttl * SECOND if cancel.ttl > 0 else None
-    if any(expired is not None and s.run.start > expired for s in spans):
-        return  # it ran once forgotten: any outcome
-    if spans and min(s.run.start for s in spans) <= cancel.at + HAND_OVER * SECOND:
+    if spans:
+        # It ran (before its cancel, or a start judged above): any outcome.
         report.counts["cancelled after their start"] = (
             report.counts.get("cancelled after their start", 0) + 1
         )
-        return  # it ran (or its start was excused): any outcome
+        return
     report.counts["cancelled before their start"] = (
         report.counts.get("cancelled before their start", 0) + 1
     )

@@ -148,6 +148,11 @@ class History:
     order_lost: set[str] = field(default_factory=set)
     #: The publisher's ``baton.cancel`` calls (tests.soak.checks.cancels).
     cancels: list[Cancel] = field(default_factory=list)
+    #: task id -> the moments (us, the workers' clock, on the observer's host) a worker
+    #: logged it received (of the ``cancelled`` kind's calls only).
+    received_at: dict[str, list[int]] = field(default_factory=dict)
+    #: task ids a worker logged it could not ask the store about a cancel (it ran).
+    cancel_unchecked: set[str] = field(default_factory=set)
 
 
 def load_history(data: dict[str, Any]) -> History:
@@ -169,6 +174,8 @@ def load_history(data: dict[str, Any]) -> History:
         ],
         order_lost=set(data.get("order_lost", [])),
         cancels=[Cancel(**c) for c in data.get("cancels", [])],
+        received_at={k: [int(x) for x in v] for k, v in data.get("received_at", {}).items()},
+        cancel_unchecked=set(data.get("cancel_unchecked", [])),
     )
 
 
