@@ -10,6 +10,7 @@ redis-py's pool (100) for itself and kept it after the thread ended.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import redis
@@ -40,7 +41,8 @@ def test_cancels_from_threads_that_end_do_not_use_up_the_store_connections(
         if i % 5:
             why = _in_a_thread(baton.cancel, f"thread-{i}")
         else:
-            why = _in_a_thread(lambda: baton.cancel(task=keyed, key={"account_id": 10_000 + i}))
+            by_key = functools.partial(baton.cancel, task=keyed, key={"account_id": 10_000 + i})
+            why = _in_a_thread(by_key)
         if why:
             failed.append(f"cancel {i}: {why}")
     assert not failed, f"{len(failed)} of 250 cancels failed, the first: {failed[0]}"
