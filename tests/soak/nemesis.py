@@ -103,7 +103,14 @@ class Nemesis(Faults, Workload, Watcher, Recorder):
         if self.config.url_in_env:
             env["BATON_URL"] = self.store.url(0)
         repo = str(processes.REPO_ROOT)
-        path = env.get("PYTHONPATH")
+        # Absolute: the workers and beats run in directories of their own, where a
+        # relative entry (``PYTHONPATH=src``) finds nothing, and they would import the
+        # celery_baton installed in the environment instead of the code under test.
+        path = os.pathsep.join(
+            str(Path(entry).resolve())
+            for entry in env.get("PYTHONPATH", "").split(os.pathsep)
+            if entry
+        )
         env["PYTHONPATH"] = f"{path}{os.pathsep}{repo}" if path else repo
         return env
 
