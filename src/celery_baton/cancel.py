@@ -49,15 +49,19 @@ class Cancelled:
 
 
 def cancel_ttl(parts: AppParts, ttl: float | None) -> float:
-    """``ttl`` given, else ``baton_cancel_ttl``, else the longest a message waits for a
-    worker: the broker's visibility timeout when it has one, else :data:`DEFAULT_TTL`."""
+    """``ttl`` given, else ``baton_cancel_ttl``, else the longest a message delivered
+    before the cancel may take to come back: the broker's redelivery window when it has
+    one (its visibility timeout counts from the delivery, then kombu's restore scan
+    and mutex, and the copy's wait: twice the timeout and those), else
+    :data:`DEFAULT_TTL`. Kept only the visibility timeout from the cancel, a cancel made
+    just after its call's delivery expired before a killed worker's copy came back."""
     if ttl is not None:
         if not isinstance(ttl, int | float) or ttl <= 0:
             raise BatonError(f"baton.cancel: ttl must be seconds > 0, got {ttl!r}")
         return float(ttl)
     if parts.settings.cancel_ttl is not None:
         return parts.settings.cancel_ttl
-    return read_broker(parts.app).visibility or DEFAULT_TTL
+    return read_broker(parts.app).redelivery_window or DEFAULT_TTL
 
 
 def cancel(

@@ -207,3 +207,24 @@ def batched(calls: list[Call]) -> list[str]:
     sleep = max(float(c.kwargs.get("sleep", 0.0)) for c in calls)
     observer().run(f"batched:{keys}", task_id=",".join(c.id for c in calls), sleep=sleep)
     return [f"{c.kwargs['key']}:{c.kwargs['n']}:{c.id}" for c in calls]
+
+
+#: :func:`cancelled_rated`'s global rate limit (per second): the publisher sends it in
+#: groups, so some calls are held in the workers when their cancel comes.
+CANCEL_RATE = 3.0
+
+
+@app.task(bind=True, **_LATE)
+def cancelled(self: Task, key: str, sleep: float) -> str:
+    """Plain (nothing asked of the gate); the publisher cancels some calls with
+    ``baton.cancel`` (by id, or by ``key``: a key reserved for that cancel)."""
+    observer().run(f"cancelled:{key}", sleep=sleep, task_id=self.request.id)
+    return key
+
+
+@app.task(bind=True, global_rate_limit=f"{CANCEL_RATE:g}/s", **_LATE)
+def cancelled_rated(self: Task, key: str, sleep: float) -> str:
+    """:func:`cancelled` behind a global rate limit (guarded: its gate call checks the
+    cancel); published in groups, so that some calls are held in a worker."""
+    observer().run(f"cancelled_rated:{key}", sleep=sleep, task_id=self.request.id)
+    return key

@@ -11,7 +11,8 @@ The checks (each a function named ``check_*``), a module of :mod:`tests.soak.che
 group, each describing its checks: :mod:`~tests.soak.checks.exclusive` (``exclusive``,
 ``concurrency``, ``unique``), :mod:`~tests.soak.checks.once` (``guard``, ``beat``),
 :mod:`~tests.soak.checks.rate` (``rate-start``, ``rate``),
-:mod:`~tests.soak.checks.keyed` (``ordered``, ``batched``) and
+:mod:`~tests.soak.checks.keyed` (``ordered``, ``batched``),
+:mod:`~tests.soak.checks.cancels` (``cancel``) and
 :mod:`~tests.soak.checks.accounting` (``accounting``). They read the
 :mod:`~tests.soak.checks.history`, built by :mod:`~tests.soak.checks.records`, through
 :mod:`~tests.soak.checks.spans`. Every public name of those modules is importable from
@@ -26,6 +27,7 @@ from tests.soak.checks.accounting import (
     TRANSPORT_WINDOW,
     check_accounting,
 )
+from tests.soak.checks.cancels import CANCEL_TASKS, HAND_OVER, check_cancels
 from tests.soak.checks.exclusive import check_concurrency, check_exclusive, check_unique
 from tests.soak.checks.history import (
     BROKER_OUTAGES,
@@ -34,6 +36,7 @@ from tests.soak.checks.history import (
     STORE_OUTAGES,
     WORKER_CRASH,
     WORKER_DEATHS,
+    Cancel,
     Fault,
     History,
     Limits,
@@ -52,7 +55,9 @@ from tests.soak.checks.records import (
     lost_lease_task_ids,
     merge_runs,
     ordered_log_notes,
+    received_moments,
     received_task_ids,
+    unchecked_cancel_ids,
 )
 from tests.soak.checks.spans import (
     ACK_RELEASE_WINDOW,
@@ -82,6 +87,7 @@ def check(history: History, seed: int | None = None) -> Report:
     check_rate(history, history.runs, report)
     check_ordered(history, spans, report)
     check_batched(history, spans, report)
+    check_cancels(history, spans, report)
     if history.limits.pool_size:
         report.counts["pool saturated %"] = saturation(spans, history.limits.pool_size)
         report.counts["busy runs"] = sum(1 for r in history.runs if r.key == "busy")
@@ -97,6 +103,8 @@ def check(history: History, seed: int | None = None) -> Report:
 __all__ = [
     "ACK_RELEASE_WINDOW",
     "BROKER_OUTAGES",
+    "CANCEL_TASKS",
+    "HAND_OVER",
     "KILLS",
     "KILL_SLACK",
     "REDELIVERY_WINDOW",
@@ -107,6 +115,7 @@ __all__ = [
     "TRANSPORT_WINDOW",
     "WORKER_CRASH",
     "WORKER_DEATHS",
+    "Cancel",
     "Fault",
     "History",
     "Limits",
@@ -119,6 +128,7 @@ __all__ = [
     "check_accounting",
     "check_batched",
     "check_beat",
+    "check_cancels",
     "check_concurrency",
     "check_exclusive",
     "check_guard",
@@ -130,8 +140,10 @@ __all__ = [
     "lost_lease_task_ids",
     "merge_runs",
     "ordered_log_notes",
+    "received_moments",
     "received_task_ids",
     "saturation",
+    "unchecked_cancel_ids",
 ]
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 #: What the publisher sends (each a task of tests.apps.soak); ``--only`` picks some.
 PUBLISH_KINDS = (
-    "ex_skip", "ex_wait", "capped", "uq", "guarded", "rated", "inorder", "batched", "busy",
+    "ex_skip", "ex_wait", "capped", "uq", "guarded", "rated", "inorder", "batched", "cancelled",
+    "busy",
 )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.soak.checker import Fault, Published, Report, check
+from tests.soak.checker import Cancel, Fault, Published, Report, check
 from tests.soak.config import PUBLISH_KINDS, SoakConfig
 from tests.soak.faults import Faults
 from tests.soak.machines import APP, WORKER_PROFILES, Clock, Machine, Watcher
@@ -76,6 +76,8 @@ class Nemesis(Faults, Workload, Watcher, Recorder):
         self.published: list[Published] = []
         # Guarded messages sent: task id, sleep, publish stamp (a copy carries the same).
         self.guarded_ids: list[tuple[str, float, str]] = []
+        # The publisher's baton.cancel calls (the ``cancelled`` kind).
+        self.cancels: list[Cancel] = []
         self._stop_publishing = threading.Event()
         self._stop_watching = threading.Event()
         self._lock = threading.Lock()
@@ -101,7 +103,14 @@ class Nemesis(Faults, Workload, Watcher, Recorder):
         if self.config.url_in_env:
             env["BATON_URL"] = self.store.url(0)
         repo = str(processes.REPO_ROOT)
-        path = env.get("PYTHONPATH")
+        # Absolute: the workers and beats run in directories of their own, where a
+        # relative entry (``PYTHONPATH=src``) finds nothing, and they would import the
+        # celery_baton installed in the environment instead of the code under test.
+        path = os.pathsep.join(
+            str(Path(entry).resolve())
+            for entry in env.get("PYTHONPATH", "").split(os.pathsep)
+            if entry
+        )
         env["PYTHONPATH"] = f"{path}{os.pathsep}{repo}" if path else repo
         return env
 

@@ -11,6 +11,8 @@ from typing import Any
 import redis
 
 from tests.soak.checker import (
+    CANCEL_TASKS,
+    Cancel,
     Fault,
     History,
     Limits,
@@ -20,7 +22,9 @@ from tests.soak.checker import (
     lost_lease_task_ids,
     merge_runs,
     ordered_log_notes,
+    received_moments,
     received_task_ids,
+    unchecked_cancel_ids,
 )
 from tests.soak.config import SoakConfig
 from tests.soak.machines import Machine
@@ -41,6 +45,7 @@ class Recorder:
     store: StoreServer
     machines: list[Machine]
     published: list[Published]
+    cancels: list[Cancel]
     faults: list[Fault]
     module: Any
     observer_db: redis.Redis
@@ -103,6 +108,9 @@ class Recorder:
         moments: dict[str, tuple[int, bool]] = {}
         order_skips: list[tuple[str, str, int]] = []
         order_lost: set[str] = set()
+        cancel_calls = {p.task_id for p in self.published if p.task in CANCEL_TASKS}
+        received_at: dict[str, list[int]] = {}
+        unchecked: set[str] = set()
         for machine in self.machines:
             logs = machine.logs()
             gaps, placed_lost = ordered_log_notes(logs)
@@ -110,6 +118,10 @@ class Recorder:
             order_lost |= placed_lost
             lost |= lost_lease_task_ids(logs)
             received |= received_task_ids(logs)
+            unchecked |= unchecked_cancel_ids(logs)
+            for task_id, moments_of in received_moments(logs).items():
+                if task_id in cancel_calls:
+                    received_at[task_id] = sorted(received_at.get(task_id, []) + moments_of)
             for task_id, moment in broker_moments(logs).items():
                 moments[task_id] = max(moments.get(task_id, moment), moment)
         return History(
@@ -124,6 +136,9 @@ class Recorder:
             values=values,
             order_skips=order_skips,
             order_lost=order_lost,
+            cancels=list(self.cancels),
+            received_at=received_at,
+            cancel_unchecked=unchecked,
             limits=Limits(
                 lease_ttl=self.config.lease_ttl,
                 cap=self.module.CAP,
@@ -152,4 +167,5 @@ def _dump(history: History) -> str:
     data["lost_leases"] = sorted(history.lost_leases)
     data["received"] = sorted(history.received or ())
     data["order_lost"] = sorted(history.order_lost)
+    data["cancel_unchecked"] = sorted(history.cancel_unchecked)
     return json.dumps(data, indent=1, default=str)

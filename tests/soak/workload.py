@@ -9,6 +9,12 @@ Ordered calls (``inorder``) carry their key's sequence number, counted by this o
 publisher thread in its publish order (a failed publish takes its number too: the
 checker reads each call's from what was recorded). Batched calls (``batched``) come in
 bursts of one key, so that some batches fill and others run on their wait.
+
+Cancelled calls (the ``cancelled`` kind: a plain task and a rate-limited one, some with a
+countdown) are cancelled with ``baton.cancel`` by id, about one in two, 0-2 s after their
+publish (a timer thread; the delay drawn from the seeded stream); now and then a group of
+calls of a key reserved for it is cancelled by key. Each cancel is recorded with the
+moment it returned (or raised: then it is not judged).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import uuid
 from typing import Any
 
 from celery_baton.core.policy.headers import PUBLISH_HEADER
-from tests.soak.checker import Published
+from tests.soak.checker import Cancel, Published
 from tests.soak.config import SoakConfig
 from tests.soak.machines import Clock
 
@@ -37,6 +43,7 @@ class Workload:
     module: Any
     published: list[Published]
     guarded_ids: list[tuple[str, float, str]]
+    cancels: list[Cancel]
     _stop_publishing: threading.Event
     _lock: threading.Lock
 
@@ -44,14 +51,29 @@ class Workload:
         rng = self.publish_rng
         weighted = {
             "ex_skip": 2, "ex_wait": 2, "capped": 2, "uq": 2, "guarded": 1.5, "rated": 1.5,
-            "inorder": 2.5, "batched": 1.5,
+            "inorder": 2.5, "batched": 1.5, "cancelled": 2.5,
         }  # fmt: skip
         kinds = [k for k in weighted if not self.config.only or k in self.config.only]
         if not kinds:
             return  # --only busy
         weights = [weighted[k] for k in kinds]
-        n = 0
         seqs: dict[str, int] = {}
+        timers: list[threading.Timer] = []
+        try:
+            self._publish_kinds(rng, kinds, weights, seqs, timers)
+        finally:
+            for timer in timers:  # the cancels still due: made, and recorded
+                timer.join(timeout=10)
+
+    def _publish_kinds(
+        self,
+        rng: random.Random,
+        kinds: list[str],
+        weights: list[float],
+        seqs: dict[str, int],
+        timers: list[threading.Timer],
+    ) -> None:
+        n = 0
         while not self._stop_publishing.wait(rng.uniform(*self.config.publish_gap)):
             kind = rng.choices(kinds, weights)[0]
             n += 1
@@ -88,12 +110,61 @@ class Workload:
                     n += 1
                     kwargs = {"key": key, "n": n, "sleep": sleep}
                     self._send(kind, (), kwargs=kwargs, detail=f"key={key} n={n}")
+            elif kind == "cancelled":
+                n += 1
+                self._publish_cancelled(rng, n, timers)
             else:
                 # Groups of up to 8 (admitted over up to 1.5 s at 4/s, burst 2): a group
                 # that meets a saturated pool shows whether the limit holds at the start.
                 for _ in range(rng.randint(1, 8)):
                     n += 1
                     self._send(kind, (n,))
+
+    def _publish_cancelled(self, rng: random.Random, n: int, timers: list[threading.Timer]) -> None:
+        """Calls of :func:`tests.apps.soak.cancelled` (plain) or ``cancelled_rated`` (held
+        by its rate when several come at once), some with a countdown. About one in two is
+        cancelled by id 0-2 s after its publish; one time in eight a group of calls of a
+        key of its own (``k<n>``) is cancelled by key, 0-2 s after the last of them."""
+        task = rng.choice(("cancelled", "cancelled_rated"))
+        by_key = rng.random() < 0.125
+        key = f"k{n}" if by_key else rng.choice("abc")
+        for _ in range(rng.randint(1, 4)):
+            sleep = round(rng.uniform(0.05, 0.6), 2)
+            countdown = round(rng.uniform(0.5, 4.0), 2) if rng.random() < 0.25 else None
+            cancel = not by_key and rng.random() < 0.5
+            delay = rng.uniform(0.0, 2.0)
+            options: dict[str, Any] = {"countdown": countdown} if countdown else {}
+            detail = f"key={key}" + (f" countdown={countdown:g}" if countdown else "")
+            task_id = self._send(task, (key, sleep), detail=detail, **options)
+            if task_id and cancel:
+                timers.append(self._cancel_later(delay, task_id=task_id))
+        if by_key:
+            timers.append(self._cancel_later(rng.uniform(0.0, 2.0), task=task, key=key))
+
+    def _cancel_later(
+        self, delay: float, *, task_id: str = "", task: str = "", key: str = ""
+    ) -> threading.Timer:
+        timer = threading.Timer(
+            delay, self._cancel, kwargs={"task_id": task_id, "task": task, "key": key}
+        )
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _cancel(self, *, task_id: str = "", task: str = "", key: str = "") -> None:
+        """``baton.cancel`` by id, or by key; recorded with the moment it returned."""
+        baton = self.module.baton
+        try:
+            if task_id:
+                done = baton.cancel(task_id)
+            else:
+                done = baton.cancel(task=getattr(self.module, task), key={"key": key})
+        except Exception as exc:
+            at = self.clock.now()
+            self.cancels.append(Cancel(at, task_id, task, key, failed=True, detail=repr(exc)[:300]))
+            return
+        at = self.clock.now()
+        self.cancels.append(Cancel(at, task_id, task, key, ttl=done.ttl, detail=done.what))
 
     def _busy_loop(self) -> None:
         """Plain ``busy`` tasks in surges and calms (``SoakConfig.busy_*``)."""

@@ -146,3 +146,69 @@ def test_calls_from_short_lived_greenlets_leave_no_connection_behind(
         gevent.spawn(one_task, i).join()
     pool = store.client.connection_pool  # type: ignore[attr-defined]
     assert len(pool._available_connections) + len(pool._in_use_connections) <= 2
+
+
+def _pool_size(store: object) -> int:
+    pool = store.client.connection_pool  # type: ignore[attr-defined]
+    return len(pool._available_connections) + len(pool._in_use_connections)
+
+
+def test_calls_from_threads_that_ended_give_their_connection_back(store_url: str) -> None:
+    """A line is a thread's own connection; a thread per call (a ``threading.Timer``, a
+    thread per request) kept one of redis-py's 100 for good: the nemesis soak's timer
+    thread per ``baton.cancel`` failed every cancel with MaxConnectionsError after ~100
+    (issue 38). A line whose thread ended goes back to the pool when the next is made."""
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    failed: list[BaseException] = []
+
+    def one_call(i: int) -> None:
+        try:
+            scripts.call("unique_claim", [key, key + "-gb"], [f"id-{i}", 60_000])
+            scripts.call("unique_release", [key], [f"id-{i}"])
+        except BaseException as exc:
+            failed.append(exc)
+
+    for i in range(150):
+        thread = threading.Thread(target=one_call, args=(i,))
+        thread.start()
+        thread.join()
+    assert not failed, failed[0]
+    assert _pool_size(store) <= 2
+    # Threads alive at once keep a line each, and get their own replies.
+    barrier = threading.Barrier(5)
+
+    def together(i: int) -> None:
+        barrier.wait()
+        one_call(1000 + i)
+
+    threads = [threading.Thread(target=together, args=(i,)) for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failed, failed[0]
+    assert _pool_size(store) <= 6
+    store.client.connection_pool.disconnect()  # type: ignore[attr-defined]
+
+
+def test_a_line_dropped_on_a_store_error_gives_its_connection_back(
+    store_server: StoreServer, store_url: str
+) -> None:
+    """Every store error drops the thread's line; each dropped line kept its connection
+    out of the pool, so a worker thread through 100 store errors (restarts, pauses past
+    the socket timeout) could reach the store no more (MaxConnectionsError, issue 38)."""
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    for _ in range(150):
+        scripts.call("unique_release", [key], ["nobody"])
+        scripts._drop(scripts._local.line, ConnectionError("the store went away"))
+    assert scripts.call("unique_release", [key], ["nobody"]) == 0
+    assert _pool_size(store) <= 2
+    # Through a real restart too.
+    store_server.restart(kill=True, down_for=0.2)
+    with pytest.raises(STORE_ERRORS):
+        scripts.call("unique_release", [key], ["nobody"])
+    assert scripts.call("unique_release", [key], ["nobody"]) == 0
+    assert _pool_size(store) <= 2
+    store.client.connection_pool.disconnect()  # type: ignore[attr-defined]

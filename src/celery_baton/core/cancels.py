@@ -223,6 +223,10 @@ class CancelWatch:
         self._marker_keys: dict[str, int] = {}  # task -> its marker field's until (ms), as read
         self._keys: dict[str, _TaskKeys] = {}
         self._noticed: dict[str, float] = {}  # task id -> monotonic end
+        #: Whether the marker was ever read: until then, whether cancels by id live is
+        #: not known (a worker started while the store was down), so every delivery is
+        #: checked (the check of a store still down fails: admitted, and logged).
+        self._marker_read = False
 
     # -- learning ---------------------------------------------------------------------
 
@@ -233,6 +237,7 @@ class CancelWatch:
         now = time.monotonic()
         with self._lock:
             self._ids_until = max(self._ids_until, now + fields.get(ID_FIELD, (0, 0.0))[1])
+            self._marker_read = True
         stale = []
         for name, (until_ms, _) in fields.items():
             if not name.startswith(KEY_FIELD_PREFIX):
@@ -276,8 +281,9 @@ class CancelWatch:
     # -- asking -----------------------------------------------------------------------
 
     def ids_live(self) -> bool:
-        """Whether a delivery must be checked against the store (cancels by id live)."""
-        return time.monotonic() < self._ids_until
+        """Whether a delivery must be checked against the store (cancels by id live, or
+        the marker was never read)."""
+        return not self._marker_read or time.monotonic() < self._ids_until
 
     def has_key_cancels(self, task: str) -> bool:
         """Whether ``task`` may have live key cancels (a dict lookup: every delivery)."""

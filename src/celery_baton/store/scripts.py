@@ -12,6 +12,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -207,6 +208,11 @@ class _Line:
         self.used_at = time.monotonic()
 
 
+def _alive(thread: weakref.ref[threading.Thread]) -> bool:
+    found = thread()
+    return found is not None and found.is_alive()
+
+
 class Scripts:
     """The registered scripts of one client: ``scripts.run("gate", keys, args)``."""
 
@@ -225,6 +231,12 @@ class Scripts:
         per_greenlet = type(self._local).__module__ != "_thread"
         self._pool: Any = getattr(client, "connection_pool", None)  # None: Redis Cluster
         self._lines = self._pool is not None and not per_greenlet
+        # Each line with the thread it belongs to: a line whose thread ended goes back
+        # to the pool when the next line is made (a thread per request, a timer thread
+        # per call: each kept one of redis-py's 100 connections for good, issue 38).
+        self._owners: list[tuple[weakref.ref[threading.Thread], _Line]] = []
+        self._owners_lock = threading.Lock()
+        self._owners_forks = _Forks.count
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The hot path: one EVALSHA; on NOSCRIPT (a restarted or flushed server) load the
@@ -319,8 +331,42 @@ class Scripts:
         if line is None or line.forks != _Forks.count:
             # New, or inherited through fork (a pool child): the parent's socket is not
             # ours to use or to close.
-            line = self._local.line = _Line(Wire(pooled_connection(self._pool)), generation)
+            line = self._local.line = self._new_line(generation)
         return line
+
+    def _new_line(self, generation: int) -> _Line:
+        if self._owners_forks != _Forks.count:
+            # A forked child: the parent's lines are not ours to give back, and a thread
+            # of the parent may have held the lock as it forked.
+            self._owners, self._owners_lock = [], threading.Lock()
+            self._owners_forks = _Forks.count
+        self._reap()
+        line = _Line(Wire(pooled_connection(self._pool)), generation)
+        with self._owners_lock:
+            self._owners.append((weakref.ref(threading.current_thread()), line))
+        return line
+
+    def _reap(self) -> None:
+        """Give back to the pool the connections of lines whose thread ended."""
+        with self._owners_lock:
+            ended = [o for o in self._owners if not _alive(o[0])]
+            if not ended:
+                return
+            self._owners = [o for o in self._owners if _alive(o[0])]
+        for _, line in ended:
+            self._give_back(line)
+
+    def _give_back(self, line: _Line) -> None:
+        """``line``'s connection back to the pool: closed when replies may still come on
+        it (or it broke); never one inherited through fork (the parent's)."""
+        if line.forks != _Forks.count:
+            return
+        conn = line.wire.conn
+        if line.waiting:
+            with contextlib.suppress(Exception):  # already broken
+                conn.disconnect()
+        with contextlib.suppress(Exception):
+            self._pool.release(conn)
 
     def _drop(self, line: _Line, exc: BaseException) -> None:
         """After an error the connection's state is unknown: answer every call still
@@ -333,6 +379,12 @@ class Scripts:
         self._local.line = None
         with contextlib.suppress(Exception):  # already broken
             line.wire.close()
+        # Back to the pool, closed (it reconnects when handed out again): a line dropped
+        # on every store error kept one of the pool's connections each (issue 38).
+        if line.forks == _Forks.count == self._owners_forks:
+            with self._owners_lock:
+                self._owners = [o for o in self._owners if o[1] is not line]
+        self._give_back(line)
 
     def _script(self, name: str) -> Any:
         script = self._registered.get(name)

@@ -3,7 +3,8 @@ by the worker with the reason (a skipped exclusive duplicate also has its ``Task
 result), a deduplicated publish (``TaskDeduplicated`` result, against a holder that was
 really queued or running), or an expiry (``REVOKED``). A skip must name a holder that was
 really running. Ordered and batched calls are accounted for by their own checks
-(:mod:`tests.soak.checks.keyed`).
+(:mod:`tests.soak.checks.keyed`), and cancelled ones by theirs
+(:mod:`tests.soak.checks.cancels`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from tests.soak.checks.spans import (
     _Span,
 )
 
-#: Publish kinds judged by checks of their own (tests.soak.checks.keyed): ordered calls
-#: and batched calls, whose runs and refusals those checks account for.
-JUDGED_APART = ("inorder", "batched")
+#: Publish kinds judged by checks of their own: ordered calls and batched calls
+#: (tests.soak.checks.keyed), whose runs and refusals those checks account for, and the
+#: calls of the ``cancelled`` kind (tests.soak.checks.cancels), REVOKED when cancelled.
+JUDGED_APART = ("inorder", "batched", "cancelled", "cancelled_rated")
 
 #: Seconds around a worker's SIGKILL in which a message it was taking off the queue
 #: may be lost by kombu's Redis transport (see ``lost-in-transport``).

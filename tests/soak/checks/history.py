@@ -76,6 +76,22 @@ class Skip:
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """One ``baton.cancel`` the publisher made: of ``task_id``, or of every call of
+    ``task`` with ``key`` published until then. ``at``: when it returned (or raised: then
+    ``failed``, and it is not judged), by the history's clock; ``ttl``: seconds it is
+    kept, as it said."""
+
+    at: int
+    task_id: str = ""
+    task: str = ""
+    key: str = ""
+    failed: bool = False
+    ttl: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Limits:
     """What the soak app declares (tests.apps.soak)."""
 
@@ -130,6 +146,13 @@ class History:
     #: Ordered task ids a worker logged as placed under an order record the store no
     #: longer had (they run in arrival order: documented).
     order_lost: set[str] = field(default_factory=set)
+    #: The publisher's ``baton.cancel`` calls (tests.soak.checks.cancels).
+    cancels: list[Cancel] = field(default_factory=list)
+    #: task id -> the moments (us, the workers' clock, on the observer's host) a worker
+    #: logged it received (of the ``cancelled`` kind's calls only).
+    received_at: dict[str, list[int]] = field(default_factory=dict)
+    #: task ids a worker logged it could not ask the store about a cancel (it ran).
+    cancel_unchecked: set[str] = field(default_factory=set)
 
 
 def load_history(data: dict[str, Any]) -> History:
@@ -150,6 +173,9 @@ def load_history(data: dict[str, Any]) -> History:
             for s in data.get("order_skips", [])
         ],
         order_lost=set(data.get("order_lost", [])),
+        cancels=[Cancel(**c) for c in data.get("cancels", [])],
+        received_at={k: [int(x) for x in v] for k, v in data.get("received_at", {}).items()},
+        cancel_unchecked=set(data.get("cancel_unchecked", [])),
     )
 
 

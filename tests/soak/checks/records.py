@@ -51,6 +51,31 @@ def received_task_ids(log_text: str) -> set[str]:
     return set(_RECEIVED.findall(log_text))
 
 
+def received_moments(log_text: str) -> dict[str, list[int]]:
+    """Each task id's moments a worker's log says it received it (us since the epoch,
+    local clock): celery-baton screens a plain delivery for a cancel right after."""
+    found: dict[str, list[int]] = defaultdict(list)
+    for stamp, text in _LOG_AT.findall(log_text):
+        received = _RECEIVED_TEXT.match(text)
+        if received:
+            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found[received.group(1)].append(int(at * SECOND))
+    return dict(found)
+
+
+_RECEIVED_TEXT = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] received$")
+_UNCHECKED = re.compile(
+    r"could not check whether [\w.]+\[([0-9a-f-]{36})\] is cancelled"
+    r"|[\w.]+\[([0-9a-f-]{36})\]: asking about a cancel failed"
+)
+
+
+def unchecked_cancel_ids(log_text: str) -> set[str]:
+    """Task ids a worker's log says it admitted (or started) without knowing whether
+    they were cancelled: the store did not answer (documented: it runs then)."""
+    return {a or b for a, b in _UNCHECKED.findall(log_text)}
+
+
 _LOG_AT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] (.*)$", re.M)
 _HANDED = re.compile(r"\[([0-9a-f-]{36})\] handed back to the broker")
 _PUT_BACK = re.compile(r"held messages put back in their queues .*?: (.*)$")

@@ -78,3 +78,19 @@ def test_a_worker_remembers_a_bounded_number_of_noticed_ids() -> None:
     assert len(watch._noticed) <= NOTICED_MAX
     assert watch.noticed(f"id-{NOTICED_MAX + 9}")  # the newest are kept
     assert watch.ids_live()
+
+
+def test_a_watch_that_never_read_the_marker_checks_every_delivery() -> None:
+    """Until the marker was read once (a worker started while the store was down), it
+    is not known whether cancels by id live: every delivery is checked in the store."""
+
+    class Marker:
+        fields: dict[str, tuple[int, float]] = {}
+
+        def marker(self) -> dict[str, tuple[int, float]]:
+            return self.fields
+
+    watch = CancelWatch(Marker(), keep_noticed=60)  # type: ignore[arg-type]
+    assert watch.ids_live()
+    watch.refresh()  # read: no cancel by id lives
+    assert not watch.ids_live()
