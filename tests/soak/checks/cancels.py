@@ -24,8 +24,10 @@ holds through the store's pauses and restarts: no fault excuses a late start. Kn
 windows, each the guide's documented edge with its evidence: ``cancel-hand-over`` (a
 start within :data:`HAND_OVER` after the cancel returned, with its delay),
 ``cancel-plain-admitted`` (a plain call its worker screened -- logged received, or its
-countdown's ETA -- before the cancel returned: admitted then, a plain job is not asked
-again at its start, however long it waits for a pool process), ``cancel-store-unchecked``
+countdown's ETA -- before the cancel returned, started late, and a store outage ended
+less than NOTICE_RECONNECT before the cancel: a plain job is asked again at its start
+only when its worker heard the cancel's notice, which a listener still reconnecting
+misses), ``cancel-store-unchecked``
 (its worker logged it could not ask the store: it runs, as documented),
 ``cancel-expired`` (a start after the cancel's ``ttl``: forgotten then),
 ``cancelled-ran-again`` and ``cancelled-lost-in-transport`` (kombu's window, as for the
@@ -39,7 +41,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tests.soak.checks.accounting import _lost_in_transport
-from tests.soak.checks.history import BROKER_OUTAGES, SECOND, Cancel, History, Published, Report
+from tests.soak.checks.history import (
+    BROKER_OUTAGES,
+    SECOND,
+    STORE_OUTAGES,
+    Cancel,
+    Fault,
+    History,
+    Published,
+    Report,
+)
 from tests.soak.checks.spans import _death_right_after, _describe, _Span
 
 #: The tasks of the ``cancelled`` kind (tests.apps.soak).
@@ -155,17 +166,37 @@ def _late_start(
         )
         return True
     screened = _screened(history, pub, span) if pub.task in PLAIN else None
-    if screened is not None and screened <= cancel.at:
-        # Screened at its delivery, before the cancel, and admitted: a plain job is not
-        # asked again at its start (docs/guides/cancel.md), however long it then
-        # waits for a pool process (a busy pool, a main process stalled on a paused
-        # broker).
+    outage = _notice_missed(history, cancel)
+    if screened is not None and screened <= cancel.at and outage is not None:
+        # Screened at its delivery, before the cancel, and admitted; a plain job is asked
+        # again where it starts only when its worker heard the cancel's notice
+        # (docs/guides/cancel.md), and a worker whose notice connection the store's
+        # outage broke may still be reconnecting (its back-off) when the cancel is made.
         report.known["cancel-plain-admitted"].append(
             f"{said}; screened {(cancel.at - screened) / SECOND:.3f} s before the cancel "
-            f"returned, it waited {(span.run.start - screened) / SECOND:.3f} s for its start"
+            f"returned, it waited {(span.run.start - screened) / SECOND:.3f} s for its start; "
+            f"a {outage.kind} ended {(cancel.at - outage.end) / SECOND:.1f} s before the cancel"
         )
         return True
     return False
+
+
+#: Seconds a worker's notice listener may take to subscribe again after the store came
+#: back (core/notices.py: its back-off doubles up to 10 s), plus a margin.
+NOTICE_RECONNECT = 11.0
+
+
+def _notice_missed(history: History, cancel: _Cancelled) -> Fault | None:
+    """A store outage whose end lies within NOTICE_RECONNECT before the cancel returned
+    (or that lasted through it): the cancel's notice may have reached no one."""
+    for fault in history.faults:
+        if (
+            fault.kind in STORE_OUTAGES
+            and fault.start <= cancel.at
+            and fault.end >= cancel.at - NOTICE_RECONNECT * SECOND
+        ):
+            return fault
+    return None
 
 
 def _judge_cancelled(
