@@ -18,7 +18,7 @@ import pytest
 
 from tests.batching.test_batching import assert_each_call_once, settle
 from tests.support.observer import Observer
-from tests.support.pools import ALL_POOLS
+from tests.support.pools import POOLS_AND_RECYCLED
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -26,10 +26,8 @@ from tests.support.workers import Workers
 APP = "tests.apps.batching"
 CALLS = 30  # three keys of ten: batches of up to 10 (``index``)
 
-POOLS = [*ALL_POOLS, pytest.param("prefork --max-tasks-per-child 2", id="prefork-recycled")]
 
-
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("pool", POOLS_AND_RECYCLED)
 def test_batches_run_and_ack_on_every_pool(
     workers: Workers, observer: Observer, broker_server: StoreServer, pool: str
 ) -> None:

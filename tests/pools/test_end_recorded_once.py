@@ -18,7 +18,7 @@ import pytest
 from celery_baton.store.scripts import script_sha
 from tests.support.monitor import monitored
 from tests.support.observer import Observer
-from tests.support.pools import ALL_POOLS
+from tests.support.pools import POOLS_AND_RECYCLED
 from tests.support.servers import StoreServer
 from tests.support.workers import Workers
 
@@ -26,12 +26,7 @@ APP = "tests.apps.exclusive"
 RUNS = 12
 
 
-#: Every pool, and prefork with its processes recycled (each forked later, from the table's
-#: owner, after some runs).
-POOLS = [*ALL_POOLS, pytest.param("prefork --max-tasks-per-child 2", id="prefork-recycled")]
-
-
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("pool", POOLS_AND_RECYCLED)
 def test_each_run_end_is_recorded_once(
     workers: Workers, observer: Observer, store_server: StoreServer, pool: str
 ) -> None:

@@ -81,9 +81,8 @@ def judge_before_accept(job: Any) -> Any:
     name, task_id, request_dict = found
     if not judged_in_pool(request_dict):
         # A plain job: cancelled since its worker screened it (told so, in memory)?
-        if cancel_start.plain_cancelled(name, task_id):
-            return kind, (job_id, i, cancel_start.plain_cancelled_trace(task_id), args, kwargs)
-        return job
+        fun = cancel_start.unless_cancelled(name, task_id, _fun)
+        return job if fun is _fun else (kind, (job_id, i, fun, args, kwargs))
     fields = (
         request_dict.get(rate_grant.RATE_GRANT_FIELD)
         or request_dict.get(throttle_start.THROTTLE_FIELD)

@@ -96,6 +96,14 @@ def plain_cancelled(name: str, task_id: str) -> bool:
     return True
 
 
+def unless_cancelled(name: str, task_id: str, target: Callable[..., Any]) -> Callable[..., Any]:
+    """Where a job is about to start: its trace ``target``, or for a job cancelled since
+    its worker screened it (:func:`plain_cancelled`) the ignored trace in its place."""
+    if plain_cancelled(name, task_id):
+        return plain_cancelled_trace(task_id)
+    return target
+
+
 def plain_cancelled_trace(task_id: str) -> Callable[..., Any]:
     """What runs in place of a cancelled plain job's trace, on every pool (in a prefork
     pool process, on an executor thread, a greenlet, or solo's loop): the ignored trace

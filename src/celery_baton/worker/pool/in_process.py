@@ -65,8 +65,8 @@ def _accept_judge_run(
     given = () if getpid is None else (getpid,)
     found = at_start.task_request(args)
     if found is None or accept_callback is None or not any(f in found[2] for f in _GREEN_FIELDS):
-        if found is not None and cancel_start.plain_cancelled(found[0], found[1]):
-            target = cancel_start.plain_cancelled_trace(found[1])
+        if found is not None:
+            target = cancel_start.unless_cancelled(found[0], found[1], target)
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
@@ -106,13 +106,11 @@ def _judged_first(
 
 
 def _cancel_checked(target: Callable[..., Any], name: str, task_id: str) -> Callable[..., Any]:
-    """``target`` (a job's trace), asking just before it runs whether the job, a plain
-    one, was cancelled since its worker screened it (``cancel_start.plain_cancelled``)."""
+    """``target`` (a job's trace), asking just before it runs whether the job was
+    cancelled since its worker screened it (``cancel_start.unless_cancelled``)."""
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if cancel_start.plain_cancelled(name, task_id):
-            return cancel_start.plain_cancelled_trace(task_id)(*args, **kwargs)
-        return target(*args, **kwargs)
+        return cancel_start.unless_cancelled(name, task_id, target)(*args, **kwargs)
 
     return checked
 
@@ -140,8 +138,8 @@ def install_solo(task_pool: Any) -> None:
 
     def on_apply(target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         found = at_start.task_request(args) if args else None
-        if found is not None and cancel_start.plain_cancelled(found[0], found[1]):
-            target = cancel_start.plain_cancelled_trace(found[1])
+        if found is not None:
+            target = cancel_start.unless_cancelled(found[0], found[1], target)
         return apply(target, args, kwargs, **options)
 
     task_pool.on_apply = on_apply
