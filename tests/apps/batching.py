@@ -6,7 +6,8 @@ environment (tests/apps/factory.py) and ``BATCH_VISIBILITY``: the Redis broker's
 messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
 worker's presence outlive their last renewal; ``BATCH_RESULT_EXTENDED``: set,
-``result_extended`` is on. A named limit, ``"partner"``, for the
+``result_extended`` is on; ``BATCH_QUEUE``: the default queue (``celery``; a RabbitMQ
+test uses one of its own). A named limit, ``"partner"``, for the
 batched tasks that spend it (``limits=``, ``cost=``).
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
@@ -44,6 +45,7 @@ app, baton = make_baton_app(
     worker_lost_wait=1.0,
     baton_lease_ttl=float(os.environ.get("BATCH_LEASE_TTL", "8")),
     baton_limits={"partner": PARTNER},
+    task_default_queue=os.environ.get("BATCH_QUEUE", "celery"),
 )
 
 

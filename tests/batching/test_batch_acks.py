@@ -10,6 +10,9 @@ the calls left unacked (none would come back after the visibility timeout).
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+
 from tests.batching.test_batching import assert_each_call_once, settle
 from tests.support.monitor import monitored, transactions
 from tests.support.observer import Observer
@@ -54,3 +57,43 @@ def test_a_batch_s_messages_are_acked_in_one_round_trip(
     assert len(sizes) <= 2 * len(runs) + 4, (
         f"{len(sizes)} ack round trips for {CALLS} calls in {len(runs)} runs"
     )
+
+
+def test_on_rabbitmq_a_batch_s_messages_are_acked_one_by_one_and_none_is_left(
+    workers: Workers, observer: Observer, rabbitmq_url: str
+) -> None:
+    """The acks-together path is kombu's Redis transport's; on RabbitMQ (AMQP acks are
+    frames sent without waiting) each held call is acked as Celery acks it. Judged from
+    outside: every call once in a successful run of its key, and once the workers
+    stopped (a message still unacked would be requeued then) the queue is empty."""
+    import kombu
+    from celery import Celery
+
+    from tests.apps.batching import wide
+
+    queue = f"batch-acks-{secrets.token_hex(4)}"
+    env = {"TEST_BROKER_URL": rabbitmq_url, "BATCH_QUEUE": queue}
+    publisher = Celery("publisher", broker=rabbitmq_url, set_as_current=False)
+    try:
+        workers.start(APP, concurrency=2, env=env, wait=False)
+        workers.start(APP, concurrency=2, env=env, wait=False)
+        for worker in workers.started:
+            worker.wait_ready()
+        ids = [
+            publisher.send_task(
+                wide.name, kwargs={"account": f"r{n % 2}", "doc": n}, queue=queue
+            ).id
+            for n in range(CALLS)
+        ]
+        runs = settle(observer, "wide", CALLS)
+        assert_each_call_once(runs, ids)
+        assert all(len(set(r.key.split(":", 1)[1].split("|"))) == 1 for r in runs)
+        workers.stop_all(timeout=20)
+        with kombu.Connection(rabbitmq_url) as conn:
+            left = conn.default_channel.queue_declare(queue, passive=True).message_count
+        assert left == 0, f"{left} messages of the calls left in the queue (not acked)"
+    finally:
+        workers.stop_all(timeout=10)
+        with contextlib.suppress(Exception), kombu.Connection(rabbitmq_url) as conn:
+            conn.default_channel.queue_delete(queue)
+        publisher.close()
