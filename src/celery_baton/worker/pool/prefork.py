@@ -159,20 +159,21 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
     #: Called on the consumer's loop when more processes may be able to start a job.
     on_change: Callable[[], None] | None = None
 
-    def startable(self) -> int:
-        """How many jobs a process could start now: processes up (they said WORKER_UP),
-        alive, idle and not leaving, less the jobs waiting to be written to one."""
+    def _can_start(self, proc: Any) -> bool:
+        """Whether ``proc`` could start a job now: up (it said WORKER_UP), idle, alive
+        and not leaving."""
+        fd = proc.inqW_fd
+        if fd not in self._all_inqueues or fd in self._busy_workers:
+            return False
         maxtasks = self._maxtasksperchild
-        free = 0
-        for proc in list(self._pool):
-            fd = proc.inqW_fd
-            if fd not in self._all_inqueues or fd in self._busy_workers:
-                continue
-            if maxtasks and getattr(proc, _DONE_ATTR, 0) >= maxtasks:
-                continue  # leaving: it ran its --max-tasks-per-child
-            if getattr(proc, "dead", False) or not proc._is_alive():
-                continue
-            free += 1
+        if maxtasks and getattr(proc, _DONE_ATTR, 0) >= maxtasks:
+            return False  # leaving: it ran its --max-tasks-per-child
+        return not getattr(proc, "dead", False) and bool(proc._is_alive())
+
+    def startable(self) -> int:
+        """How many jobs a process could start now, less the jobs waiting to be written
+        to one."""
+        free = sum(1 for proc in list(self._pool) if self._can_start(proc))
         return free - len(self.outbound_buffer)
 
     def describe(self) -> str:
@@ -246,7 +247,24 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
         found = at_start.task_request(args)
         if found is not None and _let_go is not None and at_start.judged_in_pool(found[2]):
             found[2][LET_GO_FIELD] = _let_go.count
-        return super().apply_async(func, args, *rest, **options)
+        result = super().apply_async(func, args, *rest, **options)
+        self._write_now()
+        return result
+
+    def _write_now(self) -> None:
+        """Write the jobs waiting in the outbound buffer to processes that can start
+        them, now. Celery writes a job at the loop's next turn (its writers are added
+        when the poll starts): after everything else the loop does in this turn, which
+        for a guarded end is the release's bookkeeping and the next ask, half a
+        millisecond on the process's critical path (issue 36, docs/benchmarks.md). A
+        process only: one leaving after its --max-tasks-per-child is not written to."""
+        hub = getattr(self, "_baton_hub", None)
+        write = getattr(hub, "consolidate_callback", None)
+        if write is None or not self.outbound_buffer:
+            return
+        fds = [proc.inqW_fd for proc in list(self._pool) if self._can_start(proc)]
+        if fds:
+            write(fds)
 
     def flush(self) -> None:
         if _let_go is not None and self._state != billiard_pool.TERMINATE:
