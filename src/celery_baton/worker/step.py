@@ -37,7 +37,7 @@ from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.store_down import warn_eviction
-from celery_baton.worker.transport import broker_close
+from celery_baton.worker.transport import broker_close, intake_together
 from celery_baton.worker.transport.broker import (
     hold_horizon,
     read_broker,
@@ -403,6 +403,8 @@ class BatonWorker:
         self.admission.holding.install_wakeup(parent)
         if self.batching is not None:
             self.batching.start(parent)
+            # A batched call is a message of its own: taken in several at a time.
+            intake_together.install(_task_channel(parent))
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads

@@ -1,0 +1,160 @@
+"""Taking a batching worker's messages from a Redis broker several at a time.
+
+A batched task's calls are one broker message each, and kombu's Redis transport takes
+them in one at a time: a ``BRPOP`` answered with one message, then a ``MULTI ZADD HSET
+EXEC`` of its own that records it unacknowledged (``QoS.append``), two round trips per
+call on the consumer's one thread. That, not the batch's work, bounded how fast a
+worker drained batched calls (docs/benchmarks.md#batching, bound 1). Here, when a
+``BRPOP`` answers, up to the prefetch window's room more are taken from the same list
+in one script call (``lua/intake.lua``) that records each in kombu's unacked index and
+hash as it pops it, and they are handed to the consumer one after the other, as if
+each ``BRPOP`` had answered with them; kombu's own record of each (``QoS.append``) then
+keeps only its in-memory books. The window bounds them as it bounds kombu's: they are
+counted delivered as they are handed over, and no more are taken than it has room for.
+
+Order and priority are kombu's: the script pops from the list the ``BRPOP`` answered
+from (its priority's list), whose messages it would have taken next; the rotation
+between queues moves on by one ``BRPOP`` as before, so a busy queue can take at most
+one window's room ahead of the others. Nothing is lost in between: a message popped is
+recorded unacked in the same script (kombu's pop and record are two steps), so a worker
+killed there leaves it to the visibility timeout's restore, as it leaves its delivered
+messages. A message that could not be handed over (the delivery before it raised) is
+put back at the head of its list.
+
+Only a worker that runs batched tasks takes its messages so (``install``): others keep
+kombu's intake as it is. kombu's Redis transport only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: At most this many messages taken in one script call (with a window that large).
+INTAKE_MAX = 100
+
+_INSTALLED_ATTR = "_baton_intake_together"
+
+
+def _script_text() -> str:
+    return resources.files("celery_baton.worker.transport").joinpath("lua/intake.lua").read_text()
+
+
+def _redis_channel(channel: Any) -> bool:
+    try:
+        from kombu.transport.redis import Channel
+    except ImportError:  # redis-py absent: not that transport
+        return False
+    return isinstance(channel, Channel)
+
+
+def install(channel: Any, most: int = INTAKE_MAX) -> bool:
+    """Make ``channel`` (the consumer's task channel) take several messages per
+    ``BRPOP`` answer; False when it is not kombu's Redis transport's or not shaped as
+    this module knows it (kombu's intake is then kept)."""
+    if channel is None or not _redis_channel(channel):
+        return False
+    if getattr(channel, _INSTALLED_ATTR, False):
+        return True
+    handlers: Any = getattr(channel, "handlers", None)
+    qos = getattr(channel, "qos", None)
+    client = getattr(channel, "client", None)
+    read_one = handlers.get("BRPOP") if isinstance(handlers, dict) else None
+    if read_one is None or qos is None or not callable(getattr(client, "parse_response", None)):
+        logger.info("baton: kombu's Redis channel is not as expected; messages taken one by one")
+        return False
+    intake = _Intake(channel, qos, client, most)
+    handlers["BRPOP"] = intake.read
+    setattr(channel, _INSTALLED_ATTR, True)
+    return True
+
+
+class _Intake:
+    """One channel's intake: kombu's ``BRPOP`` handler, then the more taken beside it."""
+
+    def __init__(self, channel: Any, qos: Any, client: Any, most: int) -> None:
+        self.channel = channel
+        self.qos = qos
+        self.most = most
+        self.read_one = channel.handlers["BRPOP"]
+        self.script = client.register_script(_script_text())
+        self._answered: list[Any] = []  # the list key the BRPOP being read answered from
+        self._recorded: set[str] = set()  # tags the script recorded, not handed over yet
+        parse_response = client.parse_response
+
+        def noting_parse_response(connection: Any, command: Any, **options: Any) -> Any:
+            reply = parse_response(connection, command, **options)
+            if command == "BRPOP" and reply:
+                self._answered.append(reply[0])
+            return reply
+
+        client.parse_response = noting_parse_response
+        append = qos.append
+
+        def append_unless_recorded(message: Any, delivery_tag: Any) -> Any:
+            if delivery_tag in self._recorded:
+                self._recorded.discard(delivery_tag)
+                from kombu.transport import virtual
+
+                # The broker's record is made (the script): kombu's books only.
+                virtual_append: Any = virtual.QoS.append
+                return virtual_append(qos, message, delivery_tag)
+            return append(message, delivery_tag)
+
+        qos.append = append_unless_recorded
+
+    def read(self, **options: Any) -> Any:
+        self._answered.clear()
+        delivered = self.read_one(**options)
+        if delivered and self._answered:
+            self._take_more(self._answered[-1])
+        return delivered
+
+    def _room(self) -> int:
+        prefetch = int(self.qos.prefetch_count or 0)
+        if not prefetch:
+            return self.most
+        return min(self.most, prefetch - len(self.qos._delivered))
+
+    def _take_more(self, key: Any) -> None:
+        room = self._room()
+        if room <= 0:
+            return
+        from kombu.utils.encoding import bytes_to_str
+        from kombu.utils.json import loads
+
+        channel, qos = self.channel, self.qos
+        try:
+            taken = self.script(
+                keys=[key, qos.unacked_index_key, qos.unacked_key],
+                args=[room, repr(time.time())],
+                client=channel.client,
+            )
+        except channel.connection_errors:
+            # The popped ones (if the script ran) are recorded unacked: kombu restores
+            # them when this connection's close or its visibility scan does.
+            raise
+        queue = str(bytes_to_str(key)).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
+        payloads = [loads(bytes_to_str(raw)) for raw in taken]  # type: ignore[no-untyped-call]
+        tags = [payload["properties"]["delivery_tag"] for payload in payloads]
+        self._recorded.update(tags)
+        for i, payload in enumerate(payloads):
+            try:
+                channel.connection._deliver(payload, queue)
+            except Exception:
+                self._put_back(tags[i + 1 :])
+                raise
+
+    def _put_back(self, tags: list[str]) -> None:
+        """Messages taken but not handed over: back at the head of their list, in order
+        (kombu's restore pushes each to the end its consumers pop from)."""
+        for tag in reversed(tags):
+            self._recorded.discard(tag)
+            try:
+                self.qos.restore_by_tag(tag)
+            except Exception as exc:  # left in the unacked index: the visibility scan's
+                logger.warning("baton: putting back message %s failed: %r", tag, exc)
