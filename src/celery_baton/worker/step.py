@@ -404,7 +404,7 @@ class BatonWorker:
         if self.batching is not None:
             self.batching.start(parent)
             # A batched call is a message of its own: taken in several at a time.
-            intake_together.install(_task_channel(parent))
+            intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -52,10 +53,12 @@ def _redis_channel(channel: Any) -> bool:
     return isinstance(channel, Channel)
 
 
-def install(channel: Any, most: int = INTAKE_MAX) -> bool:
+def install(channel: Any, window: Callable[[], int] | None = None, most: int = INTAKE_MAX) -> bool:
     """Make ``channel`` (the consumer's task channel) take several messages per
     ``BRPOP`` answer; False when it is not kombu's Redis transport's or not shaped as
-    this module knows it (kombu's intake is then kept)."""
+    this module knows it (kombu's intake is then kept). ``window()``: the prefetch count
+    the consumer has set for its loop's next turn (Celery's ``consumer.qos.value``: a
+    held call raises it by one, and the channel's count follows a turn later)."""
     if channel is None or not _redis_channel(channel):
         return False
     if getattr(channel, _INSTALLED_ATTR, False):
@@ -67,7 +70,7 @@ def install(channel: Any, most: int = INTAKE_MAX) -> bool:
     if read_one is None or qos is None or not callable(getattr(client, "parse_response", None)):
         logger.info("baton: kombu's Redis channel is not as expected; messages taken one by one")
         return False
-    intake = _Intake(channel, qos, client, most)
+    intake = _Intake(channel, qos, client, most, window)
     handlers["BRPOP"] = intake.read
     setattr(channel, _INSTALLED_ATTR, True)
     return True
@@ -76,8 +79,11 @@ def install(channel: Any, most: int = INTAKE_MAX) -> bool:
 class _Intake:
     """One channel's intake: kombu's ``BRPOP`` handler, then the more taken beside it."""
 
-    def __init__(self, channel: Any, qos: Any, client: Any, most: int) -> None:
+    def __init__(
+        self, channel: Any, qos: Any, client: Any, most: int, window: Callable[[], int] | None
+    ) -> None:
         self.channel = channel
+        self.window = window
         self.qos = qos
         self.most = most
         self.read_one = channel.handlers["BRPOP"]
@@ -111,19 +117,31 @@ class _Intake:
         self._answered.clear()
         delivered = self.read_one(**options)
         if delivered and self._answered:
-            self._take_more(self._answered[-1])
+            # Again while the list gave all that was asked: each call held raises the
+            # window it is taken against (``window``), up to ``most`` in all.
+            key, left = self._answered[-1], self.most
+            while left > 0:
+                asked, taken = self._take_more(key, left)
+                left -= taken
+                if not asked or taken < asked:
+                    break
         return delivered
 
     def _room(self) -> int:
         prefetch = int(self.qos.prefetch_count or 0)
+        if prefetch and self.window is not None:
+            set_for_next_turn = int(self.window() or 0)
+            prefetch = max(prefetch, set_for_next_turn) if set_for_next_turn else 0
         if not prefetch:
             return self.most
         return min(self.most, prefetch - len(self.qos._delivered))
 
-    def _take_more(self, key: Any) -> None:
-        room = self._room()
+    def _take_more(self, key: Any, most: int) -> tuple[int, int]:
+        """Take up to the window's room (and ``most``) from ``key``: how many were
+        asked for, and how many came."""
+        room = min(self._room(), most)
         if room <= 0:
-            return
+            return 0, 0
         from kombu.utils.encoding import bytes_to_str
         from kombu.utils.json import loads
 
@@ -148,6 +166,7 @@ class _Intake:
             except Exception:
                 self._put_back(tags[i + 1 :])
                 raise
+        return room, len(payloads)
 
     def _put_back(self, tags: list[str]) -> None:
         """Messages taken but not handed over: back at the head of their list, in order
