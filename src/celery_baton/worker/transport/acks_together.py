@@ -62,9 +62,10 @@ def acknowledge_together(requests: Sequence[Any]) -> None:
             group[0].acknowledge()
             continue
         try:
+            tags = [request.message.delivery_tag for request in group]
             with qos.pipe_or_acquire() as pipe:
-                for request in group:
-                    qos._remove_from_indices(request.message.delivery_tag, pipe)
+                # kombu's _remove_from_indices, for every tag in one ZREM and one HDEL.
+                pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags)
                 pipe.execute()
         except Exception as exc:  # the transport's errors: each acked (and logged) alone
             logger.warning(
