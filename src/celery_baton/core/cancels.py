@@ -230,9 +230,9 @@ class CancelWatch:
 
     # -- learning ---------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Read the marker, and the key cancels of a task whose field changed; raises
-        StoreUnavailable."""
+    def refresh(self) -> list[str]:
+        """Read the marker, and the key cancels of a task whose field changed: the names
+        of those tasks (their key cancels read anew). Raises StoreUnavailable."""
         fields = self.cancels.marker()
         now = time.monotonic()
         with self._lock:
@@ -253,6 +253,7 @@ class CancelWatch:
                 for cancel, left in live:
                     keys.cancels[cancel] = max(keys.cancels.get(cancel, 0.0), now + left)
             self._marker_keys[task] = until
+        return [task for task, _ in stale]
 
     def notice(self, notice: Notice) -> None:
         now = time.monotonic()
@@ -288,6 +289,15 @@ class CancelWatch:
     def has_key_cancels(self, task: str) -> bool:
         """Whether ``task`` may have live key cancels (a dict lookup: every delivery)."""
         return task in self._keys
+
+    def key_cancel_end(self, task: str, cancel: KeyCancel) -> float:
+        """Until when (``time.monotonic()``) ``task``'s key cancel ``cancel`` lives; 0.0
+        when it is not known here."""
+        keys = self._keys.get(task)
+        if keys is None:
+            return 0.0
+        with self._lock:
+            return keys.cancels.get(cancel, 0.0)
 
     def noticed(self, task_id: str) -> bool:
         """Whether this worker was told that ``task_id`` is cancelled (lately)."""
