@@ -311,10 +311,13 @@ class CancelWatch:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         sent_ms: int | None,
+        *,
+        only: KeyCancel | None = None,
     ) -> KeyCancel | None:
         """The live key cancel that covers this call of ``task`` (``fun``: its function,
         to bind the arguments to; None: kwargs only), or None. A key whose arguments the
-        call does not bind covers nothing."""
+        call does not bind covers nothing. ``only``: that cancel alone is matched (one
+        just learned, against the calls held)."""
         keys = self._keys.get(task)
         if keys is None:
             return None
@@ -323,6 +326,8 @@ class CancelWatch:
             live = [c for c, end in keys.cancels.items() if end > now]
             for gone in [c for c, end in keys.cancels.items() if end <= now]:
                 del keys.cancels[gone]
+        if only is not None:
+            live = [only] if only in live else []
         for cancel in live:
             if sent_ms is not None and sent_ms > cancel.cut_ms:
                 continue

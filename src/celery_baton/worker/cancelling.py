@@ -168,31 +168,32 @@ class Cancelling:
                 revoke_when_refused(held)
             self.noticed.add(notice.task_id)
         elif notice.cancel is not None:
-            self.mark_held(notice.task)
+            self.mark_held(notice.task, notice.cancel)
         return True
 
-    def mark_held(self, task: str) -> None:
-        """The calls of ``task`` this worker holds that its key cancels cover (a call
-        waiting for a pool process was screened before the cancel existed): each is
-        written where its job's start reads it, with until when its cancel lives, and
-        revokes itself when refused there. Once per cancel learned, over the calls held
-        (bounded by the prefetch and the holds): nothing is added to a call's start."""
+    def mark_held(self, task: str, cancel: KeyCancel | None = None) -> None:
+        """The calls of ``task`` this worker holds that ``cancel`` (None: any of its
+        key cancels) covers (a call waiting for a pool process was screened before the
+        cancel existed): each is written where its job's start reads it, with until when
+        its cancel lives, and revokes itself when refused there. Once per cancel
+        learned, over the calls held (bounded by the prefetch and the holds): nothing is
+        added to a call's start."""
         if self.noticed is None or not self.watch.has_key_cancels(task):
             return
         for request in _held_requests():
             if request.name != task or request.id in worker_state.revoked:
                 continue
-            cancel = self._key_cancel(request)
-            if cancel is None:
+            covering = self._key_cancel(request, only=cancel)
+            if covering is None:
                 continue
-            until = self.watch.key_cancel_end(task, cancel)
+            until = self.watch.key_cancel_end(task, covering)
             revoke_when_refused(request)
             self.noticed.add(request.id, until=until)
             logger.debug(
                 "%s[%s] held here is cancelled by key %s: refused where it starts",
                 request.name,
                 request.id,
-                cancel.material,
+                covering.material,
             )
 
     # -- screening (the consumer's loop) ------------------------------------------------
@@ -208,14 +209,15 @@ class Cancelling:
             return f"cancelled by key {cancel.material}"
         return None
 
-    def _key_cancel(self, request: Any) -> KeyCancel | None:
-        """The live key cancel of its task that covers ``request``, or None."""
+    def _key_cancel(self, request: Any, only: KeyCancel | None = None) -> KeyCancel | None:
+        """The live key cancel of its task (or ``only``) that covers ``request``, or None."""
         return self.watch.key_cancelled(
             request.name,
             getattr(request.task, "run", None),
             request.args or (),
             request.kwargs or {},
             stamp_time(request.request_dict.get(PUBLISH_HEADER)),
+            only=only,
         )
 
     def screen(self, request: Any, admit: Callable[[Any], Any]) -> Any:

@@ -119,3 +119,14 @@ def test_a_watch_says_which_tasks_key_cancels_it_read_anew_and_until_when_they_l
     watch.notice(Notice("key", 30, task="u", cancel=other))
     assert watch.key_cancel_end("u", other) > 0.0
     assert watch.key_cancel_end("u", cancel) == 0.0
+
+
+def test_a_call_is_matched_against_one_cancel_when_asked() -> None:
+    watch = CancelWatch(None, keep_noticed=60)  # type: ignore[arg-type]
+    seven = KeyCancel(1_000, key_material("t", {"account_id": 7}))
+    eight = KeyCancel(1_000, key_material("t", {"account_id": 8}))
+    for cancel in (seven, eight):
+        watch.notice(Notice("key", 30, task="t", cancel=cancel))
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500) == seven
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=seven) == seven
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=eight) is None
