@@ -35,9 +35,10 @@ def test_a_cancelled_debounced_call_never_runs(workers: Workers, observer: Obser
     assert {s["task_id"] for s in observer.started()} == {kept.id}
 
 
+@pytest.mark.parametrize("by", ["id", "key"])
 @pytest.mark.parametrize("task", ["limited", "exclusive"])
 def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
-    workers: Workers, observer: Observer, task: str
+    workers: Workers, observer: Observer, task: str, by: str
 ) -> None:
     """A call granted and handed to a pool process that stands still (SIGSTOP: one
     swapped out or starved on a loaded machine) is cancelled meanwhile. When the process
@@ -57,7 +58,10 @@ def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
         wait_until(
             lambda: f"[{call.id}] to the pool" in worker.log_text(), 30, "the call handed over"
         )
-        cancel.baton.cancel(call.id)
+        if by == "id":
+            cancel.baton.cancel(call.id)
+        else:
+            cancel.baton.cancel(task=work, key={"n": 1})
         time.sleep(3)  # not a wait: the process stands still past the hand-over's margin
     finally:
         os.kill(child, signal.SIGCONT)
@@ -66,7 +70,7 @@ def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
     after = work.delay(2)  # the process goes on with the next call
     assert after.get(timeout=30) == 2
     assert [s["task_id"] for s in observer.started()] == [after.id]
-    assert f"[{call.id}] cancelled (cancelled by id, before its late start)" in worker.log_text()
+    assert f"[{call.id}] cancelled (cancelled by {by}, before its late start)" in worker.log_text()
 
 
 def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
@@ -210,4 +214,6 @@ def test_a_plain_call_cancelled_while_it_waited_for_its_pool_sends_task_revoked(
             call.get(timeout=30)
         event = events.wait_for("task-revoked", call.id)
     assert (event["terminated"], event["signum"], event["expired"]) == (False, None, False)
+    # Celery reports the job's accept (task-started) before the judgement at its start.
+    assert events.types(call.id) == ["task-received", "task-started", "task-revoked"]
     assert call.id not in [s["task_id"] for s in observer.started()]
