@@ -125,7 +125,8 @@ def plain_cancelled(name: str, task_id: str) -> str | None:
     why = _why(name, task_id, ask=False)
     if why is not None:
         logger.info(
-            "%s[%s] was %s while it waited for its pool: it does not start (its result is REVOKED)",
+            "%s[%s] was cancelled while it waited for its pool: it does not start (%s; "
+            "its result is REVOKED)",
             name,
             task_id,
             why,
@@ -181,11 +182,11 @@ def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> str | No
     if why is None:
         return None
     logger.info(
-        "%s[%s] was %s while it waited %.2fs for its pool process: it does not start",
+        "%s[%s] was cancelled while it waited %.2fs for its pool process: it does not start (%s)",
         name,
         task_id,
-        why,
         late,
+        why,
     )
     return why
 
