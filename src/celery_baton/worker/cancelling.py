@@ -97,10 +97,20 @@ def revoke_when_refused(request: Any) -> None:
     if issubclass(cls, RevokedAtStart):
         return
     sub = _revoking.get(cls)
-    if sub is None:
-        sub = type(f"Cancelled{cls.__name__}", (RevokedAtStart, cls), {"__slots__": ()})
-        _revoking[cls] = sub
-    request.__class__ = sub
+    try:
+        if sub is None:
+            sub = type(f"Cancelled{cls.__name__}", (RevokedAtStart, cls), {"__slots__": ()})
+            _revoking[cls] = sub
+        request.__class__ = sub
+    except TypeError as exc:  # a Request class of the app's own that cannot be extended
+        logger.warning(
+            "%s[%s] is cancelled: its start refuses it, but the worker cannot revoke "
+            "it then (no task-revoked event; cancelled by key, its result stays as it "
+            "is): %s",
+            request.name,
+            request.id,
+            exc,
+        )
 
 
 def _held_requests() -> list[Any]:
