@@ -13,7 +13,7 @@ from celery import states
 from celery.exceptions import TaskRevokedError
 
 from tests.support.observer import Observer
-from tests.support.pools import ALL_POOLS
+from tests.support.pools import ALL_POOLS, POOLS_AND_RECYCLED
 from tests.support.task_events import EventCapture
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -35,9 +35,10 @@ def test_a_cancelled_debounced_call_never_runs(workers: Workers, observer: Obser
     assert {s["task_id"] for s in observer.started()} == {kept.id}
 
 
+@pytest.mark.parametrize("by", ["id", "key"])
 @pytest.mark.parametrize("task", ["limited", "exclusive"])
 def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
-    workers: Workers, observer: Observer, task: str
+    workers: Workers, observer: Observer, task: str, by: str
 ) -> None:
     """A call granted and handed to a pool process that stands still (SIGSTOP: one
     swapped out or starved on a loaded machine) is cancelled meanwhile. When the process
@@ -57,7 +58,10 @@ def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
         wait_until(
             lambda: f"[{call.id}] to the pool" in worker.log_text(), 30, "the call handed over"
         )
-        cancel.baton.cancel(call.id)
+        if by == "id":
+            cancel.baton.cancel(call.id)
+        else:
+            cancel.baton.cancel(task=work, key={"n": 1})
         time.sleep(3)  # not a wait: the process stands still past the hand-over's margin
     finally:
         os.kill(child, signal.SIGCONT)
@@ -66,7 +70,7 @@ def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
     after = work.delay(2)  # the process goes on with the next call
     assert after.get(timeout=30) == 2
     assert [s["task_id"] for s in observer.started()] == [after.id]
-    assert f"[{call.id}] cancelled (cancelled by id, before its late start)" in worker.log_text()
+    assert f"[{call.id}] cancelled (cancelled by {by}, before its late start)" in worker.log_text()
 
 
 def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
@@ -139,3 +143,77 @@ def test_a_plain_call_waiting_for_a_busy_pool_never_starts_once_cancelled(
     started = [s["task_id"] for s in observer.started()]
     assert call.id not in started, f"the cancelled call started ({pool})"
     assert started == [busy.id, after.id]
+
+
+@pytest.mark.parametrize("pool", POOLS_AND_RECYCLED)
+def test_a_plain_call_waiting_for_a_busy_pool_never_starts_once_cancelled_by_key(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """The same wait, cancelled by key: a plain call of account 7 received while the
+    only pool process is busy, then ``baton.cancel(task=keyed, key={"account_id": 7})``.
+    It was matched against the task's key cancels at its receipt, before this one
+    existed; it must not start when the pool frees, its result REVOKED, while a waiting
+    call of another account runs. Recycled (``--max-tasks-per-child 2``): the busy call
+    is its process's last, so the cancelled call reaches a process forked after the
+    cancel."""
+    from tests.apps import cancel
+
+    name, *extra = pool.split()
+    worker = workers.start(APP, pool=name, concurrency=1, extra_args=extra)
+    warm = cancel.keyed.delay(8, 0)
+    assert warm.get(timeout=30) == 0
+    busy = cancel.slow.delay(4.0)
+    wait_until(lambda: any(s["task_id"] == busy.id for s in observer.started()), 30, "busy")
+    call = cancel.keyed.delay(7, 1)
+    other = cancel.keyed.delay(8, 3)
+    if name == "solo":
+        time.sleep(0.5)  # solo's loop reads the calls only after the busy body
+    else:
+        # (A green pool of one prefetches one call: ``other`` waits in the broker.)
+        wait_until(lambda: call.id in worker.log_text(), 30, "the call received")
+    cancel.baton.cancel(task=cancel.keyed, key={"account_id": 7})
+    assert busy.get(timeout=30) == 4.0
+    with pytest.raises(TaskRevokedError):
+        call.get(timeout=30)
+    assert call.state == states.REVOKED
+    assert other.get(timeout=30) == 3
+    after = cancel.keyed.delay(7, 2)  # published after the cancel: it runs
+    assert after.get(timeout=30) == 2
+    started = [s["task_id"] for s in observer.started()]
+    assert call.id not in started, f"the call cancelled by key started ({pool})"
+    assert sorted(started) == sorted([warm.id, busy.id, other.id, after.id])
+
+
+#: The pools where a plain call waits in the worker for a busy pool (solo reads the next
+#: call only after the body it runs).
+WAITING_POOLS = [pool for pool in ALL_POOLS if pool != "solo"]
+
+
+@pytest.mark.parametrize("by", ["id", "key"])
+@pytest.mark.parametrize("pool", WAITING_POOLS)
+def test_a_plain_call_cancelled_while_it_waited_for_its_pool_sends_task_revoked(
+    workers: Workers, observer: Observer, broker_url: str, pool: str, by: str
+) -> None:
+    """What Flower and ``celery events`` see of a plain call cancelled while it waited
+    for a busy pool: Celery's own ``task-revoked`` event (not terminated, no signal, not
+    expired), as for a call dropped at its receipt. None was sent on that path."""
+    from tests.apps import cancel
+
+    with EventCapture(broker_url) as events:
+        worker = workers.start(APP, pool=pool, concurrency=1, extra_args=["-E"])
+        busy = cancel.slow.delay(3.0)
+        wait_until(lambda: any(s["task_id"] == busy.id for s in observer.started()), 30, "busy")
+        call = cancel.keyed.delay(7, 1)
+        wait_until(lambda: call.id in worker.log_text(), 30, "the call received")
+        if by == "id":
+            cancel.baton.cancel(call.id)
+        else:
+            cancel.baton.cancel(task=cancel.keyed, key={"account_id": 7})
+        assert busy.get(timeout=30) == 3.0
+        with pytest.raises(TaskRevokedError):
+            call.get(timeout=30)
+        event = events.wait_for("task-revoked", call.id)
+    assert (event["terminated"], event["signum"], event["expired"]) == (False, None, False)
+    # Celery reports the job's accept (task-started) before the judgement at its start.
+    assert events.types(call.id) == ["task-received", "task-started", "task-revoked"]
+    assert call.id not in [s["task_id"] for s in observer.started()]

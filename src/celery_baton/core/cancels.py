@@ -230,9 +230,9 @@ class CancelWatch:
 
     # -- learning ---------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Read the marker, and the key cancels of a task whose field changed; raises
-        StoreUnavailable."""
+    def refresh(self) -> list[str]:
+        """Read the marker, and the key cancels of a task whose field changed: the names
+        of those tasks (their key cancels read anew). Raises StoreUnavailable."""
         fields = self.cancels.marker()
         now = time.monotonic()
         with self._lock:
@@ -253,6 +253,7 @@ class CancelWatch:
                 for cancel, left in live:
                     keys.cancels[cancel] = max(keys.cancels.get(cancel, 0.0), now + left)
             self._marker_keys[task] = until
+        return [task for task, _ in stale]
 
     def notice(self, notice: Notice) -> None:
         now = time.monotonic()
@@ -289,6 +290,15 @@ class CancelWatch:
         """Whether ``task`` may have live key cancels (a dict lookup: every delivery)."""
         return task in self._keys
 
+    def key_cancel_end(self, task: str, cancel: KeyCancel) -> float:
+        """Until when (``time.monotonic()``) ``task``'s key cancel ``cancel`` lives; 0.0
+        when it is not known here."""
+        keys = self._keys.get(task)
+        if keys is None:
+            return 0.0
+        with self._lock:
+            return keys.cancels.get(cancel, 0.0)
+
     def noticed(self, task_id: str) -> bool:
         """Whether this worker was told that ``task_id`` is cancelled (lately)."""
         end = self._noticed.get(task_id)
@@ -301,10 +311,13 @@ class CancelWatch:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         sent_ms: int | None,
+        *,
+        only: KeyCancel | None = None,
     ) -> KeyCancel | None:
         """The live key cancel that covers this call of ``task`` (``fun``: its function,
         to bind the arguments to; None: kwargs only), or None. A key whose arguments the
-        call does not bind covers nothing."""
+        call does not bind covers nothing. ``only``: that cancel alone is matched (one
+        just learned, against the calls held)."""
         keys = self._keys.get(task)
         if keys is None:
             return None
@@ -313,6 +326,8 @@ class CancelWatch:
             live = [c for c, end in keys.cancels.items() if end > now]
             for gone in [c for c, end in keys.cancels.items() if end <= now]:
                 del keys.cancels[gone]
+        if only is not None:
+            live = [only] if only in live else []
         for cancel in live:
             if sent_ms is not None and sent_ms > cancel.cut_ms:
                 continue

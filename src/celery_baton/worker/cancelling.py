@@ -12,6 +12,14 @@ an ETA or countdown (checked when Celery's timer hands it on), a retry's re-publ
 a redelivered copy (the same id). A delivery held by admission is dropped when a
 notice names it, and checked again at its next turn.
 
+A call screened, then waiting in the worker for a pool process (every process busy),
+is judged again where its job starts (``worker/pool/cancel_start.py``), from what this
+worker noticed since, in memory its pool processes share (core/shared_cancels.py): each
+id a notice names, and each call this worker holds that a cancel by key it learns of
+covers (:meth:`Cancelling.mark_held`: matched here, once per cancel, against the calls
+it holds, not at every start). Such a call's request is made to revoke itself when its
+start refuses it (:class:`RevokedAtStart`).
+
 What a delivery pays: nothing while no cancel by id lives (the worker knows from the
 store-wide marker, re-read on every notice and every ``REFRESH`` seconds); key
 cancels are matched in memory; while cancels by id live, one check pipelined on the
@@ -30,12 +38,20 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from celery_baton.core.cancels import REFRESH, Cancels, CancelWatch, parse_notice
+from celery_baton.core.cancels import (
+    ID_FIELD,
+    REFRESH,
+    Cancels,
+    CancelWatch,
+    KeyCancel,
+    parse_notice,
+)
 from celery_baton.core.conditions import Condition, NotCancelled
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.errors import BatonError
+from celery_baton.worker.pool.cancel_start import CancelledAtStart
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -45,6 +61,63 @@ def revoke(request: Any, why: str) -> None:
     logger.info("%s[%s] cancelled (%s)", request.name, request.id, why)
     worker_state.revoked.add(request.id)
     request.revoked()
+
+
+def exception_of(exc_info: Any) -> BaseException | None:
+    """The exception of a failed trace's ``ExceptionInfo``."""
+    exc = getattr(exc_info, "exception", None)
+    return getattr(exc, "exc", exc)  # Celery's ExceptionWithTraceback wraps it
+
+
+class RevokedAtStart:
+    """Mixed into the class of a request found cancelled while this worker held it
+    (:func:`revoke_when_refused`): when the start of its job refused it (the trace
+    raised ``CancelledAtStart``, an ``Ignore`` that Celery would only acknowledge), it
+    is revoked as Celery revokes: ``REVOKED``, the ``task-revoked`` event (not
+    terminated), acknowledged, the ``task_revoked`` signal."""
+
+    __slots__ = ()
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = exception_of(exc_info)
+        if isinstance(exc, CancelledAtStart):
+            revoke(self, f"{exc.why}, while it waited for its pool")
+            return None
+        return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+
+
+_revoking: dict[type, type] = {}
+
+
+def revoke_when_refused(request: Any) -> None:
+    """Make ``request`` revoke itself if the start of its job refuses it."""
+    cls = type(request)
+    if issubclass(cls, RevokedAtStart):
+        return
+    sub = _revoking.get(cls)
+    try:
+        if sub is None:
+            sub = type(f"Cancelled{cls.__name__}", (RevokedAtStart, cls), {"__slots__": ()})
+            _revoking[cls] = sub
+        request.__class__ = sub
+    except TypeError as exc:  # a Request class of the app's own that cannot be extended
+        logger.warning(
+            "%s[%s] is cancelled: its start refuses it, but the worker cannot revoke "
+            "it then (no task-revoked event; cancelled by key, its result stays as it "
+            "is): %s",
+            request.name,
+            request.id,
+            exc,
+        )
+
+
+def _held_requests() -> list[Any]:
+    """The requests this worker holds: received and not ended (waiting for a pool
+    process, in its pool's queue, held by admission, running). ``list`` of a dict's
+    values is taken at once (no other thread runs meanwhile)."""
+    return list(worker_state.requests.values())
 
 
 class Cancelling:
@@ -79,7 +152,8 @@ class Cancelling:
         """Read the marker now (at start; on the lease book's heartbeat, every REFRESH)."""
         self._refreshed = time.monotonic()
         try:
-            self.watch.refresh()
+            for task in self.watch.refresh():  # a task's key cancels read anew
+                self.mark_held(task)
         except BatonError as exc:
             logger.debug("baton: could not read the cancels (%s)", exc)
         except Exception:  # the lease book's thread calls it: never raise there
@@ -95,10 +169,42 @@ class Cancelling:
         if notice is None:
             return False
         logger.debug("baton: cancel notice %s %s%s", notice.kind, notice.task_id, notice.task)
-        if notice.task_id and self.noticed is not None:
-            self.noticed.add(notice.task_id)
+        # First: a delivery screened from now on knows of it; one screened before is
+        # held here already (Celery reserves a request before it is screened).
         self.watch.notice(notice)
+        if notice.kind == ID_FIELD and notice.task_id and self.noticed is not None:
+            held = worker_state.requests.get(notice.task_id)
+            if held is not None:  # before the table says it: its start may read it now
+                revoke_when_refused(held)
+            self.noticed.add(notice.task_id)
+        elif notice.cancel is not None:
+            self.mark_held(notice.task, notice.cancel)
         return True
+
+    def mark_held(self, task: str, cancel: KeyCancel | None = None) -> None:
+        """The calls of ``task`` this worker holds that ``cancel`` (None: any of its
+        key cancels) covers (a call waiting for a pool process was screened before the
+        cancel existed): each is written where its job's start reads it, with until when
+        its cancel lives, and revokes itself when refused there. Once per cancel
+        learned, over the calls held (bounded by the prefetch and the holds): nothing is
+        added to a call's start."""
+        if self.noticed is None or not self.watch.has_key_cancels(task):
+            return
+        for request in _held_requests():
+            if request.name != task or request.id in worker_state.revoked:
+                continue
+            covering = self._key_cancel(request, only=cancel)
+            if covering is None:
+                continue
+            until = self.watch.key_cancel_end(task, covering)
+            revoke_when_refused(request)
+            self.noticed.add(request.id, until=until)
+            logger.debug(
+                "%s[%s] held here is cancelled by key %s: refused where it starts",
+                request.name,
+                request.id,
+                covering.material,
+            )
 
     # -- screening (the consumer's loop) ------------------------------------------------
 
@@ -108,17 +214,21 @@ class Cancelling:
             return "cancelled by id"
         if not self.watch.has_key_cancels(request.name):  # every delivery: keep it cheap
             return None
-        task = request.task
-        cancel = self.watch.key_cancelled(
-            request.name,
-            getattr(task, "run", None),
-            request.args or (),
-            request.kwargs or {},
-            stamp_time(request.request_dict.get(PUBLISH_HEADER)),
-        )
+        cancel = self._key_cancel(request)
         if cancel is not None:
             return f"cancelled by key {cancel.material}"
         return None
+
+    def _key_cancel(self, request: Any, only: KeyCancel | None = None) -> KeyCancel | None:
+        """The live key cancel of its task (or ``only``) that covers ``request``, or None."""
+        return self.watch.key_cancelled(
+            request.name,
+            getattr(request.task, "run", None),
+            request.args or (),
+            request.kwargs or {},
+            stamp_time(request.request_dict.get(PUBLISH_HEADER)),
+            only=only,
+        )
 
     def screen(self, request: Any, admit: Callable[[Any], Any]) -> Any:
         """For a delivery that asks the gate nothing (what :meth:`known` says was asked

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_baton.worker import events
-from celery_baton.worker.cancelling import revoke
+from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
 from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
@@ -226,11 +226,12 @@ class BatonRequestMixin:
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
-        if isinstance(_exception_of(exc_info), CancelledBeforeStart):
+        exc = exception_of(exc_info)
+        if isinstance(exc, CancelledBeforeStart):
             # Cancelled while its job stood between the hand-over and its pool process
             # (worker/pool/cancel_start.py): its body never ran. Revoked as Celery revokes
             # (REVOKED, its event, acknowledged); _announce_revoked gives the run back.
-            revoke(self, "cancelled by id, before its late start")
+            revoke(self, f"{getattr(exc, 'why', 'cancelled by id')}, before its late start")
             return None
         try:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
@@ -274,11 +275,6 @@ class BatonRequestMixin:
             return super()._announce_cancelled(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._baton_finish(terminated=True)
-
-
-def _exception_of(exc_info: Any) -> BaseException | None:
-    exc = getattr(exc_info, "exception", None)
-    return getattr(exc, "exc", exc)  # Celery's ExceptionWithTraceback wraps it
 
 
 _classes: dict[type, type] = {}

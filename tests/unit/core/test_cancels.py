@@ -94,3 +94,39 @@ def test_a_watch_that_never_read_the_marker_checks_every_delivery() -> None:
     assert watch.ids_live()
     watch.refresh()  # read: no cancel by id lives
     assert not watch.ids_live()
+
+
+def test_a_watch_says_which_tasks_key_cancels_it_read_anew_and_until_when_they_live() -> None:
+    """What the worker matches the calls it holds against, once per cancel learned
+    (worker/cancelling.py ``mark_held``)."""
+    cancel = KeyCancel(1_000, key_material("t", {"account_id": 7}))
+
+    class Store:
+        fields: dict[str, tuple[int, float]] = {"key:t": (5_000, 60.0)}
+
+        def marker(self) -> dict[str, tuple[int, float]]:
+            return self.fields
+
+        def key_cancels(self, task: str) -> list[tuple[KeyCancel, float]]:
+            return [(cancel, 60.0)] if task == "t" else []
+
+    watch = CancelWatch(Store(), keep_noticed=60)  # type: ignore[arg-type]
+    assert watch.key_cancel_end("t", cancel) == 0.0  # not known yet
+    assert watch.refresh() == ["t"]
+    assert watch.key_cancel_end("t", cancel) > 0.0
+    assert watch.refresh() == []  # its marker field did not move: nothing read anew
+    other = KeyCancel(2_000, key_material("u", {"account_id": 8}))
+    watch.notice(Notice("key", 30, task="u", cancel=other))
+    assert watch.key_cancel_end("u", other) > 0.0
+    assert watch.key_cancel_end("u", cancel) == 0.0
+
+
+def test_a_call_is_matched_against_one_cancel_when_asked() -> None:
+    watch = CancelWatch(None, keep_noticed=60)  # type: ignore[arg-type]
+    seven = KeyCancel(1_000, key_material("t", {"account_id": 7}))
+    eight = KeyCancel(1_000, key_material("t", {"account_id": 8}))
+    for cancel in (seven, eight):
+        watch.notice(Notice("key", 30, task="t", cancel=cancel))
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500) == seven
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=seven) == seven
+    assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=eight) is None

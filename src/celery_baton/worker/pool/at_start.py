@@ -7,7 +7,8 @@ process, thread or greenlet that starts the body judges it just before:
 * a rate grant read too late takes a fresh token (``worker/pool/rate_grant.py``);
 * a throttle window opened too long ago counts from the start (``throttle_start.py``);
 * a prefork job read late is asked about a cancel, last (``cancel_start.py``);
-* a plain job whose id this worker was told is cancelled is asked about it (every pool).
+* a plain job whose id this worker was told is cancelled (by id, or matched by key) is
+  judged (every pool).
 
 ``judge_before_accept`` is called by a prefork pool process on the job it just read
 from its pipe (``worker/pool/prefork.py``); ``judge`` by the thread or greenlet that
@@ -91,6 +92,7 @@ def judge_before_accept(job: Any) -> Any:
     if fields and fields[0] == os.getpid():
         return job
     judge(name, task_id, request_dict)
-    if cancel_start.cancelled(name, task_id, request_dict):
-        return kind, (job_id, i, cancel_start.cancelled_body(task_id), args, kwargs)
+    why = cancel_start.cancelled(name, task_id, request_dict)
+    if why is not None:
+        return kind, (job_id, i, cancel_start.cancelled_body(task_id, why), args, kwargs)
     return job

@@ -21,10 +21,13 @@ threads pool's thread takes a guarded job as it is handed over (nothing stands b
 
 A plain job (no gate call) waits in the worker for a pool process when every process is
 busy, after it was screened; a cancel noticed meanwhile (``share_cancels``: the ids the
-worker was told of, in memory its processes share) is asked of the store where the job
-starts, on every pool, and a cancelled one is ignored as Celery ignores a task
-(``plain_cancelled_trace``). A guarded job whose cancel was noticed is asked too,
-however early it is read.
+worker was told of, in memory its processes share) is judged where the job starts, on
+every pool: an id noticed by id is asked of the store; an id the main process matched
+to a cancel by key (``worker/cancelling.py``, when it learned of the cancel) is trusted
+while that cancel lives. A cancelled plain job's trace is replaced by one that raises
+:class:`CancelledAtStart` (Celery's ``Ignore``); the main process revokes its request as
+Celery revokes (``REVOKED``, the ``task-revoked`` event, acknowledged). A guarded job
+whose cancel was noticed is judged too, however early it is read.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import current_app
+from celery.exceptions import Ignore
 
 from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.parts import parts_for
@@ -47,9 +51,29 @@ logger = logging.getLogger("celery_baton.worker")
 HANDED_FIELD = "baton_handed"
 
 
+#: Why a job is refused at its start: its id noticed by id (confirmed in the store), or
+#: matched by the main process to a live cancel by key.
+BY_ID = "cancelled by id"
+BY_KEY = "cancelled by key"
+
+
 class CancelledBeforeStart(Exception):
     """Raised in place of a body whose call was cancelled while its job stood between
     the hand-over and its pool process; the main process revokes the request."""
+
+    def __init__(self, task_id: str, why: str = BY_ID) -> None:
+        super().__init__(task_id, why)
+        self.why = why
+
+
+class CancelledAtStart(Ignore):  # type: ignore[misc]
+    """What a plain job cancelled while it waited for its pool raises in place of its
+    trace. Celery ignores it (acknowledged, nothing stored); a request that the worker
+    found cancelled while it waited (``worker/cancelling.py``) is revoked instead."""
+
+    def __init__(self, task_id: str, why: str = BY_ID) -> None:
+        super().__init__(task_id, why)
+        self.why = why
 
 
 #: The ids this worker was told are cancelled (core/shared_cancels.py): made by the
@@ -81,42 +105,58 @@ def _asked(name: str, task_id: str) -> bool:
         return False
 
 
-def plain_cancelled(name: str, task_id: str) -> bool:
-    """A plain job (no gate call) about to start: cancelled since its worker screened it?
-    Asked of the store only when this worker was told of a cancel of its id; False when
-    the store does not answer (it runs, as a call screened unchecked does)."""
-    if not noticed(task_id) or not _asked(name, task_id):
-        return False
-    logger.info(
-        "%s[%s] was cancelled while it waited for its pool: it does not start "
-        "(its result is REVOKED)",
-        name,
-        task_id,
-    )
-    return True
+def _why(name: str, task_id: str, *, ask: bool) -> str | None:
+    """Why the job of ``task_id`` is cancelled, or None: matched by key in the main
+    process (trusted while that cancel lives), else asked of the store by id when this
+    worker noticed the id, or when ``ask``."""
+    until = _noticed.find(task_id) if _noticed is not None else None
+    if until is None and not ask:
+        return None  # nobody cancelled it: the common case, one lookup in memory
+    if until is not None and until > time.monotonic():
+        return BY_KEY
+    return BY_ID if _asked(name, task_id) else None
+
+
+def plain_cancelled(name: str, task_id: str) -> str | None:
+    """A plain job (no gate call) about to start: why it was cancelled since its worker
+    screened it, or None. Only a job whose id this worker noticed (by id, or matched by
+    key) is judged; None when the store does not answer (it runs, as a call screened
+    unchecked does)."""
+    why = _why(name, task_id, ask=False)
+    if why is not None:
+        logger.info(
+            "%s[%s] was cancelled while it waited for its pool: it does not start (%s; "
+            "its result is REVOKED)",
+            name,
+            task_id,
+            why,
+        )
+    return why
 
 
 def unless_cancelled(name: str, task_id: str, target: Callable[..., Any]) -> Callable[..., Any]:
     """Where a job is about to start: its trace ``target``, or for a job cancelled since
     its worker screened it (:func:`plain_cancelled`) the ignored trace in its place."""
-    if plain_cancelled(name, task_id):
-        return plain_cancelled_trace(task_id)
+    why = plain_cancelled(name, task_id)
+    if why is not None:
+        return plain_cancelled_trace(task_id, why)
     return target
 
 
-def plain_cancelled_trace(task_id: str) -> Callable[..., Any]:
+def plain_cancelled_trace(task_id: str, why: str = BY_ID) -> Callable[..., Any]:
     """What runs in place of a cancelled plain job's trace, on every pool (in a prefork
     pool process, on an executor thread, a greenlet, or solo's loop): the ignored trace
-    Celery's ``trace_task_ret`` returns (Celery's ``Ignore``), which the request's
-    ``on_success`` hands to ``on_failure``: acknowledged, nothing stored over the
-    ``REVOKED`` its cancel wrote, no error callback run."""
+    Celery's ``trace_task_ret`` returns for ``Ignore`` (here :class:`CancelledAtStart`),
+    which the request's ``on_success`` hands to ``on_failure``: there the worker revokes
+    it (``worker/cancelling.py``: REVOKED, the ``task-revoked`` event, acknowledged, no
+    error callback run); a request it did not find is only acknowledged, as Celery does
+    for ``Ignore``."""
     from billiard.einfo import ExceptionInfo
-    from celery.exceptions import Ignore
 
     def trace(*args: Any, **kwargs: Any) -> Any:
         try:
-            raise Ignore(f"cancelled: {task_id}")
-        except Ignore:
+            raise CancelledAtStart(task_id, why)
+        except CancelledAtStart:
             return 1, ExceptionInfo(internal=True), 0.0
 
     return trace
@@ -127,40 +167,40 @@ def mark(request_dict: dict[str, Any], due: float) -> None:
     request_dict[HANDED_FIELD] = (os.getpid(), due)
 
 
-def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> bool:
-    """Whether the job of ``task_id``, read late by its pool process, was cancelled
-    meanwhile (False when on time, or when the store does not answer: it runs)."""
+def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> str | None:
+    """Why the job of ``task_id``, read late by its pool process, was cancelled
+    meanwhile, or None (on time and not noticed, or the store does not answer: it runs)."""
     fields = request_dict.get(HANDED_FIELD)
     if not fields:
-        return False
+        return None
     try:
         _main_pid, due = fields
         late = time.monotonic() - due
     except (TypeError, ValueError):  # not what mark() wrote: never guess, it runs
-        return False
-    if late <= STALE_GRANT and not noticed(task_id):
-        return False
-    if not _asked(name, task_id):
-        return False
+        return None
+    why = _why(name, task_id, ask=late > STALE_GRANT)
+    if why is None:
+        return None
     logger.info(
-        "%s[%s] was cancelled while it waited %.2fs for its pool process: it does not start",
+        "%s[%s] was cancelled while it waited %.2fs for its pool process: it does not start (%s)",
         name,
         task_id,
         late,
+        why,
     )
-    return True
+    return why
 
 
-def cancelled_body(task_id: str) -> Callable[..., Any]:
+def cancelled_body(task_id: str, why: str = BY_ID) -> Callable[..., Any]:
     """What the pool process runs in place of a cancelled job's body."""
 
     def body(*args: Any, **kwargs: Any) -> Any:
-        raise CancelledBeforeStart(task_id)
+        raise CancelledBeforeStart(task_id, why)
 
     return body
 
 
-def cancelled_trace(task_id: str) -> Callable[..., Any]:
+def cancelled_trace(task_id: str, why: str = BY_ID) -> Callable[..., Any]:
     """What a greenlet runs in place of a cancelled job's trace (gevent, eventlet:
     ``worker/pool/in_process.py``): the failed trace Celery's ``trace_task_ret`` returns
     (``(1, ExceptionInfo, runtime)``), which the request's ``on_success`` hands to its
@@ -169,7 +209,7 @@ def cancelled_trace(task_id: str) -> Callable[..., Any]:
 
     def trace(*args: Any, **kwargs: Any) -> Any:
         try:
-            raise CancelledBeforeStart(task_id)
+            raise CancelledBeforeStart(task_id, why)
         except CancelledBeforeStart:
             return 1, ExceptionInfo(), 0.0
 

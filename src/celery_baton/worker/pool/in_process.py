@@ -70,8 +70,9 @@ def _accept_judge_run(
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
-    if cancel_start.cancelled(*found):  # last: the rate's wait may have been long
-        target = cancel_start.cancelled_trace(found[1])
+    why = cancel_start.cancelled(*found)  # last: the rate's wait may have been long
+    if why is not None:
+        target = cancel_start.cancelled_trace(found[1], why)
     return run(target, args, kwargs, callback, None, *given, *rest, **options)
 
 

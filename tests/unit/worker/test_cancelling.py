@@ -1,0 +1,93 @@
+"""worker/cancelling: a cancel by key learned while the worker holds calls of its key
+(one waiting for a busy pool among them) is told, by id, to whatever starts their jobs;
+the real-process behaviour is in tests/cancel/test_cancel_paths.py."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery.worker import state as worker_state
+
+from celery_baton.core.cancels import KeyCancel, cancel_notice, key_material
+from celery_baton.core.keys import KeyNames
+from celery_baton.core.shared_cancels import SharedCancels
+from celery_baton.worker.cancelling import Cancelling, RevokedAtStart
+
+NAMES = KeyNames("baton")
+
+
+def keyed(account_id: int, n: int) -> None: ...
+
+
+class Task:
+    run = staticmethod(keyed)
+
+
+class Request:
+    # As Celery's Request: named slots and a __dict__ (a class the swap can extend).
+    __slots__ = ("__dict__", "__weakref__", "id")
+
+    def __init__(self, task_id: str, name: str, *args: Any) -> None:
+        self.id = task_id
+        self.name = name
+        self.task = Task()
+        self.args = args
+        self.kwargs: dict[str, Any] = {}
+        self.request_dict: dict[str, Any] = {}
+
+
+class Records:
+    names = NAMES
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    monkeypatch.setattr(worker_state, "requests", requests)
+    return requests
+
+
+def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> None:
+    noticed = SharedCancels()
+    cancelling = Cancelling(
+        Records(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        keep_noticed=60,
+        generation=lambda: 0,
+        in_gate=True,
+        noticed=noticed,
+    )
+    seven, eight, other = (
+        Request("a", "t", 7, 1),
+        Request("b", "t", 8, 1),
+        Request("c", "u", 7, 1),
+    )
+    held.update({r.id: r for r in (seven, eight, other)})
+    cancel = KeyCancel(int(time.time() * 1000), key_material("t", {"account_id": 7}))
+    text = cancel_notice(NAMES.cancels, "key", 30_000, f"t\n{cancel.member}")
+    assert cancelling.notice(text)
+    until = noticed.find("a")
+    assert until is not None and until > time.monotonic() + 20  # trusted while it lives
+    assert noticed.find("b") is None and noticed.find("c") is None
+    assert isinstance(seven, RevokedAtStart)  # revokes itself when its start refuses it
+    assert not isinstance(eight, RevokedAtStart)
+    assert not isinstance(other, RevokedAtStart)
+
+
+def test_an_id_notice_marks_the_held_call_of_that_id(held: dict[str, Any]) -> None:
+    noticed = SharedCancels()
+    cancelling = Cancelling(
+        Records(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        keep_noticed=60,
+        generation=lambda: 0,
+        in_gate=True,
+        noticed=noticed,
+    )
+    call = Request("a", "t", 7, 1)
+    held[call.id] = call
+    assert cancelling.notice(cancel_notice(NAMES.cancels, "id", 30_000, "a"))
+    assert noticed.find("a") == 0.0  # by id: asked of the store where it starts
+    assert isinstance(call, RevokedAtStart)
