@@ -37,7 +37,7 @@ from celery_baton.core.shared_limits import call_cost
 from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes
 from celery_baton.worker.cancelling import Cancelling, revoke
-from celery_baton.worker.pool.batch_run import BATCH_FIELD, decode_call, encode_call
+from celery_baton.worker.pool.batch_run import BATCH_FIELD, decode_call, encode_request_call
 from celery_baton.worker.transport.acks_together import acknowledge_together
 
 logger = logging.getLogger("celery_baton.worker")
@@ -162,7 +162,7 @@ class Batching:
             outcomes.refuse(request, exc)
             return
         try:
-            encoded = encode_call(request.args, request.kwargs, internals.request_context(request))
+            encoded = encode_request_call(request, internals.request_context(request))
         except (TypeError, ValueError) as exc:
             outcomes.refuse(
                 request, BatonError(f"a batched call's arguments must be JSON-serialisable: {exc}")
@@ -287,9 +287,7 @@ class Batching:
             for call_id in reply.missing:
                 request = state.held.get(call_id)
                 if request is not None:
-                    encoded = encode_call(
-                        request.args, request.kwargs, internals.request_context(request)
-                    )
+                    encoded = encode_request_call(request, internals.request_context(request))
                     state.new.append((call_id, encoded))
             if reply.claim is not None:
                 self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
