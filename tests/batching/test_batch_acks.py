@@ -33,7 +33,8 @@ def test_a_batch_s_messages_are_acked_in_one_round_trip(
     results = [wide.apply_async(kwargs={"account": "acks", "doc": n}) for n in range(CALLS)]
     with monitored(broker_server) as commands:
         replies = broadcast(
-            wide.app, lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10)
+            wide.app,
+            lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
         )
         assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
         runs = settle(observer, "wide", CALLS)

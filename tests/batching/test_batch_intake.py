@@ -48,7 +48,8 @@ def test_a_batching_worker_takes_its_messages_in_several_per_round_trip(
     results = [wide.apply_async(kwargs={"account": "intake", "doc": n}) for n in range(CALLS)]
     with monitored(broker_server) as commands:
         replies = broadcast(
-            wide.app, lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10)
+            wide.app,
+            lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
         )
         assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
         runs = settle(observer, "wide", CALLS)

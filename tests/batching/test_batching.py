@@ -141,7 +141,8 @@ def test_a_burst_within_batch_wait_runs_in_full_batches(
         w.wait_ready()
     results = [fill.apply_async(kwargs={"account": n % 3, "doc": n}) for n in range(90)]
     replies = broadcast(
-        fill.app, lambda: fill.app.control.add_consumer("celery", reply=True, timeout=10)
+        fill.app,
+        lambda: fill.app.control.add_consumer("celery", reply=True, timeout=10, limit=2),
     )
     assert len(replies) == 2, f"not every worker consumes the task queue: {replies}"
     runs = settle(observer, "fill", 90)
