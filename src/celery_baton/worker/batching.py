@@ -29,7 +29,6 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from celery_baton import internals
 from celery_baton.core.batch import Batches, Call, KeyTick, delivery_id, fit_batch, task_id_of
 from celery_baton.core.keys import task_words
 from celery_baton.core.policy.model import TaskPolicy
@@ -162,7 +161,7 @@ class Batching:
             outcomes.refuse(request, exc)
             return
         try:
-            encoded = encode_request_call(request, internals.request_context(request))
+            encoded = encode_request_call(request)
         except (TypeError, ValueError) as exc:
             outcomes.refuse(
                 request, BatonError(f"a batched call's arguments must be JSON-serialisable: {exc}")
@@ -287,7 +286,7 @@ class Batching:
             for call_id in reply.missing:
                 request = state.held.get(call_id)
                 if request is not None:
-                    encoded = encode_request_call(request, internals.request_context(request))
+                    encoded = encode_request_call(request)
                     state.new.append((call_id, encoded))
             if reply.claim is not None:
                 self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)

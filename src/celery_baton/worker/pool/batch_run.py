@@ -24,6 +24,7 @@ from typing import Any
 from celery.exceptions import Retry
 from kombu.utils import json as kombu_json
 
+from celery_baton import internals
 from celery_baton.core.batch import Call, outcomes, task_id_of
 from celery_baton.errors import BatonError
 from celery_baton.parts import installed_parts
@@ -68,28 +69,46 @@ def encode_call(args: Any, kwargs: Any, context: Any = None) -> str:
     return str(kombu_json.dumps([list(args or ()), dict(kwargs or {}), canvas]))  # type: ignore[no-untyped-call]
 
 
-def encode_request_call(request: Any, context: Any) -> str:
-    """``encode_call`` of a received request, its arguments taken as its message holds
-    them: a JSON message's body is Celery's ``[args, kwargs, embed]`` in the same JSON,
-    kept as it came rather than encoded again (a worker's intake of batched calls spent
-    an eighth of its time encoding them: docs/benchmarks.md#batching)."""
+#: The canvas fields a protocol 2 message carries in its body's ``embed`` (the others
+#: are its headers and properties: the request's dict).
+EMBED_FIELDS = ("callbacks", "errbacks", "chain", "chord")
+
+
+def encode_request_call(request: Any) -> str:
+    """``encode_call`` of a received request, taken as its message holds it: a JSON
+    message's body is Celery's ``[args, kwargs, embed]`` in the same JSON, kept as it
+    came rather than encoded again, and the rest of its canvas read from its headers
+    (its request dict) rather than from a task context built for it (the two were a
+    fifth of a batching worker's intake: docs/benchmarks.md#batching)."""
     body = getattr(request, "body", None)
-    if isinstance(body, bytes) and getattr(request, "content_type", None) == "application/json":
+    headers = getattr(request, "request_dict", None)
+    if (
+        isinstance(body, bytes)
+        and isinstance(headers, dict)
+        and getattr(request, "content_type", None) == "application/json"
+    ):
         try:
             text = body.decode(getattr(request, "content_encoding", None) or "utf-8")
         except (UnicodeDecodeError, LookupError):
             text = None
         if text is not None and text.lstrip().startswith("["):
-            canvas = kombu_json.dumps(_canvas(context))  # type: ignore[no-untyped-call]
-            return f'{{"body":{text},"canvas":{canvas}}}'
-    return encode_call(request.args, request.kwargs, context)
+            canvas = {
+                name: value
+                for name in CANVAS_FIELDS
+                if name not in EMBED_FIELDS and (value := headers.get(name))
+            }
+            encoded_canvas = kombu_json.dumps(canvas)  # type: ignore[no-untyped-call]
+            return f'{{"body":{text},"canvas":{encoded_canvas}}}'
+    return encode_call(request.args, request.kwargs, internals.request_context(request))
 
 
 def decode_call(call_id: str, encoded: str) -> tuple[Call, dict[str, Any]]:
     """The call, and its canvas fields (either form ``encode_request_call`` writes)."""
     decoded = kombu_json.loads(encoded)  # type: ignore[no-untyped-call]
     if isinstance(decoded, dict):  # a message's own body, [args, kwargs, embed]
-        (args, kwargs, *_), canvas = decoded["body"], decoded["canvas"]
+        (args, kwargs, *rest), canvas = decoded["body"], decoded["canvas"]
+        embed = rest[0] if rest and isinstance(rest[0], dict) else {}
+        canvas = {**{k: v for k in EMBED_FIELDS if (v := embed.get(k))}, **canvas}
     else:
         args, kwargs = decoded[0], decoded[1]
         canvas = decoded[2] if len(decoded) > 2 else {}

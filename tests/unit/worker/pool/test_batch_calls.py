@@ -22,6 +22,9 @@ KWARGS: dict[str, Any] = {
     "nested": {"a": [], "b": {}},
 }
 CONTEXT = SimpleNamespace(root_id="root", parent_id=None, retries=2, callbacks=[{"task": "t"}])
+#: The same request's headers (its request dict); its callbacks are in its body's embed.
+HEADERS = {"root_id": "root", "parent_id": None, "retries": 2, "task": "batched"}
+EMBED = {"callbacks": [{"task": "t"}], "errbacks": None, "chain": None, "chord": None}
 
 
 def _request(body: Any, content_type: str = "application/json") -> SimpleNamespace:
@@ -31,12 +34,14 @@ def _request(body: Any, content_type: str = "application/json") -> SimpleNamespa
         content_encoding="utf-8",
         args=ARGS,
         kwargs=KWARGS,
+        request_dict=HEADERS,
+        _context=CONTEXT,
     )
 
 
 def test_a_json_message_s_body_is_kept_as_it_came_and_decodes_to_the_call() -> None:
-    body = kombu_json.dumps([list(ARGS), KWARGS, {"callbacks": None}]).encode()
-    encoded = encode_request_call(_request(body), CONTEXT)
+    body = kombu_json.dumps([list(ARGS), KWARGS, EMBED]).encode()
+    encoded = encode_request_call(_request(body))
     assert body.decode() in encoded  # not encoded again
     call, canvas = decode_call("task-id", encoded)
     assert (call.args, call.kwargs) == (ARGS, KWARGS)
@@ -44,16 +49,14 @@ def test_a_json_message_s_body_is_kept_as_it_came_and_decodes_to_the_call() -> N
 
 
 def test_both_forms_decode_to_the_same_call() -> None:
-    body = kombu_json.dumps([list(ARGS), KWARGS, {}]).encode()
-    from_body = decode_call("id", encode_request_call(_request(body), CONTEXT))
+    body = kombu_json.dumps([list(ARGS), KWARGS, EMBED]).encode()
+    from_body = decode_call("id", encode_request_call(_request(body)))
     from_args = decode_call("id", encode_call(ARGS, KWARGS, CONTEXT))
     assert from_body == from_args
 
 
 def test_a_message_that_is_not_json_is_encoded_from_its_arguments() -> None:
-    encoded = encode_request_call(
-        _request(b"\x80\x04pickled", "application/x-python-serialize"), CONTEXT
-    )
+    encoded = encode_request_call(_request(b"\x80\x04pickled", "application/x-python-serialize"))
     assert encoded == encode_call(ARGS, KWARGS, CONTEXT)
-    encoded = encode_request_call(_request((ARGS, KWARGS, {})), CONTEXT)  # a protocol 1 body
+    encoded = encode_request_call(_request((ARGS, KWARGS, {})))  # a protocol 1 body
     assert encoded == encode_call(ARGS, KWARGS, CONTEXT)
