@@ -1,0 +1,148 @@
+"""The end of a store-wide hold: the backlog past the worker's window goes back to the
+broker, so that every worker takes from it.
+
+While the store's grace lasts (``verdict.Reason.GRACE``: new, or lost its data) or the
+store is down (``Reason.STORE_DOWN``, ``baton_on_store_error="hold"``), every guarded
+delivery is held, and held deliveries raise the prefetch count (``worker/holding.py``):
+the worker that is up takes the whole backlog from the broker. Kept, it ran all of it
+at its own concurrency when the hold ended, while a worker started meanwhile (or busy
+until then) found the queue empty and idled: 160 of 160 calls on one worker of two
+(tests/worker/test_hold_spread.py).
+
+So when the hold ends (the grace's first other answer, the store answering again), the
+worker keeps what a plain Celery worker would have reserved -- its prefetch window,
+concurrency x prefetch multiplier -- and hands the rest back to the broker, in the order
+they would have been asked (priority, then arrival), as the hold horizon does
+(``reject(requeue=True)``: same id, headers and retry count). None of them reached the
+pool, so none runs twice; each goes back once, to be delivered to whichever worker has
+room. Those in the middle of an ask, or waiting for a pool process, are kept (and
+count against the window). A worker without a prefetch limit (multiplier 0) keeps all:
+it takes everything without celery-baton too.
+
+Where the broker puts a rejected message: RabbitMQ at its place in the queue; kombu's
+Redis transport behind the messages waiting there (none, unless the worker was past
+``baton_hold_max``), in the order handed back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery_baton.worker.holding import Delivery, Holding
+from celery_baton.worker.verdict import Reason
+
+logger = logging.getLogger("celery_baton.worker")
+
+#: The holds that refuse every guarded request alike, whatever its key.
+STORE_WIDE = (Reason.GRACE, Reason.STORE_DOWN)
+
+
+def past_window(
+    held: Iterable[Delivery],
+    reason: Reason,
+    keep: int,
+    rank: Callable[[Any], float | None] = lambda request: None,
+) -> list[Delivery]:
+    """Of the deliveries ``held`` for ``reason``, those to hand back: past the first
+    ``keep`` in the order they would be asked (a higher ``rank`` first, then arrival).
+    One that is asking, or waiting for (or holding) a pool process, is kept and counts."""
+    waiting = [d for d in held if d.held and d.held_for is reason]
+    busy = [d for d in waiting if _busy(d)]
+    idle = sorted(
+        (d for d in waiting if not _busy(d)),
+        key=lambda d: (-(rank(d.request) or 0.0), d.since),
+    )
+    return idle[max(0, keep - len(busy)) :]
+
+
+def _busy(delivery: Delivery) -> bool:
+    return (
+        delivery.asking
+        or delivery.waiting_slot
+        or delivery.slot
+        or delivery.reserved_start
+        or delivery.ahead is not None
+    )
+
+
+class HoldEnd:
+    """Hands back, at the end of a store-wide hold, what the worker cannot start soon.
+
+    ``ended(reason, why)`` is called on the consumer's loop when the hold for ``reason``
+    ended; the deliveries go back on the loop's next turn (the answer that told may be
+    about one of them, still being applied) through ``hand_back(delivery, why)``.
+    """
+
+    def __init__(
+        self,
+        holding: Holding,
+        *,
+        hand_back: Callable[[Delivery, str], None],
+        generation: Callable[[], int],
+    ) -> None:
+        self.holding = holding
+        self.hand_back = hand_back
+        self.generation = generation
+        self._due: dict[Reason, str] = {}
+        self.handed_back = 0  # in all, for the tests and the log
+
+    def ended(self, reason: Reason, why: str) -> None:
+        if reason in self._due:
+            return
+        self._due[reason] = why
+        self.holding.consumer.timer.call_after(0.0, self._end, (reason,), priority=4)
+
+    def window(self) -> int:
+        """What a plain worker reserves: Celery's prefetch count at the consumer's start
+        (concurrency x prefetch multiplier; 0: no limit)."""
+        return int(getattr(self.holding.consumer, "initial_prefetch_count", 0) or 0)
+
+    def _end(self, reason: Reason) -> None:
+        # kombu's timer swallows exceptions: catch everything, the worker must go on
+        # (what is not handed back stays held and runs here, as before).
+        why = self._due.pop(reason, "")
+        try:
+            keep = self.window()
+            if keep <= 0:
+                return
+            with self.holding.lock:
+                generation = self.generation()
+                back = [
+                    d
+                    for d in past_window(
+                        self.holding.held_deliveries(), reason, keep, self.holding.rank
+                    )
+                    if d.generation == generation
+                ]
+                for delivery in back:
+                    self.holding.release(delivery)
+                # Their prefetch slots first: a broker that applies the lower count only
+                # later (RabbitMQ) would deliver them to this worker again at once.
+                try:
+                    self.holding.consumer.qos.update()
+                except Exception as exc:  # the broker's: they go back all the same
+                    logger.warning("baton: lowering the prefetch count failed: %r", exc)
+                for delivery in back:
+                    try:
+                        self.hand_back(delivery, why)
+                    except Exception:  # one that fails must not keep the others here
+                        logger.exception(
+                            "baton: handing back %s[%s] failed",
+                            delivery.request.name,
+                            delivery.request.id,
+                        )
+                kept = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
+            if back:
+                self.handed_back += len(back)
+                logger.info(
+                    "baton: %s: %d held requests handed back to the broker, for every "
+                    "worker to take; %d kept (this worker's prefetch window is %d)",
+                    why,
+                    len(back),
+                    kept,
+                    keep,
+                )
+        except Exception:
+            logger.exception("baton: handing back held requests failed (%s)", why)
