@@ -137,6 +137,7 @@ class Admission:
         self.hold_end = HoldEnd(
             self.holding,
             hand_back=functools.partial(self._hand_back, one_of_many=True),
+            ask=self._ask,
             generation=lambda: self.generation,
         )
         self.store_down = StoreDown(

@@ -39,22 +39,24 @@ logger = logging.getLogger("celery_baton.worker")
 STORE_WIDE = (Reason.GRACE, Reason.STORE_DOWN)
 
 
-def past_window(
+def split(
     held: Iterable[Delivery],
     reason: Reason,
     keep: int,
     rank: Callable[[Any], float | None] = lambda request: None,
-) -> list[Delivery]:
-    """Of the deliveries ``held`` for ``reason``, those to hand back: past the first
-    ``keep`` in the order they would be asked (a higher ``rank`` first, then arrival).
-    One that is asking, or waiting for (or holding) a pool process, is kept and counts."""
+) -> tuple[list[Delivery], list[Delivery]]:
+    """Of the deliveries ``held`` for ``reason``, in the order they would be asked (a
+    higher ``rank`` first, then arrival): those kept, the first ``keep``, and those to
+    hand back, the rest. One that is asking, or waiting for (or holding) a pool
+    process, is kept and counts, but is not among those returned."""
     waiting = [d for d in held if d.held and d.held_for is reason]
     busy = [d for d in waiting if _busy(d)]
     idle = sorted(
         (d for d in waiting if not _busy(d)),
         key=lambda d: (-(rank(d.request) or 0.0), d.since),
     )
-    return idle[max(0, keep - len(busy)) :]
+    room = max(0, keep - len(busy))
+    return idle[:room], idle[room:]
 
 
 def _busy(delivery: Delivery) -> bool:
@@ -72,7 +74,10 @@ class HoldEnd:
 
     ``ended(reason, why)`` is called on the consumer's loop when the hold for ``reason``
     ended; the deliveries go back on the loop's next turn (the answer that told may be
-    about one of them, still being applied) through ``hand_back(delivery, why)``.
+    about one of them, still being applied) through ``hand_back(delivery, why)``, and
+    those kept are asked for through ``ask(delivery)``, each in turn: in their queue
+    only its head asks, and the one behind it would ask only once the head started,
+    behind every request delivered meanwhile (the oldest of the backlog would run last).
     """
 
     def __init__(
@@ -80,10 +85,12 @@ class HoldEnd:
         holding: Holding,
         *,
         hand_back: Callable[[Delivery, str], None],
+        ask: Callable[[Delivery], None],
         generation: Callable[[], int],
     ) -> None:
         self.holding = holding
         self.hand_back = hand_back
+        self.ask = ask
         self.generation = generation
         self._due: dict[Reason, str] = {}
         self.handed_back = 0  # in all, for the tests and the log
@@ -109,13 +116,12 @@ class HoldEnd:
                 return
             with self.holding.lock:
                 generation = self.generation()
-                back = [
-                    d
-                    for d in past_window(
-                        self.holding.held_deliveries(), reason, keep, self.holding.rank
-                    )
-                    if d.generation == generation
-                ]
+                kept, back = split(
+                    [d for d in self.holding.held_deliveries() if d.generation == generation],
+                    reason,
+                    keep,
+                    self.holding.rank,
+                )
                 for delivery in back:
                     self.holding.release(delivery)
                 # Their prefetch slots first: a broker that applies the lower count only
@@ -133,7 +139,10 @@ class HoldEnd:
                             delivery.request.name,
                             delivery.request.id,
                         )
-                kept = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
+                for delivery in kept:  # in their order: into the line for a pool process
+                    if delivery.held and not _busy(delivery):
+                        self.ask(delivery)
+                left = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
             if back:
                 self.handed_back += len(back)
                 logger.info(
@@ -141,7 +150,7 @@ class HoldEnd:
                     "worker to take; %d kept (this worker's prefetch window is %d)",
                     why,
                     len(back),
-                    kept,
+                    left,
                     keep,
                 )
         except Exception:
