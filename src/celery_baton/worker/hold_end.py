@@ -27,6 +27,7 @@ Redis transport behind the messages waiting there (none, unless the worker was p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -110,6 +111,7 @@ class HoldEnd:
         # kombu's timer swallows exceptions: catch everything, the worker must go on
         # (what is not handed back stays held and runs here, as before).
         why = self._due.pop(reason, "")
+        began = time.monotonic()
         try:
             keep = self.window()
             if keep <= 0:
@@ -145,11 +147,14 @@ class HoldEnd:
                 left = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
             if back:
                 self.handed_back += len(back)
+                # The time says how long the loop was busy with it (a reject is a
+                # broker round trip or more: a transaction on kombu's Redis transport).
                 logger.info(
                     "baton: %s: %d held requests handed back to the broker, for every "
-                    "worker to take; %d kept (this worker's prefetch window is %d)",
+                    "worker to take, in %.2fs; %d kept (this worker's prefetch window is %d)",
                     why,
                     len(back),
+                    time.monotonic() - began,
                     left,
                     keep,
                 )
