@@ -149,14 +149,19 @@ class HoldEnd:
                 self.handed_back += len(back)
                 # The time says how long the loop was busy with it (a reject is a
                 # broker round trip or more: a transaction on kombu's Redis transport).
+                # Each id is named, as held_return names those it puts back: a message
+                # on its way back when the broker dies can be lost in kombu's Redis
+                # transport (docs/failure.md), and the log then says which were.
                 logger.info(
                     "baton: %s: %d held requests handed back to the broker, for every "
-                    "worker to take, in %.2fs; %d kept (this worker's prefetch window is %d)",
+                    "worker to take, in %.2fs; %d kept (this worker's prefetch window is "
+                    "%d): %s",
                     why,
                     len(back),
                     time.monotonic() - began,
                     left,
                     keep,
+                    ", ".join(d.request.id for d in back),
                 )
         except Exception:
             logger.exception("baton: handing back held requests failed (%s)", why)
