@@ -9,19 +9,26 @@ at its own concurrency when the hold ended, while a worker started meanwhile (or
 until then) found the queue empty and idled: 160 of 160 calls on one worker of two
 (tests/worker/test_hold_spread.py).
 
-So when the hold ends (the grace's first other answer, the store answering again), the
-worker keeps what a plain Celery worker would have reserved -- its prefetch window,
-concurrency x prefetch multiplier -- and hands the rest back to the broker, in the order
-they would have been asked (priority, then arrival), as the hold horizon does
+So when the hold ends (a grace-held request's first other answer, the store answering
+again), the worker keeps what a plain Celery worker would have reserved -- its prefetch
+window, concurrency x prefetch multiplier -- and hands the rest back to the broker, in
+the order they would have been asked (priority, then arrival), as the hold horizon does
 (``reject(requeue=True)``: same id, headers and retry count). None of them reached the
 pool, so none runs twice; each goes back once, to be delivered to whichever worker has
 room. Those in the middle of an ask, or waiting for a pool process, are kept (and
-count against the window). A worker without a prefetch limit (multiplier 0) keeps all:
-it takes everything without celery-baton too.
+count against the window); the others kept join the line for a pool process at once,
+oldest first. A worker without a prefetch limit (multiplier 0) keeps all: it takes
+everything without celery-baton too.
 
-Where the broker puts a rejected message: RabbitMQ at its place in the queue; kombu's
-Redis transport behind the messages waiting there (none, unless the worker was past
-``baton_hold_max``), in the order handed back.
+Where the broker puts a rejected message: RabbitMQ at its place in a classic queue, and
+a quorum queue's grouped by the consumer it was delivered to (not in order: the task
+consumer is opened again for held requests, ``transport/consumer_window.py``); kombu's
+Redis transport behind the messages waiting in the queue (none, unless the worker was
+past ``baton_hold_max``), in the order handed back.
+
+The grace's end is learned from a grace-held request's next answer, which it asks for
+only once a pool process is free: a worker whose pool is busy with other work when the
+grace ends hands back when a process frees, not before.
 """
 
 from __future__ import annotations
@@ -35,9 +42,6 @@ from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.verdict import Reason
 
 logger = logging.getLogger("celery_baton.worker")
-
-#: The holds that refuse every guarded request alike, whatever its key.
-STORE_WIDE = (Reason.GRACE, Reason.STORE_DOWN)
 
 
 def split(

@@ -74,8 +74,8 @@ def hand_back(request: Any, why: str, *, one_of_many: bool = False) -> None:
     ``one_of_many``: one of many handed back together, in the order they should come
     back. Logged at DEBUG (the caller says how many, once), and rejected now: Celery
     queues each reject on the hub's ``call_soon``, whose callbacks run in no set order,
-    and the broker would take them back in that order (a backlog's, run three places
-    interleaved, up to 135 places from its publish order)."""
+    and the broker would take them back in that order (a backlog of 151 came back three
+    ways interleaved, a call 135 places ahead of its publish order)."""
     metrics.handed_back.labels(request.name).inc()
     logger.log(
         logging.DEBUG if one_of_many else logging.WARNING,
