@@ -17,8 +17,9 @@ the order they would have been asked (priority, then arrival), as the hold horiz
 pool, so none runs twice; each goes back once, to be delivered to whichever worker has
 room. Those in the middle of an ask, or waiting for a pool process, are kept (and
 count against the window); the others kept join the line for a pool process at once,
-oldest first. A worker without a prefetch limit (multiplier 0) keeps all: it takes
-everything without celery-baton too.
+oldest first. Held beat slots are kept, whatever the window: their misfire policy is
+judged only where they were held. A worker without a prefetch limit (multiplier 0)
+keeps all: it takes everything without celery-baton too.
 
 Where the broker puts a rejected message: RabbitMQ at its place in a classic queue, and
 a quorum queue's grouped by the consumer it was delivered to (not in order: the task
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, MISFIRE_HEADER
 from celery_baton.worker.holding import Delivery, Holding
 from celery_baton.worker.verdict import Reason
 
@@ -53,15 +55,30 @@ def split(
     """Of the deliveries ``held`` for ``reason``, in the order they would be asked (a
     higher ``rank`` first, then arrival): those kept, the first ``keep``, and those to
     hand back, the rest. One that is asking, or waiting for (or holding) a pool
-    process, is kept and counts, but is not among those returned."""
+    process, is kept and counts, but is not among those returned. A beat slot with a
+    misfire policy is kept and does not count: see ``_judged_here``."""
     waiting = [d for d in held if d.held and d.held_for is reason]
     busy = [d for d in waiting if _busy(d)]
     idle = sorted(
         (d for d in waiting if not _busy(d)),
         key=lambda d: (-(rank(d.request) or 0.0), d.since),
     )
-    room = max(0, keep - len(busy))
-    return idle[:room], idle[room:]
+    others = [d for d in idle if not _judged_here(d)]
+    kept = set(map(id, others[: max(0, keep - len(busy))]))
+    return (
+        [d for d in idle if id(d) in kept or _judged_here(d)],
+        [d for d in others if id(d) not in kept],
+    )
+
+
+def _judged_here(delivery: Delivery) -> bool:
+    """A beat slot with a misfire policy: a held slot is judged by it when admitted
+    (coalesced into a later slot, or skipped, ``worker/misfire.py``), a judgement only
+    the worker that held it makes; back through the broker it is a new delivery and
+    runs however stale (a 1 s entry held for a grace: 11 ticks within one second). Most
+    are not run at all, so keeping them keeps no work from another worker."""
+    headers = getattr(delivery.request, "request_dict", None) or {}
+    return headers.get(MISFIRE_HEADER) is not None and headers.get(BEAT_SLOT_HEADER) is not None
 
 
 def _busy(delivery: Delivery) -> bool:

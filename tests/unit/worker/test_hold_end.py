@@ -54,6 +54,17 @@ def test_a_higher_priority_is_kept_before_an_earlier_arrival() -> None:
     assert [d.request.id for d in back] == ["low"]
 
 
+def test_a_held_beat_slot_is_kept_past_the_window_for_its_misfire_policy() -> None:
+    ds = [delivery(f"d{i}") for i in range(3)]
+    slot = delivery("slot")
+    slot.request.request_dict = {"baton_beat_slot": 1, "baton_beat_misfire": {"grace": 2}}  # type: ignore[attr-defined]
+    for d in (*ds, slot):
+        d.held, d.held_for = True, Reason.GRACE
+    kept, back = split([*ds, slot], Reason.GRACE, 1)
+    assert [d.request.id for d in kept] == ["d0", "slot"]
+    assert [d.request.id for d in back] == ["d1", "d2"]
+
+
 def test_handed_back_on_the_next_turn_once_after_the_lower_prefetch_count_is_sent() -> None:
     asked: list[str] = []
     consumer, _, end, back = held_for_grace(10, asked)
