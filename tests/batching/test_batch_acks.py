@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from typing import Any
 
 from tests.batching.test_batching import assert_each_call_once, settle
 from tests.support.monitor import monitored, transactions
-from tests.support.observer import Observer
+from tests.support.observer import Observer, Run
 from tests.support.servers import StoreServer
 from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
@@ -24,26 +25,38 @@ APP = "tests.apps.batching"
 CALLS = 100  # two batches of 50 (``wide``)
 
 
-def test_a_batch_s_messages_are_acked_in_one_round_trip(
-    workers: Workers, observer: Observer, broker_server: StoreServer
-) -> None:
+def drain_watched(
+    workers: Workers, observer: Observer, broker_server: StoreServer, account: str, calls: int
+) -> tuple[list[Run], list[dict[str, Any]]]:
+    """``calls`` calls of ``wide`` queued, then drained by one worker while ``MONITOR``
+    watches the broker: the runs (every call once, each caller its own result, no
+    message left unacked or queued) and the broker's commands meanwhile."""
     from tests.apps.batching import wide
 
     workers.start(APP, concurrency=2, queues="not-yet")
-    results = [wide.apply_async(kwargs={"account": "acks", "doc": n}) for n in range(CALLS)]
+    results = [wide.apply_async(kwargs={"account": account, "doc": n}) for n in range(calls)]
     with monitored(broker_server) as commands:
         replies = broadcast(
             wide.app,
             lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
         )
         assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
-        runs = settle(observer, "wide", CALLS)
-        assert [r.get(timeout=30) for r in results] == [n * 2 for n in range(CALLS)]
+        runs = settle(observer, "wide", calls)
+        assert [r.get(timeout=30) for r in results] == [n * 2 for n in range(calls)]
         with broker_server.client() as client:
             wait_until(
-                lambda: client.hlen("unacked") == 0, timeout=10, what="no message left unacked"
+                lambda: client.hlen("unacked") == 0 and client.llen("celery") == 0,
+                timeout=10,
+                what="no message left unacked or queued",
             )
     assert_each_call_once(runs, [r.id for r in results])
+    return runs, commands
+
+
+def test_a_batch_s_messages_are_acked_in_one_round_trip(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    runs, commands = drain_watched(workers, observer, broker_server, "acks", CALLS)
     # The tags each transaction (or lone command) took out of kombu's unacked index.
     # (``ZREM unacked_index <tag> ...``: one command may name several tags.)
     sizes = [

@@ -6,20 +6,19 @@ drain: docs/benchmarks.md#batching, bound 1).
 Counted from outside with ``MONITOR`` on the broker: the round trips that take a message
 in (``BRPOP`` answers, kombu's own unacked records, the intake script's calls) against
 the calls; then every call in exactly one successful run, each caller's own result, and
-no message left unacked or in the queue. And a worker SIGKILLed while it holds calls
-taken in so: each comes back (kombu's visibility restore) and runs once.
+no message left unacked or in the queue. (A worker SIGKILLed while it holds calls taken
+in so, and a broker restart: tests/batching/test_batching_faults.py, whose workers take
+their messages in this way.)
 """
 
 from __future__ import annotations
 
-from tests.batching.test_batching import assert_each_call_once, settle
-from tests.support.monitor import monitored, transactions
+from tests.batching.test_batch_acks import drain_watched
+from tests.support.monitor import transactions
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
-from tests.support.waiting import broadcast, wait_until
 from tests.support.workers import Workers
 
-APP = "tests.apps.batching"
 CALLS = 200  # four batches of 50 (``wide``)
 
 
@@ -42,25 +41,7 @@ def _intake_round_trips(commands: list[dict[str, object]]) -> dict[str, int]:
 def test_a_batching_worker_takes_its_messages_in_several_per_round_trip(
     workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
-    from tests.apps.batching import wide
-
-    workers.start(APP, concurrency=2, queues="not-yet")
-    results = [wide.apply_async(kwargs={"account": "intake", "doc": n}) for n in range(CALLS)]
-    with monitored(broker_server) as commands:
-        replies = broadcast(
-            wide.app,
-            lambda: wide.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
-        )
-        assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
-        runs = settle(observer, "wide", CALLS)
-        assert [r.get(timeout=30) for r in results] == [n * 2 for n in range(CALLS)]
-        with broker_server.client() as client:
-            wait_until(
-                lambda: client.hlen("unacked") == 0 and client.llen("celery") == 0,
-                timeout=10,
-                what="no message left unacked or queued",
-            )
-    assert_each_call_once(runs, [r.id for r in results])
+    runs, commands = drain_watched(workers, observer, broker_server, "intake", CALLS)
     counts = _intake_round_trips(commands)
     spent = sum(counts.values())
     print(f"{len(runs)} runs; intake round trips for {CALLS} calls: {counts}")
