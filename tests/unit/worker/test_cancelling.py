@@ -49,9 +49,9 @@ def held(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return requests
 
 
-def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> None:
-    noticed = SharedCancels()
-    cancelling = Cancelling(
+def _cancelling(noticed: SharedCancels) -> Cancelling:
+    """A worker's cancels on one store (in the gate), writing to ``noticed``."""
+    return Cancelling(
         Records(),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         keep_noticed=60,
@@ -59,6 +59,11 @@ def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> No
         in_gate=True,
         noticed=noticed,
     )
+
+
+def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> None:
+    noticed = SharedCancels()
+    cancelling = _cancelling(noticed)
     seven, eight, other = (
         Request("a", "t", 7, 1),
         Request("b", "t", 8, 1),
@@ -78,14 +83,7 @@ def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> No
 
 def test_an_id_notice_marks_the_held_call_of_that_id(held: dict[str, Any]) -> None:
     noticed = SharedCancels()
-    cancelling = Cancelling(
-        Records(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        keep_noticed=60,
-        generation=lambda: 0,
-        in_gate=True,
-        noticed=noticed,
-    )
+    cancelling = _cancelling(noticed)
     call = Request("a", "t", 7, 1)
     held[call.id] = call
     assert cancelling.notice(cancel_notice(NAMES.cancels, "id", 30_000, "a"))
