@@ -138,18 +138,19 @@ def test_a_batch_weighing_more_than_the_limit_runs_the_part_that_fits(
 A_CALLS, B_CALLS = 200, 16
 
 
-@pytest.mark.parametrize("fair", [True, False], ids=["fair_key", "first_come"])
 def test_fair_key_shares_a_limit_between_tenants_by_batch_runs(
-    workers: Workers, observer: Observer, store_server: StoreServer, fair: bool
+    workers: Workers, observer: Observer, store_server: StoreServer
 ) -> None:
     """Tenant A's backlog of 50 batches, then tenant B's 4, on a cap of 2 batch runs
     shared by 3 workers (6 pool processes): once the workers hold B's calls, B's batch
-    runs take their turns with A's (judged at the bodies' starts), where first come
-    first served starts most of A's backlog first (the same test without the fair key,
-    for comparison). A's runs take every slot again once B has nothing waiting."""
-    from tests.apps.batching import FAIR_CAP, fair_batch, fifo_batch
+    runs take their turns with A's (judged at the bodies' starts). A's runs take every
+    slot again once B has nothing waiting. (The same test without the fair key no
+    longer shows first come first served starting A's backlog first reliably: since a
+    batching worker takes its messages in several at a time, its batches of two keys
+    alternate often without one, 10-15 A runs against a bound of 18-19.)"""
+    from tests.apps.batching import FAIR_CAP, fair_batch
 
-    task = fair_batch if fair else fifo_batch
+    task = fair_batch
     name = task.name.rsplit(".", 1)[-1]
     for _ in range(3):
         workers.start(APP, concurrency=2, wait=False, queues="not-yet")
@@ -207,9 +208,6 @@ def test_fair_key_shares_a_limit_between_tenants_by_batch_runs(
     # already asked for (a cap's worth per worker) and a fifth of A's backlog for a
     # loaded machine; first come first served starts most of A's backlog first.
     bound = len(b_runs) + 3 * FAIR_CAP + unstarted // 5
-    if fair:
-        assert overtaking <= bound
-        last_b_end = max(r.end for r in b_runs)
-        assert max_concurrent([r for r in a_runs if r.start > last_b_end]) == FAIR_CAP
-    else:
-        assert overtaking > bound, "first come first served: A's backlog first"
+    assert overtaking <= bound
+    last_b_end = max(r.end for r in b_runs)
+    assert max_concurrent([r for r in a_runs if r.start > last_b_end]) == FAIR_CAP
