@@ -13,6 +13,7 @@ from celery import Celery
 
 from tests.limits.test_rate_limits import APP, publish
 from tests.support.observer import Observer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 
@@ -68,6 +69,9 @@ def test_hold_max_stops_raising_prefetch_beyond_the_cap(
     assert warnings >= 1, "the cap was never reached or not reported"
     assert warnings <= 2, f"{warnings} cap warnings in 3 s: not rate-limited"
     assert "handed back to the broker" not in log, "held requests spin through the broker"
+    # 1/m: one starts (on a loaded machine, or within a new store's grace, maybe after
+    # the 3 s above), and no other within the minute.
+    wait_until(lambda: observer.started(), 20, "the first crawl's start")
     assert len(observer.started()) == 1
     # None lost: every message is held, queued, or unacked in the broker.
     with limits.app.connection_for_write() as conn:
