@@ -146,16 +146,14 @@ class _Intake:
         from kombu.utils.json import loads
 
         channel, qos = self.channel, self.qos
-        try:
-            taken = self.script(
-                keys=[key, qos.unacked_index_key, qos.unacked_key],
-                args=[room, repr(time.time())],
-                client=channel.client,
-            )
-        except channel.connection_errors:
-            # The popped ones (if the script ran) are recorded unacked: kombu restores
-            # them when this connection's close or its visibility scan does.
-            raise
+        # A connection error propagates as kombu's own read's does; the popped ones (if
+        # the script ran) are recorded unacked: kombu restores them when this
+        # connection's close or its visibility scan does.
+        taken = self.script(
+            keys=[key, qos.unacked_index_key, qos.unacked_key],
+            args=[room, repr(time.time())],
+            client=channel.client,
+        )
         queue = str(bytes_to_str(key)).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
         payloads = [loads(bytes_to_str(raw)) for raw in taken]  # type: ignore[no-untyped-call]
         tags = [payload["properties"]["delivery_tag"] for payload in payloads]
