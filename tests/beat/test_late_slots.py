@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from celery_baton.beat.state import BeatKeys
+from celery_baton.core.keys import KeyNames
 from tests.beat.helpers import (
     BEAT_KEYS,
     beat_env,
@@ -138,6 +139,15 @@ def test_slots_held_for_a_new_stores_grace_run_once(
     with fresh.client() as store:
         missed = int(store.hget(keys.entry("every1"), "missed") or 0)
         lines = [json.loads(x) for x in store.lrange(keys.history("every1"), 0, -1)]
+        # The grace's start as the store wrote it ("<since ms> <replication id>").
+        since_ms = int(str(store.get(KeyNames("baton").store_epoch)).split()[0])
     held = [x for x in lines if x["kind"] == "missed" and x.get("at_worker")]
     assert held and all(x["coalesced"] and x["into"] > x["first"] for x in held), lines
-    assert missed >= len(held) >= 3, (missed, lines)
+    # Every slot the beat fired within the grace (half a second short of its end, for the
+    # admission's own delay) was held; all but the newest are coalesced. How many that is
+    # depends on how soon the beat fired after the store's start: on a loaded machine the
+    # processes' start took 6 s of the 8, and two slots fell in the grace (CI, 1 held).
+    grace_end_ms = since_ms + 8_000
+    in_grace = [x for x in lines if x["kind"] == "fired" and x["at"] < grace_end_ms - 500]
+    assert len(in_grace) >= 2, f"the beat fired {len(in_grace)} slots within the grace: {lines}"
+    assert missed >= len(held) >= min(3, len(in_grace) - 1), (missed, lines)

@@ -56,10 +56,13 @@ def test_cancels_hold_on_the_production_stores_and_through_a_failover(
     from tests.apps import cancel
 
     use_store(cancel, prod_store.url)
-    calls = [cancel.limited.delay(n) for n in range(40)]
+    # 55 calls at 5/s: 11 s of backlog, so that the last five are still waiting when they
+    # are cancelled (40 gave 7 s: on a loaded machine, with the Cluster's slower cancels,
+    # all five started within HAND_OVER of their cancel, and none was left to judge).
+    calls = [cancel.limited.delay(n) for n in range(60)]
     keyed_7 = [cancel.keyed.delay(7, n) for n in range(5)]
     keyed_8 = [cancel.keyed.delay(8, n) for n in range(5)]
-    in_broker = calls[35:]
+    in_broker = calls[55:]
     for result in in_broker:
         cancel.baton.cancel(result.id)
     cancel.baton.cancel(task=cancel.keyed, key={"account_id": 7})
@@ -72,7 +75,7 @@ def test_cancels_hold_on_the_production_stores_and_through_a_failover(
     countdowns = [cancel.limited.apply_async((100 + n,), countdown=COUNTDOWN) for n in range(5)]
     due = time.monotonic() + COUNTDOWN
     started = {s["task_id"] for s in observer.started()}
-    held = [r for r in calls[:35] if r.id not in started][-5:]
+    held = [r for r in calls[:55] if r.id not in started][-5:]
     raced = raced_with_cancel(observer, cancel_timed(cancel.baton, observer, held + countdowns))
     held = [r for r in held if r.id not in raced]
     later = [r for r in countdowns if r.id not in raced]
