@@ -378,7 +378,7 @@ class TickReply:
     finished: list[str]  # held calls that ran (or had run): ack them
     missing: list[str]  # held calls the store does not know: register them again
     due: float | None  # seconds until a batch is due (None: nothing waits)
-    claim: Claim | None
+    claims: list[Claim]  # the batches this worker claimed, oldest first
     # Seconds of the grace this tick started: the server was promoted from a replica
     # (a failover) and may lack its old master's last claims and done markers (0: none).
     promoted: float = 0.0
@@ -409,6 +409,7 @@ class KeyTick:
     # marker (a failover).
     done: list[str] = field(default_factory=list)
     keep: float = 0.0  # how long a done call is remembered
+    most: int = 1  # how many due batches it may claim (its free processes)
 
 
 class Batches:
@@ -424,7 +425,7 @@ class Batches:
 
     def tick(self, worker: str, presence: float, ticks: Sequence[KeyTick]) -> list[TickReply]:
         """Register new calls, renew this worker's presence and its runs, learn which
-        held calls ran, and claim a due batch: every key's in one round trip."""
+        held calls ran, and claim due batches: every key's in one round trip."""
         calls = []
         for t in ticks:
             args: list[Any] = [
@@ -435,6 +436,7 @@ class Batches:
                 _ms(t.run_ttl),
                 " ".join(t.runs),
                 t.label,
+                max(1, t.most),
                 len(t.new),
             ]
             for call_id, payload in t.new:
@@ -489,14 +491,17 @@ def _tick_reply(reply: Sequence[Any]) -> TickReply:
     finished = [_text(x) for x in reply[0]]
     missing = [_text(x) for x in reply[1]]
     due_ms = int(reply[2])
-    claim = None
-    raw = list(reply[3])
-    if raw:
-        calls = [(_text(raw[i]), _text(raw[i + 1])) for i in range(2, len(raw), 2)]
-        claim = Claim(_text(raw[0]), _text(raw[1]), calls)
+    claims = [
+        Claim(
+            _text(raw[0]),
+            _text(raw[1]),
+            [(_text(raw[i]), _text(raw[i + 1])) for i in range(2, len(raw), 2)],
+        )
+        for raw in reply[3]
+    ]
     promoted = int(reply[4]) / 1000 if len(reply) > 4 else 0.0
     redone = int(reply[5]) if len(reply) > 5 else 0
     grace = int(reply[6]) / 1000 if len(reply) > 6 else 0.0
     return TickReply(
-        finished, missing, None if due_ms < 0 else due_ms / 1000, claim, promoted, redone, grace
+        finished, missing, None if due_ms < 0 else due_ms / 1000, claims, promoted, redone, grace
     )

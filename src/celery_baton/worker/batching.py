@@ -5,8 +5,9 @@ A received call is held (counted like an ETA task, so the prefetch window keeps 
 work this worker can run) and registered in the store under its key at the next tick.
 Every ``interval`` one tick per key (one round trip for all keys) renews this worker's
 presence and the batch it runs, tells which held calls ran in a batch (their messages
-are acked here, nothing runs), re-registers the calls the store forgot, and claims a due
-batch when this worker holds one of its calls. That call's own request carries the batch
+are acked here, nothing runs), re-registers the calls the store forgot, and claims due
+batches of which this worker holds a call, as many as it has free processes (at least
+one). That call's own request carries the batch
 into the pool (worker/pool/batch_run.py runs the body and writes every call's result).
 When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
 
@@ -212,6 +213,8 @@ class Batching:
         ]
         if not states:
             return
+        # The free processes, shared among the keys ticked (each may claim one at least).
+        most = max(1, self._free_processes() // len(states))
         ticks = []
         for state in states:
             held = None
@@ -245,6 +248,7 @@ class Batching:
                         else []
                     ),
                     keep=self.keep,
+                    most=most,
                 )
             )
         try:
@@ -288,8 +292,22 @@ class Batching:
                 if request is not None:
                     encoded = encode_request_call(request)
                     state.new.append((call_id, encoded))
-            if reply.claim is not None:
-                self._start(state, reply.claim.run, reply.claim.carrier, reply.claim.calls)
+            for claim in reply.claims:
+                self._start(state, claim.run, claim.carrier, claim.calls)
+
+    def _free_processes(self) -> int:
+        """The pool's processes (threads, greenlets) that run nothing now: those it has
+        less the requests they accepted and the batches sent to it not accepted yet."""
+        pool = getattr(self.consumer, "pool", None)
+        size = int(getattr(pool, "num_processes", 0) or 0)
+        active = worker_state.active_requests
+        sent = sum(
+            1
+            for state in self.keys.values()
+            for r in state.running
+            if not r.ended and r.carrier is not None and r.carrier not in active
+        )
+        return size - len(active) - sent
 
     def _drop_cancelled(self, state: KeyState) -> None:
         """Held calls that ``baton.cancel`` cancelled (noticed by id, or by key): revoked

@@ -16,7 +16,8 @@
 -- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
 -- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
 -- ARGV[7] the key in words ('' : not written), kept as label while a worker ticks the key
--- ARGV[8] n, then n pairs (call id, encoded call) to register
+-- ARGV[8] how many due batches this worker may claim (its free processes, at least 1)
+-- ARGV[9] n, then n pairs (call id, encoded call) to register
 -- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
 -- then d, how long a done call is remembered (ms), and d call ids: calls of batches this
 -- worker ran to their end (their body returned) within the last run ttl, at a full check
@@ -26,7 +27,7 @@
 -- lost: the broker has them again): they leave the key
 -- then '1' and every call id this worker holds (a full check), or '0'
 -- returns {finished ids, missing ids, ms until a batch is due (-1: none waits; 0: due),
---          claim: {} or {run, carrier id, id1, call1, id2, call2, ...},
+--          claims: a list of {run, carrier id, id1, call1, id2, call2, ...}, oldest first,
 --          ms of the grace this tick started because the server was promoted (0: none),
 --          how many of the d calls were not done here (their marker lost): done now,
 --          ms left of the key's grace (0: none; a store that may have lost done markers:
@@ -48,8 +49,8 @@ local finished = {}
 local missing = {}
 
 -- New calls: one that already ran (a redelivered message) is finished at once.
-local n = tonumber(ARGV[8])
-local at = 9
+local n = tonumber(ARGV[9])
+local at = 10
 for i = 1, n do
   local id, call = ARGV[at], ARGV[at + 1]
   at = at + 2
@@ -233,42 +234,48 @@ end
 
 -- A batch is due when `size` calls wait or the oldest waited `wait` ms; it is claimed
 -- by a worker that holds one of its calls (its message carries the run into that
--- worker's pool). Several batches of one key may run at once, one claimed per tick.
+-- worker's pool). Several batches of one key may run at once: a tick claims up to
+-- ARGV[8] due ones (the worker's free processes), each carried by a call it holds (one
+-- claimed per tick kept a backlog of full batches to 20 a second in a worker).
 local due = -1
-local claim = {}
+local claims = {}
+local most = tonumber(ARGV[8])
 local waiting = redis.call('ZCARD', KEYS[1])
-if waiting > 0 then
+while waiting > 0 do
   local oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
   local waited = now - oldest
-  if waiting >= size or waited >= wait then
-    due = 0
-    if now < grace then
-      due = grace - now
-    else
-      local ids = redis.call('ZRANGE', KEYS[1], 0, size - 1, 'WITHSCORES')
-      local carrier = nil
-      for i = 1, #ids, 2 do
-        if redis.call('HGET', KEYS[3], ids[i]) == worker then
-          carrier = ids[i]
-          break
-        end
-      end
-      if carrier then
-        local run = worker .. '/' .. t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-        redis.call('ZADD', KEYS[7], now + ttl, run)
-        claim = {run, carrier}
-        for i = 1, #ids, 2 do
-          redis.call('HSET', KEYS[5], ids[i], run .. ' ' .. ids[i + 1])
-          redis.call('ZREM', KEYS[1], ids[i])
-          claim[#claim + 1] = ids[i]
-          claim[#claim + 1] = redis.call('HGET', KEYS[2], ids[i]) or ''
-        end
-      end
-    end
-  else
+  if waiting < size and waited < wait then
     due = wait - waited
+    break
   end
+  due = 0
+  if now < grace then
+    due = grace - now
+    break
+  end
+  if #claims >= most then break end
+  local ids = redis.call('ZRANGE', KEYS[1], 0, size - 1, 'WITHSCORES')
+  local carrier = nil
+  for i = 1, #ids, 2 do
+    if redis.call('HGET', KEYS[3], ids[i]) == worker then
+      carrier = ids[i]
+      break
+    end
+  end
+  if not carrier then break end
+  local run = worker .. '/' .. t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  if #claims > 0 then run = run .. '.' .. #claims end
+  redis.call('ZADD', KEYS[7], now + ttl, run)
+  local claim = {run, carrier}
+  for i = 1, #ids, 2 do
+    redis.call('HSET', KEYS[5], ids[i], run .. ' ' .. ids[i + 1])
+    redis.call('ZREM', KEYS[1], ids[i])
+    claim[#claim + 1] = ids[i]
+    claim[#claim + 1] = redis.call('HGET', KEYS[2], ids[i]) or ''
+  end
+  claims[#claims + 1] = claim
+  waiting = waiting - #ids / 2
 end
 local grace_left = 0
 if grace > now then grace_left = grace - now end
-return {finished, missing, due, claim, promoted_grace, redone, grace_left}
+return {finished, missing, due, claims, promoted_grace, redone, grace_left}
