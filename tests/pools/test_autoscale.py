@@ -42,7 +42,7 @@ def test_exclusive_calls_run_once_each_while_autoscale_grows_and_shrinks_the_poo
         batch = [ex_wait.delay(f"k{n % 4}", 0.05) for n in range(PER_BURST)]
         results += batch
         wait_until(
-            lambda: all(r.state in states.READY_STATES for r in batch),
+            lambda batch=batch: all(r.state in states.READY_STATES for r in batch),
             timeout=60,
             what=f"burst {burst} done",
         )
