@@ -111,6 +111,7 @@ class Batching:
         interval: float,
         hold_max: int = 10_000,
         cancelling: Cancelling | None = None,
+        on_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.consumer = consumer
         self.batches = batches
@@ -122,6 +123,10 @@ class Batching:
         # fills and the broker stops sending, so memory stays bounded (baton_hold_max).
         self.hold_max = hold_max
         self.cancelling = cancelling  # baton.cancel: a held call cancelled never runs
+        # Runs a call on the consumer's loop thread (worker/loop_door.py): a batch that
+        # returned has the next one claimed at once, not at the next tick (None: not).
+        self.on_loop = on_loop
+        self._ticking = False
         self._counted: set[int] = set()  # id() of the held requests that raised it
         # A restarted worker with the same name is a new holder: its predecessor's calls
         # are not its own.
@@ -189,10 +194,24 @@ class Batching:
 
     def tick(self) -> None:
         # On the consumer's loop; kombu's timer swallows exceptions: say them.
+        if self._ticking:
+            # A run ended within this tick (solo runs it here; a green pool's store call
+            # lets another greenlet in): the next tick sees it.
+            return
+        self._ticking = True
         try:
             self._tick()
         except Exception:
             logger.exception("baton: a batching tick failed (retried at the next tick)")
+        finally:
+            self._ticking = False
+
+    def _returned(self) -> None:
+        """A batch's body returned: its process is free, so a tick now ends the run in
+        the store and claims the next due batch (within a tick's interval otherwise: a
+        process idle for up to 50 ms after every batch)."""
+        if self.on_loop is not None:
+            self.on_loop(self.tick)
 
     def _tick(self) -> None:
         self._end_runs()
@@ -368,7 +387,7 @@ class Batching:
         }
         running = Running(run, carrier_id, request, done)
         state.running.append(running)
-        _watch_completion(request, running)
+        _watch_completion(request, running, self._returned)
         self.stats["batches"] += 1
         self._event(
             request,
@@ -487,16 +506,21 @@ def _delivery_tag(request: Any) -> Any:
     return getattr(getattr(request, "message", None), "delivery_tag", None)
 
 
-def _watch_completion(request: Any, running: Running) -> None:
+def _watch_completion(request: Any, running: Running, returned: Callable[[], None]) -> None:
     """``running.completed`` once the carrier's body returned (Celery hands the pool's
     outcome to ``request.on_success``; ``failed`` is false only when the task function
     returned, and the batch runner returns only after marking its calls done). Read at
-    call time, the class's own ``on_success`` (the worker may swap the request's class)."""
+    call time, the class's own ``on_success`` (the worker may swap the request's class).
+    Then ``returned()``, once Celery's own handling (which took the carrier out of the
+    reserved requests: the run has ended) is done."""
 
     def on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
         outcome = failed__retval__runtime
         if isinstance(outcome, tuple) and outcome and not outcome[0]:
             running.completed = True
-        return type(request).on_success(request, failed__retval__runtime, **kwargs)
+        try:
+            return type(request).on_success(request, failed__retval__runtime, **kwargs)
+        finally:
+            returned()
 
     request.on_success = on_success

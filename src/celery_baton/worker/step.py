@@ -12,6 +12,7 @@ what is held and release what is owed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -180,7 +181,11 @@ def _prepare_pool(task_pool: Any) -> None:
 
 
 def _batching(
-    parts: AppParts, consumer: Any, redelivery: float | None, cancelling: Cancelling
+    parts: AppParts,
+    consumer: Any,
+    redelivery: float | None,
+    cancelling: Cancelling,
+    on_loop: Callable[[Callable[[], None]], None],
 ) -> Batching | None:
     """The consumer's batching, when the app has a batched task (their bodies made batch
     runners, also those declared before ``Baton(app)``)."""
@@ -203,6 +208,7 @@ def _batching(
         interval=tick_interval(waits),
         hold_max=settings.hold_max,
         cancelling=cancelling,
+        on_loop=on_loop,
     )
 
 
@@ -275,7 +281,9 @@ class BatonWorker:
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,
         )
-        self.batching = _batching(parts, parent, broker.redelivery_window, self.cancelling)
+        self.batching = _batching(
+            parts, parent, broker.redelivery_window, self.cancelling, self.releasing.door.run
+        )
         # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
         self.window = ConsumerWindow(
             waiting=self._waiting,
