@@ -55,8 +55,9 @@ def split(
     """Of the deliveries ``held`` for ``reason``, in the order they would be asked (a
     higher ``rank`` first, then arrival): those kept, the first ``keep``, and those to
     hand back, the rest. One that is asking, or waiting for (or holding) a pool
-    process, is kept and counts, but is not among those returned. A beat slot with a
-    misfire policy is kept and does not count: see ``_judged_here``."""
+    process, is kept and counts, but is not among those returned. One whose turn is
+    judged among the held (a beat slot's misfire, ``fair_key``, a per-key flow) is kept
+    and does not count: see ``_judged_here``."""
     waiting = [d for d in held if d.held and d.held_for is reason]
     busy = [d for d in waiting if _busy(d)]
     idle = sorted(
@@ -72,11 +73,24 @@ def split(
 
 
 def _judged_here(delivery: Delivery) -> bool:
-    """A beat slot with a misfire policy: a held slot is judged by it when admitted
-    (coalesced into a later slot, or skipped, ``worker/misfire.py``), a judgement only
-    the worker that held it makes; back through the broker it is a new delivery and
-    runs however stale (a 1 s entry held for a grace: 11 ticks within one second). Most
-    are not run at all, so keeping them keeps no work from another worker."""
+    """A delivery whose turn is judged among the requests the worker holds, kept:
+
+    * a beat slot with a misfire policy: a held slot is judged by it when admitted
+      (coalesced into a later slot, or skipped, ``worker/misfire.py``), a judgement only
+      the worker that held it makes; back through the broker it is a new delivery and
+      runs however stale (a 1 s entry held for a grace: 11 ticks within one second).
+      Most are not run at all, so keeping them keeps no work from another worker.
+    * a task with ``fair_key``: its turns alternate between the tenants the workers
+      hold (``worker/wait_queues.py``); handed back, a small tenant's requests went
+      behind a big one's backlog in the broker's queue, in arrival order, and waited
+      for all of it (tests/limits/test_fairness.py, from a grace's or an outage's end:
+      B done 13 and 17 s after its publish).
+    * a call in a per-key flow (``ordered``, debounce): its order is judged against
+      its key's publish stamps, and one handed back behind later calls would hold them
+      up to the gap timeout."""
+    plan = delivery.plan
+    if plan.fair_limits or plan.flow_key is not None:
+        return True
     headers = getattr(delivery.request, "request_dict", None) or {}
     return headers.get(MISFIRE_HEADER) is not None and headers.get(BEAT_SLOT_HEADER) is not None
 

@@ -65,6 +65,22 @@ def test_a_held_beat_slot_is_kept_past_the_window_for_its_misfire_policy() -> No
     assert [d.request.id for d in back] == ["d1", "d2"]
 
 
+def test_a_fair_key_s_and_a_flow_s_requests_are_kept_past_the_window() -> None:
+    """Their turns are judged among the requests held (tenants alternate; a key's calls
+    in publish order): handed back, a small tenant's went behind a big one's backlog."""
+    import dataclasses
+
+    ds = [delivery(f"d{i}") for i in range(3)]
+    fair, flow = delivery("fair"), delivery("flow")
+    fair.plan = dataclasses.replace(fair.plan, fair_limits={"limit": "limit:tenant-b"})
+    flow.plan = dataclasses.replace(flow.plan, flow_key="flow:key")
+    for d in (*ds, fair, flow):
+        d.held, d.held_for = True, Reason.GRACE
+    kept, back = split([*ds, fair, flow], Reason.GRACE, 1)
+    assert [d.request.id for d in kept] == ["d0", "fair", "flow"]
+    assert [d.request.id for d in back] == ["d1", "d2"]
+
+
 def test_handed_back_on_the_next_turn_once_after_the_lower_prefetch_count_is_sent() -> None:
     asked: list[str] = []
     consumer, _, end, back = held_for_grace(10, asked)
