@@ -17,9 +17,19 @@ the order they would have been asked (priority, then arrival), as the hold horiz
 pool, so none runs twice; each goes back once, to be delivered to whichever worker has
 room. Those in the middle of an ask, or waiting for a pool process, are kept (and
 count against the window); the others kept join the line for a pool process at once,
-oldest first. Held beat slots are kept, whatever the window: their misfire policy is
-judged only where they were held. A worker without a prefetch limit (multiplier 0)
-keeps all: it takes everything without celery-baton too.
+oldest first. A worker without a prefetch limit (multiplier 0) keeps all: it takes
+everything without celery-baton too.
+
+Requests whose turn is judged among the requests held are neither handed back nor
+asked for here: a beat slot with a misfire policy, a task with ``fair_key``, a call in
+a per-key flow (see ``_judged_here``). They stay in their wait queues, and the head of
+each queue asks now, as after any other hold (``Holding.spread``). Asked for all at
+once they lost what their queues are for: the kept requests join one line for a pool
+process, oldest first, so a big tenant's whole backlog asked before a small tenant's
+first request, and the store, which learns that a tenant waits only from its asks,
+gave every slot to the big one meanwhile (tests/limits/test_fairness.py's grace case
+under twice the cores in load: 96 of tenant A's runs after B's requests were all in
+the workers, the bound 60).
 
 Where the broker puts a rejected message: RabbitMQ at its place in a classic queue, and
 a quorum queue's grouped by the consumer it was delivered to (not in order: the task
@@ -56,24 +66,26 @@ def split(
     higher ``rank`` first, then arrival): those kept, the first ``keep``, and those to
     hand back, the rest. One that is asking, or waiting for (or holding) a pool
     process, is kept and counts, but is not among those returned. One whose turn is
-    judged among the held (a beat slot's misfire, ``fair_key``, a per-key flow) is kept
-    and does not count: see ``_judged_here``."""
+    judged among the held (a beat slot's misfire, ``fair_key``, a per-key flow) is in
+    neither and does not count: it stays in its wait queue (``_judged_here``)."""
     waiting = [d for d in held if d.held and d.held_for is reason]
     busy = [d for d in waiting if _busy(d)]
-    idle = sorted(
-        (d for d in waiting if not _busy(d)),
+    others = sorted(
+        (d for d in waiting if not _busy(d) and not _judged_here(d)),
         key=lambda d: (-(rank(d.request) or 0.0), d.since),
     )
-    others = [d for d in idle if not _judged_here(d)]
-    kept = set(map(id, others[: max(0, keep - len(busy))]))
-    return (
-        [d for d in idle if id(d) in kept or _judged_here(d)],
-        [d for d in others if id(d) not in kept],
-    )
+    kept = max(0, keep - len(busy))
+    return others[:kept], others[kept:]
+
+
+def judged_here(held: Iterable[Delivery], reason: Reason) -> list[Delivery]:
+    """The deliveries ``held`` for ``reason`` that stay in their wait queues."""
+    return [d for d in held if d.held and d.held_for is reason and _judged_here(d)]
 
 
 def _judged_here(delivery: Delivery) -> bool:
-    """A delivery whose turn is judged among the requests the worker holds, kept:
+    """A delivery whose turn is judged among the requests the worker holds, left in its
+    wait queue (its queue's head asks, not every one at once):
 
     * a beat slot with a misfire policy: a held slot is judged by it when admitted
       (coalesced into a later slot, or skipped, ``worker/misfire.py``), a judgement only
@@ -84,7 +96,8 @@ def _judged_here(delivery: Delivery) -> bool:
       hold (``worker/wait_queues.py``); handed back, a small tenant's requests went
       behind a big one's backlog in the broker's queue, in arrival order, and waited
       for all of it (tests/limits/test_fairness.py, from a grace's or an outage's end:
-      B done 13 and 17 s after its publish).
+      B done 13 and 17 s after its publish). Only one request per tenant asks at a
+      time: the store alternates between the tenants whose heads asked.
     * a call in a per-key flow (``ordered``, debounce): its order is judged against
       its key's publish stamps, and one handed back behind later calls would hold them
       up to the gap timeout."""
@@ -114,6 +127,8 @@ class HoldEnd:
     those kept are asked for through ``ask(delivery)``, each in turn: in their queue
     only its head asks, and the one behind it would ask only once the head started,
     behind every request delivered meanwhile (the oldest of the backlog would run last).
+    The queues of those judged among the held (``_judged_here``) are woken instead: their
+    heads ask, and only they.
     """
 
     def __init__(
@@ -153,12 +168,8 @@ class HoldEnd:
                 return
             with self.holding.lock:
                 generation = self.generation()
-                kept, back = split(
-                    [d for d in self.holding.held_deliveries() if d.generation == generation],
-                    reason,
-                    keep,
-                    self.holding.rank,
-                )
+                held = [d for d in self.holding.held_deliveries() if d.generation == generation]
+                kept, back = split(held, reason, keep, self.holding.rank)
                 for delivery in back:
                     self.holding.release(delivery)
                 # Their prefetch slots first: a broker that applies the lower count only
@@ -179,6 +190,10 @@ class HoldEnd:
                 for delivery in kept:  # in their order: into the line for a pool process
                     if delivery.held and not _busy(delivery):
                         self.ask(delivery)
+                # The others' queues: each head asks now (no jitter: the hold is over).
+                for queue_key in dict.fromkeys(d.queue_key for d in judged_here(held, reason)):
+                    if queue_key is not None:
+                        self.holding.arm(queue_key, 0.0, jitter=False)
                 left = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
             if back:
                 self.handed_back += len(back)

@@ -4,7 +4,7 @@ same code runs under real workers in tests/worker/test_hold_spread.py."""
 
 from __future__ import annotations
 
-from celery_baton.worker.hold_end import HoldEnd, split
+from celery_baton.worker.hold_end import HoldEnd, judged_here, split
 from celery_baton.worker.holding import Delivery
 from celery_baton.worker.verdict import Reason, Wait
 from tests.unit.worker.test_holding import Consumer, delivery, holding
@@ -61,8 +61,9 @@ def test_a_held_beat_slot_is_kept_past_the_window_for_its_misfire_policy() -> No
     for d in (*ds, slot):
         d.held, d.held_for = True, Reason.GRACE
     kept, back = split([*ds, slot], Reason.GRACE, 1)
-    assert [d.request.id for d in kept] == ["d0", "slot"]
+    assert [d.request.id for d in kept] == ["d0"]  # the window: asked at once
     assert [d.request.id for d in back] == ["d1", "d2"]
+    assert [d.request.id for d in judged_here([*ds, slot], Reason.GRACE)] == ["slot"]
 
 
 def test_a_fair_key_s_and_a_flow_s_requests_are_kept_past_the_window() -> None:
@@ -77,8 +78,10 @@ def test_a_fair_key_s_and_a_flow_s_requests_are_kept_past_the_window() -> None:
     for d in (*ds, fair, flow):
         d.held, d.held_for = True, Reason.GRACE
     kept, back = split([*ds, fair, flow], Reason.GRACE, 1)
-    assert [d.request.id for d in kept] == ["d0", "fair", "flow"]
+    assert [d.request.id for d in kept] == ["d0"]
     assert [d.request.id for d in back] == ["d1", "d2"]
+    held = [*ds, fair, flow]
+    assert [d.request.id for d in judged_here(held, Reason.GRACE)] == ["fair", "flow"]
 
 
 def test_handed_back_on_the_next_turn_once_after_the_lower_prefetch_count_is_sent() -> None:
@@ -101,3 +104,33 @@ def test_a_worker_without_a_prefetch_limit_keeps_all() -> None:
     end.ended(Reason.GRACE, "the store's grace ended")
     consumer.timer.fire()
     assert back == []
+
+
+def test_a_fair_backlog_stays_in_its_tenants_queues_and_only_their_heads_ask() -> None:
+    """Tenant A's 5 then B's 1, held for the grace. At its end none goes back and each
+    tenant's head asks, B's among them: the store learns that a tenant waits only from
+    its asks. Asked all at once (as the window is), B's joined the line for a pool
+    process behind every A (tests/limits/test_fairness.py's grace case: 96 A runs after
+    B's requests were all in the workers, the bound 60)."""
+    import dataclasses
+
+    consumer = Consumer()
+    consumer.initial_prefetch_count = 1  # type: ignore[attr-defined]
+    asked: list[str] = []
+    held = holding(consumer, asked, hold_max=100)
+
+    def of(tenant: str, n: int) -> Delivery:
+        d = delivery(f"{tenant}{n}")
+        d.plan = dataclasses.replace(
+            d.plan, fair_limits={"fair": "cap"}, fair_queues={"cap": f"cap#{tenant}"}
+        )
+        return d
+
+    for d in [of("A", n) for n in range(5)] + [of("B", 0)]:
+        held.hold(d, grace())
+    end = HoldEnd(held, hand_back=lambda d, why: None, ask=held.ask, generation=lambda: 0)
+    end.ended(Reason.GRACE, "the store's grace ended")
+    consumer.timer.fire()  # the hand-back's turn; it wakes each tenant's queue
+    consumer.timer.fire()
+    assert end.handed_back == 0
+    assert sorted(asked) == ["A0", "B0"]
