@@ -10,7 +10,8 @@ Celery's defaults (prefetch multiplier 4, early acks), with these knobs:
   consumer: worker/transport/consumer_window.py opens the consumer again).
 
 Each run reports to the observer under its worker's hostname: the test counts the runs
-of each worker from outside.
+of each worker from outside. ``capped`` is the held-for-a-limit form: at most
+:data:`CAP` running anywhere, a cap wider than one worker's pool.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.apps.factory import make_baton_app, observer
 
 QUEUE = os.environ.get("SPREAD_QUEUE", "celery")
 QUEUE_TYPE = os.environ.get("SPREAD_QUEUE_TYPE", "")
+CAP = 4
 
 
 def queues(name: str, queue_type: str) -> list[Queue]:
@@ -46,4 +48,10 @@ app, baton = make_baton_app(
 def work(self: Task, n: int, sleep: float = 0.1) -> None:
     """One call of the backlog: exclusive per ``n``, so every call asks the gate (and
     never waits for another)."""
+    observer().run(str(self.request.hostname), sleep=sleep, task_id=self.request.id)
+
+
+@app.task(bind=True, global_concurrency=CAP)
+def capped(self: Task, n: int, sleep: float = 0.1) -> None:
+    """One call of a backlog held for its cap (not store-wide): at most 4 run anywhere."""
     observer().run(str(self.request.hostname), sleep=sleep, task_id=self.request.id)
