@@ -62,3 +62,17 @@ def test_broker_moments_name_each_ids_last_moment_and_whether_it_went_to_the_bro
     moments = broker_moments(log)
     assert moments[a][1] and not moments[c][1] and moments[b][1]
     assert moments[c][0] - moments[a][0] == int(0.269 * S)
+
+
+def test_broker_moments_read_the_backlog_handed_back_at_a_store_wide_holds_end() -> None:
+    a, b = (f"{n}" * 8 + "-aaaa-bbbb-cccc-" + f"{n}" * 12 for n in "12")
+    log = (
+        f"[2026-11-27 07:13:27,791: INFO/MainProcess] Task t.x[{a}] received\n"
+        f"[2026-11-27 07:13:27,800: INFO/MainProcess] Task t.x[{b}] received\n"
+        "[2026-11-27 07:13:30,000: INFO/MainProcess] baton: the store answers again: 2 held "
+        "requests handed back to the broker, for every worker to take, in 0.01s; 8 kept "
+        f"(this worker's prefetch window is 8): {a}, {b}\n"
+    )
+    moments = broker_moments(log)
+    assert moments[a][1] and moments[b][1]
+    assert moments[b][0] - moments[a][0] == 0

@@ -90,7 +90,9 @@ def test_plain_tasks_start_while_200_requests_are_held(
         # (test_shutdown_stale_grant.py: its ack cannot reach the broker any more).
         twice = [e for e in paced if e["task_id"] in queued]
         assert all(e["start"] > stopped_at for e in twice), (twice, stopped_at)
-        assert "handed back to the broker" not in worker.log_text()
+        # None held past the horizon (a request's own line; a store's grace at the
+        # start may end in one line handing back the backlog past the window).
+        assert "] handed back to the broker" not in worker.log_text()
     finally:
         workers.stop_all(timeout=10)
         publisher.close()

@@ -21,7 +21,9 @@ asks for) asks the gate once, and the verdict
   ``task.retry``).
 
 When the store does not answer, ``worker/store_down.py`` says what the request does
-(``baton_on_store_error``: held with back-off, or run unguarded). Each decision is also
+(``baton_on_store_error``: held with back-off, or run unguarded); when it answers again,
+or its grace ends, the held backlog past the worker's prefetch window goes back to the
+broker (``worker/hold_end.py``). Each decision is also
 a Celery task event when the worker sends them (``worker/events.py``).
 """
 
@@ -48,6 +50,7 @@ from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.batching import Batching
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
+from celery_baton.worker.hold_end import HoldEnd
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool.batch_run import BATCH_FIELD
@@ -130,12 +133,20 @@ class Admission:
         if cancelling is not None:
             self.starting.cancelled = cancelling.known
             self.starting.drop_cancelled = self._drop_cancelled
+        # The end of a store-wide hold hands back what this worker cannot start soon.
+        self.hold_end = HoldEnd(
+            self.holding,
+            hand_back=functools.partial(self._hand_back, one_of_many=True),
+            ask=self._ask,
+            generation=lambda: self.generation,
+        )
         self.store_down = StoreDown(
             on_store_error=settings.on_store_error,
             holding=self.holding,
             releasing=releasing,
             new_owner=self.planner.new_owner,
             run_unguarded=lambda delivery: self.starting.start(delivery, Start(), guarded=False),
+            on_back=lambda: self.hold_end.ended(Reason.STORE_DOWN, "the store answers again"),
         )
         self.replacing = Replacing()
         self.ahead = AskingAhead()
@@ -492,6 +503,7 @@ class Admission:
             return
         now = time.monotonic()
         delivery.skip_grace = False  # set again below for a skip grace's wait only
+        held_for_grace = delivery.held_for is Reason.GRACE
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
         if decision.note:
@@ -506,6 +518,9 @@ class Admission:
             now=now,
             wait_timeout=delivery.policy.exclusive_wait_timeout,
         )
+        if held_for_grace and not (isinstance(outcome, Wait) and outcome.reason is Reason.GRACE):
+            # The grace ended: the backlog it held here is every worker's again.
+            self.hold_end.ended(Reason.GRACE, "the store's grace ended")
         if isinstance(outcome, Start):
             late = misfire.follow(  # a held beat slot
                 delivery,
@@ -613,11 +628,12 @@ class Admission:
         if skip.reason in FREES_UNIQUE and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
-    def _hand_back(self, delivery: Delivery, why: str) -> None:
+    def _hand_back(self, delivery: Delivery, why: str, *, one_of_many: bool = False) -> None:
+        """Back to the broker; ``one_of_many``: see ``outcomes.hand_back``."""
         self.holding.release(delivery)
         self.stats["handed_back"] += 1
         self.events.handed_back(delivery, why)
-        outcomes.hand_back(delivery.request, why)
+        outcomes.hand_back(delivery.request, why, one_of_many=one_of_many)
 
     def start_renewal(self, consumer: Any) -> None:
         """At every consumer start: renew the claims of held messages as they reach the

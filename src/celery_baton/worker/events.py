@@ -174,7 +174,8 @@ class DecisionEvents:
         )
 
     def handed_back(self, delivery: Delivery, why: str) -> None:
-        """``delivery`` went back to the broker unchanged (held past the horizon)."""
+        """``delivery`` went back to the broker unchanged (held past the horizon, or past
+        the worker's window when a store-wide hold ended)."""
         dispatcher = self._dispatcher(delivery.request)
         if dispatcher is not None:
             dispatcher.send(

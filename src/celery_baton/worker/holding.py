@@ -11,7 +11,9 @@ window the worker needs to receive work it can run; past ``baton_hold_max`` they
 their slot, so the broker stops sending and memory stays bounded. Where the broker keeps
 each consumer's prefetch fixed (RabbitMQ: quorum queues, every queue on RabbitMQ 4) the
 raise does not reach it: a ``PrefetchWindow`` (``worker/transport/consumer_window.py``)
-is told of each counted hold and opens the consumer again.
+is told of each counted hold and opens the consumer again. A hold that refuses every
+request alike (the store's grace, the store down) takes the broker's whole backlog that
+way: when it ends, what is past the worker's window goes back (``worker/hold_end.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Delivery:
     generation: int
     since: float = field(default_factory=time.monotonic)
     held: bool = False
+    held_for: Reason | None = None  # why it waits now (worker/hold_end.py: store-wide?)
     counted: bool = False  # raised the prefetch count (False past baton_hold_max)
     backoff: float = BACKOFF_START  # the next wait when the store is down
     denied_since: float | None = None  # when an exclusive refusal was first seen
@@ -200,6 +203,7 @@ class Holding:
                 wait.key or "the store's grace",
                 wait.delay,
             )
+        delivery.held_for = wait.reason
         self.on_held(delivery, wait)
         limit_key, queue_key = _queue_of(delivery, wait)
         if delivery.queue_key != queue_key:
@@ -218,6 +222,7 @@ class Holding:
     def hold_reserved(self, delivery: Delivery) -> None:
         """Count a delivery whose rate slot is reserved for later, in no queue."""
         self.remove(delivery)
+        delivery.held_for = None
         if not delivery.held:
             self._count(delivery)
 
@@ -242,6 +247,7 @@ class Holding:
         """``delivery`` leaves (it starts, is skipped or handed back)."""
         if delivery.queue_key is not None:
             self.remove(delivery)
+        delivery.held_for = None
         if delivery.held:
             delivery.held = False
             self._held.pop(id(delivery), None)

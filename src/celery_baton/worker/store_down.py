@@ -65,12 +65,14 @@ class StoreDown:
         releasing: Releasing,
         new_owner: Callable[[Any], str],
         run_unguarded: Callable[[Delivery], None],
+        on_back: Callable[[], None] = lambda: None,
     ) -> None:
         self.on_store_error = on_store_error
         self.holding = holding
         self.releasing = releasing
         self.new_owner = new_owner
         self.run_unguarded = run_unguarded
+        self.on_back = on_back  # the store answers again after requests were held for it
         self._down_until = 0.0
         self._grace_logged = -1e9
         self._held_for_store = False  # requests wait in STORE_KEY's queue
@@ -100,6 +102,7 @@ class StoreDown:
             self._held_for_store = False
             with self.holding.lock:
                 self.holding.spread(STORE_KEY)
+            self.on_back()
 
     def recovered(self) -> None:
         """The store answers again after a call failed (``GateChannel.on_recovered``):
@@ -108,10 +111,12 @@ class StoreDown:
         itself was re-sent to a new master, where nobody was marked waiting), and its
         timer may be a whole lease away."""
         self._down_until = 0.0
-        self._held_for_store = False
+        held_for_store, self._held_for_store = self._held_for_store, False
         with self.holding.lock:
             self.holding.spread(STORE_KEY)
             self.holding.wake_all()
+        if held_for_store:
+            self.on_back()
 
     def failed(self, delivery: Delivery, error: BaseException) -> None:
         """The ask for ``delivery`` failed with ``error``: hold it, or run it unguarded."""

@@ -78,14 +78,18 @@ def unchecked_cancel_ids(log_text: str) -> set[str]:
 
 _LOG_AT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] (.*)$", re.M)
 _HANDED = re.compile(r"\[([0-9a-f-]{36})\] handed back to the broker")
-_PUT_BACK = re.compile(r"held messages put back in their queues .*?: (.*)$")
+_PUT_BACK = re.compile(
+    r"(?:held messages put back in their queues|held requests handed back to the broker, "
+    r"for every worker)[^:]*?\): (.*)$"
+)
 _NAMED = re.compile(r"\[([0-9a-f-]{36})\]")
 
 
 def broker_moments(log_text: str) -> dict[str, tuple[int, bool]]:
     """Each task id's last moment in a worker's log (us since the epoch, local clock),
     and whether it was handed to the broker then (handed back, or put back after a
-    reconnect) rather than received or worked on."""
+    reconnect, or past its window at the end of a store-wide hold) rather than received
+    or worked on."""
     last: dict[str, tuple[int, bool]] = {}
     for stamp, text in _LOG_AT.findall(log_text):
         at = int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * SECOND)

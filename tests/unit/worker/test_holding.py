@@ -47,12 +47,17 @@ class Timer:
 @dataclass
 class Prefetch:
     count: int = 0
+    sent: int | None = None  # the count last sent to the broker (update)
 
     def increment_eventually(self) -> None:
         self.count += 1
 
     def decrement_eventually(self) -> None:
         self.count -= 1
+
+    def update(self) -> None:
+        """Sends the count to the broker now (Celery's loop does it at its next turn)."""
+        self.sent = self.count
 
 
 @dataclass
