@@ -398,8 +398,10 @@ def test_a_dead_workers_key_stops_holding_slots_within_its_presence(
             task.apply_async(("B", 0.3), queue="b", producer=producer)
     observer.starts_of("B", 2, timeout=20)
     survivor = workers.start(APP, pool="threads", concurrency=fair.CAP, queues="a")
+    # A's backlog outlasts the lapse by far: 400 ran out by then once under CI load (A
+    # at the cap but for B's turn), and left nothing to judge after it.
     with task.app.producer_or_acquire() as producer:
-        for _ in range(400):
+        for _ in range(800):
             task.apply_async(("A", 0.1), queue="a", producer=producer)
     observer.starts_of("A", 4, timeout=20)  # A and B now take turns
     killed_at = server_time_us(observer)
