@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -212,3 +213,36 @@ def test_a_line_dropped_on_a_store_error_gives_its_connection_back(
     assert scripts.call("unique_release", [key], ["nobody"]) == 0
     assert _pool_size(store) <= 2
     store.client.connection_pool.disconnect()  # type: ignore[attr-defined]
+
+
+def test_a_call_made_by_a_signal_handler_during_a_call_gets_its_own_reply(
+    store_url: str, store_server: StoreServer
+) -> None:
+    """Celery's beat resigns its lease from its SIGTERM handler, which runs wherever the
+    main thread is: often inside a script call waiting for its reply. The handler's call
+    went out on the same connection and read the waiting call's reply (a CI run's beat:
+    ``TypeError`` in the handler, no exit, the lease kept); the waiting call then read
+    the handler's. Made to happen here: the store SIGSTOPped, a call waiting on it, a
+    SIGALRM handler that resumes the store and makes a call of its own."""
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    assert scripts.call("unique_claim", [key, key + "-gb"], ["id-1", 60_000]) in ("", None)
+    nested: dict[str, object] = {}
+
+    def handler(signum: int, frame: object) -> None:
+        store_server.resume()
+        nested["reply"] = scripts.call("unique_release", [key], ["nobody"])
+
+    before = signal.signal(signal.SIGALRM, handler)
+    try:
+        store_server.pause()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        outer = scripts.call("unique_claim", [key, key + "-gb"], ["id-2", 60_000])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        store_server.resume()
+    assert nested == {"reply": 0}, "the handler's call read another call's reply"
+    assert outer == "id-1", "the waiting call read the handler's reply"
+    # The connection goes on in step.
+    assert scripts.call("unique_release", [key], ["id-1"]) == 1

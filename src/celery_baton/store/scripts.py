@@ -159,14 +159,18 @@ def evalsha_command(name: str, keys: Sequence[str], args: Sequence[Any]) -> tupl
 
 
 class Pending:
-    """A script call sent on this thread's connection whose reply is not read yet."""
+    """A script call sent on this thread's connection whose reply is not read yet (or,
+    ``pooled``, to be made on a connection of redis-py's pool when its reply is asked)."""
 
-    __slots__ = ("args", "keys", "name", "reply")
+    __slots__ = ("args", "keys", "name", "pooled", "reply")
 
-    def __init__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+    def __init__(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, pooled: bool = False
+    ) -> None:
         self.name = name
         self.keys = keys
         self.args = args
+        self.pooled = pooled
         self.reply: Any = _UNREAD
 
 
@@ -198,10 +202,14 @@ os.register_at_fork(after_in_child=_Forks.forked)
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("forks", "generation", "used_at", "waiting", "wire")
+    __slots__ = ("forks", "generation", "in_io", "used_at", "waiting", "wire")
 
     def __init__(self, wire: Wire, generation: int) -> None:
         self.wire = wire
+        # Writing or reading now: a call made meanwhile on this thread comes from a
+        # signal handler (Celery's beat resigns its lease in its SIGTERM handler) and
+        # must not use this connection: it would read the interrupted call's reply.
+        self.in_io = False
         self.forks = _Forks.count
         self.generation = generation  # of the store's master when it connected
         self.waiting: deque[Pending] = deque()
@@ -246,36 +254,51 @@ class Scripts:
         (pool checkout, retry wrapper, instrumentation: about half the client CPU of a
         call) and talks on a connection of its own per thread (see ``wire``).
         """
-        if not self._lines:
-            sha = script_sha(name)
-            try:
-                return self._client.evalsha(sha, len(keys), *keys, *args)
-            except NoScriptError:
-                self._client.script_load(script_source(name))
-                return self._client.evalsha(sha, len(keys), *keys, *args)
+        if not self._lines or self._interrupting():
+            return self._call_pooled(name, keys, args)
         return self.result(self.send(name, keys, args))
+
+    def _call_pooled(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """The call on a connection of redis-py's pool (Cluster, greenlets, a signal
+        handler's call): checked out and given back by the client."""
+        sha = script_sha(name)
+        try:
+            return self._client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self._client.script_load(script_source(name))
+            return self._client.evalsha(sha, len(keys), *keys, *args)
+
+    def _interrupting(self) -> bool:
+        """Whether this call interrupts one of this thread writing or reading its line
+        (it runs in a signal handler)."""
+        line: _Line | None = getattr(self._local, "line", None)
+        return line is not None and line.in_io
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
         """Write a call now and read its reply later with ``result``, on the same thread:
         the round trip then overlaps whatever the caller does meanwhile. Raises the
         store's errors."""
-        if not self._lines:  # Cluster, greenlets: no line; the call runs in result()
-            return Pending(name, keys, args)
+        if not self._lines or self._interrupting():
+            # Cluster, greenlets, a signal handler's call: no line; it runs in result().
+            return Pending(name, keys, args, pooled=True)
         line = self._line()
         pending = Pending(name, keys, args)
         try:
+            line.in_io = True
             line.wire.send(evalsha_command(name, keys, args))
         except BaseException as exc:
             self._drop(line, exc)
             raise
+        finally:
+            line.in_io = False
         line.waiting.append(pending)
         return pending
 
     def result(self, pending: Pending) -> Any:
         """The reply of a call ``send`` wrote; raises its error reply or the store's."""
-        if not self._lines:
+        if pending.pooled:
             if pending.reply is _UNREAD:
-                pending.reply = self.call(pending.name, pending.keys, pending.args)
+                pending.reply = self._call_pooled(pending.name, pending.keys, pending.args)
             return pending.reply
         line = self._line()
         try:
@@ -296,17 +319,24 @@ class Scripts:
         (its reply then comes after those of the calls sent since)."""
         head = line.waiting.popleft()
         try:
+            line.in_io = True
             reply = line.wire.read()
             if isinstance(reply, STORE_REPLY_ERRORS):
                 raise reply  # LOADING, READONLY (a failed-over master)...: reconnect
         except BaseException as exc:
             head.reply = _as_reply(exc)
             raise
+        finally:
+            line.in_io = False
         if isinstance(reply, NoScriptError):
-            line.wire.send(
-                ("SCRIPT", "LOAD", script_source(head.name)),
-                evalsha_command(head.name, head.keys, head.args),
-            )
+            line.in_io = True
+            try:
+                line.wire.send(
+                    ("SCRIPT", "LOAD", script_source(head.name)),
+                    evalsha_command(head.name, head.keys, head.args),
+                )
+            finally:
+                line.in_io = False
             line.waiting.append(Pending("", (), ()))  # the SCRIPT LOAD's reply
             line.waiting.append(head)
             return
@@ -399,12 +429,13 @@ class Scripts:
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
         """Several calls of one script in one round trip (pipelined, not a transaction)."""
-        if not self._lines or len(calls) == 1:
+        if not self._lines or len(calls) == 1 or self._interrupting():
             return [self.call(name, keys, args) for keys, args in calls]
         line = self._line()
         pending = [Pending(name, keys, args) for keys, args in calls]
         try:
             # SCRIPT LOAD first, in the same write: NOSCRIPT cannot happen below.
+            line.in_io = True
             line.wire.send(
                 ("SCRIPT", "LOAD", script_source(name)),
                 *[evalsha_command(name, keys, args) for keys, args in calls],
@@ -412,6 +443,8 @@ class Scripts:
         except BaseException as exc:
             self._drop(line, exc)
             raise
+        finally:
+            line.in_io = False
         line.waiting.append(Pending("", (), ()))
         line.waiting.extend(pending)
         return [self.result(p) for p in pending]
