@@ -202,14 +202,10 @@ os.register_at_fork(after_in_child=_Forks.forked)
 class _Line:
     """This thread's connection and the calls sent on it, oldest first."""
 
-    __slots__ = ("forks", "generation", "in_io", "used_at", "waiting", "wire")
+    __slots__ = ("forks", "generation", "used_at", "waiting", "wire")
 
     def __init__(self, wire: Wire, generation: int) -> None:
         self.wire = wire
-        # Writing or reading now: a call made meanwhile on this thread comes from a
-        # signal handler (Celery's beat resigns its lease in its SIGTERM handler) and
-        # must not use this connection: it would read the interrupted call's reply.
-        self.in_io = False
         self.forks = _Forks.count
         self.generation = generation  # of the store's master when it connected
         self.waiting: deque[Pending] = deque()
@@ -270,9 +266,9 @@ class Scripts:
 
     def _interrupting(self) -> bool:
         """Whether this call interrupts one of this thread writing or reading its line
-        (it runs in a signal handler)."""
+        (it runs in a signal handler: ``Wire.in_io``)."""
         line: _Line | None = getattr(self._local, "line", None)
-        return line is not None and line.in_io
+        return line is not None and line.wire.in_io
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Pending:
         """Write a call now and read its reply later with ``result``, on the same thread:
@@ -284,13 +280,10 @@ class Scripts:
         line = self._line()
         pending = Pending(name, keys, args)
         try:
-            line.in_io = True
             line.wire.send(evalsha_command(name, keys, args))
         except BaseException as exc:
             self._drop(line, exc)
             raise
-        finally:
-            line.in_io = False
         line.waiting.append(pending)
         return pending
 
@@ -319,24 +312,17 @@ class Scripts:
         (its reply then comes after those of the calls sent since)."""
         head = line.waiting.popleft()
         try:
-            line.in_io = True
             reply = line.wire.read()
             if isinstance(reply, STORE_REPLY_ERRORS):
                 raise reply  # LOADING, READONLY (a failed-over master)...: reconnect
         except BaseException as exc:
             head.reply = _as_reply(exc)
             raise
-        finally:
-            line.in_io = False
         if isinstance(reply, NoScriptError):
-            line.in_io = True
-            try:
-                line.wire.send(
-                    ("SCRIPT", "LOAD", script_source(head.name)),
-                    evalsha_command(head.name, head.keys, head.args),
-                )
-            finally:
-                line.in_io = False
+            line.wire.send(
+                ("SCRIPT", "LOAD", script_source(head.name)),
+                evalsha_command(head.name, head.keys, head.args),
+            )
             line.waiting.append(Pending("", (), ()))  # the SCRIPT LOAD's reply
             line.waiting.append(head)
             return
@@ -435,7 +421,6 @@ class Scripts:
         pending = [Pending(name, keys, args) for keys, args in calls]
         try:
             # SCRIPT LOAD first, in the same write: NOSCRIPT cannot happen below.
-            line.in_io = True
             line.wire.send(
                 ("SCRIPT", "LOAD", script_source(name)),
                 *[evalsha_command(name, keys, args) for keys, args in calls],
@@ -443,8 +428,6 @@ class Scripts:
         except BaseException as exc:
             self._drop(line, exc)
             raise
-        finally:
-            line.in_io = False
         line.waiting.append(Pending("", (), ()))
         line.waiting.extend(pending)
         return [self.result(p) for p in pending]

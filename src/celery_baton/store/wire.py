@@ -65,11 +65,16 @@ def _needs_command_name(get_connection: Any) -> bool:
 class Wire:
     """A connected redis-py ``Connection``'s socket, used directly."""
 
-    __slots__ = ("_fd", "_reader", "_sock", "conn")
+    __slots__ = ("_fd", "_reader", "_sock", "conn", "in_io")
 
     def __init__(self, conn: Any) -> None:
         conn.connect()  # a no-op when the pool handed out a connected one
         self.conn = conn
+        # Writing or reading now (``send``, ``read``): a call made meanwhile on the same
+        # thread comes from a signal handler (Celery's beat resigns its lease in its
+        # SIGTERM handler) and must not use this connection: it would read the reply of
+        # the call it interrupted (store/scripts.py sends it on another).
+        self.in_io = False
         self._sock: socket.socket = conn._sock
         # The descriptor written and read directly (-1: use the socket's calls; TLS, or
         # a system whose sockets are not file descriptors).
@@ -106,6 +111,7 @@ class Wire:
             if len(commands) == 1
             else b"".join(_pack(tuple(command)) for command in commands)
         )
+        self.in_io = True
         try:
             if self._fd >= 0:
                 try:
@@ -119,14 +125,20 @@ class Wire:
             self._sock.sendall(data)
         except OSError as exc:
             raise _broken(exc) from exc
+        finally:
+            self.in_io = False
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the connection's socket timeout)."""
-        reply = self._reader.gets()
-        while reply is False:
-            self._receive()
+        self.in_io = True
+        try:
             reply = self._reader.gets()
-        return reply
+            while reply is False:
+                self._receive()
+                reply = self._reader.gets()
+            return reply
+        finally:
+            self.in_io = False
 
     def read_ready(self) -> list[Any]:
         """Every complete reply that has arrived; for an event loop whose poller said the

@@ -232,8 +232,9 @@ class Batching:
         ]
         if not states:
             return
-        # The free processes, shared among the keys ticked (each may claim one at least).
-        most = max(1, self._free_processes() // len(states))
+        # The free processes, shared among the keys ticked (each may claim one at least:
+        # Batches.tick).
+        most = self._free_processes() // len(states)
         ticks = []
         for state in states:
             held = None
