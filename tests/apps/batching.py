@@ -121,6 +121,20 @@ def long_run(calls: list[Call]) -> list[int]:
     return [c.kwargs["doc"] for c in calls]
 
 
+@app.task(batch="account", batch_size=5, batch_wait=0.2, time_limit=1.5)
+def overrun(calls: list[Call]) -> list[int]:
+    """Runs 6 s against a hard time limit of 1.5 s: its process (greenlet) is killed."""
+    _report("overrun", calls, sleep=6.0)
+    return [c.kwargs["doc"] for c in calls]
+
+
+@app.task(batch="account", batch_size=5, batch_wait=0.2, soft_time_limit=1.0)
+def overrun_soft(calls: list[Call]) -> list[int]:
+    """Runs 6 s against a soft time limit of 1 s: SoftTimeLimitExceeded is raised in it."""
+    _report("overrun_soft", calls, sleep=6.0)
+    return [c.kwargs["doc"] for c in calls]
+
+
 @app.task(batch="account", batch_size=5, batch_wait=0.5)
 def steady(calls: list[Call]) -> list[int]:
     """Batches of up to 5 calls, 0.5 s after the first, whose body runs 0.8 s: a stream

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery.exceptions import TimeLimitExceeded
 from celery.worker import state as worker_state
 
 from celery_baton.core.batch import Batches, Call, KeyTick, delivery_id, fit_batch, task_id_of
@@ -37,7 +38,12 @@ from celery_baton.core.shared_limits import call_cost
 from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes
 from celery_baton.worker.cancelling import Cancelling, revoke
-from celery_baton.worker.pool.batch_run import BATCH_FIELD, decode_call, encode_request_call
+from celery_baton.worker.pool.batch_run import (
+    BATCH_FIELD,
+    decode_call,
+    encode_request_call,
+    fail_the_others,
+)
 from celery_baton.worker.transport.acks_together import acknowledge_together
 
 logger = logging.getLogger("celery_baton.worker")
@@ -71,6 +77,7 @@ class Running:
     call_ids: list[str]  # the batch's calls, written back if the store forgot the run
     ended: bool = False  # left the pool; the store not told yet
     completed: bool = False  # its body returned: the pool process marked the calls done
+    # (or its hard time limit killed it: every call failed, written here)
 
 
 @dataclass
@@ -525,3 +532,25 @@ def _watch_completion(request: Any, running: Running, returned: Callable[[], Non
             returned()
 
     request.on_success = on_success
+
+    def on_timeout(soft: bool, timeout: float) -> Any:
+        # Past the hard limit Celery fails the carrier (here, in the main process) and
+        # kills its process or greenlet: the batch ran, so every call fails so, as the
+        # carrier does. Given back, they would run again, each run killed in turn. The
+        # others first: Celery's own handling takes the carrier out of the reserved
+        # requests, and on a green pool its write lets a tick end the run meanwhile. In a
+        # cold shutdown Celery writes nothing: the calls wait again, their messages unacked.
+        fails = not soft and not running.completed and not worker_state.should_terminate
+        if fails:
+            try:
+                batch = request.request_dict[BATCH_FIELD]
+                fail_the_others(request.task, request, batch, TimeLimitExceeded(timeout))
+            finally:
+                running.completed = True
+        try:
+            return type(request).on_timeout(request, soft, timeout)
+        finally:
+            if fails:
+                returned()
+
+    request.on_timeout = on_timeout

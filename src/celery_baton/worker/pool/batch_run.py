@@ -217,11 +217,28 @@ def _invoke(task: Any, fun: Callable[..., Any], calls: list[Call], *, bound: boo
     return fun(task, calls) if bound else fun(calls)
 
 
-def _context(task: Any, call: Call, canvas: dict[str, Any]) -> Any:
-    """A call's request as Celery's trace would have it: its id, arguments and canvas."""
+def fail_the_others(task: Any, carrier: Any, batch: dict[str, Any], exc: BaseException) -> None:
+    """Every call of ``batch`` but its ``carrier``'s (a Celery request, failed by Celery
+    itself) fails with ``exc``: written from the worker's main process when the batch's
+    process or greenlet was killed at its hard time limit, as Celery writes a timed-out
+    task's failure there."""
+    own = str(carrier.id)
+    decoded = [decode_call(call_id, encoded) for call_id, encoded in batch["calls"]]
+    told = f"{type(exc).__name__}: {exc}"
+    written = [
+        _written(task, call, fields, False, exc, told, carrier=carrier)
+        for call, fields in decoded
+        if call.id != own
+    ]
+    _write_all(task, written)
+
+
+def _context(task: Any, call: Call, canvas: dict[str, Any], carrier: Any = None) -> Any:
+    """A call's request as Celery's trace would have it: its id, arguments and canvas;
+    the worker's fields from its ``carrier``'s request (the task's own, in the pool)."""
     from celery.app.task import Context
 
-    carrier = task.request
+    carrier = task.request if carrier is None else carrier
     return Context(
         {
             # The batch's worker ran it (its record's ``worker``); a call stored by an
@@ -319,10 +336,17 @@ def _autoretry_options(task: Any, canvas: dict[str, Any]) -> dict[str, Any]:
 
 
 def _written(
-    task: Any, call: Call, canvas: dict[str, Any], ok: bool, value: Any, told: str | None = None
+    task: Any,
+    call: Call,
+    canvas: dict[str, Any],
+    ok: bool,
+    value: Any,
+    told: str | None = None,
+    *,
+    carrier: Any = None,
 ) -> Written:
     """One call's outcome with its request as Celery's trace would have it."""
-    request = _context(task, call, canvas)
+    request = _context(task, call, canvas, carrier)
     request.ignore_result = task.ignore_result
     return Written(call.id, request, ok, value, told)
 

@@ -1,0 +1,67 @@
+"""A batch past its task's time limit, on the pools that enforce one (issue 37 with
+Celery's time limits).
+
+Celery fails a task past its hard time limit with ``TimeLimitExceeded`` and runs it no
+more: its process (prefork) or greenlet (gevent) is killed and the worker's main process
+writes the failure (``Request.on_timeout``). A batch is one run of all its calls, so every
+call of a batch killed at its limit fails so, once: running the others again would run a
+body that overran its limit once per call of the batch, each run killed in turn. A soft
+limit raises ``SoftTimeLimitExceeded`` in the body, which fails every call as any raise
+does. Judged from outside: each caller's ``.get()``, and the observer's count of the
+body's starts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
+from tests.batching.test_batching import APP
+from tests.support.observer import Observer
+from tests.support.workers import Workers
+
+CALLS = 5  # one batch (batch_size 5)
+
+
+def _runs_of_each_call(observer: Observer, key: str) -> dict[str, int]:
+    """How many started runs held each call (a killed run never ends: its start counts)."""
+    counts: dict[str, int] = {}
+    for start in observer.started():
+        if start["key"] == key:
+            for call_id in start["task_id"].split(","):
+                counts[call_id] = counts.get(call_id, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    from tests.apps.batching import overrun
+
+    workers.start(APP, pool=pool, concurrency=2)
+    account = f"limit-{pool}"
+    results = [overrun.apply_async(kwargs={"account": account, "doc": d}) for d in range(CALLS)]
+    for result in results:
+        with pytest.raises(TimeLimitExceeded):
+            result.get(timeout=60)
+    # A run of the calls left would start within a tick or two of the first's end.
+    time.sleep(3)
+    ran = _runs_of_each_call(observer, f"overrun:{account}")
+    assert ran == {r.id: 1 for r in results}, "a call ran again after its batch's limit"
+
+
+def test_a_batch_past_its_soft_time_limit_fails_every_call_once(
+    workers: Workers, observer: Observer
+) -> None:
+    from tests.apps.batching import overrun_soft
+
+    workers.start(APP, concurrency=2)
+    results = [overrun_soft.apply_async(kwargs={"account": "soft", "doc": d}) for d in range(CALLS)]
+    for result in results:
+        with pytest.raises(SoftTimeLimitExceeded):
+            result.get(timeout=60)
+    time.sleep(3)
+    assert _runs_of_each_call(observer, "overrun_soft:soft") == {r.id: 1 for r in results}
