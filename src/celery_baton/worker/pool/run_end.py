@@ -122,7 +122,10 @@ class RunEnd:
 
     def release(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
         """The record of an end in ``state`` (``exc``: what the body raised), or None."""
-        release = self._of_the_end(task_id, state, exc, acks_late)
+        return self.with_leases(self.of_the_end(task_id, state, exc, acks_late))
+
+    def with_leases(self, release: Release | None) -> Release | None:
+        """``release`` that also frees the run's leases (freed at any end)."""
         if not self.lease_keys:
             return release
         return dataclasses.replace(
@@ -130,7 +133,9 @@ class RunEnd:
             lease_keys=tuple(self.lease_keys),
         )
 
-    def _of_the_end(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
+    def of_the_end(self, task_id: str, state: str, exc: Any, acks_late: bool) -> Release | None:
+        """What an end in ``state`` means for the message: its done marker, unique claim
+        and place in its key's line (None: nothing this process can decide)."""
         if state == states.RETRY:
             retried = None
             if self.done_key and not self.link:  # (a beat slot's record is per slot)
@@ -261,7 +266,8 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
     if run_end is None or getattr(request, "id", None) != task_id:
         return
     setattr(request, _ARMED_ATTR, None)
-    release = run_end.release(task_id, state, exc, bool(task.acks_late))
+    end = run_end.of_the_end(task_id, state, exc, bool(task.acks_late))
+    release = run_end.with_leases(end)
     if release is None:
         return
     shared = _shared
@@ -272,7 +278,11 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
     except Exception as error:  # the main process records it too, when it learns of the end
         logger.warning("baton: %s[%s] ended; recording it failed: %s", task.name, task_id, error)
         return
-    if shared is not None:
+    if shared is not None and (end is not None or state == states.RETRY):
+        # Only its leases freed (a run a green pool's time limit unwound ends in no
+        # state Celery names): what the end means for its message, done marker and line
+        # is the main process's to record. ENDING keeps its lease renewer from taking
+        # the freed leases for lost meanwhile.
         shared.set(run_end.owner, RECORDED)
 
 

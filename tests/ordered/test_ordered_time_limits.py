@@ -1,0 +1,35 @@
+"""An ordered call killed at its hard time limit, on the pools that enforce one: Celery
+fails it with ``TimeLimitExceeded`` and kills its process (prefork) or greenlet (gevent).
+Its turn passes at once: the next call of its key starts after the kill, not after the
+gap bound (20 s) or a lease's lapse, and the killed call never runs again. Judged by the
+observer's starts (their own server's clock) and each caller's result."""
+
+from __future__ import annotations
+
+import pytest
+from celery.exceptions import TimeLimitExceeded
+
+from tests.ordered.test_ordered import start_workers
+from tests.support.observer import Observer
+from tests.support.workers import Workers
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_call_killed_at_its_time_limit_passes_its_turn_at_once(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    from tests.apps.ordered import ordered_apply
+
+    start_workers(workers, 1, pool=pool)
+    key = f"limit-{pool}"
+    killed = ordered_apply.apply_async((key, 0, 6.0), time_limit=1)
+    rest = [ordered_apply.delay(key, n) for n in range(1, 4)]
+
+    with pytest.raises(TimeLimitExceeded):
+        killed.get(timeout=30)
+    assert [r.get(timeout=30) for r in rest] == [1, 2, 3]
+    starts = sorted((s for s in observer.started() if s["key"] == key), key=lambda s: s["start"])
+    assert [s["task_id"] for s in starts] == [killed.id] + [r.id for r in rest]
+    # The time limit is 1 s: the next start comes after the kill, well within the gap
+    # bound (20 s) and well before the killed body's own 6 s would have ended.
+    assert starts[1]["start"] - starts[0]["start"] < 5_000_000
