@@ -84,6 +84,13 @@ def slow(self: Task, doc_id: str, version: int) -> int:
     return version
 
 
+@app.task(bind=True, debounce=1.0, debounce_key="doc_id", time_limit=1.5)
+def overrun(self: Task, doc_id: str, version: int) -> int:
+    """Debounced, and runs 6 s against a hard time limit of 1.5 s: killed mid-run."""
+    observer().run(f"overrun:{doc_id}", sleep=6, task_id=f"{self.request.id}|{version}")
+    return version
+
+
 @app.task(bind=True, debounce=1.0, debounce_key="doc_id", max_retries=3)
 def flaky(self: Task, doc_id: str, version: int) -> int:
     """Debounced; its first attempt retries (a new delivery of the same task id)."""

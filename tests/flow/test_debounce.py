@@ -285,6 +285,26 @@ def test_a_run_whose_pool_child_is_killed_fails_the_superseded_too(
             result.get(timeout=20)
 
 
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_run_killed_at_its_time_limit_fails_the_superseded_too(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """Past its hard time limit Celery kills the run's process (prefork) or unwinds its
+    greenlet (gevent) and fails it with TimeLimitExceeded; no postrun writes the ids it
+    stood for: the main process writes that failure to them, on both pools."""
+    from celery.exceptions import TimeLimitExceeded
+
+    from tests.apps.debounce import overrun
+
+    workers.start(APP, pool=pool, concurrency=2)
+    results = [overrun.delay(f"limit-{pool}", v) for v in range(1, 4)]
+    for result in results:
+        with pytest.raises(TimeLimitExceeded):
+            result.get(timeout=30)
+    starts = [s for s in observer.started() if s["key"] == f"overrun:limit-{pool}"]
+    assert [s["task_id"].rsplit("|", 1)[1] for s in starts] == ["3"], "one run, the last"
+
+
 def test_a_rate_limit_lifted_while_a_publish_is_held_does_not_skip_the_debounce(
     workers: Workers, observer: Observer
 ) -> None:

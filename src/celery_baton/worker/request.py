@@ -47,6 +47,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from celery.exceptions import TimeLimitExceeded
+
 from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
@@ -237,7 +239,7 @@ class BatonRequestMixin:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
-                after_lost_run(self, exc_info, final=self._baton_is_final())
+                after_lost_run(self, exc, final=self._baton_is_final())
             self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
@@ -246,6 +248,9 @@ class BatonRequestMixin:
         try:
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
+            # gevent's pool ends a run past its limit here alone (no on_failure).
+            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
+                after_lost_run(self, TimeLimitExceeded(timeout), final=self._baton_is_final())
             self._baton_finish()
 
     @property

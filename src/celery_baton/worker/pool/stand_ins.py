@@ -38,23 +38,28 @@ def write_stand_in_results(
             logger.exception("could not store the result of %s for %s", task.request.id, task_id)
 
 
-def after_lost_run(request: Any, exc_info: Any, *, final: bool) -> None:
+#: Set on a request whose lost run's ids were written (prefork's hard time limit ends
+#: a job twice: its failure, then its timeout).
+_WRITTEN_ATTR = "_baton_stood_in"
+
+
+def after_lost_run(request: Any, exc: BaseException | None, *, final: bool) -> None:
     """Main process: the pool child running this request died (``WorkerLostError``) or
-    was killed at its hard time limit, so its ``task_postrun`` never wrote the ids it
-    stood for. When the message will not come back (``final``; else its next delivery
-    is told the same ids), write what the run's own id now holds to each of them: the
-    failure Celery recorded, or a success stored before the child was lost."""
+    was killed at its hard time limit (a gevent greenlet unwound by it), so its
+    ``task_postrun`` never wrote the ids it stood for. When the message will not come
+    back (``final``; else its next delivery is told the same ids), write what the run's
+    own id now holds to each of them: the failure Celery recorded, or a success stored
+    before the child was lost. Once per request."""
     ids = request.request_dict.get(STANDS_FOR_FIELD)
-    if not ids or not final:
+    if not ids or not final or request.__dict__.get(_WRITTEN_ATTR):
         return
-    exc = getattr(exc_info, "exception", None)
-    exc = getattr(exc, "exc", exc)  # unwrapped from billiard's ExceptionWithTraceback
     task = request.task
     if not isinstance(exc, WorkerLostError | TimeLimitExceeded) or task.ignore_result:
         return
     backend = task.backend
     if isinstance(backend, DisabledBackend):
         return
+    request.__dict__[_WRITTEN_ATTR] = True
     try:
         meta = backend.get_task_meta(request.id)
         state, result = meta.get("status"), meta.get("result")
