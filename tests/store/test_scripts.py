@@ -61,6 +61,23 @@ def test_script_flush_between_sent_calls_reloads_and_keeps_the_order(store_url: 
     assert redis.Redis.from_url(store_url, decode_responses=True).get(key) == "id-3"
 
 
+def test_script_flush_before_pipelined_calls_reloads_and_keeps_the_order(
+    store_url: str,
+) -> None:
+    """``call_many`` writes its calls without loading the script first: after a SCRIPT
+    FLUSH (a restarted server) every one is refused NOSCRIPT, loaded and sent again, and
+    they still run in the order given."""
+    store, key = _claim(store_url)
+    scripts = store.scripts  # type: ignore[attr-defined]
+    scripts.call("unique_release", [key], ["nobody"])  # the connection exists
+    redis.Redis.from_url(store_url).script_flush()
+    claims = [([key, key + "-gb"], [f"id-{i}", 60_000]) for i in range(3)]
+    first, *others = scripts.call_many("unique_claim", claims)
+    assert first in ("", None)  # claimed: the first call ran first
+    assert others == ["id-0", "id-0"]
+    assert redis.Redis.from_url(store_url, decode_responses=True).get(key) == "id-0"
+
+
 def test_a_forked_child_uses_its_own_connection(store_url: str) -> None:
     """A pool child inherits the parent's per-thread connection object; reading from
     that socket in the child would steal the parent's replies."""

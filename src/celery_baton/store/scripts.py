@@ -420,15 +420,14 @@ class Scripts:
         line = self._line()
         pending = [Pending(name, keys, args) for keys, args in calls]
         try:
-            # SCRIPT LOAD first, in the same write: NOSCRIPT cannot happen below.
-            line.wire.send(
-                ("SCRIPT", "LOAD", script_source(name)),
-                *[evalsha_command(name, keys, args) for keys, args in calls],
-            )
+            # EVALSHA alone: a NOSCRIPT reply (a restarted or flushed server) loads the
+            # script and sends that call again (_read_one), each in turn, so they still
+            # run in the order given. (A SCRIPT LOAD in every write cost the store a
+            # digest of the whole script per call: 15 KB for a batching tick.)
+            line.wire.send(*[evalsha_command(name, keys, args) for keys, args in calls])
         except BaseException as exc:
             self._drop(line, exc)
             raise
-        line.waiting.append(Pending("", (), ()))
         line.waiting.extend(pending)
         return [self.result(p) for p in pending]
 

@@ -169,7 +169,12 @@ class Batching:
         batch = policy.batch
         assert batch is not None
         try:
-            material = batch.material(request.name, request.args or (), request.kwargs or {})
+            # batch=True reads no argument: the call's body is not decoded for it.
+            material = (
+                ""
+                if batch.key.whole_task
+                else batch.material(request.name, request.args or (), request.kwargs or {})
+            )
         except KeySpecError as exc:  # a publish without celery-baton: refused here
             outcomes.refuse(request, exc)
             return

@@ -27,6 +27,7 @@ kombu's intake as it is. kombu's Redis transport only.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -74,6 +75,15 @@ def install(channel: Any, window: Callable[[], int] | None = None, most: int = I
     handlers["BRPOP"] = intake.read
     setattr(channel, _INSTALLED_ATTR, True)
     return True
+
+
+def _envelope(text: str, kombu_loads: Callable[[str], Any]) -> Any:
+    """A message's envelope as kombu's ``loads`` reads it: without its marker of an
+    encoded type (``__type__``: a date, a UUID...), the JSON as it is, read without
+    kombu's hook on every object (a tenth of a batching worker's intake)."""
+    if "__type__" in text:
+        return kombu_loads(text)
+    return json.loads(text)
 
 
 class _Intake:
@@ -155,7 +165,7 @@ class _Intake:
             client=channel.client,
         )
         queue = str(bytes_to_str(key)).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
-        payloads = [loads(bytes_to_str(raw)) for raw in taken]  # type: ignore[no-untyped-call]
+        payloads = [_envelope(bytes_to_str(raw), loads) for raw in taken]  # type: ignore[no-untyped-call]
         tags = [payload["properties"]["delivery_tag"] for payload in payloads]
         self._recorded.update(tags)
         for i, payload in enumerate(payloads):
