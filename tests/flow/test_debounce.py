@@ -305,6 +305,28 @@ def test_a_run_killed_at_its_time_limit_fails_the_superseded_too(
     assert [s["task_id"].rsplit("|", 1)[1] for s in starts] == ["3"], "one run, the last"
 
 
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_run_revoked_mid_run_revokes_the_superseded_too(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """``revoke(terminate=True)`` of the run that stands for earlier publishes: Celery
+    records it REVOKED in the main process and no postrun writes the ids it stood for;
+    the main process writes that state to them, so their callers are not left waiting
+    (before: every superseded caller's ``.get()`` timed out, on both pools)."""
+    from celery.exceptions import TaskRevokedError
+
+    from tests.apps.debounce import app, slow
+    from tests.support.waiting import revoke_until_heard
+
+    workers.start(APP, pool=pool, concurrency=2)
+    results = [slow.delay(f"revoked-{pool}", v) for v in range(1, 4)]
+    (start,) = observer.starts_of(f"slow:revoked-{pool}", timeout=20)
+    revoke_until_heard(app, start["task_id"].split("|")[0], terminate=True)
+    for result in results:
+        with pytest.raises(TaskRevokedError):
+            result.get(timeout=20)
+
+
 def test_a_rate_limit_lifted_while_a_publish_is_held_does_not_skip_the_debounce(
     workers: Workers, observer: Observer
 ) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from celery.exceptions import TimeLimitExceeded
+from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
@@ -272,6 +272,10 @@ class BatonRequestMixin:
         try:
             return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
+            # A debounced run revoked (held, or terminated mid-run): no postrun writes
+            # its REVOKED to the publishes it stood for.
+            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
+                after_lost_run(self, TaskRevokedError(), final=self._baton_is_final())
             self._baton_finish(terminated=terminated)
 
     def _announce_cancelled(self, *args: Any, **kwargs: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import signals, states
 from celery.backends.base import DisabledBackend
-from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import TaskRevokedError, TimeLimitExceeded, WorkerLostError
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -45,8 +45,9 @@ _WRITTEN_ATTR = "_baton_stood_in"
 
 def after_lost_run(request: Any, exc: BaseException | None, *, final: bool) -> None:
     """Main process: the pool child running this request died (``WorkerLostError``) or
-    was killed at its hard time limit (a gevent greenlet unwound by it), so its
-    ``task_postrun`` never wrote the ids it stood for. When the message will not come
+    was killed at its hard time limit (a gevent greenlet unwound by it), or the run was
+    revoked (before it started, or terminated), so no ``task_postrun`` wrote the ids it
+    stood for. When the message will not come
     back (``final``; else its next delivery is told the same ids), write what the run's
     own id now holds to each of them: the failure Celery recorded, or a success stored
     before the child was lost. Once per request."""
@@ -54,7 +55,9 @@ def after_lost_run(request: Any, exc: BaseException | None, *, final: bool) -> N
     if not ids or not final or request.__dict__.get(_WRITTEN_ATTR):
         return
     task = request.task
-    if not isinstance(exc, WorkerLostError | TimeLimitExceeded) or task.ignore_result:
+    if not isinstance(exc, WorkerLostError | TimeLimitExceeded | TaskRevokedError):
+        return
+    if task.ignore_result:
         return
     backend = task.backend
     if isinstance(backend, DisabledBackend):
