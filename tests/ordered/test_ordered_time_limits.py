@@ -1,8 +1,8 @@
-"""An ordered call killed at its hard time limit, on the pools that enforce one: Celery
-fails it with ``TimeLimitExceeded`` and kills its process (prefork) or greenlet (gevent).
-Its turn passes at once: the next call of its key starts after the kill, not after the
-gap bound (20 s) or a lease's lapse, and the killed call never runs again. Judged by the
-observer's starts (their own server's clock) and each caller's result."""
+"""An ordered call stopped mid-run, at its hard time limit or by ``revoke(terminate=
+True)``, on the pools that can stop one: Celery kills its process (prefork) or greenlet
+(gevent). Its turn passes at once: the next call of its key starts after the stop, not
+after the gap bound (20 s) or a lease's lapse, and the stopped call never runs again.
+Judged by the observer's starts (their own server's clock) and each caller's result."""
 
 from __future__ import annotations
 
@@ -33,3 +33,27 @@ def test_a_call_killed_at_its_time_limit_passes_its_turn_at_once(
     # The time limit is 1 s: the next start comes after the kill, well within the gap
     # bound (20 s) and well before the killed body's own 6 s would have ended.
     assert starts[1]["start"] - starts[0]["start"] < 5_000_000
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_call_revoked_mid_run_passes_its_turn_at_once(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    from celery.exceptions import TaskRevokedError
+
+    from tests.apps.ordered import app, ordered_apply
+    from tests.support.waiting import revoke_until_heard
+
+    start_workers(workers, 1, pool=pool)
+    key = f"revoked-{pool}"
+    stopped = ordered_apply.delay(key, 0, 6.0)
+    rest = [ordered_apply.delay(key, n) for n in range(1, 4)]
+    observer.starts_of(key, timeout=30)
+    revoke_until_heard(app, stopped.id, terminate=True)
+
+    with pytest.raises(TaskRevokedError):
+        stopped.get(timeout=30)
+    assert [r.get(timeout=30) for r in rest] == [1, 2, 3]
+    starts = sorted((s for s in observer.started() if s["key"] == key), key=lambda s: s["start"])
+    assert [s["task_id"] for s in starts] == [stopped.id] + [r.id for r in rest]
+    assert starts[1]["start"] - starts[0]["start"] < 6_000_000  # not after its body's 6 s
