@@ -20,6 +20,8 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from tests.batching.test_batching import APP
 from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 CALLS = 5  # one batch (batch_size 5)
@@ -35,14 +37,18 @@ def _runs_of_each_call(observer: Observer, key: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.parametrize("acks_late", [False, True], ids=["acks-early", "acks-late"])
 @pytest.mark.parametrize("pool", ["prefork", "gevent"])
 def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
-    workers: Workers, observer: Observer, pool: str
+    workers: Workers, observer: Observer, broker_server: StoreServer, pool: str, acks_late: bool
 ) -> None:
+    """With ``acks_late`` too: Celery acks a timed-out task's message
+    (``acks_on_failure_or_timeout``), and the other calls' messages are acked as done;
+    none is left unacked to come back and run again."""
     from tests.apps.batching import overrun
 
-    workers.start(APP, pool=pool, concurrency=2)
-    account = f"limit-{pool}"
+    workers.start(APP, pool=pool, concurrency=2, env={"BATCH_ACKS_LATE": "1" if acks_late else ""})
+    account = f"limit-{pool}-{acks_late}"
     results = [overrun.apply_async(kwargs={"account": account, "doc": d}) for d in range(CALLS)]
     for result in results:
         with pytest.raises(TimeLimitExceeded):
@@ -51,6 +57,8 @@ def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
     time.sleep(3)
     ran = _runs_of_each_call(observer, f"overrun:{account}")
     assert ran == {r.id: 1 for r in results}, "a call ran again after its batch's limit"
+    with broker_server.client() as client:
+        wait_until(lambda: client.hlen("unacked") == 0, timeout=15, what="every message acked")
 
 
 def test_a_batch_past_its_soft_time_limit_fails_every_call_once(
