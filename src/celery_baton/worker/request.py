@@ -154,6 +154,12 @@ class BatonRequestMixin:
 
     # -- where a path ends: give the run back -----------------------------------------
 
+    def _baton_stood_for(self, exc: BaseException | None) -> None:
+        """A debounced (or throttle-trailing) run ended where no postrun wrote its
+        outcome to the publishes it stood for: written here (pool/stand_ins.py)."""
+        if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
+            after_lost_run(self, exc, final=self._baton_is_final())
+
     def _baton_finish(self, *, terminated: bool = False) -> None:
         finisher = self.__dict__.get(FINISHER_ATTR)
         if finisher is not None and not finisher.on_loop_thread():
@@ -238,8 +244,7 @@ class BatonRequestMixin:
         try:
             return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
-            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
-                after_lost_run(self, exc, final=self._baton_is_final())
+            self._baton_stood_for(exc)
             self._baton_finish()
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
@@ -249,8 +254,7 @@ class BatonRequestMixin:
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
             # gevent's pool ends a run past its limit here alone (no on_failure).
-            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
-                after_lost_run(self, TimeLimitExceeded(timeout), final=self._baton_is_final())
+            self._baton_stood_for(TimeLimitExceeded(timeout))
             self._baton_finish()
 
     @property
@@ -274,8 +278,7 @@ class BatonRequestMixin:
         finally:
             # A debounced run revoked (held, or terminated mid-run): no postrun writes
             # its REVOKED to the publishes it stood for.
-            if STANDS_FOR_FIELD in self.request_dict:  # type: ignore[attr-defined]
-                after_lost_run(self, TaskRevokedError(), final=self._baton_is_final())
+            self._baton_stood_for(TaskRevokedError())
             self._baton_finish(terminated=terminated)
 
     def _announce_cancelled(self, *args: Any, **kwargs: Any) -> Any:

@@ -105,6 +105,8 @@ HEADER_CANVAS_FIELDS = tuple(name for name in CANVAS_FIELDS if name not in EMBED
 #: every message of a queue), by their items; emptied past its size.
 _ENCODED_VALUES: dict[Any, str] = {}
 _ENCODED_VALUES_MAX = 256
+#: Values JSON writes the same whatever the encoder (no date, UUID or decimal).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _encoded_canvas(headers: dict[str, Any]) -> str:
@@ -133,10 +135,6 @@ def _encoded_canvas(headers: dict[str, Any]) -> str:
             encoded = kombu_json.dumps(value)  # type: ignore[no-untyped-call]
         parts.append(f'"{name}":{encoded}')
     return "{" + ",".join(parts) + "}"
-
-
-#: Values JSON writes the same whatever the encoder (no date, UUID or decimal).
-_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def decode_call(call_id: str, encoded: str) -> tuple[Call, dict[str, Any]]:

@@ -47,10 +47,10 @@ def after_lost_run(request: Any, exc: BaseException | None, *, final: bool) -> N
     """Main process: the pool child running this request died (``WorkerLostError``) or
     was killed at its hard time limit (a gevent greenlet unwound by it), or the run was
     revoked (before it started, or terminated), so no ``task_postrun`` wrote the ids it
-    stood for. When the message will not come
-    back (``final``; else its next delivery is told the same ids), write what the run's
-    own id now holds to each of them: the failure Celery recorded, or a success stored
-    before the child was lost. Once per request."""
+    stood for. When the message will not come back (``final``; else its next delivery
+    is told the same ids), write what the run's own id now holds to each of them: the
+    failure or revoke Celery recorded, or a success stored before the child was lost.
+    Once per request."""
     ids = request.request_dict.get(STANDS_FOR_FIELD)
     if not ids or not final or request.__dict__.get(_WRITTEN_ATTR):
         return
