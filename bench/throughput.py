@@ -27,7 +27,9 @@ same way, its environment differing only in what the variant names.
 real tasks, where a guarded start's round trip must hide behind the work.
 
 Publish: ``apply_async`` per second of a plain task vs a ``unique="i"`` task with
-distinct keys, from one process, interleaved.
+distinct keys, from one process, interleaved; with the ``bench`` extra, celery-once's and
+celery-singleton's locking ``apply_async`` beside (each a lock round trip per publish,
+as ``unique``).
 
 ``--before SRC`` (another revision's ``src/``, e.g. a ``git worktree`` of it): every
 celery-baton variant is drained twice per round, by workers running that revision and
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -180,21 +183,23 @@ def drain_once(
 def publish_rates(broker: RedisServer, store: RedisServer, seconds: float, rounds: int) -> list:
     os.environ["BENCH_BROKER_URL"] = broker.url
     os.environ["BENCH_STORE_URL"] = store.url
-    from apps.throughput import noop, noop_unique
+    from apps import throughput as apps
 
     counter = iter(range(10**9))
 
-    def plain() -> None:
-        noop.apply_async((next(counter),))
+    def publisher(task: object) -> Callable[[], None]:
+        return lambda: task.apply_async((next(counter),))  # type: ignore[attr-defined]
 
-    def unique() -> None:
-        noop_unique.apply_async((next(counter),))
-
-    samples = compare(
-        [("plain apply_async", plain), ("unique apply_async (distinct keys)", unique)],
-        seconds=seconds,
-        rounds=rounds,
-    )
+    candidates = [
+        ("plain apply_async", publisher(apps.noop)),
+        ("unique apply_async (distinct keys)", publisher(apps.noop_unique)),
+    ]
+    if OTHERS_INSTALLED:  # the two libraries that also lock at the publish, beside
+        candidates += [
+            ("celery-once QueueOnce apply_async", publisher(apps.noop_once)),
+            ("celery-singleton Singleton apply_async", publisher(apps.noop_singleton)),
+        ]
+    samples = compare(candidates, seconds=seconds, rounds=rounds)
     broker.client().flushdb()
     store.client().flushdb()
     return samples

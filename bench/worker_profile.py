@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--guard", action="store_true", help="baton_redelivery_guard on")
     parser.add_argument("--perf", action="store_true")
     parser.add_argument("--spy", default=None)
+    parser.add_argument(
+        "--spy-pool", default=None, help="a py-spy profile of the pool processes (FILE.<pid>)"
+    )
     parser.add_argument("--cprofile", default=None)
     args = parser.parse_args()
     n = args.tasks
@@ -105,15 +108,29 @@ def main() -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
+            pool_spies = []
+            if args.spy_pool:
+                spy = shutil.which("py-spy") or "py-spy"
+                for child in pids["pool"]:
+                    out = f"{args.spy_pool}.{child}"
+                    cmd = [spy, "record", "-p", str(child), "--format", "raw", "-o", out]
+                    pool_spies.append(
+                        subprocess.Popen(
+                            [*cmd, "-r", "200", "--nonblocking"],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    )
             if not wait_for(lambda: int(client.get("bench:count") or 0) >= n, timeout=600):
                 raise RuntimeError(f"only {client.get('bench:count')} of {n} ran")
             after = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
             done = n - started
             first, last = float(client.get("bench:first")), float(client.get("bench:last"))
             commands = store.client().info("commandstats")
-            if tool is not None:
-                tool.send_signal(signal.SIGINT)
-                tool.wait(30)
+            for spying in [tool, *pool_spies]:
+                if spying is not None:
+                    spying.send_signal(signal.SIGINT)
+                    spying.wait(30)
         finally:
             worker.stop()
             errors = worker.check_log()
