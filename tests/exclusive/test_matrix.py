@@ -30,7 +30,7 @@ from tests.support.workers import Workers
 APP = "tests.apps.exclusive"
 
 
-@pytest.fixture(scope="module", params=["prefork", "gevent"])
+@pytest.fixture(scope="module", params=["prefork", "gevent", "threads", "solo"])
 def pair(
     request: pytest.FixtureRequest,
     store_server: StoreServer,
@@ -38,9 +38,10 @@ def pair(
     app_environ: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[WorkerProcess]]:
-    """Two workers of one pool: Celery's default, and gevent, whose time limit unwinds
-    the run's greenlet (the run ends in no state Celery names) where prefork kills its
-    process."""
+    """Two workers of one pool: Celery's default; gevent, whose time limit unwinds the
+    run's greenlet (the run ends in no state Celery names) where prefork kills its
+    process; threads, whose runs end on threads of the main process beside its
+    consumer; and solo, whose runs block its consumer."""
     for server in (store_server, broker_server):
         server.resume()
         server.start()
@@ -73,7 +74,9 @@ def pool(request: pytest.FixtureRequest) -> str:
 
 #: Celery's gevent pool enforces the hard time limit only: a soft limit is not raised
 #: there, and the run ends as it would without one.
-NO_SOFT_LIMIT = {"gevent"}
+NO_SOFT_LIMIT = {"gevent", "threads", "solo"}
+#: Nor a hard one on the threads and solo pools: the run ends as without a limit.
+NO_HARD_LIMIT = {"threads", "solo"}
 
 
 @pytest.fixture
@@ -149,6 +152,8 @@ def test_every_outcome_frees_both_keys(
     task_name, mode, arg, options, n_starts, n_runs, state = CASES[case]
     if "soft_time_limit" in options and pool in NO_SOFT_LIMIT:
         state = "SUCCESS"
+    if "time_limit" in options and pool in NO_HARD_LIMIT:
+        state, n_runs = "SUCCESS", 1
     task = getattr(exclusive, task_name)
     keys = Keys(store, task, key)
 
@@ -188,8 +193,11 @@ def test_failure_states_name_their_cause(store: redis.Redis, observer: Observer,
     else:
         with pytest.raises(SoftTimeLimitExceeded):
             soft.get(timeout=20)
-    with pytest.raises(Exception, match=r"TimeLimitExceeded|Time limit"):
-        hard.get(timeout=20)
+    if pool in NO_HARD_LIMIT:
+        assert hard.get(timeout=20) == "sleep"
+    else:
+        with pytest.raises(Exception, match=r"TimeLimitExceeded|Time limit"):
+            hard.get(timeout=20)
 
 
 def test_a_pending_retry_keeps_the_unique_key_but_not_the_lease(
@@ -246,9 +254,15 @@ def test_revoked_while_held_behind_its_key(
 
 
 def test_revoked_with_terminate(
-    key: str, store: redis.Redis, observer: Observer, pair: list[WorkerProcess]
+    key: str, store: redis.Redis, observer: Observer, pair: list[WorkerProcess], pool: str
 ) -> None:
     from tests.apps.exclusive import mx_wait
+
+    if pool in NO_HARD_LIMIT:
+        pytest.skip(
+            f"the {pool} pool cannot stop a run: a revoke(terminate=True) keeps the key "
+            "until the body returns (tests/pools/test_refused.py)"
+        )
 
     keys = Keys(store, mx_wait, key)
     result = mx_wait.apply_async((key, "sleep", 30))
