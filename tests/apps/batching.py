@@ -7,7 +7,9 @@ messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
 worker's presence outlive their last renewal; ``BATCH_RESULT_EXTENDED``: set,
 ``result_extended`` is on; ``BATCH_QUEUE``: the default queue (``celery``; a RabbitMQ
-test uses one of its own). A named limit, ``"partner"``, for the
+test uses one of its own); ``BATCH_SLOW_EXIT``: seconds a leaving pool process takes to
+exit (its ``worker_process_shutdown`` handler sleeps: with ``--max-tasks-per-child`` its
+replacement comes that much later). A named limit, ``"partner"``, for the
 batched tasks that spend it (``limits=``, ``cost=``).
 
 Every batch run reports to the observer under ``"<task>:<keys of its calls>"`` (one
@@ -21,7 +23,7 @@ import os
 import time
 from typing import Any
 
-from celery import Task
+from celery import Task, signals
 
 from celery_baton import Call
 from celery_baton.core.batch import batch_keys
@@ -47,6 +49,13 @@ app, baton = make_baton_app(
     baton_limits={"partner": PARTNER},
     task_default_queue=os.environ.get("BATCH_QUEUE", "celery"),
 )
+
+_SLOW_EXIT = float(os.environ.get("BATCH_SLOW_EXIT", "0"))
+if _SLOW_EXIT:
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _exit_slowly(**_: Any) -> None:
+        time.sleep(_SLOW_EXIT)
 
 
 def _report(task: str, calls: list[Call], sleep: float = 0.05) -> None:

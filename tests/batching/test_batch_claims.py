@@ -11,6 +11,8 @@ in exactly one run with its caller's own result.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.batching.test_batching import assert_each_call_once, call_ids, settle
 from tests.support.observer import Observer
 from tests.support.waiting import broadcast
@@ -45,3 +47,55 @@ def test_a_backlog_of_full_batches_starts_side_by_side(
     # start (0.95 s). Claimed together, they start within the pool's hand-over of each
     # other (a few ms; a tick or two when the messages came in over two ticks).
     assert spread < 0.4, f"{BATCHES} full batches started over {spread:.2f} s: one per tick"
+
+
+#: How long a pool process of the recycled worker takes to exit after its one task.
+SLOW_EXIT = 25
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_whose_processes_are_leaving_leaves_due_batches_to_a_free_one(
+    workers: Workers, observer: Observer
+) -> None:
+    """Worker A (``-c 2 --max-tasks-per-child=1``) ran a batch on each process, and each
+    takes 25 s to exit (a slow ``worker_process_shutdown``): no process of A can start a
+    batch until its replacement is forked then. Worker B has two free processes. Calls of
+    one key come in, half held by each (A consumes a queue of its own, B another): every
+    batch can be carried by B at once. A claimed due batches for processes it counted
+    free (its pool's size less its running requests, a process leaving counted free),
+    and one per tick besides (at least one): they waited for A's replacements. Judged by
+    the observer: every batch starts within 8 s of the publish (about 0.2 s), not after
+    the 25 s exit, and every call runs once."""
+    from tests.apps.batching import fill
+    from tests.batching.test_batching import APP as BATCHING
+
+    worker_a = workers.start(
+        BATCHING,
+        concurrency=2,
+        queues="qa",
+        extra_args=["--max-tasks-per-child=1"],
+        env={"BATCH_SLOW_EXIT": str(SLOW_EXIT)},
+    )
+    # Two full batches (fill: 10 a batch), one in each of A's processes: both leave.
+    warm = [fill.apply_async(kwargs={"account": "warm", "doc": d}, queue="qa") for d in range(20)]
+    assert [r.get(timeout=30) for r in warm] == [d * 2 for d in range(20)]
+    assert len({r.pid for r in observer.runs() if r.key == "fill:warm"}) == 2
+    left = observer.now_us()
+    workers.start(BATCHING, concurrency=2, queues="qb")
+    calls = 40
+    published = observer.now_us()
+    results = []
+    for d in range(calls):  # interleaved: each batch holds calls of both workers
+        results.append(
+            fill.apply_async(kwargs={"account": "k", "doc": d}, queue=["qa", "qb"][d % 2])
+        )
+    assert [r.get(timeout=90) for r in results] == [d * 2 for d in range(calls)]
+    runs = [r for r in settle(observer, "fill", 20 + calls) if r.key == "fill:k"]
+    assert_each_call_once(runs, [r.id for r in results])
+    late = sorted((r.start - published) / 1e6 for r in runs)
+    # Still within A's processes' exit when the calls came (else nothing was tested).
+    assert (published - left) / 1e6 < SLOW_EXIT - 10, "B took too long to start"
+    assert late[-1] < 8, (
+        f"batches started {[round(s, 2) for s in late]} s after the publish: some waited "
+        f"for worker {worker_a.hostname}'s leaving processes ({SLOW_EXIT} s to exit)"
+    )

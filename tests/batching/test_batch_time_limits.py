@@ -20,6 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from tests.batching.test_batching import APP
 from tests.support.observer import Observer
+from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -38,17 +39,21 @@ def _runs_of_each_call(observer: Observer, key: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("acks_late", [False, True], ids=["acks-early", "acks-late"])
-@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
 def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
     workers: Workers, observer: Observer, broker_server: StoreServer, pool: str, acks_late: bool
 ) -> None:
     """With ``acks_late`` too: Celery acks a timed-out task's message
     (``acks_on_failure_or_timeout``), and the other calls' messages are acked as done;
-    none is left unacked to come back and run again."""
-    from tests.apps.batching import overrun
+    none is left unacked to come back and run again. Also on a prefork pool whose
+    processes are recycled (the killed carrier's replacement is forked while the calls'
+    failures are written) or autoscaled."""
+    from tests.apps.batching import index, overrun
 
-    workers.start(APP, pool=pool, concurrency=2, env={"BATCH_ACKS_LATE": "1" if acks_late else ""})
-    account = f"limit-{pool}-{acks_late}"
+    name, extra, env = pool_setting(pool)
+    env["BATCH_ACKS_LATE"] = "1" if acks_late else ""
+    workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
+    account = f"limit-{'-'.join(pool.split())}-{acks_late}"
     results = [overrun.apply_async(kwargs={"account": account, "doc": d}) for d in range(CALLS)]
     for result in results:
         with pytest.raises(TimeLimitExceeded):
@@ -59,6 +64,10 @@ def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
     assert ran == {r.id: 1 for r in results}, "a call ran again after its batch's limit"
     with broker_server.client() as client:
         wait_until(lambda: client.hlen("unacked") == 0, timeout=15, what="every message acked")
+    # The killed process was replaced (recycled, autoscaled: forked by the main process
+    # as the pool's own replacements are): the pool carries the next batch.
+    after = [index.apply_async(kwargs={"account": account, "doc": d}) for d in range(3)]
+    assert [r.get(timeout=60) for r in after] == [0, 2, 4]
 
 
 def test_a_batch_past_its_soft_time_limit_fails_every_call_once(

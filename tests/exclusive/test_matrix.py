@@ -23,6 +23,7 @@ import redis
 
 from tests.support.celery_processes import WorkerProcess, app_env
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
+from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -30,7 +31,7 @@ from tests.support.workers import Workers
 APP = "tests.apps.exclusive"
 
 
-@pytest.fixture(scope="module", params=["prefork", "gevent", "threads", "solo"])
+@pytest.fixture(scope="module", params=[*TIME_LIMIT_POOLS, "threads", "solo"])
 def pair(
     request: pytest.FixtureRequest,
     store_server: StoreServer,
@@ -38,10 +39,13 @@ def pair(
     app_environ: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[WorkerProcess]]:
-    """Two workers of one pool: Celery's default; gevent, whose time limit unwinds the
-    run's greenlet (the run ends in no state Celery names) where prefork kills its
-    process; threads, whose runs end on threads of the main process beside its
-    consumer; and solo, whose runs block its consumer."""
+    """Two workers of one pool: Celery's default; its processes recycled after every
+    task (``--max-tasks-per-child 1``: a retry, a waiter and the next call each start in
+    a process forked after the last run, and the one a time limit killed is replaced
+    too); autoscaled (``--autoscale 3,1``, idle processes terminated between calls);
+    gevent, whose time limit unwinds the run's greenlet (the run ends in no state
+    Celery names) where prefork kills its process; threads, whose runs end on threads
+    of the main process beside its consumer; and solo, whose runs block its consumer."""
     for server in (store_server, broker_server):
         server.resume()
         server.start()
@@ -49,9 +53,13 @@ def pair(
     env = app_env(
         store_server.url(0), broker_server.url(0), broker_server.url(1), broker_server.url(2)
     )
-    started = Workers(env, tmp_path_factory.mktemp("matrix"))
+    name, extra, pool_env = pool_setting(request.param)
+    started = Workers({**env, **pool_env}, tmp_path_factory.mktemp("matrix"))
     try:
-        pair = [started.start(APP, pool=request.param, concurrency=3, wait=False) for _ in range(2)]
+        pair = [
+            started.start(APP, pool=name, concurrency=3, extra_args=extra, wait=False)
+            for _ in range(2)
+        ]
         for worker in pair:
             worker.wait_ready()
         yield pair

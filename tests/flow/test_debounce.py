@@ -17,6 +17,7 @@ import pytest
 
 from celery_baton.errors import TaskSkipped
 from tests.support.observer import Observer, Run
+from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -285,42 +286,48 @@ def test_a_run_whose_pool_child_is_killed_fails_the_superseded_too(
             result.get(timeout=20)
 
 
-@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
 def test_a_run_killed_at_its_time_limit_fails_the_superseded_too(
     workers: Workers, observer: Observer, pool: str
 ) -> None:
     """Past its hard time limit Celery kills the run's process (prefork) or unwinds its
     greenlet (gevent) and fails it with TimeLimitExceeded; no postrun writes the ids it
-    stood for: the main process writes that failure to them, on both pools."""
+    stood for: the main process writes that failure to them, on both pools, and on a
+    prefork pool recycled after every task or autoscaled."""
     from celery.exceptions import TimeLimitExceeded
 
     from tests.apps.debounce import overrun
 
-    workers.start(APP, pool=pool, concurrency=2)
-    results = [overrun.delay(f"limit-{pool}", v) for v in range(1, 4)]
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
+    doc = f"limit-{'-'.join(pool.split())}"
+    results = [overrun.delay(doc, v) for v in range(1, 4)]
     for result in results:
         with pytest.raises(TimeLimitExceeded):
             result.get(timeout=30)
-    starts = [s for s in observer.started() if s["key"] == f"overrun:limit-{pool}"]
+    starts = [s for s in observer.started() if s["key"] == f"overrun:{doc}"]
     assert [s["task_id"].rsplit("|", 1)[1] for s in starts] == ["3"], "one run, the last"
 
 
-@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
 def test_a_run_revoked_mid_run_revokes_the_superseded_too(
     workers: Workers, observer: Observer, pool: str
 ) -> None:
     """``revoke(terminate=True)`` of the run that stands for earlier publishes: Celery
     records it REVOKED in the main process and no postrun writes the ids it stood for;
     the main process writes that state to them, so their callers are not left waiting
-    (before: every superseded caller's ``.get()`` timed out, on both pools)."""
+    (before: every superseded caller's ``.get()`` timed out, on both pools). Also on a
+    prefork pool recycled after every task or autoscaled."""
     from celery.exceptions import TaskRevokedError
 
     from tests.apps.debounce import app, slow
     from tests.support.waiting import revoke_until_heard
 
-    workers.start(APP, pool=pool, concurrency=2)
-    results = [slow.delay(f"revoked-{pool}", v) for v in range(1, 4)]
-    (start,) = observer.starts_of(f"slow:revoked-{pool}", timeout=20)
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
+    doc = f"revoked-{'-'.join(pool.split())}"
+    results = [slow.delay(doc, v) for v in range(1, 4)]
+    (start,) = observer.starts_of(f"slow:{doc}", timeout=20)
     revoke_until_heard(app, start["task_id"].split("|")[0], terminate=True)
     for result in results:
         with pytest.raises(TaskRevokedError):

@@ -11,6 +11,7 @@ from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from tests.ordered.test_ordered import start_workers
 from tests.support.observer import Observer
+from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.workers import Workers
 
 #: How the first call is stopped: the error its caller gets, and the most seconds from
@@ -19,16 +20,20 @@ STOPS = {"time-limit": (TimeLimitExceeded, 5.0), "revoke": (TaskRevokedError, 6.
 
 
 @pytest.mark.parametrize("stop", list(STOPS))
-@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
 def test_a_call_stopped_mid_run_passes_its_turn_at_once(
     workers: Workers, observer: Observer, pool: str, stop: str
 ) -> None:
+    """Also on a prefork pool whose processes are recycled after every call (each next
+    call of the key waits for a process forked after the last one left) or autoscaled
+    (idle processes terminated between the calls)."""
     from tests.apps.ordered import app, ordered_apply
     from tests.support.waiting import revoke_until_heard
 
     error, bound = STOPS[stop]
-    start_workers(workers, 1, pool=pool)
-    key = f"{stop}-{pool}"
+    name, extra, env = pool_setting(pool)
+    start_workers(workers, 1, pool=name, extra_args=extra, env=env)
+    key = f"{stop}-{'-'.join(pool.split())}"
     time_limit = 1 if stop == "time-limit" else None
     stopped = ordered_apply.apply_async((key, 0, 6.0), time_limit=time_limit)
     rest = [ordered_apply.delay(key, n) for n in range(1, 4)]

@@ -409,7 +409,7 @@ class KeyTick:
     # marker (a failover).
     done: list[str] = field(default_factory=list)
     keep: float = 0.0  # how long a done call is remembered
-    most: int = 1  # how many due batches it may claim (its free processes)
+    most: int = 1  # how many due batches it may claim (its free processes; 0: none)
 
 
 class Batches:
@@ -436,7 +436,7 @@ class Batches:
                 _ms(t.run_ttl),
                 " ".join(t.runs),
                 t.label,
-                max(1, t.most),
+                max(0, t.most),
                 len(t.new),
             ]
             for call_id, payload in t.new:

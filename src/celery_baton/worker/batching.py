@@ -7,9 +7,10 @@ Every ``interval`` one tick per key (one round trip for all keys) renews this wo
 presence and the batch it runs, tells which held calls ran in a batch (their messages
 are acked here, nothing runs), re-registers the calls the store forgot, and claims due
 batches of which this worker holds a call, as many as it has free processes (at least
-one). That call's own request carries the batch
-into the pool (worker/pool/batch_run.py runs the body and writes every call's result).
-When the carrier leaves the pool, the run ends: calls it did not mark done wait again.
+one; on a prefork pool, none while no process can start one now). That call's own
+request carries the batch into the pool (worker/pool/batch_run.py runs the body and
+writes every call's result). When the carrier leaves the pool, the run ends: calls it
+did not mark done wait again.
 
 A batch whose body returned is marked done again by its runner, at its end, and for one
 run ttl after (after the store answers again, when it was away) at its full checks while
@@ -244,9 +245,7 @@ class Batching:
         ]
         if not states:
             return
-        # The free processes, shared among the keys ticked (each may claim one at least:
-        # Batches.tick).
-        most = self._free_processes() // len(states)
+        most = self._claims_each(len(states))
         ticks = []
         for state in states:
             held = None
@@ -327,9 +326,24 @@ class Batching:
             for claim in reply.claims:
                 self._start(state, claim.run, claim.carrier, claim.calls)
 
-    def _free_processes(self) -> int:
+    def _claims_each(self, keys: int) -> int:
+        """How many due batches each of ``keys`` keys ticked now may claim: the free
+        processes shared among them, at least one each while any is free. A prefork pool
+        says which of its processes can start a job now (worker/pool/prefork.py): while
+        none can (each busy, or leaving after its ``--max-tasks-per-child`` and not
+        replaced yet), none is claimed here, so a due batch is not held by this worker
+        (its calls claimed, waiting for a process) while another worker holding calls of
+        it has one free. Other pools are counted by their size only: one each at least."""
+        free, exact = self._free_processes()
+        if exact:
+            return max(1, free // keys) if free > 0 else 0
+        return max(1, free // keys)
+
+    def _free_processes(self) -> tuple[int, bool]:
         """The pool's processes (threads, greenlets) that run nothing now: those it has
-        less the requests they accepted and the batches sent to it not accepted yet."""
+        less the requests they accepted and the batches sent to it not accepted yet;
+        with a prefork pool, at most those that can start a job now (up, idle, not
+        leaving after ``--max-tasks-per-child``). And whether the pool said so."""
         pool = getattr(self.consumer, "pool", None)
         size = int(getattr(pool, "num_processes", 0) or 0)
         active = worker_state.active_requests
@@ -339,7 +353,14 @@ class Batching:
             for r in state.running
             if not r.ended and r.carrier is not None and r.carrier not in active
         )
-        return size - len(active) - sent
+        free = size - len(active) - sent
+        # The formula counts a process leaving after its --max-tasks-per-child (and one
+        # the pool grows by, not up yet) as free: a batch claimed for it waited for its
+        # replacement, seconds when a process is slow to exit.
+        startable = getattr(getattr(pool, "_pool", None), "startable", None)
+        if not callable(startable):
+            return free, False
+        return min(free, int(startable())), True
 
     def _drop_cancelled(self, state: KeyState) -> None:
         """Held calls that ``baton.cancel`` cancelled (noticed by id, or by key): revoked

@@ -16,7 +16,7 @@
 -- ARGV[1] worker    ARGV[2] presence ttl (ms)   ARGV[3] batch size   ARGV[4] batch wait (ms)
 -- ARGV[5] run ttl (ms)   ARGV[6] the batches this worker runs of this key, space separated
 -- ARGV[7] the key in words ('' : not written), kept as label while a worker ticks the key
--- ARGV[8] how many due batches this worker may claim (its free processes, at least 1)
+-- ARGV[8] how many due batches this worker may claim (its free processes; 0: none)
 -- ARGV[9] n, then n pairs (call id, encoded call) to register
 -- then m, and m pairs (run, call id): this worker's runs' calls (at a full check; else 0)
 -- then d, how long a done call is remembered (ms), and d call ids: calls of batches this
