@@ -16,7 +16,6 @@ from tests.apps.factory import make_app, observer
 app = make_app(
     "basic",
     task_acks_late=False,
-    worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
 )
 

@@ -34,7 +34,6 @@ app, baton = make_baton_app(
     "debounce",
     baton_socket_timeout=1.0,
     task_acks_late=False,
-    worker_prefetch_multiplier=1,
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,

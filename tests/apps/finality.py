@@ -30,7 +30,6 @@ app, baton = make_baton_app(
     "finality",
     baton_socket_timeout=1.0,
     task_acks_late=False,
-    worker_prefetch_multiplier=1,
     # A test of a killed worker's messages sets a short one (the broker gives them back
     # after it): FINALITY_VISIBILITY seconds, restored every second.
     broker_transport_options={

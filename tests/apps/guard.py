@@ -48,7 +48,7 @@ app, baton = make_baton_app(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_default_queue=os.environ.get("GUARD_QUEUE", "celery"),
-    worker_prefetch_multiplier=1,
+    # Celery's default prefetch (4): a deployment profile, not a lab.
     # Celery waits this long after a pool child died before it fails the job with
     # WorkerLostError (default 10 s).
     worker_lost_wait=1.0,

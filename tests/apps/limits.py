@@ -7,7 +7,7 @@ the environment, and these knobs:
 * ``LIMITS_VISIBILITY`` -- the Redis broker's ``visibility_timeout`` in seconds (default
   3600). A test that needs a killed worker's ``acks_late`` messages redelivered sets it
   low; the broker then sweeps for them every second (``unacked_restore_*``).
-* ``LIMITS_ACKS_LATE`` (``1``: acks late) and ``LIMITS_PREFETCH`` (default 1).
+* ``LIMITS_ACKS_LATE`` (``1``: acks late) and ``LIMITS_PREFETCH`` (default Celery's, 4).
 * ``LIMITS_QUEUE`` -- the default queue (default ``celery``): a RabbitMQ test uses a
   queue of its own on the shared server.
 * ``LIMITS_HOLD_MAX`` / ``LIMITS_HOLD_HORIZON`` -- ``baton_hold_max`` (default 10000) and
@@ -49,7 +49,7 @@ app, baton = make_baton_app(
     task_acks_late=os.environ.get("LIMITS_ACKS_LATE") == "1",
     task_ignore_result=True,
     task_default_queue=os.environ.get("LIMITS_QUEUE", "celery"),
-    worker_prefetch_multiplier=int(os.environ.get("LIMITS_PREFETCH", "1")),
+    worker_prefetch_multiplier=int(os.environ.get("LIMITS_PREFETCH", "4")),
     broker_transport_options={
         "visibility_timeout": VISIBILITY,
         "unacked_restore_interval": 1,

@@ -29,7 +29,6 @@ app, baton = make_baton_app(
     baton_on_store_error=os.environ.get("BATON_TEST_ON_STORE_ERROR", "hold"),
     task_acks_late=False,
     task_ignore_result=True,
-    worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": 3600},
     # Publishes to this queue wait there until a test makes a worker consume it.
     task_routes={"tests.apps.loop.unique_later": {"queue": "later"}},

@@ -18,7 +18,7 @@ from celery import Task
 from celery_baton import fence
 from tests.apps.factory import make_baton_app, observer
 
-app, baton = make_baton_app("per_call", baton_socket_timeout=1.0, worker_prefetch_multiplier=1)
+app, baton = make_baton_app("per_call", baton_socket_timeout=1.0)
 
 
 def _run(task: Task, label: str, sleep: float, kwargs: dict[str, Any]) -> str:

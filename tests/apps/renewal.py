@@ -30,7 +30,6 @@ app, baton = make_baton_app(
     baton_socket_timeout=2.0,
     baton_lease_ttl=LEASE_TTL,
     task_acks_late=False,
-    worker_prefetch_multiplier=1,
 )
 
 

@@ -30,7 +30,6 @@ app, baton = make_baton_app(
     baton_socket_timeout=1.0,
     baton_limits=LIMITS,
     task_ignore_result=True,
-    worker_prefetch_multiplier=1,
 )
 
 

@@ -25,7 +25,6 @@ app, baton = make_baton_app(
     "supersede",
     baton_socket_timeout=1.0,
     task_acks_late=False,
-    worker_prefetch_multiplier=1,
     worker_lost_wait=1.0,
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("BATON_TEST_VISIBILITY", "3600"))
