@@ -23,7 +23,7 @@ from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.core.policy.options import TASK_OPTIONS, check_option_names, declares_options
 from celery_baton.core.shared_limits import NamedLimit, parse_limits, resolve
 from celery_baton.core.unique import UniqueClaims
-from celery_baton.errors import BatonError
+from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
@@ -52,6 +52,31 @@ CELERY_NAMES = frozenset(
 EXTENSION_TASKS = {"celery_singleton": "Singleton", "celery_once": "QueueOnce"}
 
 
+#: Other extensions' options that act only on a task of their class: left on a task whose
+#: base is no longer that class (a migration removed the base, kept the option) they do
+#: nothing, and the guarantee a reader sees there is gone without a word.
+EXTENSION_OPTIONS = {
+    "once": ("celery-once", "QueueOnce", "unique=..."),
+    "unique_on": ("celery-singleton", "Singleton", "unique=..."),
+    "lock_expiry": ("celery-singleton", "Singleton", "unique_ttl=..."),
+    "raise_on_duplicate": ("celery-singleton", "Singleton", 'unique_conflict="raise"'),
+}
+
+
+def check_no_orphan_options(name: str, options: dict[str, Any], app_task: Any) -> None:
+    """``once={...}`` on a task that is not a QueueOnce (``unique_on=`` not a Singleton):
+    refused, naming celery-baton's option, rather than silently doing nothing."""
+    base = options.get("base") or app_task
+    orphans = [
+        f"`{option}` is {package}'s option and does nothing without base={cls} "
+        f"(celery-baton's is {ours}; docs/migration.md)"
+        for option, (package, cls, ours) in EXTENSION_OPTIONS.items()
+        if option in options and not hasattr(base, option)
+    ]
+    if orphans:
+        raise ConfigError("; ".join(orphans), subject=name)
+
+
 def others_names(options: dict[str, Any], app_task: Any) -> frozenset[str]:
     """The names a task declaration may use that are not ours: Celery's, the attributes
     of the task's base class (``base=`` or the app's Task class, where another extension
@@ -72,12 +97,13 @@ def _name_of(fun: Callable[..., Any], options: dict[str, Any]) -> str:
 
 
 def _checked_later(
-    decorate: Callable[..., Any], options: dict[str, Any], others: frozenset[str]
+    decorate: Callable[..., Any], options: dict[str, Any], others: frozenset[str], app_task: Any
 ) -> Callable[..., Any]:
     """``@app.task(exclusiv=...)``: the function is known only when the decorator runs."""
 
     def decorator(fun: Callable[..., Any]) -> Any:
         check_option_names(_name_of(fun, options), options, others)
+        check_no_orphan_options(_name_of(fun, options), options, app_task)
         return decorate(fun)
 
     return decorator
@@ -91,6 +117,7 @@ def _check_declaration(
     it qualifies), raising ConfigError naming the task."""
     name = _name_of(fun, options)
     check_option_names(name, options, others)
+    check_no_orphan_options(name, options, app.Task)
     if declares_options(options):
         # Named limits are checked now when the app's conf already has them.
         conf = app.conf
@@ -125,6 +152,7 @@ def check_task_option_names(app: Any, task: Any) -> None:
         return
     base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
     check_option_names(task.name, options, others_names({"base": base}, app.Task))
+    check_no_orphan_options(task.name, {**options, "base": base}, app.Task)
 
 
 def check_declared_tasks(app: Any) -> None:
@@ -290,9 +318,12 @@ class Baton:
             others = others_names(options, self.app.Task) if options else CELERY_NAMES
             if len(args) == 1 and callable(args[0]):
                 check_option_names(_name_of(args[0], options), options, others)
+                check_no_orphan_options(_name_of(args[0], options), options, self.app.Task)
             if not declares_options(options):
                 if options and not (len(args) == 1 and callable(args[0])):
-                    return _checked_later(task_decorator(*args, **options), options, others)
+                    return _checked_later(
+                        task_decorator(*args, **options), options, others, self.app.Task
+                    )
                 return task_decorator(*args, **options)
 
             if len(args) == 1 and callable(args[0]):

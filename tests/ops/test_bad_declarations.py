@@ -31,7 +31,7 @@ def _env(options: dict[str, object], order: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("order", ["first", "after"])
+@pytest.mark.parametrize("order", ["first", "after", "include"])
 @pytest.mark.parametrize(("options", "expected"), CASES, ids=IDS)
 def test_the_cli_refuses_a_bad_declaration_in_one_line(
     workers: Workers, options: dict[str, object], expected: str, order: str
@@ -51,7 +51,7 @@ def test_the_cli_refuses_a_bad_declaration_in_one_line(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("order", ["first", "after"])
+@pytest.mark.parametrize("order", ["first", "after", "include"])
 def test_a_worker_and_beat_refuse_a_bad_declaration_in_one_line(
     workers: Workers, order: str
 ) -> None:

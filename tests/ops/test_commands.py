@@ -211,6 +211,19 @@ def test_limits_set_refuses_what_would_change_nothing(workers: Workers) -> None:
         assert done.returncode == 2 and "declares no global_concurrency" in done.stderr
 
 
+def test_commands_know_the_tasks_an_app_includes(workers: Workers) -> None:
+    """Tasks in a module of `include=` (Celery's own layout): before, `limits` said "no
+    task has a global limit" and `unlock --task` refused the task's full name."""
+    app = "tests.apps.included"
+    name = "tests.apps.included_tasks.fetch"
+    listing = as_json(workers, "limits", app=app)
+    assert [t["task"] for t in listing["tasks"]] == [name], listing
+    done = baton(workers, "unlock", "--task", name, app=app)
+    assert done.returncode == 0 and "no lease or unique claim" in done.stdout, done.stderr
+    done = baton(workers, "unlock", "--task", "fetch", app=app)
+    assert done.returncode == 2 and f"did you mean {name}" in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
 def test_watch_prints_again_until_interrupted(workers: Workers) -> None:
     # Unbuffered, so that the frames are read as they come; the fault handler, so that a

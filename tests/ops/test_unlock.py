@@ -69,6 +69,10 @@ def test_unlock_a_task_or_all_after_asking(workers: Workers, observer: Observer)
     claims = [r for r in as_json(workers, "locks") if r["task"] == uq_idle.name]
     assert len(claims) == 3
 
+    # Claims only, without --force: said at once, not asked about and then kept.
+    claimed = _unlock(workers, "--task", uq_idle.name, answer="y\n")
+    assert claimed.returncode == 1 and "[y/N]" not in claimed.stderr, claimed.stderr
+    assert "3 unique claim(s), each of a queued" in claimed.stderr, claimed.stderr
     declined = _unlock(workers, "--task", uq_idle.name, "--force", answer="n\n")
     assert declined.returncode != 0 and "nothing freed" in declined.stderr, declined.stderr
     assert "3 unique claim(s)" in declined.stderr, declined.stderr

@@ -111,13 +111,36 @@ def test_celery_once_options_are_left_to_celery_once(app: Celery) -> None:
     assert build_report.once == {"keys": ["report_id"], "graceful": True}
 
 
-def test_an_extension_option_without_its_base_is_still_not_ours(app: Celery) -> None:
-    """``app.Task`` set to another extension's class, or the extension imported: its
-    options are its own even where ``base=`` is not written."""
-    pytest.importorskip("celery_singleton", reason="pip install celery-singleton")
+def test_an_extension_option_on_its_class_as_app_task_is_not_ours() -> None:
+    """``app.Task`` set to another extension's class: its options are its own even
+    where ``base=`` is not written."""
+    singleton = pytest.importorskip("celery_singleton", reason="pip install celery-singleton")
+    app = Celery("input", task_cls=singleton.Singleton, set_as_current=False)
+    Baton(app, url="redis://127.0.0.1:1/0")
 
     @app.task(unique_on=["feed_url"], shared=False)
     def import_feed(feed_url: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"once": {"keys": ["report_id"]}}, "`once` is celery-once's option"),
+        ({"unique_on": ["report_id"], "lock_expiry": 60}, "without base=Singleton"),
+    ],
+    ids=["once", "singleton"],
+)
+def test_an_extension_option_left_without_its_base_is_refused(
+    app: Celery, options: dict[str, Any], words: str
+) -> None:
+    """A migration that removed ``base=QueueOnce`` and kept ``once=`` (or forgot to add
+    ``unique=``): the option did nothing, and the task was queued twice without a word."""
+    pytest.importorskip("celery_once", reason="pip install celery_once")
+    pytest.importorskip("celery_singleton", reason="pip install celery-singleton")
+    with pytest.raises(ConfigError, match=f"build_report: .*{words}.*celery-baton's is unique="):
+
+        @app.task(shared=False, **options)
+        def build_report(report_id: int) -> None: ...
 
 
 def test_an_option_of_the_tasks_own_base_class_is_not_a_typo(app: Celery) -> None:

@@ -38,6 +38,22 @@ def test_the_cli_says_connection_refused_at_host_port(workers: Workers) -> None:
     assert "baton_url" in done.stderr and "network:" not in done.stderr, done.stderr
 
 
+def test_the_cli_says_an_unknown_host_is_unknown(workers: Workers) -> None:
+    """Before: ``ConnectionError: Error -2 connecting to nosuchhost.invalid:6379. Name or
+    service not known.``, with no word of the setting to fix."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.exclusive", "baton", "status"],
+        env=_process_env({**workers.env, "BATON_URL": "redis://nosuchhost.invalid:6379/0"}),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "unknown host in nosuchhost.invalid:6379" in done.stderr, done.stderr
+    assert "check baton_url" in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_says_the_store_is_down_once_not_every_renewal(
     workers: Workers, store_server: StoreServer

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -84,12 +85,16 @@ def _where(url: str) -> str:
     return host if ":" in host.rsplit("]", 1)[-1] else f"{host}:6379"
 
 
-def _refused(exc: BaseException) -> bool:
+#: What the resolver says of a host it cannot find (glibc, musl, macOS), in redis-py's text.
+_UNKNOWN_HOST = ("Name or service not known", "nodename nor servname", "Name does not resolve")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException], words: tuple[str, ...]) -> bool:
     seen: BaseException | None = exc
     for _ in range(4):  # the client's error, and the socket's under it
         if seen is None:
             return False
-        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+        if isinstance(seen, kind) or any(w in str(seen) for w in words):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -98,8 +103,10 @@ def _refused(exc: BaseException) -> bool:
 def failure_in_words(exc: BaseException, url: str) -> str:
     """What a failed store call means, for an operator: the client's own repr says
     ``network:ConnectionError`` (redis-py 8), which names neither where nor what."""
-    if _refused(exc):
+    if _caused_by(exc, ConnectionRefusedError, ("Connection refused",)):
         return f"connection refused at {_where(url)}: is the store running there? check baton_url"
+    if _caused_by(exc, socket.gaierror, _UNKNOWN_HOST):
+        return f"unknown host in {_where(url)} (its name does not resolve here): check baton_url"
     if isinstance(exc, redis.TimeoutError | TimeoutError):
         return f"no answer from {_where(url)} within the socket timeout (baton_socket_timeout)"
     text = str(exc).strip()

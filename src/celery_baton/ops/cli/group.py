@@ -26,6 +26,10 @@ class Context:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        # The tasks of `include=`, `imports` and `autodiscover_tasks()`, as a worker
+        # imports them at start: `-A proj` alone imports only the app's module, and
+        # `limits`, `unlock --task` and `cancel --task` would not know those tasks.
+        app.loader.import_default_modules()
         self.parts = parts_for(app)
         self.settings: Settings = self.parts.settings
         self.names = self.parts.names
@@ -42,7 +46,9 @@ class Context:
         if name in self.app.tasks:
             return
         names = [n for n in self.app.tasks if not n.startswith("celery.")]
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        # `build_report` for `proj.tasks.build_report`: too short for difflib to match.
+        close = [n for n in names if n.rsplit(".", 1)[-1] == name][:3]
+        close = close or difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
         raise click.UsageError(f"this app has no task {name!r}{hint}")
 

@@ -164,15 +164,22 @@ def _unlock_many(ctx: click.Context, task_name: str | None, *, force: bool, yes:
         emit(ctx, {"freed": [], "kept": []}, f"{what}: no lease or unique claim to free")
         return
     claims = sum(1 for r in rows if r.kind == "unique")
+    leases = len(rows) - claims
+    if not force and not leases:  # a claim's task is queued or running: only --force frees it
+        raise click.ClickException(
+            f"{what}: {claims} unique claim(s), each of a queued or running task; "
+            "--force frees them"
+        )
     if not yes:  # what the question is about, before it is asked
         for row in rows[:SHOWN_BEFORE_ASKING]:
             click.echo(f"  {row.kind:<10} {row.label or row.key}  (task {row.task_id})", err=True)
         if len(rows) > SHOWN_BEFORE_ASKING:
             click.echo(f"  ... and {len(rows) - SHOWN_BEFORE_ASKING} more", err=True)
     question = (
-        f"Free {len(rows) - claims} lease(s) and {claims} unique claim(s) of {what}"
-        + ("" if force else " (those of live runs are kept: --force frees them too)")
-        + "?"
+        f"Free {leases} lease(s) and {claims} unique claim(s) of {what}?"
+        if force
+        else f"Free {leases} lease(s) of {what}, those of no live run (a live run's lease"
+        f" and the {claims} unique claim(s) are kept: --force frees them)?"
     )
     if not yes and not click.confirm(question, default=False, err=True):
         raise click.ClickException("nothing freed (answer y, or pass --yes)")
