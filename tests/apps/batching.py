@@ -177,6 +177,12 @@ def plain_boom(account: Any, fail: bool = False) -> int:
 
 
 @app.task
+def occupy(seconds: float) -> None:
+    """A plain task that keeps one of its worker's processes (thread, greenlet) busy."""
+    observer().run("occupy", sleep=seconds)
+
+
+@app.task
 def item_plain(doc: int) -> int:
     """1 ms of work per call, one call per run (a throughput measurement's baseline)."""
     time.sleep(0.001)

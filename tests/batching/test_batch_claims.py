@@ -99,3 +99,44 @@ def test_a_worker_whose_processes_are_leaving_leaves_due_batches_to_a_free_one(
         f"batches started {[round(s, 2) for s in late]} s after the publish: some waited "
         f"for worker {worker_a.hostname}'s leaving processes ({SLOW_EXIT} s to exit)"
     )
+
+
+#: How long the busy worker's only process stays busy with another task.
+BUSY = 20
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_a_worker_whose_only_process_is_busy_leaves_due_batches_to_a_free_one(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """The same on the pools without a prefork pool's own count of its processes: worker
+    A (``-c 1``) runs a 20 s task on its only thread (greenlet); worker B has two free.
+    Calls of one key come in, half held by each: every batch can be carried by B at once.
+    A claimed one due batch per tick whatever its free processes (at least one each
+    tick): they waited for A's process. Judged by the observer: every batch starts
+    within 8 s of the publish (B carries them at once), and every call runs once."""
+    from tests.apps.batching import fill, occupy
+    from tests.batching.test_batching import APP as BATCHING
+
+    workers.start(BATCHING, pool=pool, concurrency=1, queues="qa")
+    workers.start(BATCHING, pool=pool, concurrency=2, queues="qb")
+    occupy.apply_async((BUSY,), queue="qa")
+    busy_since = observer.starts_of("occupy")[0]["start"]
+    calls = 40
+    published = observer.now_us()
+    results = []
+    for d in range(calls):  # interleaved: each batch holds calls of both workers
+        results.append(
+            fill.apply_async(kwargs={"account": "k", "doc": d}, queue=["qa", "qb"][d % 2])
+        )
+    assert [r.get(timeout=90) for r in results] == [d * 2 for d in range(calls)]
+    runs = [r for r in settle(observer, "fill", calls) if r.key == "fill:k"]
+    assert_each_call_once(runs, [r.id for r in results])
+    late = sorted((r.start - published) / 1e6 for r in runs)
+    # A's process was still busy when the calls came (else nothing was tested).
+    assert (published - busy_since) / 1e6 < BUSY - 10, "the calls came too late"
+    assert late[-1] < 8, (
+        f"batches started {[round(s, 2) for s in late]} s after the publish: some waited "
+        f"for the busy worker's only process ({BUSY} s)"
+    )

@@ -6,11 +6,10 @@ work this worker can run) and registered in the store under its key at the next 
 Every ``interval`` one tick per key (one round trip for all keys) renews this worker's
 presence and the batch it runs, tells which held calls ran in a batch (their messages
 are acked here, nothing runs), re-registers the calls the store forgot, and claims due
-batches of which this worker holds a call, as many as it has free processes (at least
-one; on a prefork pool, none while no process can start one now). That call's own
-request carries the batch into the pool (worker/pool/batch_run.py runs the body and
-writes every call's result). When the carrier leaves the pool, the run ends: calls it
-did not mark done wait again.
+batches of which this worker holds a call, as many as it has free processes (none while
+none is free). That call's own request carries the batch into the pool
+(worker/pool/batch_run.py runs the body and writes every call's result). When the
+carrier leaves the pool, the run ends: calls it did not mark done wait again.
 
 A batch whose body returned is marked done again by its runner, at its end, and for one
 run ttl after (after the store answers again, when it was away) at its full checks while
@@ -142,6 +141,7 @@ class Batching:
         self.keys: dict[str, KeyState] = {}
         self._timer: Any = None
         self._down_said = 0.0
+        self._claim_turn = 0  # which key gets the first of the free processes (_claims)
         self.stats = {"batches": 0, "calls_acked": 0}
 
     # -- the consumer's side ----------------------------------------------------------
@@ -245,9 +245,9 @@ class Batching:
         ]
         if not states:
             return
-        most = self._claims_each(len(states))
+        claims = self._claims(len(states))
         ticks = []
-        for state in states:
+        for state, most in zip(states, claims, strict=True):
             held = None
             if now >= state.next_full:
                 state.next_full = now + FULL_CHECK
@@ -326,24 +326,31 @@ class Batching:
             for claim in reply.claims:
                 self._start(state, claim.run, claim.carrier, claim.calls)
 
-    def _claims_each(self, keys: int) -> int:
+    def _claims(self, keys: int) -> list[int]:
         """How many due batches each of ``keys`` keys ticked now may claim: the free
-        processes shared among them, at least one each while any is free. A prefork pool
-        says which of its processes can start a job now (worker/pool/prefork.py): while
-        none can (each busy, or leaving after its ``--max-tasks-per-child`` and not
-        replaced yet), none is claimed here, so a due batch is not held by this worker
-        (its calls claimed, waiting for a process) while another worker holding calls of
-        it has one free. Other pools are counted by their size only: one each at least."""
-        free, exact = self._free_processes()
-        if exact:
-            return max(1, free // keys) if free > 0 else 0
-        return max(1, free // keys)
+        processes shared among them, none beyond (the keys that get one turn about from
+        tick to tick). A batch claimed for no free process waits, its calls claimed, while
+        another worker holding calls of it may have one free; and on a green pool the
+        carrier handed to a full pool blocks the consumer (gevent's and eventlet's
+        ``spawn`` wait for a free greenlet): no tick renews this worker's runs meanwhile,
+        and a run whose renewal lapsed is claimed again elsewhere while it waits to
+        start (its calls ran twice)."""
+        free = self._free_processes()
+        if free <= 0:
+            return [0] * keys
+        each, left = divmod(free, keys)
+        first = self._claim_turn % keys
+        self._claim_turn += 1
+        return [each + ((i - first) % keys < left) for i in range(keys)]
 
-    def _free_processes(self) -> tuple[int, bool]:
+    def _free_processes(self) -> int:
         """The pool's processes (threads, greenlets) that run nothing now: those it has
-        less the requests they accepted and the batches sent to it not accepted yet;
-        with a prefork pool, at most those that can start a job now (up, idle, not
-        leaving after ``--max-tasks-per-child``). And whether the pool said so."""
+        less the requests they accepted and the batches sent to it not accepted yet; at
+        most what the pool itself says can start a job now, where it says so: a prefork
+        pool (up, idle, not leaving after ``--max-tasks-per-child``: the formula counts a
+        leaving process, and one the pool grows by, not up yet, as free), a green pool
+        (its free greenlets: a job it spawned starts later, counted in the formula only
+        once it starts)."""
         pool = getattr(self.consumer, "pool", None)
         size = int(getattr(pool, "num_processes", 0) or 0)
         active = worker_state.active_requests
@@ -354,13 +361,12 @@ class Batching:
             if not r.ended and r.carrier is not None and r.carrier not in active
         )
         free = size - len(active) - sent
-        # The formula counts a process leaving after its --max-tasks-per-child (and one
-        # the pool grows by, not up yet) as free: a batch claimed for it waited for its
-        # replacement, seconds when a process is slow to exit.
-        startable = getattr(getattr(pool, "_pool", None), "startable", None)
-        if not callable(startable):
-            return free, False
-        return min(free, int(startable())), True
+        inner = getattr(pool, "_pool", None)
+        for says in ("startable", "free_count", "free"):  # prefork, gevent, eventlet
+            count = getattr(inner, says, None)
+            if callable(count):
+                return min(free, int(count()))
+        return free
 
     def _drop_cancelled(self, state: KeyState) -> None:
         """Held calls that ``baton.cancel`` cancelled (noticed by id, or by key): revoked
