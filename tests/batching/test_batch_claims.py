@@ -140,3 +140,44 @@ def test_a_worker_whose_only_process_is_busy_leaves_due_batches_to_a_free_one(
         f"batches started {[round(s, 2) for s in late]} s after the publish: some waited "
         f"for the busy worker's only process ({BUSY} s)"
     )
+
+
+@pytest.mark.timeout(150)
+def test_a_gevent_consumer_blocked_by_a_full_pool_keeps_its_running_batch(
+    workers: Workers, observer: Observer
+) -> None:
+    """On gevent a consumer handing a task to a full pool waits in gevent's ``spawn``
+    until a greenlet frees. Worker A (``-c 2``) runs a batch of 6 s on one greenlet, then
+    receives three plain 8 s tasks: the first takes its other greenlet, the second blocks
+    its consumer for the rest of the batch. Its ticks must still renew the batch's run
+    (a 3 s lease here), or the run lapses and worker B, which holds calls of the batch
+    and frees its greenlets meanwhile, claims them again: the calls would run twice.
+    Judged by the observer: one run of the batch, every call once."""
+    from tests.apps.batching import longer_run, occupy
+    from tests.batching.test_batching import APP as BATCHING
+
+    env = {"BATCH_LEASE_TTL": "3"}
+    a = workers.start(BATCHING, pool="gevent", concurrency=2, queues="qa", env=env)
+    workers.start(BATCHING, pool="gevent", concurrency=2, queues="qb", env=env)
+    for _ in range(2):  # B's greenlets busy: A claims the batch
+        occupy.apply_async((4,), queue="qb")
+    observer.starts_of("occupy", 2)
+    results = [
+        longer_run.apply_async(kwargs={"account": "x", "doc": d}, queue=["qa", "qb"][d % 2])
+        for d in range(5)
+    ]
+    observer.starts_of("longer_run:x")
+    for _ in range(3):  # A's other greenlet, then its consumer, busy
+        occupy.apply_async((8,), queue="qa")
+    assert [r.get(timeout=60) for r in results] == list(range(5))
+    runs = settle(observer, "longer_run", 5, timeout=30)
+    assert_each_call_once(runs, [r.id for r in results])
+    assert len(runs) == 1, f"the batch ran {len(runs)} times"
+    # What was meant happened: A ran the batch, and its pool was full while it ran (A's
+    # second plain task started only once the batch's greenlet freed), longer than the
+    # run's lease.
+    (batch,) = runs
+    assert batch.pid == a.pid, "B ran the batch: nothing was tested"
+    on_a = sorted(r.start for r in observer.runs_of("occupy", 4, timeout=30) if r.pid == a.pid)
+    assert len(on_a) >= 2 and on_a[1] >= batch.end - 200_000, (on_a, batch)
+    assert batch.end - batch.start > 3_000_000
