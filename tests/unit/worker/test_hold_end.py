@@ -134,3 +134,109 @@ def test_a_fair_backlog_stays_in_its_tenants_queues_and_only_their_heads_ask() -
     consumer.timer.fire()
     assert end.handed_back == 0
     assert sorted(asked) == ["A0", "B0"]
+
+
+# -- a limit that has room again (HoldEnd.freed) -----------------------------------------
+
+
+def held_for_cap(
+    n: int, *, pool_free: list[int], generation: list[int] | None = None
+) -> tuple[Consumer, list[Delivery], HoldEnd, list[str]]:
+    """``n`` deliveries held for a full cap's key ``cap``, a window of 3; the pool's free
+    processes and the admission's generation are read from the lists (set them later)."""
+    consumer = Consumer()
+    consumer.initial_prefetch_count = 3  # type: ignore[attr-defined]
+    held = holding(consumer, [], hold_max=1000)
+    deliveries = [delivery(f"d{i}") for i in range(n)]
+    for d in deliveries:
+        held.hold(d, Wait(Reason.CONCURRENCY, "cap", 5.0, jitter=False))
+    consumer.timer.entries.clear()  # the queue's own timer: its head is not asked here
+    back: list[str] = []
+
+    def hand_back(d: Delivery, why: str) -> None:
+        assert not d.held and consumer.qos.sent == consumer.qos.count
+        back.append(d.request.id)
+
+    generation = [0] if generation is None else generation
+    end = HoldEnd(
+        held,
+        hand_back=hand_back,
+        ask=held.ask,
+        generation=lambda: generation[0],
+        pool_free=lambda: pool_free[0],
+    )
+    return consumer, deliveries, end, back
+
+
+def test_a_limit_freed_while_the_pool_is_full_hands_back_past_the_window_once() -> None:
+    consumer, ds, end, back = held_for_cap(10, pool_free=[0])
+    ds[5].asking = True  # its answer is on its way: kept, and takes a place
+    end.freed("cap", 8.0)
+    end.freed("cap", 8.0)  # told again before its turn: once
+    assert back == []  # on the loop's next turn, not inside the answer that told
+    consumer.timer.fire()
+    assert back == ["d2", "d3", "d4", "d6", "d7", "d8", "d9"]
+    assert consumer.qos.count == 3 and end.handed_back == 7
+    # Within its lease_ttl the key is not spread again, however full the queue.
+    for d in [delivery(f"e{i}") for i in range(5)]:
+        end.holding.hold(d, Wait(Reason.CONCURRENCY, "cap", 5.0, jitter=False))
+    end.freed("cap", 8.0)
+    consumer.timer.fire()
+    assert end.handed_back == 7
+
+
+def test_a_worker_whose_pool_has_room_keeps_what_it_holds() -> None:
+    """A cap (or a rate) below what its pool can start: no other worker could run more
+    of it, and handing back would only move the backlog to and fro."""
+    pool_free = [1]
+    consumer, _, end, back = held_for_cap(10, pool_free=pool_free)
+    end.freed("cap", 8.0)
+    consumer.timer.fire()
+    assert back == []
+    pool_free[0] = 0  # later, its pool full: not barred by the look that found room
+    end.freed("cap", 8.0)
+    consumer.timer.fire()
+    assert back == [f"d{i}" for i in range(3, 10)]
+
+
+def test_a_queue_within_the_window_costs_no_turn() -> None:
+    consumer, _, end, back = held_for_cap(3, pool_free=[0])
+    end.freed("cap", 8.0)
+    assert consumer.timer.entries == [] and back == []
+
+
+def test_an_exclusive_key_s_backlog_is_not_spread() -> None:
+    """One run at a time anywhere: more workers holding it would run none of it sooner."""
+    from celery_baton.worker.hold_end import SPREAD_FOR
+
+    assert Reason.EXCLUSIVE not in SPREAD_FOR and Reason.ORDER not in SPREAD_FOR
+    assert Reason.CONCURRENCY in SPREAD_FOR and Reason.RATE in SPREAD_FOR
+
+
+def test_a_big_hand_back_goes_out_a_turn_at_a_time_in_order() -> None:
+    from celery_baton.worker.hold_end import HAND_BACK_TURN
+
+    consumer, _, end, back = held_for_cap(3 + 2 * HAND_BACK_TURN + 5, pool_free=[0])
+    end.freed("cap", 8.0)
+    consumer.timer.fire()  # the spread's turn: every one leaves the count, a turn's go
+    assert back == [f"d{i}" for i in range(3, 3 + HAND_BACK_TURN)]
+    assert consumer.qos.count == 3 and end.handed_back == 0  # counted once all are back
+    consumer.timer.fire()
+    consumer.timer.fire()
+    assert back == [f"d{i}" for i in range(3, 3 + 2 * HAND_BACK_TURN + 5)]
+    assert end.handed_back == 2 * HAND_BACK_TURN + 5 and consumer.timer.entries == []
+
+
+def test_the_rest_of_a_hand_back_is_left_to_the_broker_when_the_connection_is_lost() -> None:
+    from celery_baton.worker.hold_end import HAND_BACK_TURN
+
+    generation = [0]
+    consumer, _, end, back = held_for_cap(
+        3 + 2 * HAND_BACK_TURN, pool_free=[0], generation=generation
+    )
+    end.freed("cap", 8.0)
+    consumer.timer.fire()
+    assert len(back) == HAND_BACK_TURN
+    generation[0] = 1  # the broker redelivers what this worker had (a new channel)
+    consumer.timer.fire()
+    assert len(back) == HAND_BACK_TURN and consumer.timer.entries == []
