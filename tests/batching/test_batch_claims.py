@@ -49,6 +49,25 @@ def test_a_backlog_of_full_batches_starts_side_by_side(
     assert spread < 0.4, f"{BATCHES} full batches started over {spread:.2f} s: one per tick"
 
 
+def split_calls(observer: Observer, *, filled_before: int) -> tuple[int, list[float]]:
+    """40 calls of ``fill`` on one key, half to worker A's queue (``qa``), half to B's
+    (``qb``), interleaved so that each batch holds calls of both workers: every call runs
+    once with its own result. The publish's instant, and each batch's start after it
+    (s, in order)."""
+    from tests.apps.batching import fill
+
+    calls = 40
+    published = observer.now_us()
+    results = [
+        fill.apply_async(kwargs={"account": "k", "doc": d}, queue=["qa", "qb"][d % 2])
+        for d in range(calls)
+    ]
+    assert [r.get(timeout=90) for r in results] == [d * 2 for d in range(calls)]
+    runs = [r for r in settle(observer, "fill", filled_before + calls) if r.key == "fill:k"]
+    assert_each_call_once(runs, [r.id for r in results])
+    return published, sorted((r.start - published) / 1e6 for r in runs)
+
+
 #: How long a pool process of the recycled worker takes to exit after its one task.
 SLOW_EXIT = 25
 
@@ -82,17 +101,7 @@ def test_a_worker_whose_processes_are_leaving_leaves_due_batches_to_a_free_one(
     assert len({r.pid for r in observer.runs() if r.key == "fill:warm"}) == 2
     left = observer.now_us()
     workers.start(BATCHING, concurrency=2, queues="qb")
-    calls = 40
-    published = observer.now_us()
-    results = []
-    for d in range(calls):  # interleaved: each batch holds calls of both workers
-        results.append(
-            fill.apply_async(kwargs={"account": "k", "doc": d}, queue=["qa", "qb"][d % 2])
-        )
-    assert [r.get(timeout=90) for r in results] == [d * 2 for d in range(calls)]
-    runs = [r for r in settle(observer, "fill", 20 + calls) if r.key == "fill:k"]
-    assert_each_call_once(runs, [r.id for r in results])
-    late = sorted((r.start - published) / 1e6 for r in runs)
+    published, late = split_calls(observer, filled_before=20)
     # Still within A's processes' exit when the calls came (else nothing was tested).
     assert (published - left) / 1e6 < SLOW_EXIT - 10, "B took too long to start"
     assert late[-1] < 8, (
@@ -116,24 +125,14 @@ def test_a_worker_whose_only_process_is_busy_leaves_due_batches_to_a_free_one(
     A claimed one due batch per tick whatever its free processes (at least one each
     tick): they waited for A's process. Judged by the observer: every batch starts
     within 8 s of the publish (B carries them at once), and every call runs once."""
-    from tests.apps.batching import fill, occupy
+    from tests.apps.batching import occupy
     from tests.batching.test_batching import APP as BATCHING
 
     workers.start(BATCHING, pool=pool, concurrency=1, queues="qa")
     workers.start(BATCHING, pool=pool, concurrency=2, queues="qb")
     occupy.apply_async((BUSY,), queue="qa")
     busy_since = observer.starts_of("occupy")[0]["start"]
-    calls = 40
-    published = observer.now_us()
-    results = []
-    for d in range(calls):  # interleaved: each batch holds calls of both workers
-        results.append(
-            fill.apply_async(kwargs={"account": "k", "doc": d}, queue=["qa", "qb"][d % 2])
-        )
-    assert [r.get(timeout=90) for r in results] == [d * 2 for d in range(calls)]
-    runs = [r for r in settle(observer, "fill", calls) if r.key == "fill:k"]
-    assert_each_call_once(runs, [r.id for r in results])
-    late = sorted((r.start - published) / 1e6 for r in runs)
+    published, late = split_calls(observer, filled_before=0)
     # A's process was still busy when the calls came (else nothing was tested).
     assert (published - busy_since) / 1e6 < BUSY - 10, "the calls came too late"
     assert late[-1] < 8, (
