@@ -61,3 +61,24 @@ def test_concurrency_above_the_cap_fails() -> None:
 def test_unique_runs_of_two_ids_at_once_fail() -> None:
     report = judge([run("uq:a", "1", 0, 3), run("uq:a", "2", 2, 4)])
     assert report.failed_checks() == ["unique"]
+
+
+def test_a_copy_of_a_run_killed_right_after_its_end_beside_a_new_id_is_a_known_window() -> None:
+    """Run 1 ended at 2 s and its pool process was killed 0.17 s later, before Celery
+    heard of the end: its message came back and its copy ran from 3 s, beside task 2,
+    published after the end freed the key (no redelivery guard: at least once)."""
+    runs = [
+        run("uq:a", "1", 0, 2, pid=7),
+        run("uq:a", "1", 3, 5, pid=8),
+        run("uq:a", "2", 4, 6, pid=9),
+    ]
+    kill = [Fault("kill_child", int(2.17 * S), int(2.18 * S), pids=(7,))]
+    report = judge(runs, faults=kill)
+    assert report.ok, report.summary()
+    assert "killed (kill_child)" in report.known["unique-copy-after-end"][0]
+    # A process killed a second after the end had reported it: no excuse then.
+    late = [Fault("kill_child", int(3.0 * S), int(3.01 * S), pids=(7,))]
+    assert judge(runs, faults=late).failed_checks() == ["unique"]
+    # Nor is another process's death.
+    other = [Fault("kill_child", int(2.17 * S), int(2.18 * S), pids=(5,))]
+    assert judge(runs, faults=other).failed_checks() == ["unique"]

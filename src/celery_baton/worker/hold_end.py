@@ -100,12 +100,14 @@ def excess(
 #: many workers hold its backlog, so moving it would only cost broker round trips. Not
 #: FAIR: its requests wait in their tenants' queues (``_judged_here``).
 SPREAD_FOR = frozenset({Reason.CONCURRENCY, Reason.RATE, Reason.PENALTY})
-#: At most this many rejects per turn of the consumer's loop: each is a broker round
-#: trip or more (a transaction on kombu's Redis transport), and a loop busy with 151 in
-#: one go (0.3 to 1.0 s on a loaded machine) let store calls made meanwhile time out
-#: (tests/worker/test_hold_spread.py's cap case, its app's socket timeout 1 s); a hold of
-#: baton_hold_max (10,000) would have stood the loop still for tens of seconds.
-HAND_BACK_TURN = 32
+#: How many rejects per turn of the consumer's loop (0: all in one turn, the default).
+#: Each is a broker round trip or more, so a big hand-back stands the loop still (151 in
+#: one go: 0.3 to 1.0 s on a loaded machine); but spread over turns the rejects lose
+#: their order on kombu's Redis transport, where a message handed back goes to the end
+#: the workers take from: a turn's rejects go ahead of the last turn's still in the
+#: queue (tests/worker/test_hold_spread.py: 56-58 places out of publish order with 32
+#: per turn, 0-1 in one turn). Order kept, the loop's stall is the price.
+HAND_BACK_TURN = 0
 #: Past this many keys remembered as spread lately, those whose time is over are dropped.
 SPREAD_MEMORY = 1024
 
@@ -171,12 +173,14 @@ class HoldEnd:
         ask: Callable[[Delivery], None],
         generation: Callable[[], int],
         pool_free: Callable[[], int] = lambda: 0,
+        per_turn: int = HAND_BACK_TURN,
     ) -> None:
         self.holding = holding
         self.hand_back = hand_back
         self.ask = ask
         self.generation = generation
         self.pool_free = pool_free  # pool processes a new request could take now
+        self.per_turn = per_turn  # rejects per loop turn (0: all at once)
         self._due: dict[Reason, str] = {}
         self._freed_due: set[str] = set()  # limit keys whose spread is on the timer
         self._spread_until: dict[str, float] = {}  # limit key -> no spread before
@@ -282,7 +286,7 @@ class HoldEnd:
     ) -> None:
         """Hand ``back`` to the broker, in their order (called under the holding's lock).
         All leave the holding and the prefetch count at once; the rejects go out
-        ``HAND_BACK_TURN`` per loop turn."""
+        ``per_turn`` per loop turn (0: all in this one)."""
         if not back:
             return
         for delivery in back:
@@ -318,7 +322,8 @@ class HoldEnd:
                         len(back),
                     )
                     return
-                for delivery in back[done : done + HAND_BACK_TURN]:
+                step = self.per_turn or len(back)
+                for delivery in back[done : done + step]:
                     try:
                         self.hand_back(delivery, why)
                     except Exception:  # one that fails must not keep the others here
@@ -327,7 +332,7 @@ class HoldEnd:
                             delivery.request.name,
                             delivery.request.id,
                         )
-            done += HAND_BACK_TURN
+            done += step
             if done < len(back):  # the rest on the loop's next turn, in their order
                 self.holding.consumer.timer.call_after(
                     0.0, self._reject, (back, why, done, generation, began, left, keep), priority=4
@@ -351,7 +356,7 @@ class HoldEnd:
             why,
             len(back),
             time.monotonic() - began,
-            HAND_BACK_TURN,
+            self.per_turn or len(back),
             left,
             keep,
             ", ".join(d.request.id for d in back),

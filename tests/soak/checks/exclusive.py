@@ -4,15 +4,24 @@
   order. Known window: the earlier run's lease was lost (its worker logged the loss, or
   the store was unreachable for long enough that the lease ran out while it ran).
 * ``concurrency`` -- never more than the cap running at one instant (same known window).
-* ``unique`` -- no two task ids of one unique key run at once.
+* ``unique`` -- no two task ids of one unique key run at once. Known window: one of
+  them is a copy of a run whose process died right after its end (before Celery heard
+  of it: ``unique-copy-after-end``).
 """
 
 from __future__ import annotations
 
 import itertools
 
-from tests.soak.checks.history import History, Report
-from tests.soak.checks.spans import _by_key, _describe, _lease_may_be_lost, _overlaps, _Span
+from tests.soak.checks.history import SECOND, WORKER_DEATHS, History, Report
+from tests.soak.checks.spans import (
+    ACK_RELEASE_WINDOW,
+    _by_key,
+    _describe,
+    _lease_may_be_lost,
+    _overlaps,
+    _Span,
+)
 
 
 def check_exclusive(history: History, spans: list[_Span], report: Report) -> None:
@@ -81,6 +90,37 @@ def check_unique(history: History, spans: list[_Span], report: Report) -> None:
     for key, group in sorted(_by_key(spans, ("uq:",)).items()):
         for earlier, later in _overlaps(group):
             if earlier.run.task_id != later.run.task_id:
-                report.violations["unique"].append(
-                    f"key {key!r}: {_describe(earlier)} runs beside {_describe(later)}"
+                what = f"key {key!r}: {_describe(earlier)} runs beside {_describe(later)}"
+                why = _copy_after_end(history, group, earlier) or _copy_after_end(
+                    history, group, later
                 )
+                if why:
+                    report.known["unique-copy-after-end"].append(f"{what}: {why}")
+                else:
+                    report.violations["unique"].append(what)
+
+
+def _copy_after_end(history: History, group: list[_Span], span: _Span) -> str:
+    """Why ``span`` may run beside another task id of its key: it is a copy of a run of
+    its task id that ended, whose pool process (or worker) was killed within
+    ``ACK_RELEASE_WINDOW`` of that end, before Celery heard of it. The process had
+    recorded the end and freed the unique claim (before its result, so that a caller
+    who sees the result may publish anew, worker/pool/run_end.py); Celery redelivers
+    the message (``acks_late``, ``reject_on_worker_lost``) and, without the redelivery
+    guard, the copy runs (at least once), beside a publish made since ('' : not so)."""
+    window = int(ACK_RELEASE_WINDOW * SECOND)
+    for first in group:
+        if first.run.task_id != span.run.task_id or first.killed or first.end > span.run.start:
+            continue
+        for fault in history.faults:
+            if (
+                fault.kind in ("kill_child", *WORKER_DEATHS)
+                and first.run.pid in fault.pids
+                and fault.start - window <= first.end <= fault.end
+            ):
+                return (
+                    f"a copy of {first.run.task_id}, whose run ended "
+                    f"{(fault.start - first.end) / SECOND:.3f} s before its process was "
+                    f"killed ({fault.kind}); without the redelivery guard it runs again"
+                )
+    return ""

@@ -139,8 +139,16 @@ def test_a_fair_backlog_stays_in_its_tenants_queues_and_only_their_heads_ask() -
 # -- a limit that has room again (HoldEnd.freed) -----------------------------------------
 
 
+#: Rejects per loop turn in the tests of a hand-back spread over turns (HoldEnd.per_turn).
+PER_TURN = 32
+
+
 def held_for_cap(
-    n: int, *, pool_free: list[int], generation: list[int] | None = None
+    n: int,
+    *,
+    pool_free: list[int],
+    generation: list[int] | None = None,
+    per_turn: int = 0,
 ) -> tuple[Consumer, list[Delivery], HoldEnd, list[str]]:
     """``n`` deliveries held for a full cap's key ``cap``, a window of 3; the pool's free
     processes and the admission's generation are read from the lists (set them later)."""
@@ -164,6 +172,7 @@ def held_for_cap(
         ask=held.ask,
         generation=lambda: generation[0],
         pool_free=lambda: pool_free[0],
+        per_turn=per_turn,
     )
     return consumer, deliveries, end, back
 
@@ -213,10 +222,19 @@ def test_an_exclusive_key_s_backlog_is_not_spread() -> None:
     assert Reason.CONCURRENCY in SPREAD_FOR and Reason.RATE in SPREAD_FOR
 
 
-def test_a_big_hand_back_goes_out_a_turn_at_a_time_in_order() -> None:
-    from celery_baton.worker.hold_end import HAND_BACK_TURN
+def test_a_hand_back_goes_out_in_one_turn_by_default_in_order() -> None:
+    consumer, _, end, back = held_for_cap(3 + 100, pool_free=[0])
+    end.freed("cap", 8.0)
+    consumer.timer.fire()
+    assert back == [f"d{i}" for i in range(3, 103)]
+    assert end.handed_back == 100 and consumer.timer.entries == []
 
-    consumer, _, end, back = held_for_cap(3 + 2 * HAND_BACK_TURN + 5, pool_free=[0])
+
+def test_a_big_hand_back_goes_out_a_turn_at_a_time_in_order() -> None:
+    HAND_BACK_TURN = PER_TURN
+    consumer, _, end, back = held_for_cap(
+        3 + 2 * HAND_BACK_TURN + 5, pool_free=[0], per_turn=PER_TURN
+    )
     end.freed("cap", 8.0)
     consumer.timer.fire()  # the spread's turn: every one leaves the count, a turn's go
     assert back == [f"d{i}" for i in range(3, 3 + HAND_BACK_TURN)]
@@ -228,11 +246,10 @@ def test_a_big_hand_back_goes_out_a_turn_at_a_time_in_order() -> None:
 
 
 def test_the_rest_of_a_hand_back_is_left_to_the_broker_when_the_connection_is_lost() -> None:
-    from celery_baton.worker.hold_end import HAND_BACK_TURN
-
+    HAND_BACK_TURN = PER_TURN
     generation = [0]
     consumer, _, end, back = held_for_cap(
-        3 + 2 * HAND_BACK_TURN, pool_free=[0], generation=generation
+        3 + 2 * HAND_BACK_TURN, pool_free=[0], generation=generation, per_turn=PER_TURN
     )
     end.freed("cap", 8.0)
     consumer.timer.fire()
