@@ -30,6 +30,10 @@ app, baton = make_baton_app(
     "finality",
     baton_socket_timeout=1.0,
     task_acks_late=False,
+    # Prefetch 1: with Celery's default (4) test_retries_used_up_after_lost_workers_free_
+    # the_unique_key timed out once in a loaded CI rehearsal (2026-11-29): not understood
+    # yet, to look at with the default again.
+    worker_prefetch_multiplier=1,
     # A test of a killed worker's messages sets a short one (the broker gives them back
     # after it): FINALITY_VISIBILITY seconds, restored every second.
     broker_transport_options={

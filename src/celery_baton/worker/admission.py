@@ -23,8 +23,7 @@ asks for) asks the gate once, and the verdict
 When the store does not answer, ``worker/store_down.py`` says what the request does
 (``baton_on_store_error``: held with back-off, or run unguarded); when it answers again,
 or its grace ends, the held backlog past the worker's prefetch window goes back to the
-broker (``worker/hold_end.py``); so does a limit's, when a request held for it is
-granted while the worker's pool is full (``HoldEnd.freed``). Each decision is also
+broker (``worker/hold_end.py``). Each decision is also
 a Celery task event when the worker sends them (``worker/events.py``).
 """
 
@@ -51,7 +50,7 @@ from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.batching import Batching
 from celery_baton.worker.cancelling import Cancelling
 from celery_baton.worker.events import DecisionEvents
-from celery_baton.worker.hold_end import SPREAD_FOR, HoldEnd
+from celery_baton.worker.hold_end import HoldEnd
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
 from celery_baton.worker.planning import Planner
 from celery_baton.worker.pool.batch_run import BATCH_FIELD
@@ -140,7 +139,6 @@ class Admission:
             hand_back=functools.partial(self._hand_back, one_of_many=True),
             ask=self._ask,
             generation=lambda: self.generation,
-            pool_free=self.slots.free,
         )
         self.store_down = StoreDown(
             on_store_error=settings.on_store_error,
@@ -506,8 +504,6 @@ class Admission:
         now = time.monotonic()
         delivery.skip_grace = False  # set again below for a skip grace's wait only
         held_for_grace = delivery.held_for is Reason.GRACE
-        # The limit it waited for, if any (its backlog here may be spread: below).
-        held_for, waited_in = delivery.held_for, delivery.queue_key
         if decision.seq and delivery.plan.supersede_key:
             keep_order(request, delivery.plan, decision.seq)
         if decision.note:
@@ -537,10 +533,6 @@ class Admission:
                 self._skip(delivery, late)
             else:
                 self.starting.start(delivery, outcome)
-                if held_for in SPREAD_FOR and waited_in is not None:
-                    # The limit has room again: what this worker holds of it past its
-                    # window goes back to the broker if its pool is full (hold_end.py).
-                    self.hold_end.freed(waited_in, delivery.policy.lease_ttl)
         elif isinstance(outcome, Skip):
             self._skip(delivery, outcome)
         else:

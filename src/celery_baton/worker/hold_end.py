@@ -1,5 +1,5 @@
-"""The end of a store-wide hold, and a limit that has room again: the backlog past the
-worker's window goes back to the broker, so that every worker takes from it.
+"""The end of a store-wide hold: the backlog past the worker's window goes back to the
+broker, so that every worker takes from it.
 
 While the store's grace lasts (``verdict.Reason.GRACE``: new, or lost its data) or the
 store is down (``Reason.STORE_DOWN``, ``baton_on_store_error="hold"``), every guarded
@@ -37,12 +37,6 @@ consumer is opened again for held requests, ``transport/consumer_window.py``); k
 Redis transport behind the messages waiting in the queue (none, unless the worker was
 past ``baton_hold_max``), in the order handed back.
 
-A limit's backlog is hoarded the same way with the store up: while a cap (or a rate) is
-full, a worker whose pool is free holds every request it is sent, and takes them all.
-When a request held for it is granted (the limit has room again) and the worker's pool
-is full, what it holds of that limit past its window goes back too (``HoldEnd.freed``),
-at most once per lease_ttl per limit key.
-
 The grace's end is learned from a grace-held request's next answer, which it asks for
 only once a pool process is free: a worker whose pool is busy with other work when the
 grace ends hands back when a process frees, not before.
@@ -74,17 +68,7 @@ def split(
     process, is kept and counts, but is not among those returned. One whose turn is
     judged among the held (a beat slot's misfire, ``fair_key``, a per-key flow) is in
     neither and does not count: it stays in its wait queue (``_judged_here``)."""
-    return excess([d for d in held if d.held and d.held_for is reason], keep, rank)
-
-
-def excess(
-    waiting: Iterable[Delivery],
-    keep: int,
-    rank: Callable[[Any], float | None] = lambda request: None,
-) -> tuple[list[Delivery], list[Delivery]]:
-    """``split`` of deliveries already chosen (held for one reason, or waiting in one
-    limit's queue): those kept, and those past ``keep`` to hand back."""
-    waiting = list(waiting)
+    waiting = [d for d in held if d.held and d.held_for is reason]
     busy = [d for d in waiting if _busy(d)]
     others = sorted(
         (d for d in waiting if not _busy(d) and not _judged_here(d)),
@@ -92,24 +76,6 @@ def excess(
     )
     kept = max(0, keep - len(busy))
     return others[:kept], others[kept:]
-
-
-#: Refusals by a limit whose backlog ``HoldEnd.freed`` spreads when the limit has room
-#: again: limits that may admit more runs at once than one worker's pool can start. Not
-#: an exclusive key (or an ordered call's turn): one run at a time anywhere, however
-#: many workers hold its backlog, so moving it would only cost broker round trips. Not
-#: FAIR: its requests wait in their tenants' queues (``_judged_here``).
-SPREAD_FOR = frozenset({Reason.CONCURRENCY, Reason.RATE, Reason.PENALTY})
-#: How many rejects per turn of the consumer's loop (0: all in one turn, the default).
-#: Each is a broker round trip or more, so a big hand-back stands the loop still (151 in
-#: one go: 0.3 to 1.0 s on a loaded machine); but spread over turns the rejects lose
-#: their order on kombu's Redis transport, where a message handed back goes to the end
-#: the workers take from: a turn's rejects go ahead of the last turn's still in the
-#: queue (tests/worker/test_hold_spread.py: 56-58 places out of publish order with 32
-#: per turn, 0-1 in one turn). Order kept, the loop's stall is the price.
-HAND_BACK_TURN = 0
-#: Past this many keys remembered as spread lately, those whose time is over are dropped.
-SPREAD_MEMORY = 1024
 
 
 def judged_here(held: Iterable[Delivery], reason: Reason) -> list[Delivery]:
@@ -172,18 +138,12 @@ class HoldEnd:
         hand_back: Callable[[Delivery, str], None],
         ask: Callable[[Delivery], None],
         generation: Callable[[], int],
-        pool_free: Callable[[], int] = lambda: 0,
-        per_turn: int = HAND_BACK_TURN,
     ) -> None:
         self.holding = holding
         self.hand_back = hand_back
         self.ask = ask
         self.generation = generation
-        self.pool_free = pool_free  # pool processes a new request could take now
-        self.per_turn = per_turn  # rejects per loop turn (0: all at once)
         self._due: dict[Reason, str] = {}
-        self._freed_due: set[str] = set()  # limit keys whose spread is on the timer
-        self._spread_until: dict[str, float] = {}  # limit key -> no spread before
         self.handed_back = 0  # in all, for the tests and the log
 
     def ended(self, reason: Reason, why: str) -> None:
@@ -210,120 +170,15 @@ class HoldEnd:
                 generation = self.generation()
                 held = [d for d in self.holding.held_deliveries() if d.generation == generation]
                 kept, back = split(held, reason, keep, self.holding.rank)
-                left = sum(1 for d in held if d.held and d.held_for is reason) - len(back)
-                self._give_back(back, why, began=began, left=left, keep=keep)
-                for delivery in kept:  # in their order: into the line for a pool process
-                    if delivery.held and not _busy(delivery):
-                        self.ask(delivery)
-                # The others' queues: each head asks now (no jitter: the hold is over).
-                for queue_key in dict.fromkeys(d.queue_key for d in judged_here(held, reason)):
-                    if queue_key is not None:
-                        self.holding.arm(queue_key, 0.0, jitter=False)
-        except Exception:
-            logger.exception("baton: handing back held requests failed (%s)", why)
-
-    # -- a limit that has room again ----------------------------------------------------
-
-    def freed(self, key: str, ttl: float) -> None:
-        """A request held in ``key``'s queue for a limit (``SPREAD_FOR``) was granted:
-        the limit has room again. Held requests raise the prefetch count, so a worker
-        whose pool was free while the limit was full took the broker's whole backlog of
-        it; when the limit frees, that worker would run it alone at its own concurrency
-        while another with room found the queue empty (tests/worker/test_hold_spread.py:
-        160 of 160 on one worker of two, under a cap of twice its pool). So, on the
-        loop's next turn, a worker whose pool has no process free for more (it cannot
-        start the rest soon) hands back what it holds of ``key`` past its window, as at
-        a store-wide hold's end, for any worker with room to take.
-
-        At most once per ``ttl`` (the task's lease_ttl) per key: the worker that takes
-        the backlog holds it too, and hands back when its own pool is full; the bound
-        keeps the backlog from going to and fro on every grant. A worker whose pool
-        stays free (a cap or a rate below what its pool can start) hands nothing back:
-        no other worker could run more of it."""
-        now = time.monotonic()
-        if key in self._freed_due or self._spread_until.get(key, 0.0) > now:
-            return
-        keep = self.window()
-        if keep <= 0 or len(self.holding.waiting_in(key)) <= keep:
-            return  # the common case, cheaply: nothing past the window
-        self._freed_due.add(key)
-        self.holding.consumer.timer.call_after(0.0, self._spread, (key, ttl), priority=4)
-
-    def _spread(self, key: str, ttl: float) -> None:
-        # On the timer: nothing may escape (what is not handed back stays held).
-        self._freed_due.discard(key)
-        why = f"{key} has room again and this worker's pool is full"
-        began = time.monotonic()
-        try:
-            keep = self.window()
-            if keep <= 0 or self.pool_free() > 0:
-                return  # it starts more itself now: not the bottleneck (asked again later)
-            with self.holding.lock:
-                generation = self.generation()
-                waiting = [
-                    d for d in self.holding.waiting_in(key) if d.held and d.generation == generation
-                ]
-                _, back = excess(waiting, keep, self.holding.rank)
-                if not back:
-                    return
-                self._remember(key, began + ttl)
-                # Those kept stay in their queue, its head asking as before.
-                left = len(self.holding.waiting_in(key)) - len(back)
-                self._give_back(back, why, began=began, left=left, keep=keep)
-        except Exception:
-            logger.exception("baton: handing back held requests failed (%s)", why)
-
-    def _remember(self, key: str, until: float) -> None:
-        if len(self._spread_until) >= SPREAD_MEMORY:
-            now = time.monotonic()
-            self._spread_until = {k: t for k, t in self._spread_until.items() if t > now}
-        self._spread_until[key] = until
-
-    # -- the hand-back itself --------------------------------------------------------------
-
-    def _give_back(
-        self, back: list[Delivery], why: str, *, began: float, left: int, keep: int
-    ) -> None:
-        """Hand ``back`` to the broker, in their order (called under the holding's lock).
-        All leave the holding and the prefetch count at once; the rejects go out
-        ``per_turn`` per loop turn (0: all in this one)."""
-        if not back:
-            return
-        for delivery in back:
-            self.holding.release(delivery)
-        # Their prefetch slots first: a broker that applies the lower count only
-        # later (RabbitMQ) would deliver them to this worker again at once.
-        try:
-            self.holding.consumer.qos.update()
-        except Exception as exc:  # the broker's: they go back all the same
-            logger.warning("baton: lowering the prefetch count failed: %r", exc)
-        self._reject(back, why, 0, self.generation(), began, left, keep)
-
-    def _reject(
-        self,
-        back: list[Delivery],
-        why: str,
-        done: int,
-        generation: int,
-        began: float,
-        left: int,
-        keep: int,
-    ) -> None:
-        # Now, then on the timer: nothing may escape.
-        try:
-            with self.holding.lock:
-                if self.generation() != generation:
-                    # The connection was lost meanwhile: the broker redelivers the rest.
-                    logger.info(
-                        "baton: %s: %d of %d held requests left to the broker (its "
-                        "connection was lost while they were handed back)",
-                        why,
-                        len(back) - done,
-                        len(back),
-                    )
-                    return
-                step = self.per_turn or len(back)
-                for delivery in back[done : done + step]:
+                for delivery in back:
+                    self.holding.release(delivery)
+                # Their prefetch slots first: a broker that applies the lower count only
+                # later (RabbitMQ) would deliver them to this worker again at once.
+                try:
+                    self.holding.consumer.qos.update()
+                except Exception as exc:  # the broker's: they go back all the same
+                    logger.warning("baton: lowering the prefetch count failed: %r", exc)
+                for delivery in back:
                     try:
                         self.hand_back(delivery, why)
                     except Exception:  # one that fails must not keep the others here
@@ -332,32 +187,31 @@ class HoldEnd:
                             delivery.request.name,
                             delivery.request.id,
                         )
-            done += step
-            if done < len(back):  # the rest on the loop's next turn, in their order
-                self.holding.consumer.timer.call_after(
-                    0.0, self._reject, (back, why, done, generation, began, left, keep), priority=4
+                for delivery in kept:  # in their order: into the line for a pool process
+                    if delivery.held and not _busy(delivery):
+                        self.ask(delivery)
+                # The others' queues: each head asks now (no jitter: the hold is over).
+                for queue_key in dict.fromkeys(d.queue_key for d in judged_here(held, reason)):
+                    if queue_key is not None:
+                        self.holding.arm(queue_key, 0.0, jitter=False)
+                left = sum(1 for d in self.holding.held_deliveries() if d.held_for is reason)
+            if back:
+                self.handed_back += len(back)
+                # The time says how long the loop was busy with it (a reject is a
+                # broker round trip or more: a transaction on kombu's Redis transport).
+                # Each id is named, as held_return names those it puts back: a message
+                # on its way back when the broker dies can be lost in kombu's Redis
+                # transport (docs/failure.md), and the log then says which were.
+                logger.info(
+                    "baton: %s: %d held requests handed back to the broker, for every "
+                    "worker to take, in %.2fs; %d kept (this worker's prefetch window is "
+                    "%d): %s",
+                    why,
+                    len(back),
+                    time.monotonic() - began,
+                    left,
+                    keep,
+                    ", ".join(d.request.id for d in back),
                 )
-                return
-            self._said(back, why, began, left, keep)
         except Exception:
             logger.exception("baton: handing back held requests failed (%s)", why)
-
-    def _said(self, back: list[Delivery], why: str, began: float, left: int, keep: int) -> None:
-        self.handed_back += len(back)
-        # The time says how long it took, over how many loop turns (a reject is a
-        # broker round trip or more: a transaction on kombu's Redis transport).
-        # Each id is named, as held_return names those it puts back: a message
-        # on its way back when the broker dies can be lost in kombu's Redis
-        # transport (docs/failure.md), and the log then says which were.
-        logger.info(
-            "baton: %s: %d held requests handed back to the broker, for every "
-            "worker to take, in %.2fs (%d per loop turn); %d kept (this worker's "
-            "prefetch window is %d): %s",
-            why,
-            len(back),
-            time.monotonic() - began,
-            self.per_turn or len(back),
-            left,
-            keep,
-            ", ".join(d.request.id for d in back),
-        )

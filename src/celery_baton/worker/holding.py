@@ -291,10 +291,6 @@ class Holding:
             self._queues.clear()
             return forgotten
 
-    def waiting_in(self, key: str) -> list[Delivery]:
-        """The deliveries in ``key``'s queue, in the order they ask (``[]``: none)."""
-        return list(self._queues.get(key) or ())
-
     def held_by_key(self, top: int = 20) -> dict[str, int]:
         with self.lock:
             sizes = sorted(self._queues.sizes(), reverse=True)

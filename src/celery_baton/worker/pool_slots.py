@@ -78,10 +78,6 @@ class PoolSlots(Protocol):
     def plain(self, request: Any) -> None:
         """Hand a request that asks nothing to Celery, as without celery-baton."""
 
-    def free(self) -> int:
-        """How many pool processes a new request could take now (0: none, or requests
-        already wait for one)."""
-
 
 class SemaphoreSlots:
     """The prefork pool's own semaphore, and its processes (see the module docstring)."""
@@ -191,14 +187,6 @@ class SemaphoreSlots:
             return
         self.run(request)
 
-    def free(self) -> int:
-        if self._waiters or getattr(self.semaphore, "_waiting", None):
-            return 0
-        value = int(getattr(self.semaphore, "value", 0))
-        if self._startable is not None:
-            value = min(value, self._startable() - self._reserved)
-        return max(0, value)
-
     def _free(self) -> int:
         if self._startable is None:
             return len(self._waiters)  # not attached (yet): the semaphore alone
@@ -242,9 +230,6 @@ class CountedSlots:
         if self._startable is not None:
             free = min(free, self._startable() - self._reserved)
         return free
-
-    def free(self) -> int:
-        return 0 if self._waiters else max(0, self._free())
 
     def acquire(self, callback: Callable[[], None]) -> None:
         if not self._waiters and self._free() > 0:

@@ -124,35 +124,3 @@ def test_a_waiting_request_celery_dropped_is_not_handed_over() -> None:
         assert handed == [kept]
     finally:
         worker_state.reserved_requests.discard(kept)
-
-
-def test_free_counts_the_processes_a_new_request_could_take_now() -> None:
-    """What a limit's spread reads (worker/hold_end.py: hand back only from a full pool)."""
-    s, _ = slots(2)
-    assert s.free() == 2  # not attached: the semaphore alone
-    pool = Pool(startable=2)
-    s.attach(SimpleNamespace(_pool=pool))
-    asked: list[int] = []
-    s.acquire(lambda: asked.append(1))
-    assert asked == [1] and s.free() == 1
-    pool.free = 1  # a process leaves (max-tasks-per-child): the other is asked for
-    assert s.free() == 0
-    s.acquire(lambda: asked.append(2))  # waits for a process
-    pool.free = 2
-    assert s.free() == 0  # the semaphore is all taken
-    s.give_back()  # 1 was refused: 2 takes a process, the other is free
-    assert asked == [1, 2] and s.free() == 1
-
-
-def test_counted_slots_free_is_zero_while_requests_wait() -> None:
-    from celery_baton.worker.pool_slots import CountedSlots
-
-    timer = SimpleNamespace(call_after=lambda *a, **k: None)
-    s = CountedSlots(2, lambda request: None, timer)
-    assert s.free() == 2
-    s.acquire(lambda: None)
-    s.acquire(lambda: None)
-    assert s.free() == 0
-    s.acquire(lambda: None)  # waits
-    s.give_back()  # served to the waiter at once
-    assert s.free() == 0
