@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
+
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 
@@ -33,7 +35,11 @@ def monitored(server: StoreServer, db: int | None = None) -> Iterator[list[dict[
     echoes: list[str] = []
 
     def listen() -> None:
-        with server.client().monitor() as monitor:
+        # No read timeout: a block may leave the server idle longer than a client's
+        # 10 s, and a timed-out listener's exception would fail whichever test runs next
+        # in this process.
+        idle_ok = redis.Redis.from_url(server.url(0), decode_responses=True)
+        with idle_ok, idle_ok.monitor() as monitor:
             for command in monitor.listen():
                 text = command["command"]
                 if text == f"ECHO {marker}":
@@ -52,8 +58,10 @@ def monitored(server: StoreServer, db: int | None = None) -> Iterator[list[dict[
             return bool(echoes)
 
         wait_until(listening, 10, "MONITOR listening")
-        yield seen
-        client.echo(marker)
+        try:
+            yield seen
+        finally:  # the listener ends with the block, however the block ends
+            client.echo(marker)
     listener.join(10)
     assert not listener.is_alive(), "MONITOR never saw the end marker"
 
