@@ -77,6 +77,15 @@ def check_no_orphan_options(name: str, options: dict[str, Any], app_task: Any) -
         raise ConfigError("; ".join(orphans), subject=name)
 
 
+def check_declared_names(
+    name: str, options: dict[str, Any], others: frozenset[str], app_task: Any
+) -> None:
+    """A declaration's option names: misspelt ones (``exclusiv=``), then another
+    extension's left on a task without its base class."""
+    check_option_names(name, options, others)
+    check_no_orphan_options(name, options, app_task)
+
+
 def others_names(options: dict[str, Any], app_task: Any) -> frozenset[str]:
     """The names a task declaration may use that are not ours: Celery's, the attributes
     of the task's base class (``base=`` or the app's Task class, where another extension
@@ -102,8 +111,7 @@ def _checked_later(
     """``@app.task(exclusiv=...)``: the function is known only when the decorator runs."""
 
     def decorator(fun: Callable[..., Any]) -> Any:
-        check_option_names(_name_of(fun, options), options, others)
-        check_no_orphan_options(_name_of(fun, options), options, app_task)
+        check_declared_names(_name_of(fun, options), options, others, app_task)
         return decorate(fun)
 
     return decorator
@@ -116,8 +124,7 @@ def _check_declaration(
     options themselves (a key naming no argument, a bad rate, an option without the one
     it qualifies), raising ConfigError naming the task."""
     name = _name_of(fun, options)
-    check_option_names(name, options, others)
-    check_no_orphan_options(name, options, app.Task)
+    check_declared_names(name, options, others, app.Task)
     if declares_options(options):
         # Named limits are checked now when the app's conf already has them.
         conf = app.conf
@@ -151,8 +158,8 @@ def check_task_option_names(app: Any, task: Any) -> None:
     if options is None:
         return
     base = type(task).__mro__[1] if len(type(task).__mro__) > 1 else None
-    check_option_names(task.name, options, others_names({"base": base}, app.Task))
-    check_no_orphan_options(task.name, {**options, "base": base}, app.Task)
+    others = others_names({"base": base}, app.Task)
+    check_declared_names(task.name, options, others, base or app.Task)
 
 
 def check_declared_tasks(app: Any) -> None:
@@ -317,8 +324,7 @@ class Baton:
         def task(*args: Any, **options: Any) -> Any:
             others = others_names(options, self.app.Task) if options else CELERY_NAMES
             if len(args) == 1 and callable(args[0]):
-                check_option_names(_name_of(args[0], options), options, others)
-                check_no_orphan_options(_name_of(args[0], options), options, self.app.Task)
+                check_declared_names(_name_of(args[0], options), options, others, self.app.Task)
             if not declares_options(options):
                 if options and not (len(args) == 1 and callable(args[0])):
                     return _checked_later(

@@ -20,7 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from tests.batching.test_batching import APP
 from tests.support.observer import Observer
-from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
+from tests.support.pools import AUTOSCALED, TIME_LIMIT_POOLS, pool_label, pool_setting
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -42,7 +42,7 @@ def _runs_of_each_call(observer: Observer, key: str) -> dict[str, int]:
 # Without the autoscaled pool: its acks-early case hung past the 60 s timeout once in a
 # loaded CI rehearsal (2026-11-29), not understood yet (the matrix, ordered and debounce
 # cases run it).
-@pytest.mark.parametrize("pool", [p for p in TIME_LIMIT_POOLS if "autoscale" not in str(p)])
+@pytest.mark.parametrize("pool", [p for p in TIME_LIMIT_POOLS if p is not AUTOSCALED])
 def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
     workers: Workers, observer: Observer, broker_server: StoreServer, pool: str, acks_late: bool
 ) -> None:
@@ -56,7 +56,7 @@ def test_a_batch_killed_at_its_hard_time_limit_fails_every_call_once(
     name, extra, env = pool_setting(pool)
     env["BATCH_ACKS_LATE"] = "1" if acks_late else ""
     workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
-    account = f"limit-{'-'.join(pool.split())}-{acks_late}"
+    account = f"limit-{pool_label(pool)}-{acks_late}"
     results = [overrun.apply_async(kwargs={"account": account, "doc": d}) for d in range(CALLS)]
     for result in results:
         with pytest.raises(TimeLimitExceeded):

@@ -17,7 +17,7 @@ import pytest
 
 from celery_baton.errors import TaskSkipped
 from tests.support.observer import Observer, Run
-from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
+from tests.support.pools import TIME_LIMIT_POOLS, pool_label, pool_setting
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -300,7 +300,7 @@ def test_a_run_killed_at_its_time_limit_fails_the_superseded_too(
 
     name, extra, env = pool_setting(pool)
     workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
-    doc = f"limit-{'-'.join(pool.split())}"
+    doc = f"limit-{pool_label(pool)}"
     results = [overrun.delay(doc, v) for v in range(1, 4)]
     for result in results:
         with pytest.raises(TimeLimitExceeded):
@@ -325,7 +325,7 @@ def test_a_run_revoked_mid_run_revokes_the_superseded_too(
 
     name, extra, env = pool_setting(pool)
     workers.start(APP, pool=name, concurrency=2, extra_args=extra, env=env)
-    doc = f"revoked-{'-'.join(pool.split())}"
+    doc = f"revoked-{pool_label(pool)}"
     results = [slow.delay(doc, v) for v in range(1, 4)]
     (start,) = observer.starts_of(f"slow:{doc}", timeout=20)
     revoke_until_heard(app, start["task_id"].split("|")[0], terminate=True)

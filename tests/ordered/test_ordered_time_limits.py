@@ -11,7 +11,7 @@ from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from tests.ordered.test_ordered import start_workers
 from tests.support.observer import Observer
-from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
+from tests.support.pools import TIME_LIMIT_POOLS, pool_label, pool_setting
 from tests.support.workers import Workers
 
 #: How the first call is stopped: the error its caller gets, and the most seconds from
@@ -33,7 +33,7 @@ def test_a_call_stopped_mid_run_passes_its_turn_at_once(
     error, bound = STOPS[stop]
     name, extra, env = pool_setting(pool)
     start_workers(workers, 1, pool=name, extra_args=extra, env=env)
-    key = f"{stop}-{'-'.join(pool.split())}"
+    key = f"{stop}-{pool_label(pool)}"
     time_limit = 1 if stop == "time-limit" else None
     stopped = ordered_apply.apply_async((key, 0, 6.0), time_limit=time_limit)
     rest = [ordered_apply.delay(key, n) for n in range(1, 4)]

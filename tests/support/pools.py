@@ -33,10 +33,11 @@ POOLS_AND_RECYCLED = [
 #: other process forked later, from the main process; each leaving after one run), prefork
 #: grown and shrunk by ``--autoscale 3,1`` (idle processes go after 0.5 s, see
 #: :func:`pool_setting`: the pool shrinks and grows around the kill), and gevent.
+AUTOSCALED = pytest.param("prefork --autoscale 3,1", id="prefork-autoscale")
 TIME_LIMIT_POOLS = [
     "prefork",
     pytest.param("prefork --max-tasks-per-child 1", id="prefork-recycled"),
-    pytest.param("prefork --autoscale 3,1", id="prefork-autoscale"),
+    AUTOSCALED,
     "gevent",
 ]
 
@@ -48,3 +49,8 @@ def pool_setting(pool: str) -> tuple[str, list[str], dict[str, str]]:
     name, *extra = pool.split()
     autoscaled = any(arg.startswith("--autoscale") for arg in extra)
     return name, extra, ({"AUTOSCALE_KEEPALIVE": "0.5"} if autoscaled else {})
+
+
+def pool_label(pool: str) -> str:
+    """One of the parameters above as one word, for a key (``prefork---autoscale-3,1``)."""
+    return "-".join(pool.split())
