@@ -9,7 +9,11 @@ scan every second), so a test can kill a worker and see the copy of its message.
 
 The ``*_main_dies`` tasks stop their worker's main process (SIGSTOP) as their body
 ends, on the first run of their key only, and mark it: the test then SIGKILLs that
-worker, as if it had died between the run's end and Celery's ack.
+worker, as if it had died between the run's end and Celery's ack. The
+``*_then_main_stops`` tasks stop it later, after the run's end is over in the process
+that ran it (``task_postrun``: its end recorded, its result stored), on every pool:
+the prefork pool processes' parent, the process that runs the body itself on threads,
+gevent, eventlet and solo.
 
 In the test process, import it inside a test that uses the ``app_environ`` fixture.
 """
@@ -21,7 +25,7 @@ import os
 import signal
 
 import redis
-from celery import Task
+from celery import Task, signals
 from celery.exceptions import Reject
 
 from tests.apps.factory import make_baton_app, observer
@@ -110,3 +114,50 @@ def uq_quick_guarded(self: Task, key: str) -> str:
 def uq_quick_late(self: Task, key: str) -> str:
     """Unique, acks_late: returns at once."""
     return self.request.id
+
+
+#: The worker's main process, remembered there before its pool starts (``worker_init``);
+#: a prefork pool process, forked from it, inherits it. (Not ``os.getppid()`` in a pool
+#: process: the solo pool sends ``worker_process_init`` in the main process too.)
+_main_process = 0
+
+
+@signals.worker_init.connect
+def _remember_the_main_process(**_: object) -> None:
+    global _main_process
+    _main_process = os.getpid()
+
+
+@signals.task_postrun.connect
+def _stop_the_main_process_after_the_end(
+    task: Task | None = None, args: tuple[object, ...] = (), **_: object
+) -> None:
+    """After celery-baton's own ``task_postrun`` receiver (connected when the worker
+    starts, before this module's tasks run) and after the result was stored: the first
+    run of a ``*_then_main_stops`` key stops its worker's main process before the ack."""
+    if task is None or not task.name.endswith("_then_main_stops") or not args:
+        return
+    key = str(args[0])
+    main = _main_process
+    if not main:  # not in a worker: never stop anything else
+        return
+    if _marks().set(main_stopped_mark(key), str(main), nx=True):
+        os.kill(main, signal.SIGSTOP)
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def returns_then_main_stops(self: Task, key: str) -> str:
+    """Guarded, acks_late: returns; its first run's worker stops after the end."""
+    observer().run(key, task_id=self.request.id)
+    return "done"
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True)
+def retries_then_main_stops(self: Task, key: str) -> str:
+    """Guarded, acks_late: its first attempt (``key:0``) retries to the ``parked``
+    queue and its worker stops after the end; the retry (``key:1``) returns."""
+    attempt = self.request.retries
+    observer().run(f"{key}:{attempt}", task_id=self.request.id)
+    if attempt > 0:
+        return "done"
+    raise self.retry(countdown=0, queue=PARKED, max_retries=3)

@@ -25,6 +25,7 @@ import pytest
 
 from tests.limits.test_rate_limits import assert_gcra_bound
 from tests.support.observer import Observer
+from tests.support.pools import pool_setting
 from tests.support.workers import Workers
 
 #: How much closer than one interval two starts may come: admission to the body's
@@ -50,16 +51,33 @@ def _fill_pool(observer: Observer, concurrency: int, sleep: float) -> None:
 
 @pytest.mark.parametrize(
     ("pool", "prefetch"),
-    [("prefork", 4), ("prefork", 1), ("threads", 4), ("threads", 1), ("solo", 4)],
+    [
+        ("prefork", 4),
+        ("prefork", 1),
+        ("threads", 4),
+        ("threads", 1),
+        ("solo", 4),
+        ("gevent", 4),
+        pytest.param("prefork --max-tasks-per-child 1", 4, id="prefork-recycled-4"),
+        pytest.param("prefork --autoscale 2,1", 4, id="prefork-autoscale-4"),
+    ],
 )
 def test_every_rate_kind_holds_at_task_start_on_a_saturated_pool(
     workers: Workers, observer: Observer, pool: str, prefetch: int
 ) -> None:
+    """Every pool, and prefork recycled after each run (each limited task starts in a
+    process forked after the last one ended) or grown and shrunk by ``--autoscale``."""
     from tests.apps import busy_pool
 
-    concurrency = 1 if pool == "solo" else 2
+    name, extra, env = pool_setting(pool)
+    concurrency = 1 if name == "solo" else 2
     workers.start(
-        "tests.apps.busy_pool", pool=pool, concurrency=concurrency, prefetch_multiplier=prefetch
+        "tests.apps.busy_pool",
+        pool=name,
+        concurrency=concurrency,
+        prefetch_multiplier=prefetch,
+        extra_args=extra,
+        env=env,
     )
     _fill_pool(observer, concurrency, sleep=3.0)
     # While no pool process is free: every kind of rate limit, 6 calls each; half of

@@ -1,5 +1,6 @@
 """The bound of a global limit at the task body's start, on every way Celery runs a task,
-judged by the observer (issue 34: gevent and threads held it; keep them so)."""
+judged by the observer (issue 34: gevent and threads held it; keep them so), and on
+prefork recycled (``--max-tasks-per-child``) or grown and shrunk (``--autoscale``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.util
 import pytest
 
 from tests.support.observer import Observer, max_concurrent
+from tests.support.pools import pool_setting
 from tests.support.workers import Workers
 
 APP = "tests.apps.pools"
@@ -27,6 +29,9 @@ APP = "tests.apps.pools"
             ),
         ),
         ("solo", 1),
+        ("threads", 4),
+        pytest.param("prefork --max-tasks-per-child 2", 4, id="prefork-recycled-4"),
+        pytest.param("prefork --autoscale 4,1", 4, id="prefork-autoscale-4"),
     ],
 )
 def test_global_concurrency_holds_at_start_on_each_pool(
@@ -36,9 +41,16 @@ def test_global_concurrency_holds_at_start_on_each_pool(
     at once, and the limit is used (2 side by side)."""
     from tests.apps import pools
 
+    name, extra, env = pool_setting(pool)
     started = [
         workers.start(
-            APP, wait=False, pool=pool, concurrency=concurrency, queues=pools.CAPPED_QUEUE
+            APP,
+            wait=False,
+            pool=name,
+            concurrency=concurrency,
+            queues=pools.CAPPED_QUEUE,
+            extra_args=extra,
+            env=env,
         )
         for _ in range(3)
     ]
