@@ -5,12 +5,19 @@ Issue 34 §1-2. Each task reports its start to the
 :class:`~tests.support.observer.Observer` (its own server's clock), so a test judges
 every limit where the user meets it.
 
-Reads ``TEST_BROKER_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL``.
+Reads ``TEST_BROKER_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL``; and
+``RECYCLED_SLOW_EXIT``: seconds a leaving pool process takes to exit (its
+``worker_process_shutdown`` handler sleeps, as one closing connections or flushing
+metrics may).
 """
 
 from __future__ import annotations
 
-from celery import Task
+import os
+import time
+from typing import Any
+
+from celery import Task, signals
 
 from tests.apps.factory import make_baton_app, observer
 
@@ -25,6 +32,20 @@ RATE = "1/s"
 #: The timed tasks' limit (s): far longer than the body (milliseconds), shorter than a
 #: wait for the third token in line.
 LIMIT = 1.0
+
+
+_SLOW_EXIT = float(os.environ.get("RECYCLED_SLOW_EXIT", "0"))
+if _SLOW_EXIT:
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _exit_slowly(**_: Any) -> None:
+        time.sleep(_SLOW_EXIT)
+
+
+@app.task(bind=True, global_concurrency=1)
+def alone(self: Task, sleep: float) -> None:
+    """At most one running anywhere."""
+    observer().run("alone", sleep=sleep, task_id=self.request.id)
 
 
 @app.task(bind=True, global_concurrency=CAPPED)

@@ -77,8 +77,13 @@ SLOW_EXIT = 25
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "recycle",
+    ["--max-tasks-per-child=1", "--max-memory-per-child=1"],
+    ids=["max-tasks", "max-memory"],
+)
 def test_a_worker_whose_processes_are_leaving_leaves_due_batches_to_a_free_one(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, recycle: str
 ) -> None:
     """Worker A (``-c 2 --max-tasks-per-child=1``) ran a batch on each process, and each
     takes 25 s to exit (a slow ``worker_process_shutdown``): no process of A can start a
@@ -96,7 +101,7 @@ def test_a_worker_whose_processes_are_leaving_leaves_due_batches_to_a_free_one(
         BATCHING,
         concurrency=2,
         queues="qa",
-        extra_args=["--max-tasks-per-child=1"],
+        extra_args=[recycle],
         env={"BATCH_SLOW_EXIT": str(SLOW_EXIT)},
     )
     # Two full batches (fill: 10 a batch), one in each of A's processes: both leave.

@@ -60,6 +60,7 @@ def _fill_pool(observer: Observer, concurrency: int, sleep: float) -> None:
         ("gevent", 4),
         pytest.param("prefork --max-tasks-per-child 1", 4, id="prefork-recycled-4"),
         pytest.param("prefork --autoscale 2,1", 4, id="prefork-autoscale-4"),
+        pytest.param("prefork --max-memory-per-child 1", 4, id="prefork-memory-recycled-4"),
     ],
 )
 def test_every_rate_kind_holds_at_task_start_on_a_saturated_pool(

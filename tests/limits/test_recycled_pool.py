@@ -1,5 +1,6 @@
 """A request is asked of the gate only when a pool process can start it now, also when
-the pool replaces its processes (``--max-tasks-per-child``, the usual cure for leaky tasks).
+the pool replaces its processes (``--max-tasks-per-child`` or ``--max-memory-per-child``,
+the usual cures for leaky tasks).
 
 Issue 34 §1. Celery's pool semaphore was taken for "a process can start it now". It is
 released when a process reports its job READY, although a process that ran its
@@ -20,6 +21,8 @@ from __future__ import annotations
 import itertools
 import time
 
+import pytest
+
 from tests.support.observer import Observer, Run
 from tests.support.workers import Workers
 
@@ -32,7 +35,13 @@ START_JITTER_US = 250_000
 #: Held out of the slots by the other worker, it stood idle 3-5 s (the pool's tick).
 IDLE_MAX_US = 2_500_000
 
-RECYCLED = ["--max-tasks-per-child=1"]
+#: The two ways a process leaves after a run: its count of tasks, or its memory (every
+#: process is above 1 kB: it leaves after each run, unannounced, as a leaky task's does).
+RECYCLED = pytest.mark.parametrize(
+    "recycle",
+    [["--max-tasks-per-child=1"], ["--max-memory-per-child=1"]],
+    ids=["max-tasks", "max-memory"],
+)
 
 
 def _idle_gaps(runs: list[Run]) -> list[int]:
@@ -40,15 +49,16 @@ def _idle_gaps(runs: list[Run]) -> list[int]:
     return [after.start - before.end for before, after in itertools.pairwise(ordered)]
 
 
+@RECYCLED
 def test_a_recycling_worker_holds_no_concurrency_slot_it_cannot_start(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, recycle: list[str]
 ) -> None:
     """``global_concurrency=2``; worker A (``-c 1 --max-tasks-per-child=1``) and worker B
     (``-c 1``) each have 6 capped tasks of 1 s. A holds at most one slot (it has one
     process): B's process runs its tasks back to back."""
     from tests.apps import recycled
 
-    workers.start("tests.apps.recycled", concurrency=1, queues="a", extra_args=RECYCLED)
+    workers.start("tests.apps.recycled", concurrency=1, queues="a", extra_args=recycle)
     workers.start("tests.apps.recycled", concurrency=1, queues="b")
     for _ in range(6):
         recycled.capped.apply_async((1.0,), queue="a")
@@ -68,8 +78,51 @@ def test_a_recycling_worker_holds_no_concurrency_slot_it_cannot_start(
     assert observer.max_running("capped") <= recycled.CAPPED
 
 
+#: How long a leaving process of worker A takes to exit in the test below.
+SLOW_EXIT = 8
+
+
+@RECYCLED
+def test_a_worker_whose_process_is_leaving_holds_no_slot_while_it_exits(
+    workers: Workers, observer: Observer, recycle: list[str]
+) -> None:
+    """``global_concurrency=1``; worker A (``-c 1``, recycled) takes 8 s to exit each
+    leaving process (a slow ``worker_process_shutdown``), worker B (``-c 1``) is
+    plain. Each has 4 tasks of 0.3 s. While A's process exits, A has no process that can
+    start a run: it must leave the one slot to B, whose runs then follow each other
+    closely. (A worker that took its leaving process for free took the slot for a run
+    that waited for the replacement: B stood idle for the whole exit.)"""
+    from tests.apps import recycled
+
+    workers.start(
+        "tests.apps.recycled",
+        concurrency=1,
+        queues="a",
+        extra_args=recycle,
+        env={"RECYCLED_SLOW_EXIT": str(SLOW_EXIT)},
+    )
+    workers.start("tests.apps.recycled", concurrency=1, queues="b")
+    for _ in range(4):
+        recycled.alone.apply_async((0.3,), queue="a")
+        recycled.alone.apply_async((0.3,), queue="b")
+    runs = observer.runs_of("alone", 8, timeout=120)
+    by_pid: dict[int, list[Run]] = {}
+    for run in runs:
+        by_pid.setdefault(run.pid, []).append(run)
+    b_runs = max(by_pid.values(), key=len)  # A's process is a new one for every run
+    assert len(b_runs) == 4, {pid: len(r) for pid, r in by_pid.items()}
+    gaps = _idle_gaps(b_runs)
+    assert max(gaps) <= IDLE_MAX_US, (
+        f"B stood idle {max(gaps) / 1e6:.2f} s between two of its runs (gaps "
+        f"{[round(g / 1e6, 2) for g in gaps]} s) while A held the slot for a run its "
+        f"leaving process could not start ({SLOW_EXIT} s to exit)"
+    )
+    assert observer.max_running("alone") <= 1
+
+
+@RECYCLED
 def test_a_recycling_worker_hands_its_rate_grants_to_a_process_that_starts_them(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, recycle: list[str]
 ) -> None:
     """1/s on one worker ``-c 1 --max-tasks-per-child=1``: a grant goes to the pool when
     its replacement process is up, not to the leaving one, so it is not late there and
@@ -77,7 +130,7 @@ def test_a_recycling_worker_hands_its_rate_grants_to_a_process_that_starts_them(
     from tests.apps import recycled
     from tests.limits.test_rate_limits import assert_gcra_bound
 
-    worker = workers.start("tests.apps.recycled", concurrency=1, extra_args=RECYCLED)
+    worker = workers.start("tests.apps.recycled", concurrency=1, extra_args=recycle)
     for n in range(12):
         recycled.rated.delay(n)
     starts = [s["start"] for s in observer.starts_of("rated", 12, timeout=90)]
@@ -86,8 +139,9 @@ def test_a_recycling_worker_hands_its_rate_grants_to_a_process_that_starts_them(
     assert fresh <= 4, f"{fresh} of 12 grants reached their pool process late"
 
 
+@RECYCLED
 def test_a_throttle_window_opens_when_a_recycled_process_starts_the_run(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, recycle: list[str]
 ) -> None:
     """``throttle=2.0`` (drop). Publishes a window and a bit apart, to A
     (``-c 1 --max-tasks-per-child=1``) twice, then to B: A's second run was admitted,
@@ -95,7 +149,7 @@ def test_a_throttle_window_opens_when_a_recycled_process_starts_the_run(
     then started with it. Every two starts are a window apart."""
     from tests.apps import recycled
 
-    workers.start("tests.apps.recycled", concurrency=1, queues="a", extra_args=RECYCLED)
+    workers.start("tests.apps.recycled", concurrency=1, queues="a", extra_args=recycle)
     workers.start("tests.apps.recycled", concurrency=1, queues="b")
     apart = recycled.THROTTLE + 0.3
     for n, queue in enumerate("aab" * 4):

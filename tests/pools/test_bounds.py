@@ -32,6 +32,7 @@ APP = "tests.apps.pools"
         ("threads", 4),
         pytest.param("prefork --max-tasks-per-child 2", 4, id="prefork-recycled-4"),
         pytest.param("prefork --autoscale 4,1", 4, id="prefork-autoscale-4"),
+        pytest.param("prefork --max-memory-per-child 1", 4, id="prefork-memory-recycled-4"),
     ],
 )
 def test_global_concurrency_holds_at_start_on_each_pool(

@@ -9,7 +9,9 @@ pool semaphore when a process reports a job READY, although a process that ran i
 replacement was forked at the pool's next maintenance tick (every 5 s), because the
 exit event Celery watches fires when the process closes its pipes, before it can be
 reaped, and is not watched again. A request granted on such a slot held its leases, its
-rate token or its throttle window for seconds while no process could start it.
+rate token or its throttle window for seconds while no process could start it. A
+process past its ``--max-memory-per-child`` leaves the same way, unannounced: its peak
+memory is read when it reports a job READY, as it reads it itself.
 ``ReadyAsynPool`` says how many processes can start a job now (``startable``: up,
 idle, not leaving, less the jobs already waiting to be written to one), calls
 ``on_change`` when that may have grown (a job READY, a process up, one joined), and
@@ -44,6 +46,7 @@ from __future__ import annotations
 import logging
 import mmap
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +68,27 @@ FIRST_COME = ("fast", "fcfs")
 
 #: A process's count of jobs reported READY (set on Celery's process object).
 _DONE_ATTR = "_baton_done"
+
+#: Set on a process seen leaving after its ``--max-memory-per-child`` (the monotonic
+#: time it was seen). A prediction, so it lapses: a process still here after
+#: ``LEAVING_FOR`` s is counted again (Celery then writes to it as it always did).
+_LEAVING_ATTR = "_baton_leaving_since"
+LEAVING_FOR = 60.0
+
+
+def peak_rss_kb(pid: int) -> int | None:
+    """The peak resident set size of process ``pid`` in kB (``VmHWM``), the measure a
+    billiard pool process compares with its ``--max-memory-per-child`` on Linux
+    (``getrusage(RUSAGE_SELF).ru_maxrss``); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
 
 #: The pool's flush count when a job entered the pool (in the job's request dict).
 LET_GO_FIELD = "baton_let_go"
@@ -168,6 +192,9 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
         maxtasks = self._maxtasksperchild
         if maxtasks and getattr(proc, _DONE_ATTR, 0) >= maxtasks:
             return False  # leaving: it ran its --max-tasks-per-child
+        leaving_since = getattr(proc, _LEAVING_ATTR, None)
+        if leaving_since is not None and time.monotonic() - leaving_since < LEAVING_FOR:
+            return False  # leaving: it passed its --max-memory-per-child
         return not getattr(proc, "dead", False) and bool(proc._is_alive())
 
     def startable(self) -> int:
@@ -210,8 +237,27 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
             setattr(proc, _DONE_ATTR, done)
             if self._maxtasksperchild and done >= self._maxtasksperchild:
                 self._replace_when_gone(proc)
+            elif self._leaving_for_memory(proc):
+                setattr(proc, _LEAVING_ATTR, time.monotonic())
+                self._replace_when_gone(proc)
         super().on_job_ready(job, i, obj, inqW_fd)
         self._changed()
+
+    def _leaving_for_memory(self, proc: Any) -> bool:
+        """Whether ``proc``, which just reported a job READY, leaves now for its
+        ``--max-memory-per-child``: billiard's process compares its peak memory with the
+        limit right after that report, and exits, unannounced, when it is above (a job
+        written to it meanwhile waited for its exit, put back then: seconds with a slow
+        ``worker_process_shutdown``). Read here just after the process read it, while it
+        waits for its next job or exits: the same peak, as a rule. A process that reads a
+        higher peak than this leaves all the same (its job is put back, as without this
+        guess); one that stays although this says it leaves is counted again after
+        ``LEAVING_FOR`` s."""
+        limit = getattr(self, "_max_memory_per_child", None) or 0
+        if limit <= 0:
+            return False
+        peak = peak_rss_kb(proc.pid)
+        return peak is not None and peak > limit
 
     def on_process_alive(self, pid: int) -> None:
         super().on_process_alive(pid)
