@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 
 import redis
 from celery import Task, signals
@@ -107,6 +108,22 @@ def uq_quick(self: Task, key: str) -> str:
 @app.task(bind=True, unique="key", redelivery_guard=True)
 def uq_quick_guarded(self: Task, key: str) -> str:
     """Unique and guarded: returns at once."""
+    return self.request.id
+
+
+@app.task(bind=True, unique="key", time_limit=0.5)
+def uq_past_its_time_limit(self: Task, key: str) -> str:
+    """Unique, a hard time limit of 0.5 s: runs past it (its process killed, its greenlet
+    unwound), Celery's main process stores its FAILURE."""
+    time.sleep(10)
+    return self.request.id
+
+
+@app.task(bind=True, unique="key")
+def uq_process_killed(self: Task, key: str) -> str:
+    """Unique: kills its own pool process (as the OOM killer would); Celery's main
+    process stores its FAILURE (``WorkerLostError``). Prefork only."""
+    os.kill(os.getpid(), signal.SIGKILL)
     return self.request.id
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded
 
+from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.workers import Workers
 
 APP = "tests.apps.run_ends"
@@ -50,3 +53,62 @@ def test_a_publish_after_get_returned_is_a_new_run(
         assert result.get(timeout=20) == result.id
         previous = result
     assert deduplicated == 0, f"{deduplicated} of {TRIES} publishes got the finished task"
+
+
+TIMED_OUT_TRIES = 12
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
+def test_a_publish_after_a_time_limit_failure_was_seen_is_a_new_run(
+    workers: Workers, pool: str
+) -> None:
+    """A run past its hard time limit ends in the main process: Celery kills its process
+    (unwinds its greenlet) and stores its FAILURE there. The caller who saw that failure
+    publishes again: a new run, not the failed task's id."""
+    from tests.apps import run_ends
+
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, concurrency=2, pool=name, extra_args=extra, env=env)
+    deduplicated = 0
+    for n in range(TIMED_OUT_TRIES):
+        first = run_ends.uq_past_its_time_limit.delay(f"t{n}")
+        with pytest.raises(TimeLimitExceeded):
+            first.get(timeout=60)
+        again = run_ends.uq_past_its_time_limit.delay(f"t{n}")
+        if again.id == first.id:
+            deduplicated += 1
+    assert deduplicated == 0, (
+        f"{deduplicated} of {TIMED_OUT_TRIES} publishes after the failure got the failed task"
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "pool",
+    [
+        "prefork",
+        pytest.param("prefork --max-tasks-per-child 1", id="prefork-recycled"),
+        pytest.param("prefork --autoscale 3,1", id="prefork-autoscale"),
+    ],
+)
+def test_a_publish_after_a_lost_process_failure_was_seen_is_a_new_run(
+    workers: Workers, pool: str
+) -> None:
+    """A run whose pool process died (``WorkerLostError``) ends in the main process too,
+    which stores its FAILURE: a publish after the caller saw it is a new run."""
+    from tests.apps import run_ends
+
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, concurrency=2, pool=name, extra_args=extra, env=env)
+    deduplicated = 0
+    for n in range(TIMED_OUT_TRIES):
+        first = run_ends.uq_process_killed.delay(f"k{n}")
+        with pytest.raises(WorkerLostError):
+            first.get(timeout=60)
+        again = run_ends.uq_process_killed.delay(f"k{n}")
+        if again.id == first.id:
+            deduplicated += 1
+    assert deduplicated == 0, (
+        f"{deduplicated} of {TIMED_OUT_TRIES} publishes after the failure got the failed task"
+    )

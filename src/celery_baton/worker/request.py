@@ -44,6 +44,7 @@ ack is still to be sent is finished once the loop has sent it (``Finisher.after_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +55,7 @@ from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
 from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
+from celery_baton.worker.pool.run_end import before_the_result, free_claim_now
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
 
@@ -231,6 +233,28 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
+    def _baton_claim_first(self, *, timing_out: bool = False) -> Any:
+        """Around Celery's handling of an end in the main process: when it stores the
+        run's FAILURE or REVOKED here (the process that ran the body could not: killed at
+        its hard time limit, lost), the unique claim is freed first, waiting for the
+        store, as that process frees it before its own result (worker/pool/run_end.py):
+        a caller who sees the failure and publishes again gets a new run. (Freed after
+        the result, 12 of 12 such publishes got the failed task back.) Only an end that
+        is final: acknowledged by then and not coming back, or a hard time limit Celery
+        then acks (``acks_late`` with its acks on a timeout, the default). Celery's own
+        write of the result is a round trip on this thread too."""
+        run = self.__dict__.get(RUN_ATTR)
+        unique_key = run[1].freed_at_end(run[2]) if run is not None else None
+        if unique_key is None:
+            return contextlib.nullcontext()
+
+        def first() -> None:
+            final = self._baton_is_final() or (timing_out and _acks_on_timeout(self.task))  # type: ignore[attr-defined]
+            if final and RUN_ATTR in self.__dict__:
+                free_claim_now(self.task.app, unique_key, self.id)  # type: ignore[attr-defined]
+
+        return before_the_result(self.task.backend, self.id, first)  # type: ignore[attr-defined]
+
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
@@ -242,7 +266,8 @@ class BatonRequestMixin:
             revoke(self, f"{getattr(exc, 'why', 'cancelled by id')}, before its late start")
             return None
         try:
-            return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+            with self._baton_claim_first():
+                return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             self._baton_stood_for(exc)
             self._baton_finish()
@@ -251,7 +276,8 @@ class BatonRequestMixin:
         if soft:  # a warning inside the task: the run goes on
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         try:
-            return super().on_timeout(soft, timeout)  # type: ignore[misc]
+            with self._baton_claim_first(timing_out=True):
+                return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
             # gevent's pool ends a run past its limit here alone (no on_failure).
             self._baton_stood_for(TimeLimitExceeded(timeout))
@@ -274,7 +300,10 @@ class BatonRequestMixin:
             run = self.__dict__.get(RUN_ATTR)
             events.run_superseded(self, superseded, run[2] if run is not None else None)
         try:
-            return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+            if terminated:  # its body may still run: its claim goes when it ended
+                return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+            with self._baton_claim_first():
+                return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
             # A debounced run revoked (held, or terminated mid-run): no postrun writes
             # its REVOKED to the publishes it stood for.
@@ -287,6 +316,17 @@ class BatonRequestMixin:
             return super()._announce_cancelled(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._baton_finish(terminated=True)
+
+
+def _acks_on_timeout(task: Any) -> bool:
+    """Whether Celery acks an ``acks_late`` message whose run passed its hard time limit
+    (``acks_on_timeout`` since Celery 5.7, ``acks_on_failure_or_timeout`` before)."""
+    if not getattr(task, "acks_late", False):
+        return True  # acked when its process accepted it
+    flag = getattr(task, "acks_on_timeout", None)
+    if flag is None:
+        flag = getattr(task, "acks_on_failure_or_timeout", True)
+    return bool(flag)
 
 
 _classes: dict[type, type] = {}

@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +227,30 @@ def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> No
     _record_before_the_result(task.backend)
 
 
+#: The states the worker's main process stores for a run that ended in its hands (a
+#: hard time limit, a lost pool process, a revoke).
+_MAIN_PROCESS_ENDS = frozenset({states.FAILURE, states.REVOKED})
+
+#: The main process's requests whose end Celery is handling now, by task id: what to do
+#: right before it stores their final state (``before_the_result``).
+_before_the_result: dict[str, Callable[[], None]] = {}
+
+
+@contextmanager
+def before_the_result(backend: Any, task_id: str, first: Callable[[], None]) -> Iterator[None]:
+    """Main process, around Celery's handling of a run's end there (``on_timeout``,
+    ``on_failure``, ``_announce_revoked``): ``first`` runs right before ``backend``
+    stores the run's FAILURE or REVOKED, if it does. Celery stores it there when the
+    process that ran the body could not (killed at its hard time limit, lost), and a
+    caller who sees it may publish again at once (worker/request.py)."""
+    _record_before_the_result(backend)
+    _before_the_result[task_id] = first
+    try:
+        yield
+    finally:
+        _before_the_result.pop(task_id, None)
+
+
 def _record_before_the_result(backend: Any) -> None:
     """Make ``backend`` record a running task's end before it stores its final state."""
     if getattr(backend, _WRAPPED_ATTR, False):
@@ -238,6 +264,10 @@ def _record_before_the_result(backend: Any) -> None:
             current = current_task._get_current_object() if current_task else None
             if current is not None:
                 _record(current, task_id, state, result)
+        if state in _MAIN_PROCESS_ENDS and _before_the_result:
+            first = _before_the_result.pop(task_id, None)
+            if first is not None:
+                first()
         return store_result(task_id, result, state, *a, **kw)
 
     backend.store_result = recording_store_result
@@ -284,6 +314,22 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
         # is the main process's to record. ENDING keeps its lease renewer from taking
         # the freed leases for lost meanwhile.
         shared.set(run_end.owner, RECORDED)
+
+
+def free_claim_now(app: Any, unique_key: str, task_id: str) -> None:
+    """Free ``task_id``'s unique claim on ``unique_key`` now, waiting for the store (a
+    claim a new publish took meanwhile stays: the release compares its owner). A store
+    that does not answer is logged: the run's release frees it later."""
+    try:
+        parts_for(app).gate.release_many(
+            [Release((), "", unique_key=unique_key, unique_owner=task_id)]
+        )
+    except Exception as error:
+        logger.warning(
+            "baton: [%s] ended; freeing its unique claim before its result failed: %s",
+            task_id,
+            error,
+        )
 
 
 def install() -> None:
