@@ -127,6 +127,15 @@ def uq_process_killed(self: Task, key: str) -> str:
     return self.request.id
 
 
+@app.task(bind=True, exclusive="key")
+def ex_process_killed(self: Task, key: str, kill: bool) -> str:
+    """Exclusive (a duplicate is skipped): kills its own pool process when told to
+    (``WorkerLostError``, stored by Celery's main process), else returns. Prefork only."""
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "ran"
+
+
 @app.task(bind=True, unique="key", acks_late=True)
 def uq_quick_late(self: Task, key: str) -> str:
     """Unique, acks_late: returns at once."""
