@@ -187,3 +187,27 @@ def retries_then_main_stops(self: Task, key: str) -> str:
     if attempt > 0:
         return "done"
     raise self.retry(countdown=0, queue=PARKED, max_retries=3)
+
+
+@signals.task_failure.connect
+def _stop_the_main_process_after_the_failure(
+    sender: Task | None = None, args: tuple[object, ...] = (), **_: object
+) -> None:
+    """Celery's main process, right after it stored the FAILURE of a run past its hard
+    time limit (``on_timeout``) and before it acks it (``acks_late``): the first run of
+    a ``*_past_its_limit_stops_at_failure`` key stops the main process there."""
+    if sender is None or not sender.name.endswith("_past_its_limit_stops_at_failure"):
+        return
+    main = _main_process
+    if not main or os.getpid() != main or not args:
+        return
+    if _marks().set(main_stopped_mark(str(args[0])), str(main), nx=True):
+        os.kill(main, signal.SIGSTOP)
+
+
+@app.task(bind=True, redelivery_guard=True, acks_late=True, time_limit=0.5)
+def guarded_past_its_limit_stops_at_failure(self: Task, key: str) -> str:
+    """Guarded, acks_late, a hard time limit of 0.5 s: runs past it."""
+    observer().run(key, task_id=self.request.id)
+    time.sleep(10)
+    return "done"

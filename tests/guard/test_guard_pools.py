@@ -27,7 +27,7 @@ import pytest
 
 from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
-from tests.support.pools import POOLS_AND_RECYCLED, pool_setting
+from tests.support.pools import POOLS_AND_RECYCLED, TIME_LIMIT_POOLS, pool_setting
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -105,3 +105,21 @@ def test_a_retried_attempt_whose_worker_died_before_the_ack_does_not_run_again(
     _start(workers, pool, queues=run_ends.PARKED)
     assert first.get(timeout=30) == "done"
     assert _runs(observer, "rt:") == {"rt:0": 1, "rt:1": 1}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("pool", TIME_LIMIT_POOLS)
+def test_a_run_past_its_time_limit_whose_worker_died_before_the_ack_does_not_run_again(
+    workers: Workers, observer: Observer, pool: str
+) -> None:
+    """A run past its hard time limit ends in the main process, which stores its FAILURE
+    and then acks it (``acks_late``): the worker stops right after the FAILURE, is
+    killed, and the copy of its message comes back. It must be skipped: the done marker
+    was recorded before the FAILURE, there (the process that ran the body could not)."""
+    from tests.apps import run_ends
+
+    _start(workers, pool)
+    result = run_ends.guarded_past_its_limit_stops_at_failure.delay("tl")
+    second = _kill_once_stopped(workers, observer, "tl")
+    _copy_judged(second, result.id, lambda: _runs(observer, "tl")["tl"] > 1)
+    assert _runs(observer, "tl") == {"tl": 1}, "the run past its time limit ran again"

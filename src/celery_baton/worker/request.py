@@ -55,7 +55,7 @@ from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
 from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
-from celery_baton.worker.pool.run_end import before_the_result, free_claim_now
+from celery_baton.worker.pool.run_end import before_the_result, final_end, record_end_now
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
 
@@ -233,25 +233,32 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
-    def _baton_claim_first(self, *, timing_out: bool = False) -> Any:
+    def _baton_end_first(self, *, timing_out: bool = False) -> Any:
         """Around Celery's handling of an end in the main process: when it stores the
         run's FAILURE or REVOKED here (the process that ran the body could not: killed at
-        its hard time limit, lost), the unique claim is freed first, waiting for the
-        store, as that process frees it before its own result (worker/pool/run_end.py):
-        a caller who sees the failure and publishes again gets a new run. (Freed after
-        the result, 12 of 12 such publishes got the failed task back.) Only an end that
-        is final: acknowledged by then and not coming back, or a hard time limit Celery
-        then acks (``acks_late`` with its acks on a timeout, the default). Celery's own
-        write of the result is a round trip on this thread too."""
+        its hard time limit, lost), what that end means for the message is recorded
+        first, waiting for the store, as that process records it before its own result
+        (worker/pool/run_end.py): the unique claim freed, so that a caller who sees the
+        failure and publishes again gets a new run (freed after the result, 12 of 12 such
+        publishes got the failed task back); under the redelivery guard the done
+        marker, so that a copy of an ``acks_late`` message whose worker died before the
+        ack is not run again. Only an end that is final: acknowledged by then and not
+        coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
+        on a timeout, the default). The run's leases wait for its release as before (a
+        body past its hard time limit is killed after this). Celery's own write of the
+        result is a round trip on this thread too."""
         run = self.__dict__.get(RUN_ATTR)
-        unique_key = run[1].freed_at_end(run[2]) if run is not None else None
-        if unique_key is None:
+        if run is None:
+            return contextlib.nullcontext()
+        policy, plan = run[1], run[2]
+        unique_key = policy.freed_at_end(plan)
+        if unique_key is None and not plan.done_key:
             return contextlib.nullcontext()
 
         def first() -> None:
             final = self._baton_is_final() or (timing_out and _acks_on_timeout(self.task))  # type: ignore[attr-defined]
             if final and RUN_ATTR in self.__dict__:
-                free_claim_now(self.task.app, unique_key, self.id)  # type: ignore[attr-defined]
+                record_end_now(self.task.app, final_end(self.id, policy, plan))  # type: ignore[attr-defined]
 
         return before_the_result(self.task.backend, self.id, first)  # type: ignore[attr-defined]
 
@@ -266,7 +273,7 @@ class BatonRequestMixin:
             revoke(self, f"{getattr(exc, 'why', 'cancelled by id')}, before its late start")
             return None
         try:
-            with self._baton_claim_first():
+            with self._baton_end_first():
                 return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             self._baton_stood_for(exc)
@@ -276,7 +283,7 @@ class BatonRequestMixin:
         if soft:  # a warning inside the task: the run goes on
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         try:
-            with self._baton_claim_first(timing_out=True):
+            with self._baton_end_first(timing_out=True):
                 return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
             # gevent's pool ends a run past its limit here alone (no on_failure).
@@ -302,7 +309,7 @@ class BatonRequestMixin:
         try:
             if terminated:  # its body may still run: its claim goes when it ended
                 return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
-            with self._baton_claim_first():
+            with self._baton_end_first():
                 return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
             # A debounced run revoked (held, or terminated mid-run): no postrun writes

@@ -316,18 +316,32 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
         shared.set(run_end.owner, RECORDED)
 
 
-def free_claim_now(app: Any, unique_key: str, task_id: str) -> None:
-    """Free ``task_id``'s unique claim on ``unique_key`` now, waiting for the store (a
-    claim a new publish took meanwhile stays: the release compares its owner). A store
-    that does not answer is logged: the run's release frees it later."""
+def final_end(task_id: str, policy: TaskPolicy, plan: RunPlan) -> Release:
+    """What a final end of ``plan``'s run means for its message, its leases aside: its
+    done marker (under the redelivery guard) and its unique claim freed."""
+    return Release(
+        (),
+        plan.owner,
+        plan.done_key or None,
+        policy.redelivery_retention,
+        policy.freed_at_end(plan),
+        task_id,
+        done_stamp=plan.done_stamp,
+        done_link=plan.done_link,
+    )
+
+
+def record_end_now(app: Any, release: Release) -> None:
+    """Record ``release`` now, waiting for the store (idempotent: the run's release later
+    records the same; a claim a new publish took meanwhile stays, the release compares
+    its owner). A store that does not answer is logged: the run's release records it
+    later."""
     try:
-        parts_for(app).gate.release_many(
-            [Release((), "", unique_key=unique_key, unique_owner=task_id)]
-        )
+        parts_for(app).gate.release_many([release])
     except Exception as error:
         logger.warning(
-            "baton: [%s] ended; freeing its unique claim before its result failed: %s",
-            task_id,
+            "baton: [%s] ended; recording it before its result failed: %s",
+            release.unique_owner,
             error,
         )
 
