@@ -168,8 +168,18 @@ def test_every_outcome_frees_both_keys(
     result = task.apply_async((key, mode, arg), **options)
     assert keys.unique_holder() in (result.id, None)  # claimed at publish (or done already)
 
-    wait_until(lambda: len(starts(observer, key)) >= n_starts, 20, f"{n_starts} starts")
-    wait_until(lambda: len(finished(observer, key)) >= n_runs, 20, f"{n_runs} runs")
+    try:
+        wait_until(lambda: len(starts(observer, key)) >= n_starts, 20, f"{n_starts} starts")
+        wait_until(lambda: len(finished(observer, key)) >= n_runs, 20, f"{n_runs} runs")
+    except AssertionError as exc:
+        # What the workers said of it: a failure on a loaded machine names its cause.
+        said = [
+            f"{w.hostname}: {line}"
+            for w in pair
+            for line in w.log_text().splitlines()
+            if result.id in line
+        ]
+        raise AssertionError(f"{exc}; the workers' lines of {result.id}: {said}") from exc
     if state is not None:
         result.get(timeout=20, propagate=False)
         assert result.state == state, result.result
