@@ -44,6 +44,17 @@ RECYCLED = pytest.mark.parametrize(
 )
 
 
+def _runs_of_the_kept_process(runs: list[Run], expected: int) -> list[Run]:
+    """B's runs: those of the one process that ran most (A's process is a new one for
+    every run); B ran all of its ``expected``."""
+    by_pid: dict[int, list[Run]] = {}
+    for run in runs:
+        by_pid.setdefault(run.pid, []).append(run)
+    kept = max(by_pid.values(), key=len)
+    assert len(kept) == expected, {pid: len(r) for pid, r in by_pid.items()}
+    return kept
+
+
 def _idle_gaps(runs: list[Run]) -> list[int]:
     ordered = sorted(runs, key=lambda r: r.start)
     return [after.start - before.end for before, after in itertools.pairwise(ordered)]
@@ -63,13 +74,7 @@ def test_a_recycling_worker_holds_no_concurrency_slot_it_cannot_start(
     for _ in range(6):
         recycled.capped.apply_async((1.0,), queue="a")
         recycled.capped.apply_async((1.0,), queue="b")
-    runs = observer.runs_of("capped", 12, timeout=120)
-    by_pid: dict[int, list[Run]] = {}
-    for run in runs:
-        by_pid.setdefault(run.pid, []).append(run)
-    b_runs = max(by_pid.values(), key=len)  # A's process is a new one for every run
-    assert len(b_runs) == 6, {pid: len(r) for pid, r in by_pid.items()}
-    gaps = _idle_gaps(b_runs)
+    gaps = _idle_gaps(_runs_of_the_kept_process(observer.runs_of("capped", 12, timeout=120), 6))
     assert max(gaps) <= IDLE_MAX_US, (
         f"B stood idle {max(gaps) / 1e6:.2f} s between two of its runs (gaps "
         f"{[round(g / 1e6, 2) for g in gaps]} s) while A held the slots for requests "
@@ -105,13 +110,7 @@ def test_a_worker_whose_process_is_leaving_holds_no_slot_while_it_exits(
     for _ in range(4):
         recycled.alone.apply_async((0.3,), queue="a")
         recycled.alone.apply_async((0.3,), queue="b")
-    runs = observer.runs_of("alone", 8, timeout=120)
-    by_pid: dict[int, list[Run]] = {}
-    for run in runs:
-        by_pid.setdefault(run.pid, []).append(run)
-    b_runs = max(by_pid.values(), key=len)  # A's process is a new one for every run
-    assert len(b_runs) == 4, {pid: len(r) for pid, r in by_pid.items()}
-    gaps = _idle_gaps(b_runs)
+    gaps = _idle_gaps(_runs_of_the_kept_process(observer.runs_of("alone", 8, timeout=120), 4))
     assert max(gaps) <= IDLE_MAX_US, (
         f"B stood idle {max(gaps) / 1e6:.2f} s between two of its runs (gaps "
         f"{[round(g / 1e6, 2) for g in gaps]} s) while A held the slot for a run its "

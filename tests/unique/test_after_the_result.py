@@ -10,6 +10,7 @@ before the result is stored.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from billiard.exceptions import WorkerLostError
@@ -55,7 +56,26 @@ def test_a_publish_after_get_returned_is_a_new_run(
     assert deduplicated == 0, f"{deduplicated} of {TRIES} publishes got the finished task"
 
 
-TIMED_OUT_TRIES = 12
+FAILED_TRIES = 12
+
+
+def _publishes_after_the_failure(
+    workers: Workers, pool: str, task: Any, failure: type[BaseException]
+) -> None:
+    """``FAILED_TRIES`` keys: a publish whose run ends in ``failure``, seen by the caller,
+    then a publish of the same key, which must be a new task."""
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, concurrency=2, pool=name, extra_args=extra, env=env)
+    deduplicated = 0
+    for n in range(FAILED_TRIES):
+        first = task.delay(f"k{n}")
+        with pytest.raises(failure):
+            first.get(timeout=60)
+        if task.delay(f"k{n}").id == first.id:
+            deduplicated += 1
+    assert deduplicated == 0, (
+        f"{deduplicated} of {FAILED_TRIES} publishes after the failure got the failed task"
+    )
 
 
 @pytest.mark.timeout(300)
@@ -68,19 +88,7 @@ def test_a_publish_after_a_time_limit_failure_was_seen_is_a_new_run(
     publishes again: a new run, not the failed task's id."""
     from tests.apps import run_ends
 
-    name, extra, env = pool_setting(pool)
-    workers.start(APP, concurrency=2, pool=name, extra_args=extra, env=env)
-    deduplicated = 0
-    for n in range(TIMED_OUT_TRIES):
-        first = run_ends.uq_past_its_time_limit.delay(f"t{n}")
-        with pytest.raises(TimeLimitExceeded):
-            first.get(timeout=60)
-        again = run_ends.uq_past_its_time_limit.delay(f"t{n}")
-        if again.id == first.id:
-            deduplicated += 1
-    assert deduplicated == 0, (
-        f"{deduplicated} of {TIMED_OUT_TRIES} publishes after the failure got the failed task"
-    )
+    _publishes_after_the_failure(workers, pool, run_ends.uq_past_its_time_limit, TimeLimitExceeded)
 
 
 @pytest.mark.timeout(300)
@@ -99,16 +107,4 @@ def test_a_publish_after_a_lost_process_failure_was_seen_is_a_new_run(
     which stores its FAILURE: a publish after the caller saw it is a new run."""
     from tests.apps import run_ends
 
-    name, extra, env = pool_setting(pool)
-    workers.start(APP, concurrency=2, pool=name, extra_args=extra, env=env)
-    deduplicated = 0
-    for n in range(TIMED_OUT_TRIES):
-        first = run_ends.uq_process_killed.delay(f"k{n}")
-        with pytest.raises(WorkerLostError):
-            first.get(timeout=60)
-        again = run_ends.uq_process_killed.delay(f"k{n}")
-        if again.id == first.id:
-            deduplicated += 1
-    assert deduplicated == 0, (
-        f"{deduplicated} of {TIMED_OUT_TRIES} publishes after the failure got the failed task"
-    )
+    _publishes_after_the_failure(workers, pool, run_ends.uq_process_killed, WorkerLostError)
