@@ -116,8 +116,12 @@ class SemaphoreSlots:
         """Say once when requests waited ``STUCK_AFTER`` s for a process of a pool that
         ran nothing meanwhile (on the timer; nothing may escape)."""
         try:
-            waiting = len(self._waiters) + len(getattr(self.semaphore, "_waiting", ()))
-            if not waiting or len(getattr(self._pool, "_cache", ())) > 0:
+            # Requests waiting for a process, and jobs handed to the pool that no process
+            # took (a job is in the pool's cache from its hand-over; accepted, it runs).
+            unwritten = len(getattr(self._pool, "outbound_buffer", ()))
+            waiting = len(self._waiters) + len(getattr(self.semaphore, "_waiting", ())) + unwritten
+            jobs = list(getattr(self._pool, "_cache", {}).values())
+            if not waiting or any(getattr(job, "_accepted", True) for job in jobs):
                 self._idle_since, self._said_stuck = None, False
                 return
             now = time.monotonic()
@@ -129,12 +133,13 @@ class SemaphoreSlots:
                 logger.error(
                     "baton: %d request(s) waited %.0fs for a pool process while the pool ran "
                     "nothing: semaphore %s, %d waiting for a process, %d slot(s) reserved, "
-                    "%s start now; %s",
+                    "%d handed to the pool and not written to a process, %s start now; %s",
                     waiting,
                     now - self._idle_since,
                     getattr(self.semaphore, "value", "?"),
                     len(self._waiters),
                     self._reserved,
+                    unwritten,
                     self._startable() if self._startable is not None else "?",
                     describe() if callable(describe) else "",
                 )
