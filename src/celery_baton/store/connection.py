@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +114,53 @@ def failure_in_words(exc: BaseException, url: str) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+#: Every store client of this process, for a forked child to make its connection pools
+#: usable (``_fresh_pool_locks``).
+_STORE_CLIENTS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _pools_of(client: Any) -> list[Any]:
+    """The connection pools of a store client (a cluster's, one per node it knows)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        return [pool]
+    nodes = getattr(client, "get_nodes", None)
+    found = []
+    for node in nodes() if callable(nodes) else ():
+        node_client = getattr(node, "redis_connection", None)
+        if node_client is not None:
+            found.append(node_client.connection_pool)
+    return found
+
+
+def _fresh_pool_locks() -> None:
+    """In a forked child (a pool process Celery forks from the worker's main process:
+    ``--max-tasks-per-child``, ``--autoscale``, a replacement), before it uses a store.
+
+    redis-py's ConnectionPool sees the fork at the child's first call and resets itself,
+    taking the pool's lock (redis-py 8 does so to count the connections it drops). The
+    child inherits that lock as it was at the fork: held by another thread of the main
+    process at that instant (celery-baton's lease renewer, its notice listener), it is
+    never released in the child, which hung for ever at its first store call, its run's
+    lease and concurrency slot held (tests/store/test_fork.py; a recycled pool under
+    ``global_concurrency`` stalled). The child has one thread: fresh locks are safe."""
+    for client in list(_STORE_CLIENTS.values()):
+        try:
+            pools = _pools_of(client)
+        except Exception:  # never break a fork over a client that cannot say
+            continue
+        for pool in pools:
+            for name in ("_lock", "_fork_lock"):
+                old = getattr(pool, name, None)
+                if old is None:
+                    continue
+                reentrant = isinstance(old, type(threading.RLock()))
+                setattr(pool, name, threading.RLock() if reentrant else threading.Lock())
+
+
+os.register_at_fork(after_in_child=_fresh_pool_locks)
+
+
 @dataclass
 class Store:
     """A connected store: the client, its scripts, and where it is."""
@@ -131,6 +179,7 @@ class Store:
     def __post_init__(self) -> None:
         generation = self.master_watch.generation if self.master_watch else None
         self.scripts = Scripts(self.client, generation=generation)
+        _STORE_CLIENTS[id(self.client)] = self.client
 
     @property
     def cluster(self) -> bool:
