@@ -235,9 +235,9 @@ class BatonRequestMixin:
 
     def _baton_end_first(self, *, timing_out: bool = False) -> Any:
         """Around Celery's handling of an end in the main process: when it stores the
-        run's FAILURE or REVOKED here (the process that ran the body could not: killed at
-        its hard time limit, lost), what that end means for the message is recorded
-        first, waiting for the store, as that process records it before its own result
+        run's FAILURE here (the process that ran the body could not: killed at its hard
+        time limit, lost), what that end means for the message is recorded first,
+        waiting for the store, as that process records it before its own result
         (worker/pool/run_end.py): the unique claim freed, so that a caller who sees the
         failure and publishes again gets a new run (freed after the result, 12 of 12 such
         publishes got the failed task back); under the redelivery guard the done
@@ -246,7 +246,8 @@ class BatonRequestMixin:
         coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
         on a timeout, the default). The run's leases wait for its release as before (a
         body past its hard time limit is killed after this). Celery's own write of the
-        result is a round trip on this thread too."""
+        result is a round trip on this thread too. (Not around a revoke: Celery stores
+        its REVOKED before it acks the message, so the end is not final yet there.)"""
         run = self.__dict__.get(RUN_ATTR)
         if run is None:
             return contextlib.nullcontext()
@@ -307,10 +308,7 @@ class BatonRequestMixin:
             run = self.__dict__.get(RUN_ATTR)
             events.run_superseded(self, superseded, run[2] if run is not None else None)
         try:
-            if terminated:  # its body may still run: its claim goes when it ended
-                return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
-            with self._baton_end_first():
-                return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+            return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
             # A debounced run revoked (held, or terminated mid-run): no postrun writes
             # its REVOKED to the publishes it stood for.

@@ -227,10 +227,6 @@ def arm(sender: Any = None, task_id: str = "", task: Any = None, **_: Any) -> No
     _record_before_the_result(task.backend)
 
 
-#: The states the worker's main process stores for a run that ended in its hands (a
-#: hard time limit, a lost pool process, a revoke).
-_MAIN_PROCESS_ENDS = frozenset({states.FAILURE, states.REVOKED})
-
 #: The main process's requests whose end Celery is handling now, by task id: what to do
 #: right before it stores their final state (``before_the_result``).
 _before_the_result: dict[str, Callable[[], None]] = {}
@@ -239,10 +235,10 @@ _before_the_result: dict[str, Callable[[], None]] = {}
 @contextmanager
 def before_the_result(backend: Any, task_id: str, first: Callable[[], None]) -> Iterator[None]:
     """Main process, around Celery's handling of a run's end there (``on_timeout``,
-    ``on_failure``, ``_announce_revoked``): ``first`` runs right before ``backend``
-    stores the run's FAILURE or REVOKED, if it does. Celery stores it there when the
-    process that ran the body could not (killed at its hard time limit, lost), and a
-    caller who sees it may publish again at once (worker/request.py)."""
+    ``on_failure``): ``first`` runs right before ``backend`` stores the run's FAILURE,
+    if it does. Celery stores it there when the process that ran the body could not
+    (killed at its hard time limit, lost), and a caller who sees it may publish again at
+    once (worker/request.py)."""
     _record_before_the_result(backend)
     _before_the_result[task_id] = first
     try:
@@ -264,7 +260,7 @@ def _record_before_the_result(backend: Any) -> None:
             current = current_task._get_current_object() if current_task else None
             if current is not None:
                 _record(current, task_id, state, result)
-        if state in _MAIN_PROCESS_ENDS and _before_the_result:
+        if state == states.FAILURE and _before_the_result:
             first = _before_the_result.pop(task_id, None)
             if first is not None:
                 first()
