@@ -61,9 +61,14 @@ def main_stopped_mark(key: str) -> str:
     return f"run_ends:main-stopped:{key}"
 
 
+def _first_run_stops(key: str, main: int) -> None:
+    """The first run of ``key`` stops process ``main`` (SIGSTOP) and marks it."""
+    if _marks().set(main_stopped_mark(key), str(main), nx=True):
+        os.kill(main, signal.SIGSTOP)
+
+
 def _first_run_stops_its_main_process(key: str) -> None:
-    if _marks().set(main_stopped_mark(key), str(os.getppid()), nx=True):
-        os.kill(os.getppid(), signal.SIGSTOP)
+    _first_run_stops(key, os.getppid())
 
 
 @app.task(bind=True, redelivery_guard=True, acks_late=True)
@@ -163,12 +168,8 @@ def _stop_the_main_process_after_the_end(
     run of a ``*_then_main_stops`` key stops its worker's main process before the ack."""
     if task is None or not task.name.endswith("_then_main_stops") or not args:
         return
-    key = str(args[0])
-    main = _main_process
-    if not main:  # not in a worker: never stop anything else
-        return
-    if _marks().set(main_stopped_mark(key), str(main), nx=True):
-        os.kill(main, signal.SIGSTOP)
+    if _main_process:  # in a worker only: never stop anything else
+        _first_run_stops(str(args[0]), _main_process)
 
 
 @app.task(bind=True, redelivery_guard=True, acks_late=True)
@@ -198,11 +199,8 @@ def _stop_the_main_process_after_the_failure(
     a ``*_past_its_limit_stops_at_failure`` key stops the main process there."""
     if sender is None or not sender.name.endswith("_past_its_limit_stops_at_failure"):
         return
-    main = _main_process
-    if not main or os.getpid() != main or not args:
-        return
-    if _marks().set(main_stopped_mark(str(args[0])), str(main), nx=True):
-        os.kill(main, signal.SIGSTOP)
+    if _main_process and os.getpid() == _main_process and args:
+        _first_run_stops(str(args[0]), _main_process)
 
 
 @app.task(bind=True, redelivery_guard=True, acks_late=True, time_limit=0.5)

@@ -21,10 +21,10 @@ The copy must be skipped; for a retried attempt the retry, the next attempt, run
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import pytest
 
+from tests.guard.test_run_end_kinds import _copy_judged, _runs
 from tests.support.celery_processes import WorkerProcess
 from tests.support.observer import Observer
 from tests.support.pools import POOLS_AND_RECYCLED, TIME_LIMIT_POOLS, pool_setting
@@ -32,10 +32,6 @@ from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.run_ends"
-
-
-def _runs(observer: Observer, prefix: str) -> Counter[str]:
-    return Counter(s["key"] for s in observer.started() if s["key"].startswith(prefix))
 
 
 def _start(workers: Workers, pool: str, **kw: object) -> WorkerProcess:
@@ -63,15 +59,6 @@ def _kill_once_stopped(workers: Workers, observer: Observer, key: str) -> Worker
     return workers.start(APP, concurrency=2)
 
 
-def _copy_judged(worker: WorkerProcess, task_id: str, ran_again: object) -> None:
-    wait_until(
-        lambda: f"{task_id}] skipped" in worker.log_text() or ran_again(),  # type: ignore[operator]
-        60,
-        "the copy to be delivered again",
-    )
-    time.sleep(0.5)  # a copy being run rather than skipped has started now
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("pool", POOLS_AND_RECYCLED)
 def test_a_returned_run_whose_worker_died_before_the_ack_does_not_run_again(
@@ -83,6 +70,7 @@ def test_a_returned_run_whose_worker_died_before_the_ack_does_not_run_again(
     result = run_ends.returns_then_main_stops.delay("rs")
     second = _kill_once_stopped(workers, observer, "rs")
     _copy_judged(second, result.id, lambda: _runs(observer, "rs")["rs"] > 1)
+    time.sleep(0.5)  # the copy, if it was being run rather than skipped, has started now
     assert _runs(observer, "rs") == {"rs": 1}, "the run ran again"
     assert result.get(timeout=30) == "done"
 
@@ -99,6 +87,7 @@ def test_a_retried_attempt_whose_worker_died_before_the_ack_does_not_run_again(
     second = _kill_once_stopped(workers, observer, "rt")
     # The retry waits in the parked queue: the copy of the first attempt comes first.
     _copy_judged(second, first.id, lambda: _runs(observer, "rt:")["rt:0"] > 1)
+    time.sleep(0.5)  # the copy, if it was being run rather than skipped, has started now
     assert _runs(observer, "rt:") == {"rt:0": 1}, "the retried attempt ran again"
 
     # The retry is the next attempt, not a copy: it runs, once.
@@ -122,4 +111,5 @@ def test_a_run_past_its_time_limit_whose_worker_died_before_the_ack_does_not_run
     result = run_ends.guarded_past_its_limit_stops_at_failure.delay("tl")
     second = _kill_once_stopped(workers, observer, "tl")
     _copy_judged(second, result.id, lambda: _runs(observer, "tl")["tl"] > 1)
+    time.sleep(0.5)  # the copy, if it was being run rather than skipped, has started now
     assert _runs(observer, "tl") == {"tl": 1}, "the run past its time limit ran again"
