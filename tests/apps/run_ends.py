@@ -141,6 +141,12 @@ def ex_process_killed(self: Task, key: str, kill: bool) -> str:
     return "ran"
 
 
+@app.task
+def sleeper(seconds: float) -> None:
+    """Keeps a pool process busy for ``seconds`` (a message behind it expires meanwhile)."""
+    time.sleep(seconds)
+
+
 @app.task(bind=True, unique="key", acks_late=True)
 def uq_quick_late(self: Task, key: str) -> str:
     """Unique, acks_late: returns at once."""

@@ -108,3 +108,56 @@ def test_a_publish_after_a_lost_process_failure_was_seen_is_a_new_run(
     from tests.apps import run_ends
 
     _publishes_after_the_failure(workers, pool, run_ends.uq_process_killed, WorkerLostError)
+
+
+def _until_a_worker_holds(task_id: str) -> None:
+    """Until a worker holds ``task_id`` (a revoke sent before the message reached a
+    worker frees its key only when a worker discards it: the unique guide)."""
+    from tests.apps.run_ends import app
+
+    deadline = time.monotonic() + 30
+    while not any((app.control.inspect(timeout=0.5).query_task(task_id) or {}).values()):
+        assert time.monotonic() < deadline, f"{task_id}: no worker holds it after 30 s"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("pool", "how"),
+    [
+        ("prefork", "countdown"),
+        ("prefork", "expires"),
+        ("gevent", "countdown"),
+        ("threads", "countdown"),
+    ],
+)
+def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
+    workers: Workers, pool: str, how: str
+) -> None:
+    """A task revoked before its start: revoked while its countdown runs (Celery 5.6 and
+    later store REVOKED as the worker hears the revoke), or expired before a pool process
+    could take it (Celery's main process stores REVOKED as it discards the message). A
+    caller who sees REVOKED and publishes again gets a new run, not the revoked task's
+    id. (With several workers, every one that hears the revoke stores REVOKED, the
+    holder perhaps a moment after another: a two-worker run of this test caught it once
+    under load; the unique guide says it.)"""
+    from tests.apps import run_ends
+
+    workers.start(APP, concurrency=1, pool=pool)
+    deduplicated = 0
+    for n in range(FAILED_TRIES):
+        key = f"r{n}"
+        if how == "countdown":
+            first = run_ends.uq_quick.apply_async((key,), countdown=3)
+            _until_a_worker_holds(first.id)
+            first.revoke()
+        else:  # behind a run of 1 s on the worker's only process, expired when it frees
+            run_ends.sleeper.delay(1.0)
+            first = run_ends.uq_quick.apply_async((key,), expires=0.3)
+        deadline = time.monotonic() + 30
+        while first.state != "REVOKED":  # the caller looks as often as it can
+            assert time.monotonic() < deadline, f"{key}: not revoked in 30 s ({first.state})"
+        if run_ends.uq_quick.delay(key).id == first.id:
+            deduplicated += 1
+    assert deduplicated == 0, (
+        f"{deduplicated} of {FAILED_TRIES} publishes after REVOKED got the revoked task"
+    )

@@ -50,6 +50,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
+from celery_baton.core.gate import Release
+from celery_baton.errors import BatonError
+from celery_baton.parts import parts_for
 from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
@@ -246,8 +249,8 @@ class BatonRequestMixin:
         coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
         on a timeout, the default). The run's leases wait for its release as before (a
         body past its hard time limit is killed after this). Celery's own write of the
-        result is a round trip on this thread too. (Not around a revoke: Celery stores
-        its REVOKED before it acks the message, so the end is not final yet there.)"""
+        result is a round trip on this thread too. (A revoke before the start:
+        ``_baton_revoked_first``.)"""
         run = self.__dict__.get(RUN_ATTR)
         if run is None:
             return contextlib.nullcontext()
@@ -262,6 +265,28 @@ class BatonRequestMixin:
                 record_end_now(self.task.app, final_end(self.id, policy, plan))  # type: ignore[attr-defined]
 
         return before_the_result(self.task.backend, self.id, first)  # type: ignore[attr-defined]
+
+    def _baton_revoked_first(self, terminated: bool) -> Any:
+        """Around Celery's discard of an admitted task revoked (or expired) before its
+        start: Celery stores its REVOKED, then acks the message, always: the end is
+        final. What it means for the message is recorded first, waiting for the store,
+        as for a FAILURE stored here (``_baton_end_first``): the unique claim freed, so
+        that a caller who sees REVOKED and publishes again gets a new run; under the
+        guard its done marker. (Freed after the ack before, a moment too short for
+        tests/unique/test_after_the_result.py to catch. Celery 5.6 and later store
+        REVOKED earlier, as the revoke is heard: worker/revoked_first.py.) A run
+        terminated by a revoke keeps its key until its body has ended."""
+        if terminated:
+            return contextlib.nullcontext()
+        release = revoked_release(self)
+        if release is None:
+            return contextlib.nullcontext()
+        app = self.task.app  # type: ignore[attr-defined]
+        return before_the_result(
+            self.task.backend,  # type: ignore[attr-defined]
+            self.id,  # type: ignore[attr-defined]
+            lambda: record_end_now(app, release),
+        )
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
@@ -308,7 +333,8 @@ class BatonRequestMixin:
             run = self.__dict__.get(RUN_ATTR)
             events.run_superseded(self, superseded, run[2] if run is not None else None)
         try:
-            return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
+            with self._baton_revoked_first(terminated):
+                return super()._announce_revoked(*args, **kwargs)  # type: ignore[misc]
         finally:
             # A debounced run revoked (held, or terminated mid-run): no postrun writes
             # its REVOKED to the publishes it stood for.
@@ -332,6 +358,29 @@ def _acks_on_timeout(task: Any) -> bool:
     if flag is None:
         flag = getattr(task, "acks_on_failure_or_timeout", True)
     return bool(flag)
+
+
+def revoked_release(request: Any) -> Release | None:
+    """What a revoke of ``request`` before its start frees, recorded before Celery stores
+    its REVOKED: an admitted run's final end, or, for a request not admitted (yet), its
+    unique claim alone (nobody's leases; its ``task_revoked`` signal frees the same claim
+    later, worker/step.py). None: nothing to free."""
+    run = request.__dict__.get(RUN_ATTR)
+    if run is not None:
+        policy, plan = run[1], run[2]
+        if policy.freed_at_end(plan) is None and not plan.done_key:
+            return None
+        return final_end(request.id, policy, plan)
+    task = request.task
+    parts = parts_for(task.app)
+    policy = parts.policy_for(task)
+    if policy is None or policy.unique is None:
+        return None
+    try:
+        key = policy.unique_key(parts.names, request.args or (), request.kwargs or {})
+    except BatonError:
+        return None  # logged by the signal's handler, which finds the same error
+    return Release((), "", unique_key=key, unique_owner=request.id)
 
 
 _classes: dict[type, type] = {}

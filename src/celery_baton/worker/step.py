@@ -37,6 +37,7 @@ from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
+from celery_baton.worker.revoked_first import free_claims_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close, intake_together
 from celery_baton.worker.transport.broker import (
@@ -322,6 +323,7 @@ class BatonWorker:
         panel = internals.control_panel()
         if panel is not None:  # a replaced run's TaskSuperseded outlives the revoke
             keep_superseded_on_revoke(panel)
+            free_claims_on_revoke(panel)  # a not-started task's unique key, before REVOKED
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
         celery_signals.celeryd_after_setup.connect(self._name_store_in_banner, weak=False)
 

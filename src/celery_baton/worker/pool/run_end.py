@@ -101,6 +101,8 @@ def share_ends() -> SharedEnds:
 
 #: The states Celery stores for a run that ended (a retry is an end of its attempt).
 _STORED_ENDS = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
+#: The final states the worker's main process stores itself (``before_the_result``).
+_FINAL_HERE = frozenset({states.FAILURE, states.REVOKED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +237,10 @@ _before_the_result: dict[str, Callable[[], None]] = {}
 @contextmanager
 def before_the_result(backend: Any, task_id: str, first: Callable[[], None]) -> Iterator[None]:
     """Main process, around Celery's handling of a run's end there (``on_timeout``,
-    ``on_failure``): ``first`` runs right before ``backend`` stores the run's FAILURE,
-    if it does. Celery stores it there when the process that ran the body could not
-    (killed at its hard time limit, lost), and a caller who sees it may publish again at
-    once (worker/request.py)."""
+    ``on_failure``, a revoke before the start): ``first`` runs right before ``backend``
+    stores the run's FAILURE or REVOKED, if it does. Celery stores it there when the
+    process that ran the body could not (killed at its hard time limit, lost) or when no
+    body ran, and a caller who sees it may publish again at once (worker/request.py)."""
     _record_before_the_result(backend)
     _before_the_result[task_id] = first
     try:
@@ -260,7 +262,7 @@ def _record_before_the_result(backend: Any) -> None:
             current = current_task._get_current_object() if current_task else None
             if current is not None:
                 _record(current, task_id, state, result)
-        if state == states.FAILURE and _before_the_result:
+        if state in _FINAL_HERE and _before_the_result:
             first = _before_the_result.pop(task_id, None)
             if first is not None:
                 first()
