@@ -63,6 +63,11 @@ Celery's threads ``TaskPool.on_apply``'s               the worker is refused at 
                                                        once every worker handled the
                                                        revoke (a waiting caller still
                                                        gets TaskSuperseded)
+``celery.worker.state.requests`` and                   a unique task revoked while it
+``active_requests``                                    waits for its countdown frees
+                                                       its key when it is discarded
+                                                       (REVOKED stored before, on
+                                                       Celery 5.6 and later)
 ``celery.bin.celery.find_app`` (the name the ``celery``  a bad task option prints Celery's
 command loads ``-A`` with)                              import traceback, its line last
 ``Celery._tasks``, ``Celery._pending`` and a            tasks declared before
@@ -82,6 +87,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 logger = logging.getLogger("celery_baton")
@@ -450,6 +456,22 @@ def control_panel() -> dict[str, Any] | None:
         "celery's worker control Panel.data['revoke']",
         "on Celery before 5.7 a replaced run resolves to TaskRevokedError once every "
         "worker handled the revoke",
+    )
+    return None
+
+
+def worker_requests() -> tuple[Mapping[str, Any], AbstractSet[Any]] | None:
+    """The worker's requests by task id (reserved, scheduled for an ETA, running) and the
+    set of those a pool process accepted (``celery.worker.state``)."""
+    from celery.worker import state
+
+    requests = getattr(state, "requests", None)
+    active = getattr(state, "active_requests", None)
+    if isinstance(requests, Mapping) and isinstance(active, AbstractSet):
+        return requests, active
+    unavailable(
+        "celery's worker state requests and active_requests",
+        "a unique task revoked while it waits for its countdown frees its key when it is discarded",
     )
     return None
 

@@ -305,6 +305,9 @@ def test_the_worker_state_tracks_reserved_and_active_requests() -> None:
     assert isinstance(worker_state.reserved_requests, Set)
     assert isinstance(worker_state.active_requests, Set)
     assert params(worker_state.task_ready)[0] == "request"
+    found = internals.worker_requests()
+    assert found is not None
+    assert found[0] is worker_state.requests and found[1] is worker_state.active_requests
 
 
 def test_the_prefork_pool_keeps_its_jobs_by_id_and_is_flushed_by_the_consumer() -> None:

@@ -22,8 +22,8 @@ import logging
 from typing import Any
 
 from celery.utils.functional import maybe_list
-from celery.worker import state as worker_state
 
+from celery_baton import internals
 from celery_baton.worker.pool.run_end import record_end_now
 from celery_baton.worker.request import reached_the_pool, revoked_release
 
@@ -52,11 +52,15 @@ def free_claims_on_revoke(panel: dict[str, Any]) -> None:
 
 def free_held_claims(task_ids: Any) -> None:
     """Free the unique claims of the revoked ``task_ids`` this worker holds unstarted."""
+    found = internals.worker_requests()
+    if found is None:
+        return
+    requests, active = found
     for task_id in maybe_list(task_ids) or ():
-        request = worker_state.requests.get(task_id)
+        request = requests.get(task_id)
         if (
             request is None
-            or request in worker_state.active_requests
+            or request in active
             or reached_the_pool(request)  # a job written to a pool process runs all the same
         ):
             continue
