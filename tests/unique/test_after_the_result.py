@@ -161,3 +161,31 @@ def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
     assert deduplicated == 0, (
         f"{deduplicated} of {FAILED_TRIES} publishes after REVOKED got the revoked task"
     )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: baton.cancel marks REVOKED from the caller, before any worker frees "
+    "the key; the worker holding the task frees it at its discard (unique guide)",
+)
+def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
+    workers: Workers,
+) -> None:
+    """``baton.cancel(task_id)`` of a task waiting for its countdown: its REVOKED is
+    written by the caller at once. A publish of its key after that should be a new run."""
+    from tests.apps import run_ends
+
+    workers.start(APP, concurrency=1)
+    deduplicated = 0
+    for n in range(FAILED_TRIES):
+        key = f"c{n}"
+        first = run_ends.uq_quick.apply_async((key,), countdown=3)
+        _until_a_worker_holds(first.id)
+        run_ends.baton.cancel(first.id)
+        assert first.state == "REVOKED"
+        if run_ends.uq_quick.delay(key).id == first.id:
+            deduplicated += 1
+    assert deduplicated == 0, (
+        f"{deduplicated} of {FAILED_TRIES} publishes after the cancel got the cancelled task"
+    )
