@@ -128,6 +128,7 @@ def _until_a_worker_holds(task_id: str) -> None:
         ("prefork", "expires"),
         ("gevent", "countdown"),
         ("threads", "countdown"),
+        ("solo", "countdown"),
     ],
 )
 def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
