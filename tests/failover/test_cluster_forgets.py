@@ -24,7 +24,8 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -80,16 +81,44 @@ def _family_keys(node: ClusterNode, family: str) -> list[str]:
         return [k for k in r.keys("*") if family in k]
 
 
-def _grace_in_status(workers: Workers) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--json"],
+@contextlib.contextmanager
+def _status_watch(workers: Workers) -> Iterator[Callable[[], str]]:
+    """``celery baton status --json --watch 0.2`` running, its imports done: yields what
+    its reports said of the store's grace so far. The grace lasts a few seconds, and a
+    fresh ``celery`` process for each look took longer than that to start on a loaded
+    machine (seen once in a CI rehearsal: not within 20 s)."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--json", "--watch", "0.2"],
         env=_process_env(workers.env),
         cwd=REPO_ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
-        timeout=60,
     )
-    return str(json.loads(done.stdout).get("grace")) if done.returncode == 0 else ""
+    graces: list[str] = []
+
+    def read() -> None:
+        assert watcher.stdout is not None
+        doc: list[str] = []
+        for line in watcher.stdout:
+            doc.append(line)
+            if line.rstrip() == "}":  # the end of one report (json.dumps, indent 2)
+                with contextlib.suppress(ValueError):
+                    graces.append(str(json.loads("".join(doc)).get("grace")))
+                doc = []
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: graces or watcher.poll() is not None, 60, "a first status report")
+        assert graces, f"celery baton status --watch exited {watcher.returncode}"
+        yield lambda: " ".join(graces)
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=10)
+        reader.join(timeout=10)
+        if watcher.stdout is not None:
+            watcher.stdout.close()
 
 
 def _check(runs_of_keys: list[object], log: str) -> None:
@@ -109,13 +138,13 @@ def test_a_shard_restarted_empty_grants_no_lease_while_holders_write_theirs_back
     # before the holders' next renewal (as in production, with 30 s and 10 s).
     worker = prod_workers.start(APP, concurrency=8, env={"BATON_TEST_LEASE_TTL": "9"})
     victim = cluster.master_of(exclusive_key(ex_long, KEYS[0]))
-    with no_failover(cluster.replica_of(victim)):
+    with no_failover(cluster.replica_of(victim)), _status_watch(prod_workers) as graces:
         holders = [ex_long.delay(key, 6.0) for key in KEYS]
         wait_until(lambda: len(observer.started()) == len(KEYS), 30, "the 4 holders started")
         victim.restart_empty()  # every lease of the shard forgotten, its replica's too
         assert cluster.master_of(exclusive_key(ex_long, KEYS[0])) is victim
         arrivals = [ex_long.delay(key, 0.2) for key in KEYS]
-        wait_until(lambda: "ex_long" in _grace_in_status(prod_workers), 20, "grace in status")
+        wait_until(lambda: "ex_long" in graces(), 20, "grace in status")
 
         for result in holders + arrivals:
             assert result.get(timeout=60) is not None  # nothing lost
