@@ -21,19 +21,14 @@ holders write their leases back.
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from tests.failover.conftest import ProdStore
-from tests.support.celery_processes import _process_env
 from tests.support.cluster_topology import ClusterNode, ClusterTopology
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
-from tests.support.processes import REPO_ROOT
+from tests.support.status_watch import status_watch
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -81,46 +76,6 @@ def _family_keys(node: ClusterNode, family: str) -> list[str]:
         return [k for k in r.keys("*") if family in k]
 
 
-@contextlib.contextmanager
-def _status_watch(workers: Workers) -> Iterator[Callable[[], str]]:
-    """``celery baton status --json --watch 0.2`` running, its imports done: yields what
-    its reports said of the store's grace so far. The grace lasts a few seconds, and a
-    fresh ``celery`` process for each look took longer than that to start on a loaded
-    machine (seen once in a CI rehearsal: not within 20 s)."""
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--json", "--watch", "0.2"],
-        env=_process_env(workers.env),
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    graces: list[str] = []
-
-    def read() -> None:
-        assert watcher.stdout is not None
-        doc: list[str] = []
-        for line in watcher.stdout:
-            doc.append(line)
-            if line.rstrip() == "}":  # the end of one report (json.dumps, indent 2)
-                with contextlib.suppress(ValueError):
-                    graces.append(str(json.loads("".join(doc)).get("grace")))
-                doc = []
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        wait_until(lambda: graces or watcher.poll() is not None, 60, "a first status report")
-        assert graces, f"celery baton status --watch exited {watcher.returncode}"
-        yield lambda: " ".join(graces)
-    finally:
-        watcher.terminate()
-        watcher.wait(timeout=10)
-        reader.join(timeout=10)
-        if watcher.stdout is not None:
-            watcher.stdout.close()
-
-
 def _check(runs_of_keys: list[object], log: str) -> None:
     assert_no_overlap(runs_of_keys)  # type: ignore[arg-type]
     assert_fences_increase(runs_of_keys)  # type: ignore[arg-type]
@@ -138,7 +93,7 @@ def test_a_shard_restarted_empty_grants_no_lease_while_holders_write_theirs_back
     # before the holders' next renewal (as in production, with 30 s and 10 s).
     worker = prod_workers.start(APP, concurrency=8, env={"BATON_TEST_LEASE_TTL": "9"})
     victim = cluster.master_of(exclusive_key(ex_long, KEYS[0]))
-    with no_failover(cluster.replica_of(victim)), _status_watch(prod_workers) as graces:
+    with no_failover(cluster.replica_of(victim)), status_watch(APP, prod_workers.env) as graces:
         holders = [ex_long.delay(key, 6.0) for key in KEYS]
         wait_until(lambda: len(observer.started()) == len(KEYS), 30, "the 4 holders started")
         victim.restart_empty()  # every lease of the shard forgotten, its replica's too

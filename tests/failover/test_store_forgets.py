@@ -10,7 +10,6 @@ the arrivals wait (nothing lost) and run after the holders, with higher fences.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -22,23 +21,12 @@ from tests.support.celery_processes import _process_env
 from tests.support.observer import Observer, assert_fences_increase, assert_no_overlap
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
+from tests.support.status_watch import status_watch
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.exclusive"
 KEYS = [f"forgotten-{n}" for n in range(4)]
-
-
-def _status(workers: Workers, server: StoreServer) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "baton", "status", "--json"],
-        env=_process_env({**workers.env, "BATON_URL": server.url(0)}),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return str(json.loads(done.stdout).get("grace")) if done.returncode == 0 else ""
 
 
 @pytest.fixture
@@ -62,12 +50,13 @@ def test_new_arrivals_wait_while_live_holders_write_their_leases_back(
         concurrency=8,  # a free pool slot for every arrival: admission alone decides
         env={"BATON_URL": forgetful.url(0), "BATON_TEST_LEASE_TTL": "9"},
     )
-    holders = [ex_long.delay(key, 6.0) for key in KEYS]
-    wait_until(lambda: len(observer.started()) == len(KEYS), 30, "the 4 holders started")
+    with status_watch(APP, {**workers.env, "BATON_URL": forgetful.url(0)}) as graces:
+        holders = [ex_long.delay(key, 6.0) for key in KEYS]
+        wait_until(lambda: len(observer.started()) == len(KEYS), 30, "the 4 holders started")
 
-    forgetful.restart(kill=True, down_for=1.0)  # back empty: every lease forgotten
-    arrivals = [ex_long.delay(key, 0.2) for key in KEYS]
-    wait_until(lambda: "lost its data" in _status(workers, forgetful), 20, "grace in status")
+        forgetful.restart(kill=True, down_for=1.0)  # back empty: every lease forgotten
+        arrivals = [ex_long.delay(key, 0.2) for key in KEYS]
+        wait_until(lambda: "lost its data" in graces(), 20, "grace in status")
 
     for result in holders + arrivals:
         assert result.get(timeout=60) is not None  # nothing lost
