@@ -45,11 +45,9 @@ ack is still to be sent is finished once the loop has sent it (``Finisher.after_
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from billiard.exceptions import WorkerLostError
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from celery_baton.core.gate import Release
@@ -238,7 +236,7 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
-    def _baton_end_first(self, *, timing_out: bool = False, lost: bool = False) -> Any:
+    def _baton_end_first(self, *, timing_out: bool = False) -> Any:
         """Around Celery's handling of an end in the main process: when it stores the
         run's FAILURE here (the process that ran the body could not: killed at its hard
         time limit, lost), what that end means for the message is recorded first,
@@ -264,11 +262,7 @@ class BatonRequestMixin:
         def first() -> None:
             final = self._baton_is_final() or (timing_out and _acks_on_timeout(self.task))  # type: ignore[attr-defined]
             if final and RUN_ATTR in self.__dict__:
-                release = final_end(self.id, policy, plan)  # type: ignore[attr-defined]
-                if lost:  # its process is gone: its leases too, before the FAILURE
-                    leases = tuple(lease.key for lease in plan.leases)
-                    release = dataclasses.replace(release, lease_keys=leases)
-                record_end_now(self.task.app, release)  # type: ignore[attr-defined]
+                record_end_now(self.task.app, final_end(self.id, policy, plan))  # type: ignore[attr-defined]
 
         return before_the_result(self.task.backend, self.id, first)  # type: ignore[attr-defined]
 
@@ -305,7 +299,7 @@ class BatonRequestMixin:
             revoke(self, f"{getattr(exc, 'why', 'cancelled by id')}, before its late start")
             return None
         try:
-            with self._baton_end_first(lost=isinstance(exc, WorkerLostError)):
+            with self._baton_end_first():
                 return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             self._baton_stood_for(exc)
