@@ -10,7 +10,7 @@ clock); the observer, not the library, judges the cap and the share.
 * :func:`fair_capped_short` -- the same with ``lease_ttl=3``;
 * :func:`fifo_capped` -- the same cap without ``fair_key``: the old, first come first
   served behaviour, for comparison;
-* :func:`fair_rated` -- ``global_rate_limit="40/s", fair_key="tenant"`` (called with a
+* :func:`fair_rated` -- ``global_rate_limit="20/s", fair_key="tenant"`` (called with a
   distinct ``n`` each).
 
 In the test process, import it inside a test that uses the ``app_environ`` fixture.
@@ -65,9 +65,9 @@ def fifo_capped(self: Task, tenant: str, sleep: float) -> None:
     observer().run(tenant, sleep=sleep, task_id=self.request.id)
 
 
-@app.task(bind=True, global_rate_limit="40/s", fair_key="tenant", exclusive="n")
+@app.task(bind=True, global_rate_limit="20/s", fair_key="tenant", exclusive="n")
 def fair_rated(self: Task, tenant: str, n: int) -> None:
-    """40 starts per second across all workers, shared round-robin by tenant. Reports
+    """20 starts per second across all workers, shared round-robin by tenant. Reports
     its admission instant (the always-free exclusive lease's fence: the store's TIME in
     the admitting call), for an exact rate check (see tests/apps/limits.py)."""
     observer().run(tenant, fence(), task_id=self.request.id)

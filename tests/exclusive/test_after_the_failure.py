@@ -8,6 +8,7 @@ worker, must get a run, not a skip as a duplicate of the run that failed.
 from __future__ import annotations
 
 import pytest
+import redis
 from billiard.exceptions import WorkerLostError
 
 from tests.support.workers import Workers
@@ -19,19 +20,37 @@ TRIES = 12
 @pytest.mark.timeout(300)
 def test_a_publish_to_another_worker_after_a_lost_process_failure_runs(
     workers: Workers,
+    store_url: str,
 ) -> None:
     from tests.apps import run_ends
+    from tests.apps.exclusive import live_owners
 
     workers.start(APP, concurrency=2, queues="a")
     workers.start(APP, concurrency=2, queues="b")
+    store = redis.Redis.from_url(store_url, decode_responses=True)
     skipped = []
+    held_at_the_failure = []
     for n in range(TRIES):
         first = run_ends.ex_process_killed.apply_async((f"x{n}", True), queue="a")
         with pytest.raises(WorkerLostError):
             first.get(timeout=60)
+        # What the caller's next publish meets, read the moment it sees the failure.
+        if live_owners(store, _lease_key(run_ends.ex_process_killed, f"x{n}")):
+            held_at_the_failure.append(n)
         again = run_ends.ex_process_killed.apply_async((f"x{n}", False), queue="b")
         try:
             assert again.get(timeout=60) == "ran"
         except Exception as exc:  # TaskSkipped: held by the run that failed
             skipped.append(repr(exc))
+    assert not held_at_the_failure, (
+        f"{len(held_at_the_failure)} of {TRIES} keys still held when the caller saw the failure"
+    )
     assert not skipped, f"{len(skipped)} of {TRIES} runs after the failure skipped: {skipped[:2]}"
+
+
+def _lease_key(task: object, key: str) -> str:
+    from tests.apps.run_ends import baton
+
+    policy = baton.policy_for(task)
+    assert policy is not None and policy.exclusive is not None
+    return baton.names.lease(task.name, "ex", policy.exclusive.key((key, True), {}))  # type: ignore[attr-defined]

@@ -330,9 +330,11 @@ def test_fair_key_full_form_2000_then_20(workers: Workers, observer: Observer) -
 
 
 def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
-    """A shared rate of 40/s, A's backlog of 200 first, then B's 20: B's starts
+    """A shared rate of 20/s, A's backlog of 200 first, then B's 20: B's starts
     interleave with A's (at most about one A start per B start meanwhile), and the
-    rate holds (strict GCRA, burst 1, on the admission instants)."""
+    rate holds (strict GCRA, burst 1, on the admission instants). At 40/s A's backlog
+    lasted 5 s, and a loaded CI run's workers took 4.3 s to receive B's requests behind
+    it: A had 45 left, too few to judge (``assert_b_turns_once_held``); 20/s doubles it."""
     from tests.apps import fair
 
     started = start_workers(workers)
@@ -342,14 +344,14 @@ def test_fair_key_shares_a_rate(workers: Workers, observer: Observer) -> None:
     runs = observer.wait_for(200 + B_COUNT, timeout=60)
     share = share_of(runs, started, b_published, 0)
     print(f"rate: {share.describe()}")
-    # First come first served would start A's remaining ~200 first (~5 s at 40/s).
+    # First come first served would start A's remaining ~200 first (~10 s at 20/s).
     # Once B asks, the turns alternate: about one A start per B start (~20), bounded as
     # assert_fair bounds it: a quarter of A's backlog between B's first and last starts,
     # and from the moment the workers hold all of B's requests, B's 20 and a fifth of
     # what A still had then (first come first served: all of it).
     assert share.a_interleaved <= 200 // 4, share.describe()
     assert_b_turns_once_held(share, 8)
-    assert_gcra_bound(admissions(runs), 40)
+    assert_gcra_bound(admissions(runs), 20)
 
 
 def test_fair_weights_give_a_weighted_tenant_its_multiple(

@@ -45,9 +45,11 @@ ack is still to be sent is finished once the loop has sent it (``Finisher.after_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from billiard.exceptions import WorkerLostError
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from celery_baton.core.gate import Release
@@ -58,7 +60,12 @@ from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
 from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
-from celery_baton.worker.pool.run_end import before_the_result, final_end, record_end_now
+from celery_baton.worker.pool.run_end import (
+    before_the_result,
+    ending,
+    final_end,
+    record_end_now,
+)
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
 
@@ -236,7 +243,7 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
-    def _baton_end_first(self, *, timing_out: bool = False) -> Any:
+    def _baton_end_first(self, *, timing_out: bool = False, lost: bool = False) -> Any:
         """Around Celery's handling of an end in the main process: when it stores the
         run's FAILURE here (the process that ran the body could not: killed at its hard
         time limit, lost), what that end means for the message is recorded first,
@@ -247,22 +254,35 @@ class BatonRequestMixin:
         marker, so that a copy of an ``acks_late`` message whose worker died before the
         ack is not run again. Only an end that is final: acknowledged by then and not
         coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
-        on a timeout, the default). The run's leases wait for its release as before (a
-        body past its hard time limit is killed after this). Celery's own write of the
+        on a timeout, the default). A ``lost`` run (its pool process died:
+        ``WorkerLostError``) frees its leases here too, final or not: nothing runs under
+        them any more (freed after the result, 12 of 12 exclusive keys were still held as
+        the caller saw the failure). A body past its hard time limit keeps its leases
+        until its release (its process is killed after this). Celery's own write of the
         result is a round trip on this thread too. (A revoke before the start:
         ``_baton_revoked_first``.)"""
         run = self.__dict__.get(RUN_ATTR)
         if run is None:
             return contextlib.nullcontext()
         policy, plan = run[1], run[2]
-        unique_key = policy.freed_at_end(plan)
-        if unique_key is None and not plan.done_key:
+        leases = tuple(lease.key for lease in plan.leases) if lost else ()
+        if policy.freed_at_end(plan) is None and not plan.done_key and not leases:
             return contextlib.nullcontext()
 
         def first() -> None:
+            if RUN_ATTR not in self.__dict__:
+                return
             final = self._baton_is_final() or (timing_out and _acks_on_timeout(self.task))  # type: ignore[attr-defined]
-            if final and RUN_ATTR in self.__dict__:
-                record_end_now(self.task.app, final_end(self.id, policy, plan))  # type: ignore[attr-defined]
+            if final:
+                release = dataclasses.replace(final_end(self.id, policy, plan), lease_keys=leases)  # type: ignore[attr-defined]
+            elif leases:
+                release = Release(leases, plan.owner)
+            else:
+                return
+            if leases:
+                # Its renewer reads the lease gone as this run's own release, not a loss.
+                ending(plan.owner)
+            record_end_now(self.task.app, release)  # type: ignore[attr-defined]
 
         return before_the_result(self.task.backend, self.id, first)  # type: ignore[attr-defined]
 
@@ -299,7 +319,9 @@ class BatonRequestMixin:
             revoke(self, f"{getattr(exc, 'why', 'cancelled by id')}, before its late start")
             return None
         try:
-            with self._baton_end_first():
+            # Billiard >= 4.3 may report a lost process as SystemExit (Celery reads it so).
+            lost = isinstance(exc, WorkerLostError | SystemExit | KeyboardInterrupt)
+            with self._baton_end_first(lost=lost):
                 return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             self._baton_stood_for(exc)

@@ -329,6 +329,13 @@ def final_end(task_id: str, policy: TaskPolicy, plan: RunPlan) -> Release:
     )
 
 
+def ending(owner: str) -> None:
+    """Main process: the run of ``owner`` is ending here, its leases freed before its
+    release (a lost pool process's run): its lease renewer reads them gone as that."""
+    if _shared is not None:
+        _shared.set(owner, ENDING)
+
+
 def record_end_now(app: Any, release: Release) -> None:
     """Record ``release`` now, waiting for the store (idempotent: the run's release later
     records the same; a claim a new publish took meanwhile stays, the release compares
