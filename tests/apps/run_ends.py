@@ -110,6 +110,13 @@ def uq_quick(self: Task, key: str) -> str:
     return self.request.id
 
 
+@app.task(bind=True, unique="key")
+def uq_sleeping(self: Task, key: str, seconds: float) -> str:
+    """Unique: runs ``seconds``."""
+    time.sleep(seconds)
+    return self.request.id
+
+
 @app.task(bind=True, unique="key", redelivery_guard=True)
 def uq_quick_guarded(self: Task, key: str) -> str:
     """Unique and guarded: returns at once."""

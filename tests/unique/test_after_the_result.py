@@ -165,28 +165,59 @@ def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: baton.cancel marks REVOKED from the caller, before any worker frees "
-    "the key; the worker holding the task frees it at its discard (unique guide)",
-)
+@pytest.mark.parametrize("pool", ["prefork", "gevent", "threads", "solo"])
 def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
-    workers: Workers,
+    workers: Workers, pool: str
 ) -> None:
-    """``baton.cancel(task_id)`` of a task waiting for its countdown: its REVOKED is
-    written by the caller at once. A publish of its key after that should be a new run."""
+    """``baton.cancel(task_id)`` of a task waiting in a worker for its countdown: the
+    caller marks it REVOKED at once. A publish of its key after that is a new run (the
+    key was freed only when the worker discarded the message at its time: 12 of 12 got
+    the cancelled task's id), and the cancelled task never runs."""
     from tests.apps import run_ends
 
-    workers.start(APP, concurrency=1)
+    workers.start(APP, concurrency=1, pool=pool)
     deduplicated = 0
+    cancelled = []
     for n in range(FAILED_TRIES):
         key = f"c{n}"
         first = run_ends.uq_quick.apply_async((key,), countdown=3)
         _until_a_worker_holds(first.id)
         run_ends.baton.cancel(first.id)
         assert first.state == "REVOKED"
+        cancelled.append(first)
         if run_ends.uq_quick.delay(key).id == first.id:
             deduplicated += 1
     assert deduplicated == 0, (
         f"{deduplicated} of {FAILED_TRIES} publishes after the cancel got the cancelled task"
     )
+    time.sleep(4)  # past every countdown: a cancelled task that ran would be SUCCESS now
+    ran = [r.id for r in cancelled if r.state != "REVOKED"]
+    assert not ran, f"cancelled tasks ran: {ran}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_cancel_of_a_started_countdown_task_leaves_its_key_to_the_run(
+    workers: Workers, pool: str
+) -> None:
+    """A task whose countdown ran out and whose body runs, cancelled (no ``terminate``):
+    its body goes on, so its key stays held; a publish of the key meanwhile is
+    deduplicated into it. (The mark its worker wrote while it waited, which lets a cancel
+    free the key, is taken back as it starts.)"""
+    from tests.apps import run_ends
+
+    workers.start(APP, concurrency=1, pool=pool)
+    first = run_ends.uq_sleeping.apply_async(("s", 4.0), countdown=1)
+    deadline = time.monotonic() + 30
+    while not _active(first.id):
+        assert time.monotonic() < deadline, "the task did not start within 30 s"
+        time.sleep(0.1)
+    run_ends.baton.cancel(first.id)
+    assert run_ends.uq_sleeping.delay("s", 0.0).id == first.id, "the running task's key was freed"
+
+
+def _active(task_id: str) -> bool:
+    from tests.apps.run_ends import app
+
+    found = app.control.inspect(timeout=0.5).query_task(task_id) or {}
+    return any(state == "active" for tasks in found.values() for state, _ in tasks.values())

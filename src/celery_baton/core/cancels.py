@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_baton.core.gate import Release
 from celery_baton.core.keys import KeyNames, KeySpec
 from celery_baton.errors import KeySpecError
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -144,16 +145,44 @@ class Cancels:
         except STORE_ERRORS as exc:
             raise self.store.unavailable(exc) from exc
 
-    def cancel_id(self, task_id: str, *, ttl: float) -> None:
-        """Cancel every delivery of ``task_id`` for ``ttl`` seconds; raises StoreUnavailable."""
+    def cancel_id(self, task_id: str, *, ttl: float) -> str:
+        """Cancel every delivery of ``task_id`` for ``ttl`` seconds: the unique key a
+        worker holds it under while it waits for its countdown or ETA ('' : none); that
+        delivery will not start (``held_start``). Raises StoreUnavailable."""
         ttl_ms = max(1, round(ttl * 1000))
         # The marker first: a worker that sees the record has seen the marker.
         self._call("cancel_mark", [self.names.cancels], [ID_FIELD, ttl_ms])
         notice = cancel_notice(self.names.cancels, ID_FIELD, ttl_ms, task_id)
-        self._call(
+        held = self._call(
             "cancel_id",
-            [self.names.cancel_id(task_id)],
+            [self.names.cancel_id(task_id), self.names.held_for_later(task_id)],
             [ttl_ms, self.names.notice_channel, notice],
+        )
+        return _text(held) if held else ""
+
+    def free_held(self, unique_key: str, task_id: str) -> None:
+        """Free the unique claim of ``task_id``, cancelled while a worker held it for later
+        (``cancel_id``'s reply); a claim another task took meanwhile stays. Raises
+        StoreUnavailable."""
+        release = Release((), "", unique_key=unique_key, unique_owner=task_id)
+        keys, args = release.script_call(self.names.notice_channel)
+        self._call("release", keys, args)
+
+    def held_call(
+        self, task_id: str, unique_key: str, ttl: float
+    ) -> tuple[str, list[str], list[Any]]:
+        """``held_for_later``'s script, keys and arguments (a worker holds ``task_id``,
+        a unique task under ``unique_key``, for later), for a pipelined channel."""
+        ttl_ms = max(1, round(ttl * 1000))
+        return "held_for_later", [self.names.held_for_later(task_id)], [unique_key, ttl_ms]
+
+    def start_call(self, task_id: str) -> tuple[str, list[str], list[Any]]:
+        """``held_start``'s script, keys and arguments: the mark of a task held for later
+        taken back as its time comes; replies 1 when the id is cancelled."""
+        return (
+            "held_start",
+            [self.names.held_for_later(task_id), self.names.cancel_id(task_id)],
+            [],
         )
 
     def cancel_key(self, task: str, cancel: KeyCancel, *, ttl: float) -> int:

@@ -431,6 +431,12 @@ class KeyNames:
         knows only the id, and on Redis Cluster the records spread over the slots."""
         return f"{self.prefix}:cancel:{{{task_id}}}"
 
+    def held_for_later(self, task_id: str) -> str:
+        """The mark of a unique task a worker holds for later (its countdown or ETA): the
+        unique key it holds, read by ``baton.cancel`` of its id. Its cancel record's hash
+        tag (the id): the cancel reads it in the same step."""
+        return f"{self.prefix}:held:{{{task_id}}}"
+
     def cancel_keys(self, task: str) -> str:
         """The key cancels of ``task`` (a sorted set, ``core/cancels.py``), in its family."""
         return f"{self.family(task)}:cancel-keys"

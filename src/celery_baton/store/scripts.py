@@ -63,6 +63,8 @@ SCRIPT_NAMES = (
     "cancel_key",
     "cancel_check",
     "cancel_read",
+    "held_for_later",
+    "held_start",
     "batch_tick",
     "batch_done",
     "batch_end",

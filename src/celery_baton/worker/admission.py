@@ -48,7 +48,7 @@ from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, ordering, outcomes
 from celery_baton.worker.asking_ahead import AskingAhead
 from celery_baton.worker.batching import Batching
-from celery_baton.worker.cancelling import Cancelling
+from celery_baton.worker.cancelling import HELD_FOR_LATER_ATTR, Cancelling
 from celery_baton.worker.events import DecisionEvents
 from celery_baton.worker.hold_end import HoldEnd
 from celery_baton.worker.holding import Delivery, Holding, PrefetchWindow
@@ -160,6 +160,8 @@ class Admission:
             if why is not None:
                 self.cancelling.revoke(request, why)
                 return None
+            if HELD_FOR_LATER_ATTR in request.__dict__:  # a unique task's countdown or ETA
+                return self.cancelling.start_held(request, self._admit)
         return self._admit(request)
 
     def _plain(self, request: Any) -> Any:

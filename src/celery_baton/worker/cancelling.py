@@ -55,6 +55,13 @@ from celery_baton.worker.pool.cancel_start import CancelledAtStart
 
 logger = logging.getLogger("celery_baton.worker")
 
+#: Set on a unique request this worker holds for later (its countdown or ETA) and marked
+#: under its id (:meth:`Cancelling.hold_for_later`): its start takes the mark back.
+HELD_FOR_LATER_ATTR = "_baton_held_for_later"
+#: Seconds a held-for-later mark outlives the task's time (Celery's timer may hand it on
+#: late on a busy loop); a mark outliving its start is taken back there.
+HELD_MARGIN = 60.0
+
 
 def revoke(request: Any, why: str) -> None:
     """Revoke ``request`` as Celery's own ``revoke`` does when the request reaches it."""
@@ -260,6 +267,60 @@ class Cancelling:
                 admit(request)
             except Exception:
                 logger.exception("baton: screening %s[%s] failed", request.name, request.id)
+
+        self.channel.run(script, keys, args, answered)
+        return None
+
+    # -- a unique task held for later (its countdown or ETA) ------------------------------
+
+    def hold_for_later(self, request: Any, unique_key: str, delay: float) -> None:
+        """``request``, a unique task, waits in this worker ``delay`` seconds for its time
+        (Celery's timer): marked under its id with the key it holds, so that
+        ``baton.cancel`` of its id frees that key before it marks it REVOKED (the caller
+        knows only the id). Sent on the gate channel, in order before its start's
+        :meth:`start_held`."""
+        request.__dict__[HELD_FOR_LATER_ATTR] = True
+        script, keys, args = self.cancels.held_call(request.id, unique_key, delay + HELD_MARGIN)
+
+        def answered(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning(
+                    "baton: %s[%s] waits for its time; a cancel of it frees its unique key "
+                    "only when it is discarded then (the store did not answer: %s)",
+                    request.name,
+                    request.id,
+                    reply,
+                )
+
+        self.channel.run(script, keys, args, answered)
+
+    def start_held(self, request: Any, admit: Callable[[Any], Any]) -> Any:
+        """``request``'s time came: the mark :meth:`hold_for_later` wrote is taken back
+        and, in the same step, the store says whether its id is cancelled (a cancel that
+        read the mark freed its key: it must not start). Revoked when cancelled, else
+        ``admit``-ted."""
+        del request.__dict__[HELD_FOR_LATER_ATTR]
+        script, keys, args = self.cancels.start_call(request.id)
+        generation = self.generation()
+
+        def answered(reply: Any) -> None:
+            # On the loop; kombu swallows exceptions there: none may escape.
+            try:
+                if generation != self.generation():
+                    return  # the connection was lost meanwhile: the broker redelivers it
+                if isinstance(reply, BaseException):
+                    logger.warning(
+                        "baton: could not check whether %s[%s] is cancelled (%s); admitting it",
+                        request.name,
+                        request.id,
+                        reply,
+                    )
+                elif int(reply):
+                    self._revoke(request, "cancelled by id")
+                    return
+                admit(request)
+            except Exception:
+                logger.exception("baton: starting %s[%s] failed", request.name, request.id)
 
         self.channel.run(script, keys, args, answered)
         return None

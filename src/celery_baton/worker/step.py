@@ -11,6 +11,7 @@ what is held and release what is owed.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -325,6 +326,7 @@ class BatonWorker:
             keep_superseded_on_revoke(panel)
             free_claims_on_revoke(panel)  # a not-started task's unique key, before REVOKED
         celery_signals.task_revoked.connect(self._on_revoked, weak=False)
+        celery_signals.task_received.connect(self._on_received, weak=False)
         celery_signals.celeryd_after_setup.connect(self._name_store_in_banner, weak=False)
 
     def describe(self) -> str:
@@ -480,6 +482,25 @@ class BatonWorker:
         self.book.stop()
         # A clean stop leaves `celery baton status` at once, not when its report expires.
         self.reports.remove(parent.hostname)
+
+    def _on_received(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        """A unique task that will wait here for its countdown or ETA is marked under its
+        id, so that ``baton.cancel`` of it frees its key at once (worker/cancelling.py).
+        Every delivery passes here: one that has no ETA returns first."""
+        eta = getattr(request, "eta", None)
+        if eta is None:
+            return
+        delay = (eta - datetime.datetime.now(eta.tzinfo)).total_seconds()
+        if delay <= 0:
+            return
+        policy = self.parts.policy_for(request.task)
+        if policy is None or policy.unique is None:
+            return
+        try:
+            key = policy.unique_key(self.parts.names, request.args or (), request.kwargs or {})
+        except BatonError:
+            return  # its admission says why
+        self.cancelling.hold_for_later(request, key, delay)
 
     def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """A task revoked (or expired) before it was admitted frees its unique key and
