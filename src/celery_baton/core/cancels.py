@@ -164,7 +164,7 @@ class Cancels:
         """Free the unique claim of ``task_id``, cancelled while a worker held it for later
         (``cancel_id``'s reply); a claim another task took meanwhile stays. Raises
         StoreUnavailable."""
-        release = Release((), "", unique_key=unique_key, unique_owner=task_id)
+        release = Release.unique_claim(unique_key, task_id)
         keys, args = release.script_call(self.names.notice_channel)
         self._call("release", keys, args)
 

@@ -92,6 +92,12 @@ class Release:
     # and pass 0: a mark nobody clears would pile up in a busy concurrency key.
     ended_mark: float = 0.0
 
+    @classmethod
+    def unique_claim(cls, unique_key: str, task_id: str) -> Release:
+        """Free ``task_id``'s unique claim of ``unique_key`` alone (a task that never ran:
+        skipped, revoked, cancelled); a claim another task took meanwhile stays."""
+        return cls((), "", unique_key=unique_key, unique_owner=task_id)
+
     def script_call(self, channel: str) -> tuple[list[str], list[Any]]:
         keys = list(self.lease_keys)
         done_ms = 0

@@ -321,7 +321,7 @@ class Releasing:
     def free_unique(self, key: str, task_id: str) -> None:
         """Free a unique claim if ``task_id`` still holds it (a skipped or revoked run),
         sent like a release: the consumer's loop never waits for it."""
-        self.channel.release(Release((), "", unique_key=key, unique_owner=task_id))
+        self.channel.release(Release.unique_claim(key, task_id))
 
     def _free_unique_now(self, key: str, task_id: str) -> None:
         """Off the loop (the ack fates' thread): free a claim kept for a copy that will
@@ -329,7 +329,7 @@ class Releasing:
         from this thread straight to the store, it could land first (the broker answered
         within milliseconds), free nothing, and the keep then took the claim again for
         its whole time (the soak's publishes deduplicated into a run 35 s over)."""
-        release = Release((), "", unique_key=key, unique_owner=task_id)
+        release = Release.unique_claim(key, task_id)
         self.on_loop(lambda: self.channel.release(release))
 
     def restart(self, timer: Any) -> None:

@@ -402,7 +402,7 @@ def revoked_release(request: Any) -> Release | None:
         key = policy.unique_key(parts.names, request.args or (), request.kwargs or {})
     except BatonError:
         return None  # logged by the signal's handler, which finds the same error
-    return Release((), "", unique_key=key, unique_owner=request.id)
+    return Release.unique_claim(key, request.id)
 
 
 _classes: dict[type, type] = {}
