@@ -148,6 +148,14 @@ def ex_process_killed(self: Task, key: str, kill: bool) -> str:
     return "ran"
 
 
+@app.task(bind=True, exclusive="key", time_limit=0.5)
+def ex_past_its_time_limit(self: Task, key: str) -> str:
+    """Exclusive, a hard time limit of 0.5 s: runs past it (its process killed, its
+    greenlet unwound), Celery's main process stores its FAILURE."""
+    time.sleep(10)
+    return "ran"
+
+
 @app.task
 def sleeper(seconds: float) -> None:
     """Keeps a pool process busy for ``seconds`` (a message behind it expires meanwhile)."""

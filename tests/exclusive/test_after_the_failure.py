@@ -35,7 +35,7 @@ def test_a_publish_to_another_worker_after_a_lost_process_failure_runs(
         with pytest.raises(WorkerLostError):
             first.get(timeout=60)
         # What the caller's next publish meets, read the moment it sees the failure.
-        if live_owners(store, _lease_key(run_ends.ex_process_killed, f"x{n}")):
+        if live_owners(store, _lease_key(run_ends.ex_process_killed, f"x{n}", True)):
             held_at_the_failure.append(n)
         again = run_ends.ex_process_killed.apply_async((f"x{n}", False), queue="b")
         try:
@@ -48,9 +48,37 @@ def test_a_publish_to_another_worker_after_a_lost_process_failure_runs(
     assert not skipped, f"{len(skipped)} of {TRIES} runs after the failure skipped: {skipped[:2]}"
 
 
-def _lease_key(task: object, key: str) -> str:
+def _lease_key(task: object, *args: object) -> str:
     from tests.apps.run_ends import baton
 
     policy = baton.policy_for(task)
     assert policy is not None and policy.exclusive is not None
-    return baton.names.lease(task.name, "ex", policy.exclusive.key((key, True), {}))  # type: ignore[attr-defined]
+    return baton.names.lease(task.name, "ex", policy.exclusive.key(args, {}))  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(300)
+def test_a_green_run_past_its_time_limit_frees_its_key_before_its_failure(
+    workers: Workers, store_url: str
+) -> None:
+    """On gevent a run past its hard time limit is unwound (its greenlet gets the
+    timeout) before Celery's main process stores its FAILURE: nothing runs under its
+    lease any more, so a caller who sees the failure finds the key free. (On prefork the
+    process is killed after the FAILURE: the key stays held until it is gone, as one run
+    at a time asks: docs/failure.md.)"""
+    from celery.exceptions import TimeLimitExceeded
+
+    from tests.apps import run_ends
+    from tests.apps.exclusive import live_owners
+
+    workers.start(APP, concurrency=2, pool="gevent")
+    store = redis.Redis.from_url(store_url, decode_responses=True)
+    held_at_the_failure = []
+    for n in range(TRIES):
+        first = run_ends.ex_past_its_time_limit.apply_async((f"t{n}",))
+        with pytest.raises(TimeLimitExceeded):
+            first.get(timeout=60)
+        if live_owners(store, _lease_key(run_ends.ex_past_its_time_limit, f"t{n}")):
+            held_at_the_failure.append(n)
+    assert not held_at_the_failure, (
+        f"{len(held_at_the_failure)} of {TRIES} keys still held when the caller saw the failure"
+    )

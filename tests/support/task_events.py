@@ -27,6 +27,8 @@ class EventCapture:
         self._receiver: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._probe = f"probe-{id(self)}-{time.monotonic_ns()}"
+        self._heard = threading.Event()
 
     def __enter__(self) -> EventCapture:
         ready = self._ready
@@ -41,7 +43,22 @@ class EventCapture:
         self._thread.start()
         if not self._ready.wait(20):
             raise AssertionError(f"the event receiver did not start: {self._error!r}")
+        self._until_subscribed()
         return self
+
+    def _until_subscribed(self) -> None:
+        """Until an event sent now arrives. On a Redis broker the receiver's queue is
+        ready (``on_consume_ready``) before kombu's loop has SUBSCRIBEd to the event
+        exchange: what a worker sent in between was lost (a loaded run missed a
+        ``task-started`` sent right after the capture was entered). The probes are not
+        kept."""
+        deadline = time.monotonic() + 20
+        with self.app.events.default_dispatcher() as dispatcher:
+            while not self._heard.is_set():
+                if self._error is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the event receiver hears nothing: {self._error!r}")
+                dispatcher.send("task-probe", uuid=self._probe)
+                self._heard.wait(0.05)
 
     def _run(self, connection: Any) -> None:
         try:
@@ -56,6 +73,9 @@ class EventCapture:
         self._thread.join(5)
 
     def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("uuid") == self._probe:
+            self._heard.set()
+            return
         with self._lock:
             self.events.append(event)
 

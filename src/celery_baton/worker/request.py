@@ -59,7 +59,7 @@ from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
-from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
+from celery_baton.worker.pool.job_end import GREENLET_ATTR, forget_job, keep_job, run_ended
 from celery_baton.worker.pool.run_end import (
     before_the_result,
     ending,
@@ -243,7 +243,7 @@ class BatonRequestMixin:
         finally:
             self._baton_finish()
 
-    def _baton_end_first(self, *, timing_out: bool = False, lost: bool = False) -> Any:
+    def _baton_end_first(self, *, timing_out: bool = False, body_gone: bool = False) -> Any:
         """Around Celery's handling of an end in the main process: when it stores the
         run's FAILURE here (the process that ran the body could not: killed at its hard
         time limit, lost), what that end means for the message is recorded first,
@@ -254,18 +254,19 @@ class BatonRequestMixin:
         marker, so that a copy of an ``acks_late`` message whose worker died before the
         ack is not run again. Only an end that is final: acknowledged by then and not
         coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
-        on a timeout, the default). A ``lost`` run (its pool process died:
-        ``WorkerLostError``) frees its leases here too, final or not: nothing runs under
-        them any more (freed after the result, 12 of 12 exclusive keys were still held as
-        the caller saw the failure). A body past its hard time limit keeps its leases
-        until its release (its process is killed after this). Celery's own write of the
-        result is a round trip on this thread too. (A revoke before the start:
+        on a timeout, the default). A run whose body is gone (``body_gone``: its pool
+        process died, ``WorkerLostError``; a green pool unwound it at its hard time
+        limit) frees its leases here too, final or not: nothing runs under them any more
+        (freed after the result, 12 of 12 exclusive keys were still held as the caller
+        saw the failure). A prefork body past its hard time limit keeps its leases until
+        its release (its process is killed after this). Celery's own write of the result
+        is a round trip on this thread too. (A revoke before the start:
         ``_baton_revoked_first``.)"""
         run = self.__dict__.get(RUN_ATTR)
         if run is None:
             return contextlib.nullcontext()
         policy, plan = run[1], run[2]
-        leases = tuple(lease.key for lease in plan.leases) if lost else ()
+        leases = tuple(lease.key for lease in plan.leases) if body_gone else ()
         if policy.freed_at_end(plan) is None and not plan.done_key and not leases:
             return contextlib.nullcontext()
 
@@ -321,7 +322,7 @@ class BatonRequestMixin:
         try:
             # Billiard >= 4.3 may report a lost process as SystemExit (Celery reads it so).
             lost = isinstance(exc, WorkerLostError | SystemExit | KeyboardInterrupt)
-            with self._baton_end_first(lost=lost):
+            with self._baton_end_first(body_gone=lost):
                 return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         finally:
             self._baton_stood_for(exc)
@@ -331,7 +332,10 @@ class BatonRequestMixin:
         if soft:  # a warning inside the task: the run goes on
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         try:
-            with self._baton_end_first(timing_out=True):
+            # assumes: a green pool calls this from the run's greenlet once the timeout
+            # unwound its body (gevent's apply_timeout); prefork's process is killed after.
+            green = GREENLET_ATTR in self.__dict__
+            with self._baton_end_first(timing_out=True, body_gone=green):
                 return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
             # gevent's pool ends a run past its limit here alone (no on_failure).
