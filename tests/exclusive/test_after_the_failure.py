@@ -61,10 +61,11 @@ def test_a_green_run_past_its_time_limit_frees_its_key_before_its_failure(
     workers: Workers, store_url: str
 ) -> None:
     """On gevent a run past its hard time limit is unwound (its greenlet gets the
-    timeout) before Celery's main process stores its FAILURE: nothing runs under its
-    lease any more, so a caller who sees the failure finds the key free. (On prefork the
-    process is killed after the FAILURE: the key stays held until it is gone, as one run
-    at a time asks: docs/failure.md.)"""
+    timeout) before Celery's main process stores its FAILURE, and frees its leases as it
+    ends (worker/pool/run_end.py): a caller who sees the failure finds the key free. (On
+    prefork the process is killed after the FAILURE: the key stays held until it is
+    gone, as one run at a time asks: docs/failure.md.) Passed before this stop's change
+    to lost processes too: it holds what the WorkerLostError test found missing."""
     from celery.exceptions import TimeLimitExceeded
 
     from tests.apps import run_ends

@@ -59,7 +59,7 @@ from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
 from celery_baton.worker.pool.cancel_start import CancelledBeforeStart
-from celery_baton.worker.pool.job_end import GREENLET_ATTR, forget_job, keep_job, run_ended
+from celery_baton.worker.pool.job_end import forget_job, keep_job, run_ended
 from celery_baton.worker.pool.run_end import (
     before_the_result,
     ending,
@@ -255,12 +255,13 @@ class BatonRequestMixin:
         ack is not run again. Only an end that is final: acknowledged by then and not
         coming back, or a hard time limit Celery then acks (``acks_late`` with its acks
         on a timeout, the default). A run whose body is gone (``body_gone``: its pool
-        process died, ``WorkerLostError``; a green pool unwound it at its hard time
-        limit) frees its leases here too, final or not: nothing runs under them any more
-        (freed after the result, 12 of 12 exclusive keys were still held as the caller
-        saw the failure). A prefork body past its hard time limit keeps its leases until
-        its release (its process is killed after this). Celery's own write of the result
-        is a round trip on this thread too. (A revoke before the start:
+        process died, ``WorkerLostError``) frees its leases here too, final or not:
+        nothing runs under them any more (freed after the result, 12 of 12 exclusive
+        keys were still held as the caller saw the failure). A prefork body past its hard
+        time limit keeps its leases until its release (its process is killed after
+        this; a green pool's run, unwound by its timeout, freed them as it ended:
+        worker/pool/run_end.py). Celery's own write of the result is a round trip on
+        this thread too. (A revoke before the start:
         ``_baton_revoked_first``.)"""
         run = self.__dict__.get(RUN_ATTR)
         if run is None:
@@ -332,10 +333,7 @@ class BatonRequestMixin:
         if soft:  # a warning inside the task: the run goes on
             return super().on_timeout(soft, timeout)  # type: ignore[misc]
         try:
-            # assumes: a green pool calls this from the run's greenlet once the timeout
-            # unwound its body (gevent's apply_timeout); prefork's process is killed after.
-            green = GREENLET_ATTR in self.__dict__
-            with self._baton_end_first(timing_out=True, body_gone=green):
+            with self._baton_end_first(timing_out=True):
                 return super().on_timeout(soft, timeout)  # type: ignore[misc]
         finally:
             # gevent's pool ends a run past its limit here alone (no on_failure).
