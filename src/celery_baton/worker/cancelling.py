@@ -246,7 +246,15 @@ class Cancelling:
                 "%s[%s] admitted unchecked (no cancel by id lives)", request.name, request.id
             )
             return admit(request)
-        script, keys, args = self.cancels.check_call(request.id)
+        return self._admit_unless_cancelled(request, self.cancels.check_call(request.id), admit)
+
+    def _admit_unless_cancelled(
+        self, request: Any, call: tuple[str, list[str], list[Any]], admit: Callable[[Any], Any]
+    ) -> None:
+        """Send ``call`` (a script that replies 1 when ``request``'s id is cancelled) on
+        the gate channel: revoke ``request`` when it says so, else ``admit`` it (also when
+        the store did not answer: a gate ask meets the store's trouble)."""
+        script, keys, args = call
         generation = self.generation()
 
         def answered(reply: Any) -> None:
@@ -269,7 +277,6 @@ class Cancelling:
                 logger.exception("baton: screening %s[%s] failed", request.name, request.id)
 
         self.channel.run(script, keys, args, answered)
-        return None
 
     # -- a unique task held for later (its countdown or ETA) ------------------------------
 
@@ -300,29 +307,7 @@ class Cancelling:
         read the mark freed its key: it must not start). Revoked when cancelled, else
         ``admit``-ted."""
         del request.__dict__[HELD_FOR_LATER_ATTR]
-        script, keys, args = self.cancels.start_call(request.id)
-        generation = self.generation()
-
-        def answered(reply: Any) -> None:
-            # On the loop; kombu swallows exceptions there: none may escape.
-            try:
-                if generation != self.generation():
-                    return  # the connection was lost meanwhile: the broker redelivers it
-                if isinstance(reply, BaseException):
-                    logger.warning(
-                        "baton: could not check whether %s[%s] is cancelled (%s); admitting it",
-                        request.name,
-                        request.id,
-                        reply,
-                    )
-                elif int(reply):
-                    self._revoke(request, "cancelled by id")
-                    return
-                admit(request)
-            except Exception:
-                logger.exception("baton: starting %s[%s] failed", request.name, request.id)
-
-        self.channel.run(script, keys, args, answered)
+        self._admit_unless_cancelled(request, self.cancels.start_call(request.id), admit)
         return None
 
     def with_check(self, request: Any, conditions: list[Condition]) -> list[Condition]:
