@@ -486,7 +486,11 @@ class BatonWorker:
     def _on_received(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """A unique task that will wait here for its countdown or ETA is marked under its
         id, so that ``baton.cancel`` of it frees its key at once (worker/cancelling.py).
-        Every delivery passes here: one that has no ETA returns first."""
+        Every delivery passes here: one that has no ETA returns first.
+
+        # assumes: Celery's strategy sends task_received before it puts an ETA request in
+        # its timer, which hands it to on_task_request (admission) at its time, on every
+        # pool (tests/unique/test_after_the_result.py: prefork, gevent, threads, solo)."""
         eta = getattr(request, "eta", None)
         if eta is None:
             return
