@@ -93,6 +93,12 @@ def _cancel_id(
     parts: AppParts, records: Cancels, task_id: str, *, terminate: bool, ttl: float
 ) -> Cancelled:
     held_under = records.cancel_id(task_id, ttl=ttl)
+    if held_under:
+        # A worker holds it for its countdown or ETA, and will not start it (its start
+        # reads this cancel): its unique key is freed before REVOKED is seen, so that a
+        # publish made after it is a new run. Owner-compared: a claim a new publish took
+        # meanwhile stays.
+        records.free_held(held_under, task_id)
     app = parts.app
     revoked = False
     backend = app.backend
@@ -101,12 +107,6 @@ def _cancel_id(
         # A finished call keeps its outcome; a running one is marked by its worker when
         # terminated (or ends as it ends).
         if state not in states.READY_STATES and state != states.STARTED:
-            if held_under:
-                # A worker holds it for its countdown or ETA, and will not start it (its
-                # start reads this cancel): its unique key is freed before REVOKED is seen,
-                # so that a publish made after it is a new run. Owner-compared: a claim a
-                # new publish took meanwhile stays.
-                records.free_held(held_under, task_id)
             backend.mark_as_revoked(task_id, "cancelled (baton.cancel)")
             revoked = True
     terminated: tuple[str, ...] = ()
