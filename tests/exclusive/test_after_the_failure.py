@@ -11,6 +11,7 @@ import pytest
 import redis
 from billiard.exceptions import WorkerLostError
 
+from tests.support.pools import AUTOSCALED, pool_setting
 from tests.support.workers import Workers
 
 APP = "tests.apps.run_ends"
@@ -18,14 +19,25 @@ TRIES = 12
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "pool",
+    [
+        "prefork",
+        pytest.param("prefork --max-tasks-per-child 1", id="prefork-recycled"),
+        AUTOSCALED,
+    ],
+)
 def test_a_publish_to_another_worker_after_a_lost_process_failure_runs(
-    workers: Workers,
-    store_url: str,
+    workers: Workers, store_url: str, pool: str
 ) -> None:
+    """The worker whose process dies runs prefork as Celery runs it by default, recycled
+    after every task, or autoscaled (the lost process's replacement forked as the pool
+    grows and shrinks around it)."""
     from tests.apps import run_ends
     from tests.apps.exclusive import live_owners
 
-    workers.start(APP, concurrency=2, queues="a")
+    name, extra, env = pool_setting(pool)
+    workers.start(APP, concurrency=2, queues="a", pool=name, extra_args=extra, env=env)
     workers.start(APP, concurrency=2, queues="b")
     store = redis.Redis.from_url(store_url, decode_responses=True)
     skipped = []
