@@ -76,6 +76,9 @@ WORKER_TESTS = (
     "tests/transport/test_ack_fate.py",
     # Request._announce_revoked: a run terminated by a replacing publish.
     "tests/flow/test_replaced_result.py",
+    # the task_received signal before the strategy's ETA timer, and apply_eta_task
+    # handing the request to on_task_request at its time: a held-for-later unique task.
+    "tests/unique/test_after_the_result.py::test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run",
 )
 SHORT_TESTS = ("tests/unit", "tests/store")
 QUICK_TESTS = (*SHORT_TESTS, *WORKER_TESTS)

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
@@ -110,14 +111,20 @@ def test_a_publish_after_a_lost_process_failure_was_seen_is_a_new_run(
     _publishes_after_the_failure(workers, pool, run_ends.uq_process_killed, WorkerLostError)
 
 
-def _until_a_worker_holds(task_id: str) -> None:
-    """Until a worker holds ``task_id`` (a revoke sent before the message reached a
-    worker frees its key only when a worker discards it: the unique guide)."""
-    from tests.apps.run_ends import app
+def _until_a_worker_holds(store_url: str, task_id: str) -> None:
+    """Until a worker holds ``task_id`` for its countdown (a revoke sent before the
+    message reached a worker frees its key only when a worker discards it: the unique
+    guide): read from the mark that worker writes under the id (worker/cancelling.py),
+    on every Celery (``inspect`` lists a task waiting for its ETA in ``query_task`` only
+    since 5.6, and on 5.3 its replies came too late for a 3 s countdown)."""
+    from tests.apps.run_ends import baton
 
+    mark = baton.names.held_for_later(task_id)
+    store = redis.Redis.from_url(store_url)
     deadline = time.monotonic() + 30
-    while not any((app.control.inspect(timeout=0.5).query_task(task_id) or {}).values()):
+    while not store.exists(mark):
         assert time.monotonic() < deadline, f"{task_id}: no worker holds it after 30 s"
+        time.sleep(0.01)
 
 
 @pytest.mark.timeout(300)
@@ -132,7 +139,7 @@ def _until_a_worker_holds(task_id: str) -> None:
     ],
 )
 def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
-    workers: Workers, pool: str, how: str
+    workers: Workers, store_url: str, pool: str, how: str
 ) -> None:
     """A task revoked before its start: revoked while its countdown runs (Celery 5.6 and
     later store REVOKED as the worker hears the revoke), or expired before a pool process
@@ -149,7 +156,7 @@ def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
         key = f"r{n}"
         if how == "countdown":
             first = run_ends.uq_quick.apply_async((key,), countdown=3)
-            _until_a_worker_holds(first.id)
+            _until_a_worker_holds(store_url, first.id)
             first.revoke()
         else:  # behind a run of 1 s on the worker's only process, expired when it frees
             run_ends.sleeper.delay(1.0)
@@ -167,7 +174,7 @@ def test_a_publish_after_a_revoke_before_the_start_was_seen_is_a_new_run(
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("pool", ["prefork", "gevent", "threads", "solo"])
 def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
-    workers: Workers, pool: str
+    workers: Workers, store_url: str, pool: str
 ) -> None:
     """``baton.cancel(task_id)`` of a task waiting in a worker for its countdown: the
     caller marks it REVOKED at once. A publish of its key after that is a new run (the
@@ -181,7 +188,7 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
     for n in range(FAILED_TRIES):
         key = f"c{n}"
         first = run_ends.uq_quick.apply_async((key,), countdown=3)
-        _until_a_worker_holds(first.id)
+        _until_a_worker_holds(store_url, first.id)
         run_ends.baton.cancel(first.id)
         assert first.state == "REVOKED"
         cancelled.append(first)
