@@ -45,7 +45,6 @@ ack is still to be sent is finished once the loop has sent it (``Finisher.after_
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,7 +53,7 @@ from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 
 from celery_baton.core.gate import Release
 from celery_baton.errors import BatonError
-from celery_baton.parts import parts_for
+from celery_baton.parts import AppParts, parts_for
 from celery_baton.worker import events
 from celery_baton.worker.cancelling import exception_of, revoke
 from celery_baton.worker.ordering import RETRY_IN_ATTR, retry_in
@@ -276,7 +275,7 @@ class BatonRequestMixin:
                 return
             final = self._baton_is_final() or (timing_out and _acks_on_timeout(self.task))  # type: ignore[attr-defined]
             if final:
-                release = dataclasses.replace(final_end(self.id, policy, plan), lease_keys=leases)  # type: ignore[attr-defined]
+                release = final_end(self.id, policy, plan, leases)  # type: ignore[attr-defined]
             elif leases:
                 release = Release(leases, plan.owner)
             else:
@@ -395,16 +394,21 @@ def revoked_release(request: Any) -> Release | None:
         if policy.freed_at_end(plan) is None and not plan.done_key:
             return None
         return final_end(request.id, policy, plan)
-    task = request.task
-    parts = parts_for(task.app)
-    policy = parts.policy_for(task)
+    key = unique_key_of(parts_for(request.task.app), request)
+    return None if key is None else Release.unique_claim(key, request.id)
+
+
+def unique_key_of(parts: AppParts, request: Any) -> str | None:
+    """The unique key ``request`` (a request of a ``unique`` task) holds; None for any
+    other task, or when its key cannot be built (its admission, or the revoke signal's
+    handler, says why)."""
+    policy = parts.policy_for(request.task)
     if policy is None or policy.unique is None:
         return None
     try:
-        key = policy.unique_key(parts.names, request.args or (), request.kwargs or {})
+        return policy.unique_key(parts.names, request.args or (), request.kwargs or {})
     except BatonError:
-        return None  # logged by the signal's handler, which finds the same error
-    return Release.unique_claim(key, request.id)
+        return None
 
 
 _classes: dict[type, type] = {}

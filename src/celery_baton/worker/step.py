@@ -38,6 +38,7 @@ from celery_baton.worker.pool.flush import keep_running_jobs
 from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
+from celery_baton.worker.request import unique_key_of
 from celery_baton.worker.revoked_first import free_claims_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close, intake_together
@@ -497,14 +498,9 @@ class BatonWorker:
         delay = (eta - datetime.datetime.now(eta.tzinfo)).total_seconds()
         if delay <= 0:
             return
-        policy = self.parts.policy_for(request.task)
-        if policy is None or policy.unique is None:
-            return
-        try:
-            key = policy.unique_key(self.parts.names, request.args or (), request.kwargs or {})
-        except BatonError:
-            return  # its admission says why
-        self.cancelling.hold_for_later(request, key, delay)
+        key = unique_key_of(self.parts, request)
+        if key is not None:
+            self.cancelling.hold_for_later(request, key, delay)
 
     def _on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """A task revoked (or expired) before it was admitted frees its unique key and

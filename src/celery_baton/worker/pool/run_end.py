@@ -314,11 +314,14 @@ def _record(task: Any, task_id: str, state: str, exc: Any) -> None:
         shared.set(run_end.owner, RECORDED)
 
 
-def final_end(task_id: str, policy: TaskPolicy, plan: RunPlan) -> Release:
-    """What a final end of ``plan``'s run means for its message, its leases aside: its
-    done marker (under the redelivery guard) and its unique claim freed."""
+def final_end(
+    task_id: str, policy: TaskPolicy, plan: RunPlan, leases: tuple[str, ...] = ()
+) -> Release:
+    """What a final end of ``plan``'s run means for its message: its done marker (under
+    the redelivery guard) and its unique claim freed, with ``leases`` (by default none:
+    they are the run's, freed with its release)."""
     return Release(
-        (),
+        leases,
         plan.owner,
         plan.done_key or None,
         policy.redelivery_retention,
