@@ -3,7 +3,7 @@
 -- long as the record lives. Then the workers are told (the notice channel).
 --
 -- KEYS[1]  the id's cancel record (its hash tag is the id: found from the id alone)
--- KEYS[2]  the id's held-for-later mark (held_for_later.lua; same hash tag)
+-- KEYS[2]  (optional) the id's held-for-later mark (held_for_later.lua; same hash tag)
 -- ARGV[1]  how long it is kept, ms (a record that lives longer keeps its expiry)
 -- ARGV[2]  the notice channel
 -- ARGV[3]  the notice (core/cancels.py: cancel_notice)
@@ -16,4 +16,7 @@ local left = call('PTTL', KEYS[1])
 if left > ttl_ms then ttl_ms = left end
 call('SET', KEYS[1], '1', 'PX', ttl_ms)
 call('PUBLISH', ARGV[2], ARGV[3])
-return call('GET', KEYS[2]) or ''
+if KEYS[2] then
+  return call('GET', KEYS[2]) or ''
+end
+return ''
