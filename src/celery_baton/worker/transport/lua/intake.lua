@@ -11,13 +11,24 @@
 -- ARGV[1]  at most this many messages
 -- ARGV[2]  now, as kombu's QoS.append stamps it (the worker's time())
 -- Returns the payloads taken, in the order they are to be delivered.
+--
+-- A payload this script cannot read (not JSON to cjson: a header it refuses) goes back
+-- where it was, next to be popped, and the taking stops: kombu's own BRPOP takes it
+-- (a script's writes are not undone when it raises: it must not raise once it popped).
 local taken = {}
 for i = 1, tonumber(ARGV[1]) do
   local payload = redis.call('RPOP', KEYS[1])
   if not payload then
     break
   end
-  local properties = cjson.decode(payload)['properties']
+  local read, envelope = pcall(cjson.decode, payload)
+  if not read or type(envelope) ~= 'table' or type(envelope['properties']) ~= 'table'
+      or type(envelope['properties']['delivery_info']) ~= 'table'
+      or envelope['properties']['delivery_tag'] == nil then
+    redis.call('RPUSH', KEYS[1], payload)
+    break
+  end
+  local properties = envelope['properties']
   local info = properties['delivery_info']
   local tag = properties['delivery_tag']
   redis.call('ZADD', KEYS[2], ARGV[2], tag)
