@@ -127,6 +127,7 @@ def main() -> None:
             done = n - started
             first, last = float(client.get("bench:first")), float(client.get("bench:last"))
             commands = store.client().info("commandstats")
+            broker_commands = client.info("commandstats")
             for spying in [tool, *pool_spies]:
                 if spying is not None:
                     spying.send_signal(signal.SIGINT)
@@ -145,6 +146,9 @@ def main() -> None:
         if stat["calls"] >= n / 10:
             per_call = stat["usec_per_call"]
             print(f"store {name[8:]}: {stat['calls'] / n:.2f}/task, {per_call:.2f} us/call")
+    for name, stat in sorted(broker_commands.items()):
+        if stat["calls"] >= n / 10:
+            print(f"broker {name[8:]}: {stat['calls'] / n:.2f}/task")
     if args.perf and Path("perf.tmp").exists():
         for line in Path("perf.tmp").read_text().splitlines():
             parts = line.split(",")

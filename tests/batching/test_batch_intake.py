@@ -14,7 +14,7 @@ their messages in this way.)
 from __future__ import annotations
 
 from tests.batching.test_batch_acks import drain_watched
-from tests.support.monitor import transactions
+from tests.support.monitor import intake_round_trips
 from tests.support.observer import Observer
 from tests.support.servers import StoreServer
 from tests.support.workers import Workers
@@ -22,27 +22,11 @@ from tests.support.workers import Workers
 CALLS = 200  # four batches of 50 (``wide``)
 
 
-def _intake_round_trips(commands: list[dict[str, object]]) -> dict[str, int]:
-    """The broker round trips a consumer spent taking messages in, by kind."""
-    counts = {"brpop": 0, "kombu_records": 0, "intake_scripts": 0}
-    # A script's own commands are listed too, from the client "lua": not round trips.
-    sent = [c for c in commands if c.get("client_address") != "lua"]
-    for block in transactions(sent):
-        first = block[0].upper() if block else ""
-        if first.startswith("BRPOP"):
-            counts["brpop"] += 1
-        elif first.startswith("ZADD") and "unacked_index" in block[0]:
-            counts["kombu_records"] += 1
-        elif first.startswith(("EVALSHA", "EVAL ")) and "unacked_index" in block[0]:
-            counts["intake_scripts"] += 1
-    return counts
-
-
 def test_a_batching_worker_takes_its_messages_in_several_per_round_trip(
     workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
     runs, commands = drain_watched(workers, observer, broker_server, "intake", CALLS)
-    counts = _intake_round_trips(commands)
+    counts = intake_round_trips(commands)
     spent = sum(counts.values())
     print(f"{len(runs)} runs; intake round trips for {CALLS} calls: {counts}")
     # kombu's intake: two per call (400). Taken in several at a time: the window's room

@@ -91,3 +91,21 @@ def transactions(commands: list[dict[str, Any]]) -> list[list[str]]:
         else:
             blocks.append([text])
     return blocks
+
+
+def intake_round_trips(commands: list[dict[str, Any]]) -> dict[str, int]:
+    """The broker round trips consumers spent taking messages in, by kind: ``BRPOP``
+    answers, kombu's own unacked records (``MULTI ZADD HSET EXEC``), and celery-baton's
+    intake script's calls (worker/transport/intake_together.py)."""
+    counts = {"brpop": 0, "kombu_records": 0, "intake_scripts": 0}
+    # A script's own commands are listed too, from the client "lua": not round trips.
+    sent = [c for c in commands if c.get("client_address") != "lua"]
+    for block in transactions(sent):
+        first = block[0].upper() if block else ""
+        if first.startswith("BRPOP"):
+            counts["brpop"] += 1
+        elif first.startswith("ZADD") and "unacked_index" in block[0]:
+            counts["kombu_records"] += 1
+        elif first.startswith(("EVALSHA", "EVAL ")) and "unacked_index" in block[0]:
+            counts["intake_scripts"] += 1
+    return counts

@@ -416,8 +416,9 @@ class BatonWorker:
         self.admission.holding.install_wakeup(parent)
         if self.batching is not None:
             self.batching.start(parent)
-            # A batched call is a message of its own: taken in several at a time.
-            intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
+        # Messages taken from a Redis broker several at a time when a backlog waits: the
+        # consumer's one thread was a drain's bound, one round trip per message.
+        intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads

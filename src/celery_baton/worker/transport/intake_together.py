@@ -1,10 +1,11 @@
-"""Taking a batching worker's messages from a Redis broker several at a time.
+"""Taking a worker's messages from a Redis broker several at a time.
 
-A batched task's calls are one broker message each, and kombu's Redis transport takes
-them in one at a time: a ``BRPOP`` answered with one message, then a ``MULTI ZADD HSET
-EXEC`` of its own that records it unacknowledged (``QoS.append``), two round trips per
-call on the consumer's one thread. That, not the batch's work, bounded how fast a
-worker drained batched calls (docs/benchmarks.md#batching, bound 1). Here, when a
+kombu's Redis transport takes messages in one at a time: a ``BRPOP`` answered with one
+message, then a ``MULTI ZADD HSET EXEC`` of its own that records it unacknowledged
+(``QoS.append``), two round trips per message on the consumer's one thread. That, not
+the tasks' work, bounded how fast a worker drained short tasks (the main process is a
+drain's bottleneck: docs/benchmarks.md#issue-36-eleventh), and batched calls, one
+message each (docs/benchmarks.md#batching, bound 1). Here, when a
 ``BRPOP`` answers, up to the prefetch window's room more are taken from the same list
 in one script call (``lua/intake.lua``) that records each in kombu's unacked index and
 hash as it pops it, and they are handed to the consumer one after the other, as if
@@ -21,8 +22,9 @@ killed there leaves it to the visibility timeout's restore, as it leaves its del
 messages. A message that could not be handed over (the delivery before it raised) is
 put back at the head of its list.
 
-Only a worker that runs batched tasks takes its messages so (``install``): others keep
-kombu's intake as it is. kombu's Redis transport only.
+Every worker whose task channel is kombu's Redis transport's takes its messages so
+(``install``, at each consumer start); other transports keep kombu's intake as it is.
+A payload the script cannot read goes back to its list, and kombu's ``BRPOP`` takes it.
 """
 
 from __future__ import annotations

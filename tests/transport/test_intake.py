@@ -1,0 +1,79 @@
+"""Every worker takes its messages from a Redis broker several at a time when a backlog
+waits (worker/transport/intake_together.py): kombu takes one per ``BRPOP`` and records
+each unacked in a ``MULTI ZADD HSET EXEC`` of its own, two round trips per message on
+the consumer's one thread, the bound of a drain of short tasks (docs/benchmarks.md).
+
+Judged from outside on every pool, a worker as Celery runs it (its default prefetch, an
+``exclusive`` task that asks the store at each start): ``MONITOR`` on the broker counts
+the round trips spent taking the messages in; every call runs exactly once, and no
+message is left unacked or queued.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.monitor import intake_round_trips, monitored
+from tests.support.observer import Observer
+from tests.support.pools import pool_setting
+from tests.support.servers import StoreServer
+from tests.support.waiting import broadcast, wait_until
+from tests.support.workers import Workers
+
+APP = "tests.apps.exclusive"
+CALLS = 200
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent", "solo"])
+def test_a_backlog_is_taken_in_several_per_round_trip_and_each_call_runs_once(
+    workers: Workers, observer: Observer, broker_server: StoreServer, pool: str
+) -> None:
+    from tests.apps.exclusive import ex_skip
+
+    name, extra, env = pool_setting(pool)
+    workers.start(
+        APP,
+        pool=name,
+        concurrency=1 if name == "solo" else 2,
+        prefetch_multiplier=4,  # Celery's default (the test app sets 1)
+        queues="not-yet",
+        extra_args=extra,
+        env=env,
+    )
+    # Past the store's grace (a store new to the workers holds leases for a while), so
+    # that the drain below is the intake's alone: one call on the queue it consumes.
+    assert isinstance(ex_skip.apply_async(("warm",), queue="not-yet").get(timeout=60), int)
+    results = [ex_skip.delay(f"k{n}") for n in range(CALLS)]
+    with monitored(broker_server) as commands:
+        replies = broadcast(
+            ex_skip.app,
+            lambda: ex_skip.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
+        )
+        assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
+        fences = [r.get(timeout=120) for r in results]
+        with broker_server.client() as client:
+            wait_until(
+                lambda: client.hlen("unacked") == 0 and client.llen("celery") == 0,
+                timeout=20,
+                what="no message left unacked or queued",
+            )
+    assert all(isinstance(f, int) for f in fences), "a call was skipped"
+    runs = [r for r in observer.runs() if r.key != "warm"]
+    ran = sorted(r.task_id for r in runs)
+    assert ran == sorted(r.id for r in results), (
+        f"{len(ran)} runs for {CALLS} calls ({len(set(ran))} distinct)"
+    )
+    counts = intake_round_trips(commands)
+    spent = sum(counts.values())
+    print(f"{pool}: intake round trips for {CALLS} calls: {counts}")
+    if pool == "solo":
+        # One run at a time in the loop's turn: each BRPOP answers into a window that
+        # one run's end freed, with no room for more (seen: 1 script call in 200).
+        assert spent <= CALLS * 2 + 10, f"{spent} intake round trips for {CALLS} calls"
+        return
+    # kombu's intake: two per message (400). Several per round trip: fewer, and the
+    # script took some (how many depends on the window's room at each BRPOP answer;
+    # seen: prefork 331, threads 305, gevent 90 round trips).
+    assert counts["intake_scripts"] > 0, f"no message taken by the intake script: {counts}"
+    assert spent < CALLS * 2, f"{spent} intake round trips for {CALLS} calls: {counts}"
