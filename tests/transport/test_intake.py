@@ -11,6 +11,8 @@ message is left unacked or queued.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.support.monitor import intake_round_trips, monitored
@@ -77,3 +79,50 @@ def test_a_backlog_is_taken_in_several_per_round_trip_and_each_call_runs_once(
     # seen: prefork 331, threads 305, gevent 90 round trips).
     assert counts["intake_scripts"] > 0, f"no message taken by the intake script: {counts}"
     assert spent < CALLS * 2, f"{spent} intake round trips for {CALLS} calls: {counts}"
+
+
+def _disable_prefetch_supported() -> bool:
+    from celery.app.defaults import NAMESPACES
+
+    return "disable_prefetch" in NAMESPACES["worker"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not _disable_prefetch_supported(),
+    reason="worker_disable_prefetch is Celery 5.6's and later's",
+)
+def test_a_worker_with_prefetch_disabled_takes_no_more_than_its_pool_runs(
+    workers: Workers, broker_server: StoreServer
+) -> None:
+    """``worker_disable_prefetch`` (Celery 5.6, Redis only): the worker takes a message
+    only while fewer requests than its pool's processes are reserved, so that a backlog
+    stays in the queue for other workers. Taking several at a time must keep that: judged
+    from outside, the messages the broker holds unacknowledged for the worker, sampled
+    while it drains a backlog of half-second tasks on its two processes."""
+    from tests.apps.run_ends import sleeper
+
+    workers.start(
+        "tests.apps.run_ends",
+        concurrency=2,
+        prefetch_multiplier=4,  # Celery's default: a window of 8 without the setting
+        extra_args=["--disable-prefetch"],
+        queues="not-yet",
+    )
+    for _ in range(30):
+        sleeper.delay(0.5)
+    replies = broadcast(
+        sleeper.app,
+        lambda: sleeper.app.control.add_consumer("celery", reply=True, timeout=10, limit=1),
+    )
+    assert len(replies) == 1, f"the worker does not consume the task queue: {replies}"
+    held = []
+    with broker_server.client() as client:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            held.append(int(client.hlen("unacked")))
+            time.sleep(0.02)
+    print(f"messages unacked while draining: max {max(held)}, samples {len(held)}")
+    # Two running (acked at the start, acks_late off: out of the hash) and at most a few
+    # on their way in: never the window of 8 that prefetch would fill.
+    assert max(held) <= 3, f"the worker held up to {max(held)} messages (its pool runs 2)"

@@ -23,7 +23,9 @@ messages. A message that could not be handed over (the delivery before it raised
 put back at the head of its list.
 
 Every worker whose task channel is kombu's Redis transport's takes its messages so
-(``install``, at each consumer start); other transports keep kombu's intake as it is.
+(``install``, at each consumer start); other transports keep kombu's intake as it is,
+and so does a channel whose ``can_consume`` was narrowed beyond its window (Celery's
+``worker_disable_prefetch``: no more requests than the pool runs).
 A payload the script cannot read goes back to its list, and kombu's ``BRPOP`` takes it.
 """
 
@@ -140,6 +142,11 @@ class _Intake:
         return delivered
 
     def _room(self) -> int:
+        if "can_consume" in vars(self.qos):
+            # What the channel may take was narrowed beyond its window (Celery's
+            # worker_disable_prefetch: no more requests than the pool runs), by a check
+            # that answers for one message at a time: kombu's intake, which asks it.
+            return 0
         prefetch = int(self.qos.prefetch_count or 0)
         if prefetch and self.window is not None:
             set_for_next_turn = int(self.window() or 0)
