@@ -72,6 +72,10 @@ WORKER_TESTS = (
     # Request._announce_revoked / _announce_cancelled / on_failure (WorkerLostError),
     # Request._context (skipped duplicates' results): exclusive keys under faults.
     "tests/exclusive/test_faults.py",
+    # kombu's Redis channel handlers["BRPOP"], client.parse_response, QoS.append, the
+    # unacked index and hash, _delivered and connection._deliver: every worker's intake
+    # (and Celery's worker_disable_prefetch, where it exists).
+    "tests/transport/test_intake.py",
     # kombu's _lookup / _q_for_pri / priority_steps / unacked_key: failed acks.
     "tests/transport/test_ack_fate.py",
     # Request._announce_revoked: a run terminated by a replacing publish.
