@@ -80,10 +80,13 @@ def check_no_orphan_options(name: str, options: dict[str, Any], app_task: Any) -
 def check_declared_names(
     name: str, options: dict[str, Any], others: frozenset[str], app_task: Any
 ) -> None:
-    """A declaration's option names: misspelt ones (``exclusiv=``), then another
-    extension's left on a task without its base class."""
-    check_option_names(name, options, others)
+    """A declaration's option names: another extension's left on a task without its
+    base class, then misspelt ones (``exclusiv=``). In that order because one of theirs
+    may be close to one of ours: ``unique_on=`` left behind with celery-singleton no
+    longer imported was refused as a typo of ``unique`` (did you mean `unique`?), which
+    hid that it is celery-singleton's option and that ours takes the same list."""
     check_no_orphan_options(name, options, app_task)
+    check_option_names(name, options, others)
 
 
 def others_names(options: dict[str, Any], app_task: Any) -> frozenset[str]:

@@ -4,6 +4,7 @@ once; what is somebody else's is left alone (issue 28 §5, §7, §8). No server 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -141,6 +142,22 @@ def test_an_extension_option_left_without_its_base_is_refused(
 
         @app.task(shared=False, **options)
         def build_report(report_id: int) -> None: ...
+
+
+def test_unique_on_left_behind_is_named_celery_singletons_not_a_typo(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migrated module that no longer imports celery_singleton but kept ``unique_on=``:
+    the error names celery-singleton and our option, not "did you mean `unique`?"."""
+    monkeypatch.delitem(sys.modules, "celery_singleton", raising=False)
+    with pytest.raises(ConfigError) as error:
+
+        @app.task(unique_on=["report_id"], shared=False)
+        def build_report(report_id: int) -> None: ...
+
+    message = str(error.value)
+    assert "`unique_on` is celery-singleton's option" in message, message
+    assert "did you mean" not in message, message
 
 
 def test_an_option_of_the_tasks_own_base_class_is_not_a_typo(app: Celery) -> None:
