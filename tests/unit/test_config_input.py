@@ -12,6 +12,8 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import read_settings
+from celery_baton.parts import installed_parts
+from celery_baton.publish import _refuse_orphan_once
 
 
 @pytest.fixture
@@ -254,3 +256,24 @@ def test_every_misspelt_per_call_option_is_reported_at_once(feed: Any) -> None:
         import_feed.apply_async(("x",), baton={"exclusiv": "k", "conflit": "wait"})
     message = str(error.value)
     assert "did you mean `exclusive`" in message and "did you mean `conflict`" in message
+
+
+def test_celery_once_per_call_option_left_on_a_call_is_refused(feed: Any) -> None:
+    """``apply_async(..., once={"graceful": False})`` kept after the task lost
+    ``base=QueueOnce``: Celery carried the option along unread, so the call that raised
+    ``AlreadyQueued`` queued a duplicate without a word."""
+    import_feed, _ = feed
+    with pytest.raises(ConfigError, match=r"import_feed: apply_async\(once=...\).*baton=\{"):
+        import_feed.apply_async(("x",), once={"graceful": False})
+
+
+def test_celery_once_per_call_option_on_a_queue_once_task_is_left_to_it(app: Celery) -> None:
+    once = pytest.importorskip("celery_once", reason="pip install celery_once")
+
+    @app.task(base=once.QueueOnce, once={"keys": ["url"]}, shared=False)
+    def import_feed(url: str) -> None: ...
+
+    parts = installed_parts(app)
+    assert parts is not None
+    _refuse_orphan_once(parts, import_feed.name)  # QueueOnce reads it: not refused
+    _refuse_orphan_once(parts, "another.apps.task")  # not this app's: unknown, left alone
