@@ -60,6 +60,22 @@ def test_namespaced_settings_without_a_typo_are_read() -> None:
     assert read.url == "redis://127.0.0.1:1/1"
 
 
+def test_a_shared_task_typo_is_refused_at_its_first_publish(app: Celery) -> None:
+    """``@shared_task(uniqe=...)``: Celery makes it with ``app._task_from_fun`` (as
+    here, without registering a shared task in every later test's app), not through the
+    ``app.task`` that Baton(app) checks. Its publish went out unguarded; only a worker
+    refused to start."""
+    app.conf.broker_url = "memory://"
+
+    def build_report(report_id: int) -> None: ...
+
+    task = app._task_from_fun(build_report, name="typos.build_report", uniqe="report_id")
+    with pytest.raises(ConfigError, match=r"typos\.build_report: .*did you mean `unique`"):
+        task.delay(1)
+    with pytest.raises(ConfigError, match="did you mean `unique`"):  # every time
+        task.delay(1)
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [
