@@ -80,10 +80,13 @@ def check_no_orphan_options(name: str, options: dict[str, Any], app_task: Any) -
 def check_declared_names(
     name: str, options: dict[str, Any], others: frozenset[str], app_task: Any
 ) -> None:
-    """A declaration's option names: misspelt ones (``exclusiv=``), then another
-    extension's left on a task without its base class."""
-    check_option_names(name, options, others)
+    """A declaration's option names: another extension's left on a task without its
+    base class, then misspelt ones (``exclusiv=``). In that order because one of theirs
+    may be close to one of ours: ``unique_on=`` left behind with celery-singleton no
+    longer imported was refused as a typo of ``unique`` (did you mean `unique`?), which
+    hid that it is celery-singleton's option and that ours takes the same list."""
     check_no_orphan_options(name, options, app_task)
+    check_option_names(name, options, others)
 
 
 def others_names(options: dict[str, Any], app_task: Any) -> frozenset[str]:
@@ -248,8 +251,43 @@ def _warn_publish_if_not_installed(sender: Any = None, **kwargs: Any) -> None:
         _say_unguarded(app, names, "publish")
 
 
+def _warn_if_beat_ignores_entry_options(sender: Any = None, **kwargs: Any) -> None:
+    """A beat that does not run celery-baton's scheduler, with entries that carry its
+    options (``baton_misfire``...): Celery's scheduler sends them along unread, and every
+    beat process fires every tick. A migration that added the options but whose
+    ``beat_scheduler`` was not read (a Django setting without ``CELERY_``, a beat started
+    without ``-S``) looked like it worked. Said at beat start, naming the entries."""
+    scheduler = getattr(sender, "scheduler", None)
+    if scheduler is None:
+        return
+    from celery_baton.beat.scheduler import Scheduler as BatonScheduler
+
+    if isinstance(scheduler, BatonScheduler):
+        return
+    try:
+        entries = dict(scheduler.schedule)
+    except Exception:  # another scheduler's store: its own errors are its own
+        return
+    named = sorted(
+        str(name)
+        for name, entry in entries.items()
+        if any(str(k).startswith("baton_") for k in (getattr(entry, "options", None) or {}))
+    )
+    if named:
+        logger.warning(
+            "beat: entries %s have celery-baton options (baton_misfire, baton_overlap...) "
+            "but this beat runs %s.%s, not celery-baton's scheduler: they are sent along "
+            "unread, and each beat process fires every tick. Set beat_scheduler = "
+            '"celery_baton.beat:Scheduler" (or celery beat -S celery_baton.beat:Scheduler)',
+            ", ".join(named),
+            type(scheduler).__module__,
+            type(scheduler).__qualname__,
+        )
+
+
 celery_signals.before_task_publish.connect(_warn_publish_if_not_installed, weak=False)
 celery_signals.worker_init.connect(_warn_if_not_installed, weak=False)
+celery_signals.beat_init.connect(_warn_if_beat_ignores_entry_options, weak=False)
 
 
 class Baton:

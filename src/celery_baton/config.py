@@ -118,13 +118,27 @@ def suggest(word: str, known: Iterable[str]) -> str:
 def check_setting_names(conf: Mapping[str, Any]) -> None:
     """An unknown ``baton_*`` key is a typo (``baton_uri``): refuse it, never ignore it."""
     known = {f.name for f in fields(Settings) if f.metadata.get("setting", True)}
+    # Celery's namespace (``config_from_object(..., namespace="CELERY")``, the Django
+    # setup): its settings are CELERY_BATON_LEASE_TTL, so a typo there
+    # (CELERY_BATON_LEASE_TLL) was not seen as ours and silently ignored.
+    keys = list(conf.keys())  # first: it configures a pending app.conf, which sets prefix
+    namespace = getattr(conf, "prefix", None) or ""
     unknown = []
-    for key in list(conf.keys()):
-        if not isinstance(key, str) or not key.lower().startswith("baton_"):
+    for key in keys:
+        if not isinstance(key, str):
             continue
-        name = key[len("baton_") :].lower()
+        spelt = key
+        if namespace and key.upper().startswith(namespace.upper()):
+            spelt = key[len(namespace) :]
+        if not spelt.lower().startswith("baton_"):
+            continue
+        name = spelt[len("baton_") :].lower()
         if name not in known:
-            unknown.append(f"`{key}`" + suggest(f"baton_{name}", _setting_keys(known)))
+            hint = suggest(f"baton_{name}", _setting_keys(known))
+            if hint and key.isupper():  # spelt as written: CELERY_BATON_LEASE_TTL
+                meant = hint.split("`")[1]
+                hint = f" (did you mean `{key[: len(key) - len(spelt)]}{meant.upper()}`?)"
+            unknown.append(f"`{key}`" + hint)
     if unknown:  # every typo at once: fixing them one run at a time wastes an afternoon
         raise ConfigError(
             f"unknown celery-baton setting{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",

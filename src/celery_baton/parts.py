@@ -178,6 +178,12 @@ class AppParts:
             pass
         with self._policy_lock:
             if name not in self._policies:
+                # Its option names too, as the worker's start does: a ``@shared_task``
+                # is not made through the ``app.task`` Baton(app) wraps, so its
+                # ``uniqe=`` went unseen in a publishing process, which queued
+                # duplicates without a word (only the worker refused to start).
+                if self.check_option_names is not None:
+                    self.check_option_names(task)
                 self._policies[name] = compile_policy(
                     name, functools.partial(task_option, task), task.run, self.settings
                 )

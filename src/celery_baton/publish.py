@@ -124,6 +124,8 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
 
     def send_unique_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         _stamp_publish(options)
+        if "once" in options:
+            _refuse_orphan_once(parts, name)
         policy = parts.policy_for_name(name)
         given = options.pop(CALL_OPTION, None)
         if given is not None:
@@ -187,6 +189,22 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task
+
+
+def _refuse_orphan_once(parts: AppParts, name: str) -> None:
+    """``apply_async(..., once={...})`` left from celery-once on a task that is no longer
+    a ``QueueOnce``: Celery carries the unknown option along and nobody reads it, so a
+    call that raised ``AlreadyQueued`` (``graceful: False``) or had its own ``keys``
+    silently queues a duplicate. Refused like ``once=`` on a declaration. A task of
+    another app's code (not in this app) is left alone: its class is unknown here."""
+    task = parts.app.tasks.get(name)
+    if task is not None and not hasattr(task, "once"):
+        raise ConfigError(
+            "apply_async(once=...): `once` is celery-once's per-call option and does "
+            "nothing without base=QueueOnce (celery-baton's is baton={...}: "
+            '"unique", "unique_ttl", "unique_conflict"; docs/migration.md)',
+            subject=name,
+        )
 
 
 def _stamp_publish(options: dict[str, Any]) -> None:

@@ -56,6 +56,8 @@ def test_runtime_api(
     tick(s)
     assert [n for n, _, _ in s.sent] == ["dyn"]
 
+    with pytest.raises(BeatEntryError, match=r"'dynn': does not exist \(did you mean `dyn`\?\)"):
+        api.pause("dynn")
     api.pause("dyn")
     tick(s)
     clock.advance(120)

@@ -206,6 +206,8 @@ def test_limits_set_refuses_what_would_change_nothing(workers: Workers) -> None:
     for task, why in cases.items():
         done = baton(workers, "limits", "set", task, "--rate", "5/s", app=app)
         assert done.returncode == 2 and why in done.stderr, done.stderr
+    # The short name is answered with the full one, as `unlock --task` does.
+    assert f"did you mean {rated['task']}?" in done.stderr, done.stderr
     if rated["concurrency"] is None:
         done = baton(workers, "limits", "set", rated["task"], "--concurrency", "2", app=app)
         assert done.returncode == 2 and "declares no global_concurrency" in done.stderr

@@ -4,6 +4,7 @@ once; what is somebody else's is left alone (issue 28 §5, §7, §8). No server 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError
 from celery_baton.config import read_settings
+from celery_baton.parts import installed_parts
+from celery_baton.publish import _refuse_orphan_once
 
 
 @pytest.fixture
@@ -143,6 +146,22 @@ def test_an_extension_option_left_without_its_base_is_refused(
         def build_report(report_id: int) -> None: ...
 
 
+def test_unique_on_left_behind_is_named_celery_singletons_not_a_typo(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migrated module that no longer imports celery_singleton but kept ``unique_on=``:
+    the error names celery-singleton and our option, not "did you mean `unique`?"."""
+    monkeypatch.delitem(sys.modules, "celery_singleton", raising=False)
+    with pytest.raises(ConfigError) as error:
+
+        @app.task(unique_on=["report_id"], shared=False)
+        def build_report(report_id: int) -> None: ...
+
+    message = str(error.value)
+    assert "`unique_on` is celery-singleton's option" in message, message
+    assert "did you mean" not in message, message
+
+
 def test_an_option_of_the_tasks_own_base_class_is_not_a_typo(app: Celery) -> None:
     class Audited(app.Task):  # type: ignore[name-defined,misc]
         abstract = True
@@ -237,3 +256,24 @@ def test_every_misspelt_per_call_option_is_reported_at_once(feed: Any) -> None:
         import_feed.apply_async(("x",), baton={"exclusiv": "k", "conflit": "wait"})
     message = str(error.value)
     assert "did you mean `exclusive`" in message and "did you mean `conflict`" in message
+
+
+def test_celery_once_per_call_option_left_on_a_call_is_refused(feed: Any) -> None:
+    """``apply_async(..., once={"graceful": False})`` kept after the task lost
+    ``base=QueueOnce``: Celery carried the option along unread, so the call that raised
+    ``AlreadyQueued`` queued a duplicate without a word."""
+    import_feed, _ = feed
+    with pytest.raises(ConfigError, match=r"import_feed: apply_async\(once=...\).*baton=\{"):
+        import_feed.apply_async(("x",), once={"graceful": False})
+
+
+def test_celery_once_per_call_option_on_a_queue_once_task_is_left_to_it(app: Celery) -> None:
+    once = pytest.importorskip("celery_once", reason="pip install celery_once")
+
+    @app.task(base=once.QueueOnce, once={"keys": ["url"]}, shared=False)
+    def import_feed(url: str) -> None: ...
+
+    parts = installed_parts(app)
+    assert parts is not None
+    _refuse_orphan_once(parts, import_feed.name)  # QueueOnce reads it: not refused
+    _refuse_orphan_once(parts, "another.apps.task")  # not this app's: unknown, left alone

@@ -28,6 +28,54 @@ def test_an_unknown_baton_setting_is_refused_with_a_suggestion() -> None:
         read_settings(app.conf)
 
 
+class DjangoLikeSettings:
+    """A settings module read with Celery's namespace, as Django projects do."""
+
+    CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+    CELERY_BATON_URL = "redis://127.0.0.1:1/1"
+    CELERY_BATON_LEASE_TLL = 20  # the typo
+    CELERY_BATON_LEASE_TTL = 20
+    DEBUG = True  # the project's own settings are not ours
+
+
+def test_a_namespaced_setting_typo_is_refused_spelt_as_written() -> None:
+    """``CELERY_BATON_LEASE_TLL`` under ``namespace="CELERY"`` was silently ignored: the
+    check only looked at keys starting with ``baton_``."""
+    app = Celery("typos", set_as_current=False)
+    app.config_from_object(DjangoLikeSettings, namespace="CELERY")
+    with pytest.raises(ConfigError) as error:
+        read_settings(app.conf)
+    message = str(error.value)
+    assert "`CELERY_BATON_LEASE_TLL` (did you mean `CELERY_BATON_LEASE_TTL`?)" in message
+    assert "CELERY_BATON_URL`" not in message and "DEBUG" not in message
+
+
+def test_namespaced_settings_without_a_typo_are_read() -> None:
+    app = Celery("typos", set_as_current=False)
+    settings = {k: v for k, v in vars(DjangoLikeSettings).items() if k.isupper()}
+    del settings["CELERY_BATON_LEASE_TLL"]
+    app.config_from_object(settings, namespace="CELERY")
+    read = read_settings(app.conf)
+    assert read.lease_ttl == 20
+    assert read.url == "redis://127.0.0.1:1/1"
+
+
+def test_a_shared_task_typo_is_refused_at_its_first_publish(app: Celery) -> None:
+    """``@shared_task(uniqe=...)``: Celery makes it with ``app._task_from_fun`` (as
+    here, without registering a shared task in every later test's app), not through the
+    ``app.task`` that Baton(app) checks. Its publish went out unguarded; only a worker
+    refused to start."""
+    app.conf.broker_url = "memory://"
+
+    def build_report(report_id: int) -> None: ...
+
+    task = app._task_from_fun(build_report, name="typos.build_report", uniqe="report_id")
+    with pytest.raises(ConfigError, match=r"typos\.build_report: .*did you mean `unique`"):
+        task.delay(1)
+    with pytest.raises(ConfigError, match="did you mean `unique`"):  # every time
+        task.delay(1)
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [

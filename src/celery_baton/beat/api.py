@@ -21,7 +21,7 @@ from typing import Any
 
 from celery_baton.beat.entries import compile_entry, definition_json, entry_from_definition
 from celery_baton.beat.state import UNNAMED_APP, BeatState, schedule_name
-from celery_baton.config import Settings
+from celery_baton.config import Settings, suggest
 from celery_baton.errors import BeatEntryError
 from celery_baton.parts import parts_for
 from celery_baton.store.connection import STORE_ERRORS, Store
@@ -139,7 +139,9 @@ class ScheduleStore:
 
     def _mark(self, name: str, op: str) -> None:
         if not self._call(self.state.mark, name, op):
-            raise BeatEntryError("does not exist", entry=name)
+            # `baton schedule pause tik`: name the entry meant (one more read, only here).
+            names = [str(e.get("name")) for e in self.describe().get("entries", [])]
+            raise BeatEntryError("does not exist" + suggest(name, names), entry=name)
 
     def _definition(
         self,

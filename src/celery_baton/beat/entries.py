@@ -96,6 +96,18 @@ class CompiledEntry:
         return {k: v for k, v in self.entry.options.items() if not k.startswith(OPTION_PREFIX)}
 
 
+def task_hint(task: str, registered: Iterable[str]) -> str:
+    """`` (did you mean `proj.tasks.tick`?)`` for an entry's task that is not registered:
+    a near miss (``proj.tasks.tik``), or the short name a task is often written with in a
+    schedule (``"tick"`` or ``"tasks.tick"`` for ``proj.tasks.tick``: Celery names a task
+    by its module's full path)."""
+    names = list(registered)
+    by_suffix = sorted(n for n in names if n.endswith(f".{task}"))
+    if by_suffix:
+        return " (did you mean " + " or ".join(f"`{n}`" for n in by_suffix) + "?)"
+    return suggest(task, names)
+
+
 def compile_entry(
     entry: ScheduleEntry,
     *,
@@ -123,8 +135,9 @@ def compile_entry(
         raise BeatEntryError("names no task", entry=name)
     if settings.beat_check_tasks and entry.task not in app.tasks:
         raise BeatEntryError(
-            f"unknown task {entry.task!r} (not registered in this app; set "
-            "baton_beat_check_tasks = False to send tasks by name)",
+            f"unknown task {entry.task!r}{task_hint(str(entry.task), app.tasks)} (not "
+            "registered in this app; set baton_beat_check_tasks = False to send tasks by "
+            "name)",
             entry=name,
         )
     return CompiledEntry(

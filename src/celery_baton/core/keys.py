@@ -136,7 +136,11 @@ class KeySpec:
                 subject=subject,
             )
         if not names:
-            raise KeySpecError(f"key spec {spec!r} names no argument", subject=subject)
+            # celery-once's `once={"keys": []}` copied as is: its meaning is ours `True`.
+            raise KeySpecError(
+                f"key spec {spec!r} names no argument (one key for the whole task is True)",
+                subject=subject,
+            )
         if signature is not None:
             params = signature.parameters
             takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -45,13 +45,19 @@ def parse_rate(value: str | float | int, *, subject: str | None = None) -> float
         match = _RATE_RE.match(value)
         if not match:
             raise RateSpecError(
-                f"not a rate: {value!r}; write 'N/s', 'N/m', 'N/h' or a number per second",
+                # 'N/d' too: the unit error below offers d, this one used to leave it out.
+                f"not a rate: {value!r}; write 'N/s', 'N/m', 'N/h', 'N/d' (lower case) or a "
+                "number per second",
                 subject=subject,
             )
         count, unit = match.groups()
         unit = _UNIT_NAMES.get(unit or "s")
         if unit is None:
-            raise RateSpecError(f"unknown unit in {value!r}; use s, m, h or d", subject=subject)
+            raise RateSpecError(
+                f"unknown unit in {value!r}; use s, m, h or d (or sec, second, min, minute, "
+                "hour, day)",
+                subject=subject,
+            )
         per_second = float(count) / _UNITS[unit]
     else:
         raise RateSpecError(f"not a rate: {value!r}", subject=subject)

@@ -244,3 +244,11 @@ def test_one_argument_material_is_the_general_paths_json(
         {"a": bound.arguments["a"]}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
     assert spec.material(args, {}) == expected
+
+
+def test_an_empty_list_points_at_true() -> None:
+    """celery-once's ``once={"keys": []}`` copied to ``unique=[]``: ours is ``True``."""
+    with pytest.raises(
+        KeySpecError, match=r"names no argument \(one key for the whole task is True\)"
+    ):
+        build([])

@@ -153,3 +153,16 @@ def test_good_limits_declare(app: Celery) -> None:
     )(fetch)
     assert task.global_rate_limit == "10/s"
     assert task.global_concurrency == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("10/S", "write 'N/s', 'N/m', 'N/h', 'N/d' (lower case)"),
+        ("10/seconds", "use s, m, h or d (or sec, second, min, minute, hour, day)"),
+    ],
+)
+def test_a_refused_rate_names_every_form_accepted(value: str, words: str) -> None:
+    with pytest.raises(RateSpecError) as error:
+        parse_rate(value, subject="t.global_rate_limit")
+    assert words in str(error.value), error.value

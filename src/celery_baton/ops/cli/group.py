@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from celery_baton.config import Settings
+from celery_baton.core.policy.options import TASK_OPTIONS, declares_options
 from celery_baton.errors import BatonError
 from celery_baton.ops.cli.output import fail
-from celery_baton.parts import parts_for
+from celery_baton.parts import installed_parts, parts_for
 from celery_baton.store import Store
 
 if TYPE_CHECKING:
@@ -92,6 +93,29 @@ def baton(ctx: click.Context, as_json: bool = False) -> None:
         ctx.obj = {"baton": Context(app), "json": as_json}
     except BatonError as exc:  # a bad setting or URL: one line, not a traceback
         fail(exc)
+    unguarded = unguarded_tasks(app)
+    if unguarded:
+        # The worker and the first publish say so; the operator's first look at an app
+        # that forgot Baton(app) showed "no live leases" and nothing else.
+        click.echo(
+            f"warning: Baton(app) was never called for app {app.main!r} (-A loads it "
+            f"without celery-baton): its tasks {', '.join(unguarded)} declare celery-baton "
+            "options that do nothing there; call Baton(app) in the module that creates the "
+            "app (docs/configuration.md)",
+            err=True,
+        )
+
+
+def unguarded_tasks(app: Any) -> list[str]:
+    """The app's tasks that declare celery-baton options when ``Baton(app)`` was never
+    called for it (none when it was)."""
+    if installed_parts(app) is not None:
+        return []
+    return sorted(
+        name
+        for name, task in list(app.tasks.items())
+        if declares_options({o: getattr(task, o, None) for o in TASK_OPTIONS})
+    )
 
 
 def context_of(ctx: click.Context) -> Context:

@@ -100,10 +100,14 @@ def describe_overrides(overrides: dict[str, str]) -> str:
 def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> None:
     """``limits set`` changes a limit the task declares, on a task that exists: anything
     else is a typo that would silently do nothing (exit status 2)."""
-    if "." not in task:
+    if "." not in task and task not in c.app.tasks:
+        # The function's name (`fetch` for proj.tasks.fetch): name the full one, as
+        # `unlock --task` does, rather than send the operator to `celery inspect`.
+        full = sorted(n for n in c.app.tasks if n.rsplit(".", 1)[-1] == task)
+        hint = f"; did you mean {' or '.join(full)}?" if full else ""
         raise click.UsageError(
             f"{task!r} is not a full task name; use the name with its module "
-            "(as `celery inspect registered` shows it)"
+            f"(as `celery inspect registered` shows it){hint}"
         )
     found = c.app.tasks.get(task)
     if found is None:

@@ -12,6 +12,7 @@ import click
 from celery_baton.errors import BatonError
 from celery_baton.ops.cli.group import baton, context_of
 from celery_baton.ops.cli.output import emit, fail, json_option, show, table, watch_option
+from celery_baton.store.connection import redact_url
 
 
 @baton.group(invoke_without_command=True)
@@ -219,12 +220,25 @@ def schedule_import(
             report = import_redbeat(client, schedules, prefix=key_prefix, replace=replace)
     except (BatonError, redis.RedisError) as exc:
         raise click.ClickException(str(exc)) from exc
+    emit(
+        ctx,
+        {"imported": report.imported, "paused": report.paused, "skipped": report.skipped},
+        "\n".join(import_lines(report, url, key_prefix)),
+    )
+
+
+def import_lines(report: Any, url: str, key_prefix: str) -> list[str]:
+    """What ``schedule import`` prints. When redbeat had no entry at all, where it
+    looked: a bare ``imported: nothing`` read the same for a wrong --redbeat-url (the
+    broker's database, the default, where redbeat was given its own) as for a redbeat
+    that really had none."""
     lines = [f"imported: {', '.join(report.imported) or 'nothing'}"]
     if report.paused:
         lines.append(f"paused (disabled in redbeat): {', '.join(report.paused)}")
     lines += [f"skipped {name}: {why}" for name, why in report.skipped.items()]
-    emit(
-        ctx,
-        {"imported": report.imported, "paused": report.paused, "skipped": report.skipped},
-        "\n".join(lines),
-    )
+    if not report.imported and not report.skipped:
+        lines[0] += (
+            f" (no redbeat entry under {key_prefix}* at {redact_url(url)}; "
+            "--redbeat-url and --prefix name another place)"
+        )
+    return lines
