@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -69,3 +70,40 @@ def test_a_worker_says_the_store_is_down_once_not_every_renewal(
     ]
     assert len(down) == 1, log
     assert "connection refused" in down[0] or "Connection refused" in down[0], down
+
+
+@pytest.mark.timeout(180)
+def test_requests_held_for_a_store_that_is_down_are_said_once_then_counted(
+    workers: Workers, store_server: StoreServer
+) -> None:
+    """Before: one WARNING per held request (and per retry), 56 lines for 50 tasks while
+    the store was down. Now the first held request is a WARNING that says what happens,
+    the others INFO, and their number is said when the store answers again."""
+    from tests.apps.exclusive import ex_skip
+
+    worker = workers.start("tests.apps.exclusive", concurrency=2)
+    assert isinstance(ex_skip.delay("warm").get(timeout=60), int)  # past the store's grace
+    store_server.stop()
+    try:
+        results = [ex_skip.delay(f"down{n}") for n in range(8)]
+        wait_until(
+            lambda: len(set(re.findall(r"holding \S+\[([^\]]+)\]", worker.log_text()))) >= 8,
+            30,
+            "every request held for the store",
+        )
+    finally:
+        store_server.start()
+    assert all(isinstance(r.get(timeout=60), int) for r in results), "a request was skipped"
+    wait_until(lambda: "held for it ask again" in worker.log_text(), 30, "the count at the end")
+    lines = _holding_lines(worker.log_text())
+    warned = [line for line in lines if "WARNING" in line]
+    assert len(warned) == 1, "\n".join(lines)
+    assert "the next ones are logged at INFO" in warned[0], warned[0]
+    assert all("INFO" in line for line in lines if line not in warned), "\n".join(lines)
+    back = [line for line in worker.log_text().splitlines() if "held for it ask again" in line]
+    assert len(back) == 1 and "WARNING" in back[0], back
+    assert "8 guarded request(s)" in back[0], back[0]
+
+
+def _holding_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "store unavailable, holding" in line]

@@ -76,6 +76,11 @@ class StoreDown:
         self._down_until = 0.0
         self._grace_logged = -1e9
         self._held_for_store = False  # requests wait in STORE_KEY's queue
+        #: The outage's held requests (ids) and when the first was held: one WARNING for
+        #: the first, INFO for the others, their number when the store answers again (a
+        #: WARNING per request flooded the log: 56 lines for 50 tasks).
+        self._held_ids: set[str] = set()
+        self._held_since = 0.0
         self._probe_due = 0.0  # when the armed probe fires (0: none armed)
 
     def failed_moments_ago(self, now: float) -> bool:
@@ -100,6 +105,7 @@ class StoreDown:
         self._down_until = 0.0
         if self._held_for_store:
             self._held_for_store = False
+            self._say_back()
             with self.holding.lock:
                 self.holding.spread(STORE_KEY)
             self.on_back()
@@ -112,11 +118,23 @@ class StoreDown:
         timer may be a whole lease away."""
         self._down_until = 0.0
         held_for_store, self._held_for_store = self._held_for_store, False
+        if held_for_store:
+            self._say_back()
         with self.holding.lock:
             self.holding.spread(STORE_KEY)
             self.holding.wake_all()
         if held_for_store:
             self.on_back()
+
+    def _say_back(self) -> None:
+        if self._held_ids:
+            logger.warning(
+                "baton: the store answers again after %.1fs: %d guarded request(s) held "
+                "for it ask again",
+                time.monotonic() - self._held_since,
+                len(self._held_ids),
+            )
+        self._held_ids = set()
 
     def failed(self, delivery: Delivery, error: BaseException) -> None:
         """The ask for ``delivery`` failed with ``error``: hold it, or run it unguarded."""
@@ -137,12 +155,21 @@ class StoreDown:
             self.run_unguarded(delivery)
             return
         delivery.backoff = min(BACKOFF_MAX, delivery.backoff * 2)
-        logger.warning(
-            "store unavailable, holding %s[%s], retry in %.2fs: %s",
+        first = not self._held_ids
+        if first:
+            self._held_since = now
+        self._held_ids.add(request.id)
+        logger.log(
+            logging.WARNING if first else logging.INFO,
+            "store unavailable, holding %s[%s], retry in %.2fs: %s%s",
             request.name,
             request.id,
             delay,
             error,
+            " (guarded requests wait until it answers; the next ones are logged at INFO,"
+            " their number when it answers)"
+            if first
+            else "",
         )
         self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, delay))
         self._held_for_store = True
