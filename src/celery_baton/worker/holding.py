@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from celery_baton import metrics, signals
 from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
 from celery_baton.core.debounce import FlowKind
+from celery_baton.core.keys import words
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Reason, Wait
@@ -199,8 +200,7 @@ class Holding:
                 "%s[%s] held for %s, retry in %.3fs",
                 delivery.request.name,
                 delivery.request.id,
-                # No key: the store's grace (it lost or may lack its leases), not a holder.
-                wait.key or "the store's grace",
+                _key_said(delivery, wait.key),
                 wait.delay,
             )
         delivery.held_for = wait.reason
@@ -437,3 +437,15 @@ def _own_fair_queue(plan: RunPlan) -> tuple[str, str]:
 
 def _message(delivery: Delivery) -> Any:
     return getattr(delivery.request, "message", None)
+
+
+def _key_said(delivery: Delivery, key: str) -> str:
+    """``key`` for a log line, with its words as ``locks`` shows them when the plan
+    labelled it (``baton:{proj.fetch}:rate:b8e1… (fetch(account=42))``): the digest
+    alone named nothing an operator could find. No key: the store's grace (it lost or
+    may lack its leases), not a holder."""
+    if not key:
+        return "the store's grace"
+    plan = getattr(delivery, "plan", None)
+    label = getattr(plan, "labels", {}).get(key)
+    return key if label is None else f"{key} ({words(key, label)})"

@@ -235,3 +235,16 @@ def test_an_ordered_call_goes_before_a_later_position_even_one_that_is_asking() 
     held.hold(later, wait())  # denied again: it stays behind
     consumer.timer.fire()
     assert asked == ["position 24", "position 19"]
+
+
+def test_a_held_key_is_logged_with_its_words_when_the_plan_labelled_it() -> None:
+    from types import SimpleNamespace
+
+    from celery_baton.worker.holding import _key_said
+
+    key = "baton:{proj.tasks.fetch}:rate:b8e1d"
+    labelled: Any = SimpleNamespace(plan=SimpleNamespace(labels={key: '{"account": 42}'}))
+    assert _key_said(labelled, key) == f"{key} (fetch(account=42))"
+    unlabelled: Any = SimpleNamespace(plan=SimpleNamespace(labels={}))
+    assert _key_said(unlabelled, key) == key
+    assert _key_said(unlabelled, "") == "the store's grace"
