@@ -25,9 +25,10 @@ def table(
     keep: Sequence[int] = (),
 ) -> str:
     """A plain table; the widest column is cut so the whole fits ``width`` (the
-    terminal's, or $COLUMNS; 80 when neither is known), except the columns in ``keep``
-    (a key or a task id an operator pastes into a command) and the columns of times:
-    a cut one (``2026-11-2…``) says nothing. What is kept may make a line wider."""
+    terminal's, or $COLUMNS; 80 when neither is known), never below its header, except
+    the columns in ``keep`` (a key or a task id an operator pastes into a command) and
+    the columns of times: a cut one (``2026-11-2…``) says nothing. What is kept may make
+    a line wider."""
     if width is None:
         width = shutil.get_terminal_size((80, 24)).columns
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
@@ -38,10 +39,13 @@ def table(
         if any(_TIME.fullmatch(r[i]) for r in cells[1:])
         and all(_TIME.fullmatch(r[i]) or r[i] == "-" for r in cells[1:])
     }
+    # A column is never cut below its header (nor 8): ``fired /…`` and ``skip/al…`` said
+    # nothing, while the line still wrapped on a kept task id.
+    floors = [max(8, len(str(h))) for h in headers]
     cuttable = [i for i in range(len(widths)) if i not in keep and i not in times]
     while cuttable and sum(widths) + 2 * (len(widths) - 1) > width:
-        widest = max(cuttable, key=lambda i: widths[i])
-        if widths[widest] <= 8:
+        widest = max(cuttable, key=lambda i: widths[i] - floors[i])
+        if widths[widest] <= floors[widest]:
             break
         widths[widest] -= 1
     lines = []

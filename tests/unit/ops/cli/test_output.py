@@ -35,3 +35,17 @@ def test_a_time_is_never_cut_even_when_not_named(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("COLUMNS", "40")
     text = table([(TIME, "-", "x" * 80)], ["when", "also", "text"])
     assert TIME in text, text
+
+
+def test_a_column_is_never_cut_below_its_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: at 80 columns ``baton schedule`` printed ``fired /…`` and ``skip/al…``
+    while its line still wrapped on the task id it keeps."""
+    monkeypatch.setenv("COLUMNS", "80")
+    text = table(
+        [("nightly-report", TIME, "3 / 1", "skip/allow", TASK_ID)],
+        ["entry", "last fired", "fired / missed", "skip/allow", "task id"],
+        keep=(4,),
+    )
+    header = text.splitlines()[0]
+    assert "fired / missed" in header and "skip/allow" in header, text
+    assert "3 / 1" in text and TASK_ID in text, text
