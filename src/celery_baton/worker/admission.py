@@ -694,7 +694,11 @@ class Admission:
             granted = self._take_ahead(ahead) if ahead is not None else None
             if ahead is not None and granted is not None:
                 self.releasing.give_back(ahead.plan)
-            return self.holding.forget()
+            forgotten = self.holding.forget()
+            # One waiting for its reserved rate slot's instant gives its pool slot back
+            # now: its timer may be gone with the connection (Starting.forgotten).
+            self.starting.forgotten(forgotten)
+            return forgotten
 
 
 def _rank(request: Any, *, lower_first: bool) -> float | None:

@@ -174,9 +174,28 @@ class Starting:
             delivery.slot = False
             self.slots.give_back()
 
+    def forgotten(self, deliveries: list[Delivery]) -> None:
+        """The broker connection was lost (``Admission.forget_held``): a delivery waiting
+        for its reserved rate slot's instant will not start here (its message goes to
+        others), so its grant and its pool slot are given back now, not by ``_dispatch``:
+        Celery 5.3 clears the consumer's timer when the connection is lost
+        (``Consumer.on_close``: ``self.timer.clear()``; 5.6 and 5.7 keep it), so that
+        call never came, and each such delivery kept its pool slot for good. Once every
+        slot was kept so, each later guarded request waited for a pool process forever
+        (never asked, never run, its message unacked until kombu's visibility scan, every
+        100 s before kombu 5.7, gave it to a worker again): test_held_broker_kill.py on
+        Celery 5.3. Where the timer is kept, ``_dispatch`` finds the delivery settled."""
+        for delivery in deliveries:
+            if delivery.reserved_start:
+                delivery.reserved_start = False
+                self.releasing.give_back(delivery.plan)
+                self._give_back_slot(delivery)
+
     def _dispatch(self, delivery: Delivery) -> None:
         try:
             with self.holding.lock:
+                if not delivery.reserved_start:
+                    return  # settled when the connection was lost (forgotten)
                 delivery.reserved_start = False
                 if delivery.generation != self.generation():
                     # Forgotten (the connection was lost; the broker redelivers it): it

@@ -42,14 +42,32 @@ def read_broker(app: Any) -> Broker:
     if scheme in VISIBILITY_TRANSPORTS:
         try:
             visibility = float(options.get("visibility_timeout", 3600))
-            scan = float(options.get("unacked_restore_interval", 10)) * float(
-                options.get("unacked_restore_throttle", 10)
-            )
+            scan = restore_scan_period(options)
             mutex = float(options.get("unacked_mutex_expire", 300))
             window = 2 * visibility + max(0.0, scan) + max(0.0, mutex)
         except (TypeError, ValueError):
             pass
     return Broker(scheme in REDIS_TRANSPORTS, visibility, window)
+
+
+def restore_scan_period(options: Any) -> float:
+    """Seconds between the visibility scans of kombu's Redis transport (a worker's scan
+    puts back the messages unacked for longer than the timeout): the transport options
+    ``unacked_restore_interval`` x ``unacked_restore_throttle`` (10 x 10 by default).
+    Before kombu 5.7 neither is a setting, and the scan runs every 10th call of a 10 s
+    timer whatever the options say (kombu 5.3 ``transport/redis.py``:
+    ``call_repeatedly(10, ...)``, ``restore_visible(interval=10)``): a window built on
+    options asking 1 s came out 99 s short there."""
+    interval = float(options.get("unacked_restore_interval", 10))
+    throttle = float(options.get("unacked_restore_throttle", 10))
+    try:
+        from kombu.transport.redis import Channel
+    except ImportError:  # redis-py missing: the options are all there is to go by
+        return interval * throttle
+    known = getattr(Channel, "from_transport_options", ())
+    if "unacked_restore_interval" not in known or "unacked_restore_throttle" not in known:
+        return 100.0
+    return interval * throttle
 
 
 def hold_horizon(configured: float, visibility: float | None) -> float:
