@@ -146,6 +146,12 @@ class HoldEnd:
         self._due: dict[Reason, str] = {}
         self.handed_back = 0  # in all, for the tests and the log
 
+    def restart(self) -> None:
+        """A consumer restart: an end still due went with a cleared timer (Celery 5.3),
+        and its mark would refuse every later end of its reason. The requests it was
+        for were forgotten with the connection (their messages come back)."""
+        self._due.clear()
+
     def ended(self, reason: Reason, why: str) -> None:
         if reason in self._due:
             return

@@ -78,6 +78,11 @@ class PoolSlots(Protocol):
     def plain(self, request: Any) -> None:
         """Hand a request that asks nothing to Celery, as without celery-baton."""
 
+    def restart(self) -> None:
+        """A consumer restart (a lost broker connection): what these slots keep on the
+        consumer's timer is armed again. Celery 5.3 clears that timer
+        (``Consumer.on_close``: ``self.timer.clear()``); 5.6 and 5.7 keep it."""
+
 
 class SemaphoreSlots:
     """The prefork pool's own semaphore, and its processes (see the module docstring)."""
@@ -97,6 +102,7 @@ class SemaphoreSlots:
         self._waiters: deque[Callable[[], None]] = deque()  # hold the semaphore
         self._reserved = 0  # slots given to waiters, not yet run or given back
         self._pool: Any = None
+        self._stuck_check: Any = None  # the timer entry of _look_for_a_stuck_wait
         self._idle_since: float | None = None  # requests wait, the pool runs nothing
         self._said_stuck = False
 
@@ -109,8 +115,18 @@ class SemaphoreSlots:
             self._pool = pool
             pool.on_change = self._serve
             self._serve()
-            if self.timer is not None:
-                self.timer.call_repeatedly(STUCK_AFTER / 2, self._look_for_a_stuck_wait)
+            self._arm_stuck_check()
+
+    def restart(self) -> None:
+        if self._pool is not None:
+            self._arm_stuck_check()  # cleared with the timer on Celery 5.3: never said
+
+    def _arm_stuck_check(self) -> None:
+        if self.timer is None:
+            return
+        if self._stuck_check is not None:
+            self._stuck_check.cancel()  # a timer that was kept (Celery 5.6+): not twice
+        self._stuck_check = self.timer.call_repeatedly(STUCK_AFTER / 2, self._look_for_a_stuck_wait)
 
     def _look_for_a_stuck_wait(self) -> None:
         """Say once when requests waited ``STUCK_AFTER`` s for a process of a pool that
@@ -213,7 +229,7 @@ class CountedSlots:
         self._in_pool: list[Any] = []
         self._reserved = 0  # slots given to waiters, not yet run or given back
         self._waiters: deque[Callable[[], None]] = deque()
-        self._polling = False
+        self._poll_entry: Any = None  # the armed poll's timer entry (None: none armed)
         self._startable: Callable[[], int] | None = None  # a prefork pool's count
 
     def attach(self, task_pool: Any) -> None:
@@ -262,14 +278,23 @@ class CountedSlots:
             self._reserved += 1
             self._waiters.popleft()()
 
+    def restart(self) -> None:
+        # The armed poll went with a cleared timer (Celery 5.3), and its flag stayed up:
+        # a waiter was then looked at again only when a slot was given back, and a
+        # slot freed by Celery (a run that ended) was never seen.
+        if self._poll_entry is not None:
+            self._poll_entry.cancel()  # a timer that was kept (Celery 5.6+): not twice
+        self._poll_entry = None
+        if self._waiters:
+            self._poll()
+
     def _poll(self) -> None:
-        if not self._polling:
-            self._polling = True
-            self.timer.call_after(POLL_INTERVAL, self._on_poll, priority=5)
+        if self._poll_entry is None:
+            self._poll_entry = self.timer.call_after(POLL_INTERVAL, self._on_poll, priority=5)
 
     def _on_poll(self) -> None:
         # kombu's timer swallows exceptions: a waiter must never be lost.
-        self._polling = False
+        self._poll_entry = None
         try:
             self._serve()
         except Exception:

@@ -84,6 +84,9 @@ class Releasing:
         self.door = LoopDoor()
         #: The second hops of after_ack not run yet (run at shutdown if the loop stopped).
         self._after_ack: dict[Callable[[], None], None] = {}
+        #: Terminated runs waiting for their body's end: each next check -> its timer
+        #: entry (armed again at a consumer restart: Celery 5.3 clears the timer).
+        self._gone_checks: dict[Callable[[], None], Any] = {}
 
     def attach(self, channel: GateChannel) -> None:
         self.channel = channel
@@ -236,6 +239,7 @@ class Releasing:
                 self.finish(request, policy, plan, final=final, unacked=unacked)
 
         def check() -> None:
+            self._gone_checks.pop(check, None)
             if not pending:
                 return
             try:
@@ -252,7 +256,7 @@ class Releasing:
                     )
                     end_now()
                 else:
-                    self.timer.call_after(GONE_POLL, check, priority=5)
+                    self._gone_checks[check] = self.timer.call_after(GONE_POLL, check, priority=5)
             except Exception:  # kombu's timer swallows exceptions: never keep a key
                 logger.exception("baton: releasing terminated %s failed", request.id)
                 end_now()
@@ -336,3 +340,9 @@ class Releasing:
         """The consumer restarted (a lost broker connection): its timers were reset."""
         self.timer = timer
         self.unsent.restart(timer)
+        # A terminated run's next check went with a cleared timer (Celery 5.3): its
+        # leases, renewed meanwhile, were kept for good. Checked again now.
+        checks, self._gone_checks = self._gone_checks, {}
+        for check, entry in checks.items():
+            entry.cancel()  # a timer that was kept (Celery 5.6+): not twice
+            check()

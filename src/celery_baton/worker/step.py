@@ -409,6 +409,8 @@ class BatonWorker:
             # was reset, so register on it again.
             self.channel.rebind(getattr(parent, "hub", None), parent.timer)
             self.releasing.restart(parent.timer)
+            self.admission.slots.restart()
+            self.admission.hold_end.restart()
             if self.held_return is not None:
                 self.held_return.put_back(
                     _task_channel(parent), deliver=lambda message: _deliver(parent, message)
