@@ -36,6 +36,8 @@ VISIBILITY = 15  # s: the hold horizon is a third of it, 5 s (as in the soak)
 TASKS = 120  # at 4/s: 30 s of held backlog
 #: The kill schedules to run (HELD_KILL_SEEDS=4,5,6 for more than the one CI runs).
 SEEDS = [int(s) for s in os.environ.get("HELD_KILL_SEEDS", "1").split(",")]
+#: The workers' pool (HELD_KILL_POOL=threads: CountedSlots instead of Celery's semaphore).
+POOL = os.environ.get("HELD_KILL_POOL", "prefork")
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def test_held_messages_run_once_across_broker_kills(
         "LIMITS_PREFETCH": "4",
         "TEST_OBSERVER_URL": outside.url,
     }
-    pair = [workers.start(APP, concurrency=2, env=env) for _ in range(2)]
+    pair = [workers.start(APP, concurrency=2, pool=POOL, env=env) for _ in range(2)]
     ids = [limits.trickle.delay(n).id for n in range(TASKS)]
 
     # SIGKILL the broker every 1-4 s for 25 s, down 0.3-2 s each time, while up to a

@@ -33,11 +33,14 @@ def test_a_short_name_matching_several_tasks_names_each() -> None:
 def test_a_refused_entry_names_the_registered_task() -> None:
     app = Celery("proj", set_as_current=False)
 
-    @app.task(name="proj.tasks.tick", shared=False)
-    def tick() -> None: ...
+    # A name no shared task of the test apps has: Celery registers every @shared_task
+    # in every app (a run that had imported tests.apps.url_given offered its `tick` too).
+    @app.task(name="proj.tasks.digest_zq", shared=False)
+    def digest_zq() -> None: ...
 
-    entry = ScheduleEntry(name="every-5s", task="tick", schedule=5.0, app=app)
+    entry = ScheduleEntry(name="every-5s", task="digest_zq", schedule=5.0, app=app)
     with pytest.raises(
-        BeatEntryError, match=r"unknown task 'tick' \(did you mean `proj\.tasks\.tick`\?\)"
+        BeatEntryError,
+        match=r"unknown task 'digest_zq' \(did you mean `proj\.tasks\.digest_zq`\?\)",
     ):
         compile_entry(entry, settings=read_settings({}, "redis://127.0.0.1:1/0"), app=app)
