@@ -127,7 +127,6 @@ class Admission:
             releasing=releasing,
             book=book,
             stats=self.stats,
-            generation=lambda: self.generation,
             events=self.events,
         )
         if cancelling is not None:

@@ -446,6 +446,5 @@ def _key_said(delivery: Delivery, key: str) -> str:
     may lack its leases), not a holder."""
     if not key:
         return "the store's grace"
-    plan = getattr(delivery, "plan", None)
-    label = getattr(plan, "labels", {}).get(key)
+    label = delivery.plan.labels.get(key)
     return key if label is None else f"{key} ({words(key, label)})"

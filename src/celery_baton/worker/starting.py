@@ -50,8 +50,7 @@ def rate_key(delivery: Delivery) -> str | None:
 
 
 class Starting:
-    """Hands admitted deliveries to the pool through ``slots``; ``generation()`` is the
-    admission's current generation (a delivery of an older one was forgotten)."""
+    """Hands admitted deliveries to the pool through ``slots``."""
 
     def __init__(
         self,
@@ -62,7 +61,6 @@ class Starting:
         releasing: Releasing,
         book: LeaseBook,
         stats: dict[str, int],
-        generation: Callable[[], int],
         events: DecisionEvents,
         cancelled: Callable[[Any], str | None] = lambda request: None,
         drop_cancelled: Callable[[Delivery, str], None] = lambda delivery, why: None,
@@ -79,7 +77,6 @@ class Starting:
         self.releasing = releasing
         self.book = book
         self.stats = stats
-        self.generation = generation
 
     def start(self, delivery: Delivery, start: Start, *, guarded: bool = True) -> None:
         request = delivery.request
@@ -195,14 +192,11 @@ class Starting:
         try:
             with self.holding.lock:
                 if not delivery.reserved_start:
-                    return  # settled when the connection was lost (forgotten)
-                delivery.reserved_start = False
-                if delivery.generation != self.generation():
-                    # Forgotten (the connection was lost; the broker redelivers it): it
-                    # will not run here, so give back what it was granted.
-                    self.releasing.give_back(delivery.plan)
-                    self._give_back_slot(delivery)
+                    # Forgotten (the connection was lost; the broker redelivers it): its
+                    # grant and pool slot were given back then (forgotten, which every
+                    # reserved delivery passes through as the generation moves on).
                     return
+                delivery.reserved_start = False
                 if self._stale(delivery, time.monotonic() - delivery.start_due):
                     self._give_back_slot(delivery)  # asked again on a slot of its own
                     return

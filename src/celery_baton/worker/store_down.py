@@ -75,10 +75,10 @@ class StoreDown:
         self.on_back = on_back  # the store answers again after requests were held for it
         self._down_until = 0.0
         self._grace_logged = -1e9
-        self._held_for_store = False  # requests wait in STORE_KEY's queue
-        #: The outage's held requests (ids) and when the first was held: one WARNING for
-        #: the first, INFO for the others, their number when the store answers again (a
-        #: WARNING per request flooded the log: 56 lines for 50 tasks).
+        #: The outage's requests held in STORE_KEY's queue (ids; empty: none) and when
+        #: the first was held: one WARNING for the first, INFO for the others, their
+        #: number when the store answers again (a WARNING per request flooded the log:
+        #: 56 lines for 50 tasks).
         self._held_ids: set[str] = set()
         self._held_since = 0.0
         self._probe_due = 0.0  # when the armed probe fires (0: none armed)
@@ -103,8 +103,7 @@ class StoreDown:
     def store_answered(self) -> None:
         """The store answered a call: the requests held for it are asked again now."""
         self._down_until = 0.0
-        if self._held_for_store:
-            self._held_for_store = False
+        if self._held_ids:
             self._say_back()
             with self.holding.lock:
                 self.holding.spread(STORE_KEY)
@@ -117,7 +116,7 @@ class StoreDown:
         itself was re-sent to a new master, where nobody was marked waiting), and its
         timer may be a whole lease away."""
         self._down_until = 0.0
-        held_for_store, self._held_for_store = self._held_for_store, False
+        held_for_store = bool(self._held_ids)
         if held_for_store:
             self._say_back()
         with self.holding.lock:
@@ -127,13 +126,12 @@ class StoreDown:
             self.on_back()
 
     def _say_back(self) -> None:
-        if self._held_ids:
-            logger.warning(
-                "baton: the store answers again after %.1fs: %d guarded request(s) held "
-                "for it ask again",
-                time.monotonic() - self._held_since,
-                len(self._held_ids),
-            )
+        logger.warning(
+            "baton: the store answers again after %.1fs: %d guarded request(s) held for it "
+            "ask again",
+            time.monotonic() - self._held_since,
+            len(self._held_ids),
+        )
         self._held_ids = set()
 
     def failed(self, delivery: Delivery, error: BaseException) -> None:
@@ -172,7 +170,6 @@ class StoreDown:
             else "",
         )
         self.holding.hold(delivery, Wait(Reason.STORE_DOWN, STORE_KEY, delay))
-        self._held_for_store = True
         self._arm_probe(now)
 
     def _arm_probe(self, now: float) -> None:
@@ -188,7 +185,7 @@ class StoreDown:
     def _probe(self) -> None:
         # kombu's timer swallows exceptions: a probe that fails is armed again.
         self._probe_due = 0.0
-        if not self._held_for_store:
+        if not self._held_ids:
             return
         try:
             self.releasing.channel.ping(self._probed)
@@ -199,7 +196,7 @@ class StoreDown:
     def _probed(self, reply: Any) -> None:
         try:
             if isinstance(reply, BaseException):
-                if self._held_for_store:
+                if self._held_ids:
                     self._arm_probe(time.monotonic())
             else:
                 self.store_answered()

@@ -71,7 +71,6 @@ class Case:
             releasing=self.releasing,  # type: ignore[arg-type]
             book=None,  # type: ignore[arg-type]
             stats={"admitted": 0},
-            generation=lambda: self.generation,
             events=Events(),  # type: ignore[arg-type]
         )
         plan = RunPlan(owner="o", conditions=[], leases=[])

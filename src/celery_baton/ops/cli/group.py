@@ -41,15 +41,22 @@ class Context:
         # the one running on this machine, if any.
         return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
 
+    def tasks_named(self, name: str) -> list[str]:
+        """This app's tasks (Celery's own aside) whose function is ``name``, at most 3:
+        `build_report` for `proj.tasks.build_report`, too short for difflib to match."""
+        return [
+            n
+            for n in self.app.tasks
+            if not n.startswith("celery.") and n.rsplit(".", 1)[-1] == name
+        ][:3]
+
     def refuse_unknown_task(self, name: str) -> None:
         """A task name this app does not have (typed wrong, `proj.tasks.x` for `proj.x`)
         is refused with the names near it, not taken as "nothing there"."""
         if name in self.app.tasks:
             return
         names = [n for n in self.app.tasks if not n.startswith("celery.")]
-        # `build_report` for `proj.tasks.build_report`: too short for difflib to match.
-        close = [n for n in names if n.rsplit(".", 1)[-1] == name][:3]
-        close = close or difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        close = self.tasks_named(name) or difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
         raise click.UsageError(f"this app has no task {name!r}{hint}")
 

@@ -103,7 +103,7 @@ def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> No
     if "." not in task and task not in c.app.tasks:
         # The function's name (`fetch` for proj.tasks.fetch): name the full one, as
         # `unlock --task` does, rather than send the operator to `celery inspect`.
-        full = sorted(n for n in c.app.tasks if n.rsplit(".", 1)[-1] == task)
+        full = sorted(c.tasks_named(task))
         hint = f"; did you mean {' or '.join(full)}?" if full else ""
         raise click.UsageError(
             f"{task!r} is not a full task name; use the name with its module "
