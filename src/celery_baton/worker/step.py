@@ -42,6 +42,7 @@ from celery_baton.worker.request import unique_key_of
 from celery_baton.worker.revoked_first import free_claims_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close, intake_together
+from celery_baton.worker.transport.acks_unawaited import AckWriter
 from celery_baton.worker.transport.broker import (
     hold_horizon,
     read_broker,
@@ -252,11 +253,14 @@ class BatonWorker:
             on_heartbeat=lambda: self._heartbeat(parent),
         )
         self.unsent = UnsentReleases(self.book, parent.timer)
+        # The worker's acks to a Redis broker, their replies not waited for on the loop.
+        self.acks = AckWriter()
         self.releasing = Releasing(
             self.book,
             parent.timer,
             self.unsent,
             hub=getattr(parent, "hub", None),
+            acks=self.acks,
             redelivery_window=broker.redelivery_window,
             recorded=_recorded_ends(parts),
             shared_ends=shared_ends,
@@ -421,6 +425,9 @@ class BatonWorker:
         # Messages taken from a Redis broker several at a time when a backlog waits: the
         # consumer's one thread was a drain's bound, one round trip per message.
         intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
+        # And acked without waiting for the broker's reply (the loop's other round trip
+        # per message).
+        self.acks.install(_task_channel(parent), getattr(parent, "hub", None), parent.timer)
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads
@@ -435,6 +442,9 @@ class BatonWorker:
         return max(0, reserved - int(self.admission.holding.held_count))
 
     def stop(self, parent: Any) -> None:
+        # Before kombu's channel closes and restores what it counts delivered: every ack
+        # in flight answered (or given up), so that no restore overtakes one.
+        self.acks.settle()
         # The connection is going away: the broker gives held messages to others again.
         forgotten = self.admission.forget_held()
         if forgotten:
@@ -465,6 +475,7 @@ class BatonWorker:
         self.stop(parent)
         self.listener.stop()
         self.releasing.door.close()  # the runs' ends handed to the loop, sent below
+        self.acks.close()  # the acks in flight answered; from now on kombu's own
         self.releasing.run_after_acks()  # and those that waited for their ack
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below
