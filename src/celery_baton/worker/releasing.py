@@ -34,7 +34,7 @@ from celery_baton.worker import ordering
 from celery_baton.worker.loop_door import LoopDoor
 from celery_baton.worker.request import detach, reached_the_pool, retried
 from celery_baton.worker.transport.ack_fate import AckFates
-from celery_baton.worker.transport.acks_unawaited import AckWriter
+from celery_baton.worker.transport.broker_writes import BrokerWrites
 from celery_baton.worker.unsent import UnsentReleases
 
 logger = logging.getLogger("celery_baton.worker")
@@ -61,7 +61,7 @@ class Releasing:
         hub: Any = None,
         redelivery_window: float | None = None,
         ack_fates: AckFates | None = None,
-        acks: AckWriter | None = None,
+        broker_writes: BrokerWrites | None = None,
         recorded: RecordedEnds | None = None,
         shared_ends: SharedEnds | None = None,
     ) -> None:
@@ -79,7 +79,7 @@ class Releasing:
         #: Asks the broker whether a failed ack ran after all (the kept claim then goes).
         self.ack_fates = ack_fates or AckFates()
         #: Sends the acks without waiting for their replies (None: kombu's own acks).
-        self.acks = acks
+        self.broker_writes = broker_writes
         self.unsent = unsent  # releases waiting for the store to answer again
         self.channel: GateChannel
         # Admitted requests handed to Celery whose run has not ended (drop_unstarted).
@@ -180,7 +180,7 @@ class Releasing:
         Celery queues an ack with ``hub.call_soon``, whose callbacks run in no given
         order within one turn of the loop; a callback queued from one of them runs in a
         later turn: so two hops come after the ack is sent, and then its reply
-        (``AckWriter.when_answered``). Without a loop Celery acks at once."""
+        (``BrokerWrites.when_answered``). Without a loop Celery acks at once."""
         hub = self.hub
         if hub is None:
             callback()
@@ -197,10 +197,10 @@ class Releasing:
             if second_hop not in waiting:
                 return  # run already, at shutdown (run_after_acks)
             del waiting[second_hop]
-            if self.acks is None:
+            if self.broker_writes is None:
                 guarded()
             else:
-                self.acks.when_answered(guarded)
+                self.broker_writes.when_answered(guarded)
 
         waiting[second_hop] = None
         hub.call_soon(lambda: hub.call_soon(second_hop))

@@ -67,7 +67,7 @@ from celery_baton.worker.pool.run_end import (
 )
 from celery_baton.worker.pool.stand_ins import STANDS_FOR_FIELD, after_lost_run
 from celery_baton.worker.replacing import superseded_by
-from celery_baton.worker.transport.acks_unawaited import unconfirmed
+from celery_baton.worker.transport.broker_writes import unconfirmed
 
 if TYPE_CHECKING:
     from celery_baton.core.policy.model import RunPlan, TaskPolicy
@@ -124,7 +124,7 @@ class BatonRequestMixin:
         """Celery called the message acknowledged, but the broker did not confirm it: the
         ack (or reject) failed, only logged, and the message comes back; or, before
         ``after_ack``, the loop has not sent it yet, or its reply has not come
-        (``worker/transport/acks_unawaited.py``)."""
+        (``worker/transport/broker_writes.py``)."""
         if not self.acknowledged:  # type: ignore[attr-defined]
             return False
         message = getattr(self, "message", None)

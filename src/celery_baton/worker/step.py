@@ -42,13 +42,13 @@ from celery_baton.worker.request import unique_key_of
 from celery_baton.worker.revoked_first import free_claims_on_revoke
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.transport import broker_close, intake_together
-from celery_baton.worker.transport.acks_unawaited import AckWriter
 from celery_baton.worker.transport.broker import (
     hold_horizon,
     read_broker,
     warn_long_tasks,
     warn_short_gaps,
 )
+from celery_baton.worker.transport.broker_writes import BrokerWrites
 from celery_baton.worker.transport.consumer_window import ConsumerWindow
 from celery_baton.worker.transport.held_renewal import HeldRenewal
 from celery_baton.worker.transport.held_return import HeldReturn
@@ -253,14 +253,14 @@ class BatonWorker:
             on_heartbeat=lambda: self._heartbeat(parent),
         )
         self.unsent = UnsentReleases(self.book, parent.timer)
-        # The worker's acks to a Redis broker, their replies not waited for on the loop.
-        self.acks = AckWriter()
+        # The worker's records and acks on a Redis broker, their replies not waited for.
+        self.broker_writes = BrokerWrites()
         self.releasing = Releasing(
             self.book,
             parent.timer,
             self.unsent,
             hub=getattr(parent, "hub", None),
-            acks=self.acks,
+            broker_writes=self.broker_writes,
             redelivery_window=broker.redelivery_window,
             recorded=_recorded_ends(parts),
             shared_ends=shared_ends,
@@ -424,10 +424,12 @@ class BatonWorker:
             self.batching.start(parent)
         # Messages taken from a Redis broker several at a time when a backlog waits: the
         # consumer's one thread was a drain's bound, one round trip per message.
+        # Recorded and acked without waiting for the broker's replies (the loop's other
+        # round trips per message); first: the intake records through it.
+        self.broker_writes.install(
+            _task_channel(parent), getattr(parent, "hub", None), parent.timer
+        )
         intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
-        # And acked without waiting for the broker's reply (the loop's other round trip
-        # per message).
-        self.acks.install(_task_channel(parent), getattr(parent, "hub", None), parent.timer)
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads
@@ -442,9 +444,9 @@ class BatonWorker:
         return max(0, reserved - int(self.admission.holding.held_count))
 
     def stop(self, parent: Any) -> None:
-        # Before kombu's channel closes and restores what it counts delivered: every ack
+        # Before kombu's channel closes and restores what it counts delivered: every write
         # in flight answered (or given up), so that no restore overtakes one.
-        self.acks.settle()
+        self.broker_writes.settle()
         # The connection is going away: the broker gives held messages to others again.
         forgotten = self.admission.forget_held()
         if forgotten:
@@ -475,7 +477,7 @@ class BatonWorker:
         self.stop(parent)
         self.listener.stop()
         self.releasing.door.close()  # the runs' ends handed to the loop, sent below
-        self.acks.close()  # the acks in flight answered; from now on kombu's own
+        self.broker_writes.close()  # the writes in flight answered; then kombu's own
         self.releasing.run_after_acks()  # and those that waited for their ack
         self.channel.close()  # sends what is queued, answers what was sent
         self.unsent.hand_over()  # sent by the lease book, just below

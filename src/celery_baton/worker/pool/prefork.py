@@ -43,6 +43,7 @@ The private names used here are checked by ``internals.prefork_pool_classes``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import mmap
 import struct
@@ -61,6 +62,10 @@ logger = logging.getLogger("celery_baton.worker")
 #: long at most (then Celery's own 5 s tick joins it).
 REAP_POLL = 0.05
 REAP_FOR = 5.0
+
+#: At most this many messages read from one process's result pipe at a flush (a
+#: process sends two per job: ACK, READY).
+READ_AT_FLUSH_MAX = 16
 
 #: Celery's scheduling that writes a job to any process, also a busy one
 #: (``optimization="fast"`` given to the worker in code; its command line offers "fair").
@@ -303,10 +308,11 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
         )
 
     def apply_async(self, func: Any, args: Any = (), *rest: Any, **options: Any) -> Any:
-        # A guarded job (the only kind judged before its accept, so the only kind that
-        # can wait there) is stamped with the flush count it entered the pool under.
+        # Every job is stamped with the flush count it entered the pool under: a guarded
+        # one may wait before its accept (a rate grant judged), and any job may wait in
+        # its process's pipe behind the job running there.
         found = at_start.task_request(args)
-        if found is not None and _let_go is not None and at_start.judged_in_pool(found[2]):
+        if found is not None and _let_go is not None:
             found[2][LET_GO_FIELD] = _let_go.count
         result = super().apply_async(func, args, *rest, **options)
         self._write_now()
@@ -330,7 +336,43 @@ class ReadyAsynPool(asynpool.AsynPool):  # type: ignore[misc]
     def flush(self) -> None:
         if _let_go is not None and self._state != billiard_pool.TERMINATE:
             _let_go.bump()  # before Celery drops the unaccepted jobs, so none runs after
+            # A job its process accepted before the bump (its ACK sent, not read yet: it
+            # was written within this turn of the loop, ``_write_now``) runs: read the
+            # ACKs first, so that Celery keeps it (and acks its message) rather than
+            # drop it and let its message come back (tests/transport/test_broker_writes.py).
+            self._read_what_processes_sent()
         super().flush()
+
+    def _read_what_processes_sent(self) -> None:
+        """Read, without waiting, every message the pool processes have written to their
+        result pipes, as the loop's next turn would have (resuming a message the loop
+        had begun to read); a job READY meanwhile serves no waiting request."""
+        hub = getattr(self, "_baton_hub", None)
+        readers = getattr(hub, "readers", None)
+        if readers is None:
+            return
+        on_change, self.on_change = self.on_change, None
+        try:
+            for proc in list(self._pool):
+                fd = getattr(proc, "outqR_fd", None)
+                if fd is None or fd not in self._fileno_to_outq:
+                    continue
+                for _ in range(READ_AT_FLUSH_MAX):
+                    try:
+                        if not proc.outq._reader.poll(0):
+                            break
+                        registered = readers.get(fd)
+                        callback = registered[0] if registered else None
+                        if inspect.isgenerator(callback):
+                            next(callback)  # the message the loop had begun to read
+                        else:
+                            self.handle_result_event(fd)
+                    except StopIteration:
+                        continue
+                    except (OSError, EOFError, ValueError):
+                        break  # the process is gone: Celery's own handling follows
+        finally:
+            self.on_change = on_change
 
 
 class JudgingBlockingPool(billiard_pool.Pool):  # type: ignore[misc]

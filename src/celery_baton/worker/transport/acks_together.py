@@ -22,6 +22,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from celery_baton.worker.transport.broker_writes import writes_of
+
 logger = logging.getLogger("celery_baton.worker")
 
 
@@ -61,6 +63,9 @@ def acknowledge_together(requests: Sequence[Any]) -> None:
         if len(group) == 1:
             group[0].acknowledge()
             continue
+        writes = writes_of(qos)
+        if writes is not None:
+            writes.settle()  # its records of these messages land first
         try:
             tags = [request.message.delivery_tag for request in group]
             with qos.pipe_or_acquire() as pipe:

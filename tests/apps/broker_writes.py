@@ -1,0 +1,66 @@
+"""A Celery app with celery-baton installed whose broker the test pauses mid-drain
+(worker/transport/broker_writes.py: kombu's records and acks sent without waiting).
+
+Run by workers as ``celery -A tests.apps.broker_writes worker``. Reads
+``TEST_BROKER_URL``, ``TEST_OBSERVER_URL`` and ``BATON_URL`` from the environment.
+
+Celery's defaults (prefetch, early acks), with a broker connection whose
+``socket_timeout`` is short, so that a write to a paused broker is given up within
+seconds, and a short ``visibility_timeout`` with a restore scan every second, so that a
+message whose ack did not land comes back within seconds. Each run records its task id
+and its message's delivery tag (``tags``), so that a test can tell which failed ack
+("Couldn't ack <tag>") a second run of a task id follows.
+
+In the test process, import it inside a test that uses the ``app_environ`` fixture.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import redis
+from celery import Task
+
+from tests.apps.factory import make_baton_app, observer
+
+app, baton = make_baton_app(
+    "broker_writes",
+    results=False,
+    task_ignore_result=True,  # (the result backend would live on the paused server)
+    broker_transport_options={
+        "visibility_timeout": 10,
+        "socket_timeout": 1,
+        "socket_connect_timeout": 1,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        # A worker paused while it held kombu's restore lock keeps every message from
+        # coming back until the lock expires (300 s by default).
+        "unacked_mutex_expire": 5,
+    },
+)
+
+TAGS = "broker_writes:tags"
+
+
+@functools.cache
+def _marks() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
+
+
+def _ran(task: Task, i: int) -> None:
+    observer().run(f"s{i}", task_id=task.request.id, sleep=0.01)
+    tag = (task.request.delivery_info or {}).get("delivery_tag", "")
+    _marks().rpush(TAGS, f"{task.request.id} {tag}")
+
+
+@app.task(bind=True)
+def step(self: Task, i: int) -> None:
+    """Any task: the writes are the transport's, guarded or not."""
+    _ran(self, i)
+
+
+@app.task(bind=True, redelivery_guard=True)
+def guarded_step(self: Task, i: int) -> None:
+    """Under the redelivery guard: a message delivered again does not run twice."""
+    _ran(self, i)
