@@ -110,8 +110,6 @@ class BrokerWrites:
     event loop."""
 
     def __init__(self) -> None:
-        self._qos: Any = None
-        self._kombu: dict[str, Callable[..., Any]] = {}
         self._hub: Any = None
         self._pool: Any = None
         self._loop_thread: int | None = None
@@ -151,15 +149,15 @@ class BrokerWrites:
         prefix = getattr(channel, "global_keyprefix", "") or ""
         self._keys = (prefix + qos.unacked_index_key, prefix + qos.unacked_key)
         self._pool = pool
-        self._qos = qos
         self._hub = hub
         self._loop_thread = threading.get_ident()
-        self._kombu = {name: getattr(qos, name) for name in ("append", "ack", "reject")}
-        self._kombu["restore_by_tag"] = qos.restore_by_tag
-        qos.append = self.append
-        qos.ack = self.ack
-        qos.reject = self._settled(self._kombu["reject"])
-        qos.restore_by_tag = self._settled(self._kombu["restore_by_tag"])
+        # Each channel's own QoS and kombu's writes on it: a run of an earlier consumer
+        # (before a lost connection) is acked on the channel it came from.
+        kombu_append, kombu_ack = qos.append, qos.ack
+        qos.append = lambda message, tag: self.append(qos, kombu_append, message, tag)
+        qos.ack = lambda tag: self.ack(qos, kombu_ack, tag)
+        qos.reject = self._settled(qos.reject)
+        qos.restore_by_tag = self._settled(qos.restore_by_tag)
         setattr(qos, _INSTALLED_ATTR, self)
         if self._ticker is not None:
             with contextlib.suppress(Exception):
@@ -180,10 +178,13 @@ class BrokerWrites:
 
     # -- the writes ----------------------------------------------------------------------
 
-    def append(self, message: Any, delivery_tag: Any) -> None:
-        """kombu's ``QoS.append``, its reply not waited for (see the module docstring)."""
+    def append(
+        self, qos: Any, kombu_append: Callable[..., Any], message: Any, delivery_tag: Any
+    ) -> None:
+        """kombu's ``QoS.append`` on ``qos``, its reply not waited for (see the module
+        docstring)."""
         if not self._here():
-            self._kombu["append"](message, delivery_tag)
+            kombu_append(message, delivery_tag)
             return
         from kombu.transport import virtual
         from kombu.utils.json import dumps
@@ -198,22 +199,22 @@ class BrokerWrites:
             ("EXEC",),
         )
         if not self._send(_RECORD, delivery_tag, None, record):
-            self._kombu["append"](message, delivery_tag)  # waited for, as kombu's
+            kombu_append(message, delivery_tag)  # waited for, as kombu's
             return
         virtual_append: Any = virtual.QoS.append
-        virtual_append(self._qos, message, delivery_tag)
+        virtual_append(qos, message, delivery_tag)
 
-    def ack(self, delivery_tag: Any) -> None:
-        """kombu's ``QoS.ack``, its reply not waited for (see the module docstring)."""
+    def ack(self, qos: Any, kombu_ack: Callable[..., Any], delivery_tag: Any) -> None:
+        """kombu's ``QoS.ack`` on ``qos``, its reply not waited for (see the module
+        docstring)."""
         if not self._here():
-            self._kombu["ack"](delivery_tag)
+            kombu_ack(delivery_tag)
             return
         from kombu.transport import virtual
 
-        qos = self._qos
         message = qos._delivered.get(delivery_tag)
         if not self._send(_ACK, delivery_tag, message, self._ack_commands(delivery_tag)):
-            self._kombu["ack"](delivery_tag)  # raises as kombu's does; Celery logs it
+            kombu_ack(delivery_tag)  # raises as kombu's does; Celery logs it
             return
         if message is not None:
             message.__dict__[UNCONFIRMED_ATTR] = True
