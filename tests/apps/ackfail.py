@@ -32,7 +32,7 @@ import time
 import redis
 from celery import Task
 
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, observer
 
 #: Seconds a first run waits, after it asked for the broker to be paused, before it
 #: returns (so that the ack is sent to a paused broker).
@@ -45,16 +45,7 @@ app, baton = make_baton_app(
     task_acks_late=True,
     task_ignore_result=True,  # (the result backend would live on the stopped server)
     worker_prefetch_multiplier=1,
-    broker_transport_options={
-        "visibility_timeout": 10,
-        "socket_timeout": 1,
-        "socket_connect_timeout": 1,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-        # A worker stopped or killed while it held kombu's restore lock keeps every message
-        # from coming back until the lock expires (300 s by default).
-        "unacked_mutex_expire": 5,
-    },
+    broker_transport_options=PAUSABLE_BROKER,
 )
 
 

@@ -22,22 +22,13 @@ import os
 import redis
 from celery import Task
 
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, observer
 
 app, baton = make_baton_app(
     "broker_writes",
     results=False,
     task_ignore_result=True,  # (the result backend would live on the paused server)
-    broker_transport_options={
-        "visibility_timeout": 10,
-        "socket_timeout": 1,
-        "socket_connect_timeout": 1,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-        # A worker paused while it held kombu's restore lock keeps every message from
-        # coming back until the lock expires (300 s by default).
-        "unacked_mutex_expire": 5,
-    },
+    broker_transport_options=PAUSABLE_BROKER,
 )
 
 TAGS = "broker_writes:tags"

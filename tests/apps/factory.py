@@ -19,6 +19,19 @@ from celery import Celery
 from celery_baton import Baton
 from tests.support.observer import Observer
 
+#: A Redis broker whose writes fail within seconds when it is paused, and whose unacked
+#: messages come back within seconds (10 s visibility, a restore scan every second).
+PAUSABLE_BROKER = {
+    "visibility_timeout": 10,
+    "socket_timeout": 1,
+    "socket_connect_timeout": 1,
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+    # A worker stopped or killed while it held kombu's restore lock keeps every message
+    # from coming back until the lock expires (300 s by default).
+    "unacked_mutex_expire": 5,
+}
+
 
 def make_app(name: str, *, results: bool = True, **conf: Any) -> Celery:
     """A Celery app named ``name`` on ``$TEST_BROKER_URL``, with ``$TEST_RESULT_URL`` as
