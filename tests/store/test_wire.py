@@ -1,4 +1,4 @@
-"""The hot path's own store connection (``store/wire.py``), against a real server.
+"""The hot path's own store connection (``wire.py``), against a real server.
 
 On a plain socket ``Wire`` writes and reads the file descriptor directly (a socket with
 a timeout would poll before every call); these check the two edges of that: a write the
@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_baton.store.connection import Store, connect
-from celery_baton.store.wire import Wire, pooled_connection
+from celery_baton.wire import Wire, pooled_connection
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from celery_baton.store.connection import STORE_ERRORS, Store
 from celery_baton.store.scripts import STORE_REPLY_ERRORS, script_sha, script_source
-from celery_baton.store.wire import Wire, pooled_connection
+from celery_baton.wire import Wire, pooled_connection
 
 logger = logging.getLogger("celery_baton.store")
 

@@ -28,7 +28,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_baton.store.wire import Wire, pooled_connection
+from celery_baton.wire import Wire, pooled_connection
 
 #: Seconds a line may sit idle before it is checked for a close by the server.
 IDLE_CHECK = 1.0

@@ -1,4 +1,4 @@
-"""store/wire.py without a server: a connection taken from redis-py's pool on every
+"""wire.py without a server: a connection taken from redis-py's pool on every
 redis-py the Celery versions pin (Celery 5.5's kombu: 5.2 and older)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from celery_baton.store.wire import _needs_command_name, pooled_connection
+from celery_baton.wire import _needs_command_name, pooled_connection
 
 
 class BeforeFiveThree:

@@ -58,7 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from celery_baton.store.wire import Wire
+from celery_baton.wire import Wire
 
 logger = logging.getLogger("celery_baton.worker")
 

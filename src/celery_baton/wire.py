@@ -1,4 +1,6 @@
-"""One store connection spoken to directly: the hot path's commands and replies.
+"""One Redis-protocol connection spoken to directly: the hot path's commands and replies
+(the store's, and the worker's own to its broker for kombu's writes:
+``worker/transport/broker_writes.py``).
 
 redis-py connects (address, TLS, AUTH, SELECT, Sentinel discovery, client name); after
 that, ``Wire`` writes commands packed by hiredis straight to the socket and feeds what
