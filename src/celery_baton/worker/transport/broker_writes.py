@@ -39,7 +39,8 @@ first waits for the replies (:meth:`BrokerWrites.settle`; the consumer's ``stop`
 before kombu's channel closes).
 
 Only the loop's thread writes the connection: a record or an ack made on another
-thread is handed to the loop (as Celery hands its acks). Without an event loop (gevent,
+thread is kombu's own, once the loop's thread has read the replies of the writes in
+flight (Celery hands its own acks to the loop). Without an event loop (gevent,
 eventlet: Celery's synchronous loop), on another transport, and after a shutdown
 (:meth:`BrokerWrites.close`), the writes are kombu's own, waited for as before.
 """
@@ -54,6 +55,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kombu.transport import virtual
+from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -170,8 +173,7 @@ class BrokerWrites:
         here were answered: it must not overtake them."""
 
         def after_the_writes_in_flight(*args: Any, **kwargs: Any) -> Any:
-            if self._pending and threading.get_ident() == self._loop_thread:
-                self.settle()
+            self._wait_for_the_writes_in_flight()
             return write(*args, **kwargs)
 
         return after_the_writes_in_flight
@@ -186,9 +188,6 @@ class BrokerWrites:
         if not self._here():
             kombu_append(message, delivery_tag)
             return
-        from kombu.transport import virtual
-        from kombu.utils.json import dumps
-
         delivery = message.delivery_info
         raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
         index, unacked = self._keys
@@ -210,8 +209,6 @@ class BrokerWrites:
         if not self._here():
             kombu_ack(delivery_tag)
             return
-        from kombu.transport import virtual
-
         message = qos._delivered.get(delivery_tag)
         if not self._send(_ACK, delivery_tag, message, self._ack_commands(delivery_tag)):
             kombu_ack(delivery_tag)  # raises as kombu's does; Celery logs it
@@ -238,12 +235,17 @@ class BrokerWrites:
             return True
         # Another thread: kombu's own write on its connection could overtake one in
         # flight here (the threads pool's own acks go through Celery's hub.call_soon).
-        self.settle_from_another_thread()
+        self._wait_for_the_writes_in_flight()
         return False
 
-    def settle_from_another_thread(self) -> None:
-        """Another thread cannot read this connection: it waits (bounded) for the loop's
-        thread to have read every reply in flight."""
+    def _wait_for_the_writes_in_flight(self) -> None:
+        """Before a kombu write on its own connection: every write in flight here
+        answered. The loop's thread reads the replies itself; another thread cannot read
+        this connection, so it waits (bounded) for the loop's thread to have read them."""
+        if threading.get_ident() == self._loop_thread:
+            if self._pending:
+                self.settle()
+            return
         deadline = time.monotonic() + SETTLE_MAX
         while self._answered < self._sent and time.monotonic() < deadline:
             time.sleep(0.001)
