@@ -428,3 +428,76 @@ def test_a_dead_workers_key_stops_holding_slots_within_its_presence(
         if e["task_id"] not in {r.task_id for r in observer.runs()} and e["pid"] != survivor.pid
     ]
     assert max_concurrent(observer.runs() + dead) <= fair.CAP
+
+
+def test_a_key_whose_last_two_requests_asked_together_leaves_the_turn(
+    workers: Workers, observer: Observer, store_server: StoreServer
+) -> None:
+    """Worker V holds B1, refused its turn (A's two runs fill the cap of 2). The store
+    pauses its writes (``CLIENT PAUSE WRITE``) while A's runs end; B1 asks again in the
+    pause (its presence renewal) and B2 reaches V and asks at once: two asks of B from
+    one worker in flight together. When the store answers both are granted, and B has
+    nothing left waiting anywhere: A's next runs must have the whole cap at once.
+    Before, B2's ask said "more of B wait here" (B1 was still in V's queue, asking):
+    granted after B1's, it kept B in the turn, ahead of A, for ``fairness.PRESENCE``
+    (6 s), and A ran one at a time meanwhile (a CI run of tests/batching's fair_key
+    test, stop 51)."""
+    from celery_baton.core import fairness
+    from tests.apps import fair_patient
+
+    task = fair_patient.fair_pair
+    app = "tests.apps.fair_patient"
+    victim = workers.start(app, concurrency=2, queues="b")
+    workers.start(app, concurrency=2, queues="a")
+    task.apply_async(("A", 2.0), queue="a")
+    task.apply_async(("A", 2.0), queue="a")
+    a_started = min(s["start"] for s in observer.starts_of("A", 2, timeout=30))
+    # B1 refused well after A's grants: its renewal ask (every fairness.REFRESH) then
+    # comes after A's releases, which the paused store reads first.
+    time.sleep(0.5)
+    task.apply_async(("B", 0.2), queue="b")
+    with store_server.client() as client:
+
+        def b_waits() -> bool:
+            return any(client.zcard(k) for k in client.keys("*:fair:cc:*:q"))
+
+        wait_until(b_waits, timeout=10, what="B1 refused and waiting its turn")
+    # The store's writes paused (the gate's asks and releases are scripts: each waits),
+    # then served in the order they came: A's releases, B1's renewal, B2's first ask.
+    with store_server.client() as client:
+        client.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            paused_at = server_time_us(observer)
+            assert paused_at < a_started + 2_000_000, "A's runs ended before the pause"
+            wait_until(
+                lambda: sum(r.key == "A" for r in observer.runs()) == 2,
+                timeout=10,
+                what="A's runs ended (their releases wait for the store)",
+            )
+            time.sleep(fairness.REFRESH * 1.1 + 0.3)  # B1's renewal ask waits too now
+            task.apply_async(("B", 0.2), queue="b")
+            time.sleep(1.0)  # B2 reached V, which asked for it at once
+        finally:
+            client.execute_command("CLIENT", "UNPAUSE")
+    b_starts = observer.starts_of("B", 2, timeout=30)
+    assert {s["pid"] for s in b_starts} <= set(victim.pool_pids()) | {victim.pid}
+    wait_until(lambda: sum(r.key == "B" for r in observer.runs()) == 2, timeout=30, what="B ended")
+    b_end = max(r.end for r in observer.runs() if r.key == "B")
+    for _ in range(12):
+        task.apply_async(("A", 0.4), queue="a")
+    wait_until(lambda: sum(r.key == "A" for r in observer.runs()) == 14, timeout=60, what="A ran")
+    after = sorted((r for r in observer.runs() if r.key == "A" and r.start > b_end), key=_start)
+    print(
+        "A after B (s from B's end):",
+        [(round((r.start - b_end) / 1e6, 2), round((r.end - b_end) / 1e6, 2)) for r in after],
+    )
+    assert len(after) == 12
+    # The first two start together whatever the turn says (each asks as a new key);
+    # after them, a key kept waiting lets A have one slot at a time.
+    assert max_concurrent(after[2:]) == fair_patient.CAP, (
+        f"A ran at most {max_concurrent(after[2:])} at once after B was done: B kept its turn"
+    )
+
+
+def _start(run: Run) -> int:
+    return run.start

@@ -216,7 +216,8 @@ class Holding:
         self.arm(queue_key, delay, jitter=wait.jitter)
 
     def others_waiting(self, queue_key: str, delivery: Delivery) -> bool:
-        """Whether ``queue_key``'s queue holds a delivery other than ``delivery``."""
+        """Whether ``queue_key``'s queue holds a delivery other than ``delivery``, not
+        asking now (WaitQueues.others_waiting)."""
         return self._queues.others_waiting(queue_key, delivery)
 
     def hold_reserved(self, delivery: Delivery) -> None:

@@ -54,11 +54,20 @@ class WaitQueues(Generic[Delivery]):
         return self._queues.get(queue_key)
 
     def others_waiting(self, queue_key: str, delivery: Delivery) -> bool:
-        """Whether ``queue_key``'s queue holds a delivery other than ``delivery``."""
+        """Whether ``queue_key``'s queue holds a delivery other than ``delivery`` that
+        is not asking the store right now.
+
+        What a fair ask tells the store (``FairTurn.more``: keep this worker's key in
+        the turn after this grant). A delivery asking now does not count: its own ask
+        reaches the store first (one connection, in order) and says for itself whether
+        it still waits (a refusal keeps the key in the turn). Counted, two asks in
+        flight together each said the other still waited, and the later grant kept a
+        key with nothing left waiting in the turn, ahead of the others, for
+        ``fairness.PRESENCE``."""
         queue = self._queues.get(queue_key)
         if not queue:
             return False
-        return len(queue) > 1 or queue[0] is not delivery
+        return any(other is not delivery and not other.asking for other in queue)
 
     def _enqueue(self, queue: deque[Delivery], delivery: Delivery) -> None:
         """FIFO within a priority; a delivery of a higher message priority goes before
