@@ -501,3 +501,48 @@ def test_a_key_whose_last_two_requests_asked_together_leaves_the_turn(
 
 def _start(run: Run) -> int:
     return run.start
+
+
+def test_a_key_whose_held_requests_are_revoked_leaves_the_turn(
+    workers: Workers, observer: Observer
+) -> None:
+    """Worker V holds B's two requests, refused their turn while two long A runs fill
+    the cap of 2; both are revoked. When A's long runs end, A's next runs must have the
+    whole cap: B has nothing waiting anywhere. Before, V's presence for B stayed until
+    it lapsed (``fairness.PRESENCE`` after B's last ask) and kept B in the turn, ahead
+    of A: A ran one at a time meanwhile."""
+    from celery_baton.core import fairness
+    from tests.apps import fair_patient
+
+    task = fair_patient.fair_pair
+    app = "tests.apps.fair_patient"
+    workers.start(app, concurrency=2, queues="b")
+    workers.start(app, concurrency=2, queues="a")
+    task.apply_async(("A", 3.0), queue="a")
+    task.apply_async(("A", 3.0), queue="a")
+    observer.starts_of("A", 2, timeout=30)
+    b_published = server_time_us(observer)
+    held = [task.apply_async(("B", 0.2), queue="b") for _ in range(2)]
+    time.sleep(0.5)  # refused, held by V
+    task.app.control.revoke([r.id for r in held])
+    for _ in range(12):
+        task.apply_async(("A", 0.4), queue="a")
+    wait_until(lambda: sum(r.key == "A" for r in observer.runs()) == 14, timeout=60, what="A ran")
+    assert not [r for r in observer.runs() if r.key == "B"], "a revoked request ran"
+    long_end = max(r.end for r in observer.runs() if r.key == "A" and r.end - r.start > 2e6)
+    # Until V's presence would have lapsed at the earliest: B's publish + PRESENCE.
+    lapse = b_published + round(fairness.PRESENCE * 1e6)
+    window = sorted(
+        (r for r in observer.runs() if r.key == "A" and long_end < r.start < lapse), key=_start
+    )
+    print(
+        "A after the long runs, before B's presence would lapse (s from their end):",
+        [
+            (round((r.start - long_end) / 1e6, 2), round((r.end - long_end) / 1e6, 2))
+            for r in window
+        ],
+    )
+    assert len(window) >= 4, "too few A runs to judge before the lapse (a loaded machine?)"
+    assert max_concurrent(window[2:]) == fair_patient.CAP, (
+        f"A ran at most {max_concurrent(window[2:])} at once: B kept its turn"
+    )

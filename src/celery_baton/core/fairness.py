@@ -136,3 +136,18 @@ def with_more(conditions: Sequence[Condition], more: Callable[[str], bool]) -> l
             c = replace(c, more=more(c.key))
         out.append(c)
     return out
+
+
+def leave_calls(
+    conditions: Sequence[Condition], owner: str, more: Callable[[str], bool]
+) -> list[tuple[list[str], list[str]]]:
+    """The ``fair_leave`` calls (keys, args) for a request that leaves this worker
+    without a run after it waited its turn: one per FairTurn whose key no other request
+    here still waits for (``more(its key)`` false). Its presence would otherwise keep
+    the key in the turn, ahead of the others, until it lapsed (``PRESENCE``)."""
+    calls = []
+    for i, c in enumerate(conditions):
+        if isinstance(c, FairTurn) and not more(c.key):
+            parts = [p.key for p in conditions[i + 1 : i + 4] if isinstance(p, FairPart)]
+            calls.append(([c.key, *parts], [c.fair_key, owner]))
+    return calls

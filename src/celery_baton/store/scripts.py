@@ -65,6 +65,7 @@ SCRIPT_NAMES = (
     "cancel_read",
     "held_for_later",
     "held_start",
+    "fair_leave",
     "batch_tick",
     "batch_done",
     "batch_end",

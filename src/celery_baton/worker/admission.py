@@ -608,7 +608,10 @@ class Admission:
         """``delivery`` leaves without running (skipped, revoked, cancelled): an ordered
         call's turn passes to the next call, now or when the line reaches it, rather
         than holding its key for the gap bound (worker/ordering.py)."""
+        held = delivery.held
         self.holding.release(delivery)
+        if held:
+            self._leave_turns(delivery)
         passed = ordering.passed(delivery.plan)
         if passed is not None:
             self.releasing.channel.release(passed)
@@ -629,9 +632,31 @@ class Admission:
         if skip.reason in FREES_UNIQUE and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
+    def _leave_turns(self, delivery: Delivery) -> None:
+        """A ``fair_key`` request that was held leaves this worker without a run: when no
+        other request of its key waits here, this worker's presence in the key's turn
+        goes now (fair_leave.lua). Left to lapse, it kept the key ahead of the others for
+        ``fairness.PRESENCE``, and they had one slot of the cap fewer meanwhile. A leave
+        that fails is only logged: the presence lapses then."""
+        plan = delivery.plan
+        if not plan.fair_limits:
+            return
+        calls = fairness.leave_calls(
+            plan.conditions,
+            plan.owner,
+            lambda fair: self.holding.others_waiting(
+                plan.fair_queues[plan.fair_limits[fair]], delivery
+            ),
+        )
+        for keys, args in calls:
+            self.channel.run("fair_leave", keys, args, _leave_answered)
+
     def _hand_back(self, delivery: Delivery, why: str, *, one_of_many: bool = False) -> None:
         """Back to the broker; ``one_of_many``: see ``outcomes.hand_back``."""
+        held = delivery.held
         self.holding.release(delivery)
+        if held:
+            self._leave_turns(delivery)
         self.stats["handed_back"] += 1
         self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why, one_of_many=one_of_many)
@@ -716,3 +741,8 @@ FREES_UNIQUE = (
     Reason.MISFIRE,
     Reason.OUT_OF_ORDER,
 )
+
+
+def _leave_answered(reply: Any) -> None:
+    if isinstance(reply, BaseException):
+        logger.info("baton: leaving a fair turn failed (it lapses instead): %s", reply)

@@ -189,3 +189,18 @@ def test_conditions_carry_their_stride_and_parts() -> None:
     parts = fairness.conditions("baton:{t}:fair:cc:x", "k", 500)
     assert parts[0] == FairTurn("baton:{t}:fair:cc:x", "k", 500, 6000)
     assert [c.key for c in parts[1:]] == [f"baton:{{t}}:fair:cc:x:{p}" for p in "qps"]
+
+
+def test_a_request_leaving_unrun_leaves_each_turn_no_other_request_here_waits_for() -> None:
+    conditions: list[Condition] = [
+        TakeLease("cc", 4),
+        *fairness.conditions("fair:cc", "d1", fairness.STRIDE),
+        Rate("rate", 100_000),
+        *fairness.conditions("fair:rate", "d2", fairness.STRIDE),
+    ]
+    owner = "x|worker1|7"
+    calls = fairness.leave_calls(conditions, owner, lambda fair: fair == "fair:rate")
+    assert calls == [(["fair:cc", "fair:cc:q", "fair:cc:p", "fair:cc:s"], ["d1", owner])]
+    assert fairness.leave_calls(conditions, owner, lambda fair: True) == []
+    assert len(fairness.leave_calls(conditions, owner, lambda fair: False)) == 2
+    assert fairness.leave_calls([TakeLease("cc", 4)], owner, lambda fair: False) == []
