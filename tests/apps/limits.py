@@ -68,6 +68,13 @@ def rated(self: Task, n: int) -> None:
     observer().run("rated", fence(), task_id=self.request.id)
 
 
+@app.task(bind=True, global_rate_limit="1000/s", exclusive="n")
+def rated_drain(self: Task, n: int, sleep: float = 0.0) -> None:
+    """1000 starts per second: a drain of short tasks on one worker is asked ahead of its
+    pool slots (worker/asking_ahead.py), its token spent before the slot frees."""
+    observer().run("rated_drain", fence(), sleep=sleep, task_id=self.request.id)
+
+
 @app.task(bind=True, global_rate_limit="10/s", global_rate_limit_key="tenant", exclusive="n")
 def rated_by_tenant(self: Task, tenant: str, n: int) -> None:
     """10 starts per second per tenant, across all workers."""

@@ -1,15 +1,18 @@
 """A request asked before its pool slot frees (worker/asking_ahead.py, issue 36): its
 grant is used only within ``AHEAD_BOUND`` of the store's answer, and given back past it.
 
-Judged from outside, on one clock: an exclusive run's ``fence()`` on a key used once is
-the store's ``TIME`` when it granted the lease (gate/lease.lua: a new key's first token
-is the grant's instant), and the observer stamps the body's first line with its own
-server's ``TIME``; both servers run on this machine.
+Judged from outside, on one clock: an exclusive run's ``fence()`` on a key used once
+(a rated task's too: tests/apps/limits.py) is the store's ``TIME`` when it granted the
+lease (gate/lease.lua: a new key's first token is the grant's instant), and the
+observer stamps the body's first line with its own server's ``TIME``; both servers run
+on this machine.
 """
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.worker.asking_ahead import AHEAD_BOUND
@@ -26,17 +29,25 @@ APP = "tests.apps.exclusive"
 HAND_OVER_US = 250_000
 
 
+@pytest.mark.parametrize("kind", ["exclusive", "rate"])
 def test_no_grant_is_older_than_the_bound_at_the_bodys_start(
-    workers: Workers, observer: Observer
+    workers: Workers, observer: Observer, kind: str
 ) -> None:
-    """A drain of short exclusive tasks on one worker (prefork, concurrency 2, Celery's
-    default prefetch): the pool drains short tasks, so the next request is asked ahead."""
+    """A drain of short exclusive tasks, or of a global rate's (1000/s, its token spent
+    at the grant), on one worker (prefork, concurrency 2, Celery's default prefetch):
+    the pool drains short tasks, so the next request is asked ahead."""
     from tests.apps.exclusive import ex_skip
+    from tests.apps.limits import rated_drain
 
-    workers.start(APP, concurrency=2)
     n = 300
-    for i in range(n):
-        ex_skip.delay(f"ahead-{i}", 0.002)
+    if kind == "exclusive":
+        workers.start(APP, concurrency=2)
+        for i in range(n):
+            ex_skip.delay(f"ahead-{i}", 0.002)
+    else:
+        workers.start("tests.apps.limits", concurrency=2)
+        for i in range(n):
+            rated_drain.delay(i, 0.002)
     runs = observer.wait_for(n, timeout=180)
     ages = sorted(run.start - (run.fence or 0) for run in runs)
     assert all(run.fence for run in runs)

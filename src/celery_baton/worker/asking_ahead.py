@@ -12,10 +12,16 @@ granted it. Past the bound the grant is given back (a timer), and the request as
 again when its slot comes, as it would have without this. An answer that comes after
 the slot did is used as the answer of an ask made on it.
 
-Only plans made of leases are asked ahead (``exclusive``, ``global_concurrency``, the
-redelivery guard's run lease): a lease is given back whole. A rate token is spent when
-it is granted, a unique claim freed at the start is freed, a publish order is taken, a
-fair turn is counted: plans with those keep asking at the free process.
+Plans made of leases (``exclusive``, ``global_concurrency``, the redelivery guard's run
+lease) and of ``global_rate_limit`` tokens are asked ahead. A lease is given back whole.
+A token is spent when it is granted, for a start then: used within the bound, the run
+starts at most that long after its instant (the pool process judges it again at the
+body's start, ``worker/pool/rate_grant.py``); unused, it is not given back (a refund
+could hand out a token another grant already counted on) but lost, which errs on the
+side of the limit, and the request asks again at its slot. Asked ahead it reserves no
+later slot (a rate that binds refuses it, and the ask at the slot reserves). A unique
+claim freed at the start is freed, a publish order is taken, a fair turn is counted, a
+named limit's cost is spent: plans with those keep asking at the free process.
 """
 
 from __future__ import annotations
@@ -23,14 +29,14 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from celery_baton.core.conditions import NotDone, Override, SlotNotRun, TakeLease
+from celery_baton.core.conditions import NotDone, Override, Rate, SlotNotRun, TakeLease
 from celery_baton.worker.holding import Delivery
 
 #: How long (s) a grant asked ahead may wait for its pool slot; past it, given back.
 AHEAD_BOUND = 0.02
 
-#: Conditions that grant only leases, or check without writing.
-_LEASE_KINDS = (TakeLease, Override, NotDone, SlotNotRun)
+#: Conditions that grant leases or rate tokens, or check without writing.
+_AHEAD_KINDS = (TakeLease, Rate, Override, NotDone, SlotNotRun)
 
 
 def eligible(delivery: Delivery) -> bool:
@@ -41,8 +47,7 @@ def eligible(delivery: Delivery) -> bool:
         and not delivery.policy.rate_from_celery
         and plan.flow_key is None
         and not plan.fair_limits
-        and plan.reserve == 0
-        and all(type(c) in _LEASE_KINDS for c in plan.conditions)
+        and all(type(c) in _AHEAD_KINDS for c in plan.conditions)
     )
 
 

@@ -4,7 +4,15 @@ next; the real worker's side is tests/limits/test_ask_ahead.py."""
 
 from __future__ import annotations
 
-from celery_baton.core.conditions import FreeUnique, NotDone, Override, Rate, TakeLease
+from celery_baton.core.conditions import (
+    FreeUnique,
+    NotDone,
+    Override,
+    Penalty,
+    Rate,
+    TakeLease,
+    WeightedRate,
+)
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.worker.asking_ahead import AHEAD_BOUND, AskingAhead, eligible
 from celery_baton.worker.holding import Delivery
@@ -20,13 +28,15 @@ def delivery(*conditions: object, generation: int = 0, **plan: object) -> Delive
     return made
 
 
-def test_only_plans_of_leases_are_asked_ahead() -> None:
+def test_only_plans_of_leases_and_rate_tokens_are_asked_ahead() -> None:
     assert eligible(delivery(TakeLease("k")))
     assert eligible(delivery(Override("l", "concurrency"), TakeLease("k", limit=3)))
     assert eligible(delivery(NotDone("d"), TakeLease("r")))  # the guard's
-    assert not eligible(delivery(Override("l", "rate"), Rate("r", 1000)))  # a token
+    # A token: lost if unused within the bound (asked ahead without a reservation).
+    assert eligible(delivery(Override("l", "rate"), Rate("r", 1000), reserve=0.001))
     assert not eligible(delivery(TakeLease("k"), FreeUnique("u", "id")))  # freed at once
-    assert not eligible(delivery(TakeLease("k"), reserve=0.5))
+    assert not eligible(delivery(WeightedRate("w", 1000, 0)))  # a named limit's cost
+    assert not eligible(delivery(Penalty("p"), TakeLease("k")))
     assert not eligible(delivery(TakeLease("k"), flow_key="f"))
     assert not eligible(delivery(TakeLease("k"), fair_limits={"f": "k"}))
 
@@ -58,6 +68,6 @@ def test_the_candidate_is_the_first_waiter_once() -> None:
     ahead.done_with(first)
     first.asked_ahead = True
     assert ahead.candidate(generation=1) is None  # asked once; the next is behind it
-    rated = AskingAhead()
-    rated.waiting.append(delivery(Rate("r", 1000), generation=1))
-    assert rated.candidate(generation=1) is None
+    unique = AskingAhead()
+    unique.waiting.append(delivery(TakeLease("k"), FreeUnique("u", "id"), generation=1))
+    assert unique.candidate(generation=1) is None
