@@ -22,19 +22,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from celery_baton.worker.transport.broker import kombu_redis_qos
 from celery_baton.worker.transport.broker_writes import writes_of
 
 logger = logging.getLogger("celery_baton.worker")
-
-
-def _redis_qos(channel: Any) -> Any:
-    """The channel's QoS when it is kombu's Redis transport's (acks we can group)."""
-    qos = getattr(channel, "qos", None)
-    try:
-        from kombu.transport.redis import QoS
-    except ImportError:  # redis-py absent: not that transport
-        return None
-    return qos if isinstance(qos, QoS) else None
 
 
 def _plain_ack(request: Any) -> bool:
@@ -54,7 +45,7 @@ def acknowledge_together(requests: Sequence[Any]) -> None:
             continue
         message: Any = getattr(request, "message", None)
         channel = getattr(message, "channel", None)
-        qos = _redis_qos(channel)
+        qos = kombu_redis_qos(channel)
         if qos is None or message.acknowledged or not _plain_ack(request):
             request.acknowledge()
             continue

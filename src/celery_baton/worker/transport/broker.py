@@ -119,3 +119,20 @@ def warn_short_gaps(policies: Iterable[Any], redelivery_window: float | None) ->
             policy.ordered_gap,
             redelivery_window,
         )
+
+
+def kombu_redis_qos(channel: Any, *, its_own_writes: bool = False) -> Any:
+    """The channel's QoS when it is kombu's Redis transport's (None otherwise);
+    ``its_own_writes``: and only if it still writes its records and acks as kombu's own
+    does (a subclass that changed them keeps them)."""
+    try:
+        from kombu.transport.redis import QoS
+    except ImportError:  # redis-py absent: not that transport
+        return None
+    qos = getattr(channel, "qos", None)
+    if not isinstance(qos, QoS):
+        return None
+    kind = type(qos)
+    if its_own_writes and (kind.append is not QoS.append or kind.ack is not QoS.ack):
+        return None
+    return qos

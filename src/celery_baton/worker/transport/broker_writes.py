@@ -62,6 +62,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from celery_baton.wire import Wire
+from celery_baton.worker.transport.broker import kombu_redis_qos
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -88,22 +89,6 @@ def writes_of(qos: Any) -> BrokerWrites | None:
     """The writes installed on kombu's ``qos`` (None: kombu's own)."""
     writes = getattr(qos, _INSTALLED_ATTR, None)
     return writes if isinstance(writes, BrokerWrites) else None
-
-
-def _kombu_redis_qos(channel: Any) -> Any:
-    """The channel's QoS when it is kombu's Redis transport's, its writes as this module
-    knows them (a subclass that changed them keeps them)."""
-    try:
-        from kombu.transport.redis import QoS
-    except ImportError:  # redis-py absent: not that transport
-        return None
-    qos = getattr(channel, "qos", None)
-    if not isinstance(qos, QoS):
-        return None
-    kind = type(qos)
-    if kind.append is not QoS.append or kind.ack is not QoS.ack:
-        return None
-    return qos
 
 
 class BrokerWrites:
@@ -141,7 +126,7 @@ class BrokerWrites:
         # A new consumer's loop (the old one's poller was closed): connect again at the
         # next write, registered on it.
         self._broken("a new consumer")
-        qos = _kombu_redis_qos(channel)
+        qos = kombu_redis_qos(channel, its_own_writes=True)
         if qos is None or hub is None or self.closed:
             return False
         if writes_of(qos) is not None:
