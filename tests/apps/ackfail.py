@@ -24,15 +24,13 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import time
 
-import redis
 from celery import Task
 
-from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, observer
+from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, marks, observer
 
 #: Seconds a first run waits, after it asked for the broker to be paused, before it
 #: returns (so that the ack is sent to a paused broker).
@@ -49,18 +47,13 @@ app, baton = make_baton_app(
 )
 
 
-@functools.cache
-def _marks() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
-
-
 def stop_mark(task_id: str) -> str:
     """Set by a task's first run when the test should pause the broker."""
     return f"ackfail:stop:{task_id}"
 
 
 def _first_run_asks_for_a_stop(task_id: str) -> None:
-    if _marks().set(stop_mark(task_id), "1", nx=True):
+    if marks().set(stop_mark(task_id), "1", nx=True):
         time.sleep(WAIT_FOR_STOP)
 
 
@@ -91,8 +84,8 @@ def uq_stops_broker(self: Task, key: str) -> str:
     ack that follows is the worker's first call to a stopped broker: it is written on
     the connection kombu keeps open, and read by the broker when it goes on."""
     observer().run(key, task_id=self.request.id)
-    if _marks().set(f"ackfail:broker-stopped:{key}", "1", nx=True):  # the key's first run
-        os.kill(int(_marks().get(broker_pid_mark()) or 0), signal.SIGSTOP)
+    if marks().set(f"ackfail:broker-stopped:{key}", "1", nx=True):  # the key's first run
+        os.kill(int(marks().get(broker_pid_mark()) or 0), signal.SIGSTOP)
     return "ran"
 
 
@@ -110,7 +103,7 @@ def main_stopped_mark(key: str) -> str:
 
 
 def _first_run_stops_its_main_process(key: str) -> None:
-    if _marks().set(main_stopped_mark(key), str(os.getppid()), nx=True):
+    if marks().set(main_stopped_mark(key), str(os.getppid()), nx=True):
         os.kill(os.getppid(), signal.SIGSTOP)
 
 

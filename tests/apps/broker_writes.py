@@ -16,13 +16,9 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
-import os
-
-import redis
 from celery import Task
 
-from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, observer
+from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, marks, observer
 
 app, baton = make_baton_app(
     "broker_writes",
@@ -34,15 +30,10 @@ app, baton = make_baton_app(
 TAGS = "broker_writes:tags"
 
 
-@functools.cache
-def _marks() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
-
-
 def _ran(task: Task, i: int) -> None:
     observer().run(f"s{i}", task_id=task.request.id, sleep=0.01)
     tag = (task.request.delivery_info or {}).get("delivery_tag", "")
-    _marks().rpush(TAGS, f"{task.request.id} {tag}")
+    marks().rpush(TAGS, f"{task.request.id} {tag}")
 
 
 @app.task(bind=True)

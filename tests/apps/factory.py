@@ -14,6 +14,7 @@ import functools
 import os
 from typing import Any
 
+import redis
 from celery import Celery
 
 from celery_baton import Baton
@@ -66,3 +67,10 @@ def observer() -> Observer:
     """This process's Observer (created at its first use, after the pool forked, so a
     pool process never shares its parent's)."""
     return Observer(os.environ["TEST_OBSERVER_URL"])
+
+
+@functools.cache
+def marks() -> redis.Redis:
+    """The observer's database, for marks a task leaves for its own next delivery or for
+    the test (created at its first use, in the process that uses it, as observer())."""
+    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)

@@ -16,15 +16,13 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from typing import Any
 
-import redis
 from celery import Task, signals, states
 
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import make_baton_app, marks, observer
 
 app, baton = make_baton_app(
     "finality",
@@ -47,12 +45,6 @@ app, baton = make_baton_app(
 )
 
 
-@functools.cache
-def _marks() -> redis.Redis:
-    """The observer's database, for marks a task leaves for its own next delivery."""
-    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
-
-
 @app.task(bind=True, unique="key", retry_on_worker_lost=True, max_retries=1, default_retry_delay=0)
 def lost_every_run(self: Task, key: str, die: bool = True) -> str:
     """Unique; its pool child dies on every run when ``die`` (not part of the key).
@@ -69,7 +61,7 @@ def lost_every_run(self: Task, key: str, die: bool = True) -> str:
 def exits_once(self: Task, key: str) -> str:
     """Guarded; calls ``sys.exit()`` on its first delivery only. Celery requeues the
     message (a lost worker under ``reject_on_worker_lost``): the copy must run."""
-    if _marks().set(exited_mark(self.request.id), "1", nx=True):
+    if marks().set(exited_mark(self.request.id), "1", nx=True):
         sys.exit(1)  # (before the observer hears of it: only the copy's run is recorded)
     observer().run(key, task_id=self.request.id)
     return "ran"

@@ -20,16 +20,14 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import time
 
-import redis
 from celery import Task, signals
 from celery.exceptions import Reject
 
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import make_baton_app, marks, observer
 
 app, baton = make_baton_app(
     "run_ends",
@@ -50,11 +48,6 @@ app, baton = make_baton_app(
 PARKED = "parked"
 
 
-@functools.cache
-def _marks() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["TEST_OBSERVER_URL"], decode_responses=True)
-
-
 def main_stopped_mark(key: str) -> str:
     """Set by the first run of a ``*_main_dies`` task with ``key`` that stopped its main
     process (only the first: a later run of the key must end normally)."""
@@ -63,7 +56,7 @@ def main_stopped_mark(key: str) -> str:
 
 def _first_run_stops(key: str, main: int) -> None:
     """The first run of ``key`` stops process ``main`` (SIGSTOP) and marks it."""
-    if _marks().set(main_stopped_mark(key), str(main), nx=True):
+    if marks().set(main_stopped_mark(key), str(main), nx=True):
         os.kill(main, signal.SIGSTOP)
 
 
