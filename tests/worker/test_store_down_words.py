@@ -60,7 +60,8 @@ def test_a_worker_says_the_store_is_down_once_not_every_renewal(
     workers: Workers, store_server: StoreServer
 ) -> None:
     """Before: ``lease renewal failed`` every lease_ttl / 3 (2.7 s by default) for as
-    long as the store was down, from a worker holding no lease."""
+    long as the store was down, from a worker holding no lease; then once, still
+    naming a lease renewal where no lease was held."""
     worker = workers.start("tests.apps.exclusive", concurrency=1)
     store_server.restart(down_for=10.0)  # about four renewal intervals
     wait_until(lambda: "store answers again" in worker.log_text(), 30, "the recovery line")
@@ -70,6 +71,7 @@ def test_a_worker_says_the_store_is_down_once_not_every_renewal(
     ]
     assert len(down) == 1, log
     assert "connection refused" in down[0] or "Connection refused" in down[0], down
+    assert "renewal" not in down[0], down  # it holds no lease
 
 
 @pytest.mark.timeout(180)

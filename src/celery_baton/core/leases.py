@@ -400,9 +400,13 @@ class LeaseBook:
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = self._down_said = now
+            # Said of the leases only when some are held: the pass also writes labels and
+            # the batching ticks, and "lease renewal failed" on an idle worker misled.
+            leases = "lease renewal failed, " if self.held() else ""
             logger.warning(
-                "lease renewal failed, the store is down: %s. Retrying every %.1fs; said "
-                "again every %.0fs while it stays down",
+                "%sthe store is down: %s. Retrying every %.1fs; said again every %.0fs "
+                "while it stays down",
+                leases,
                 exc,
                 self.interval,
                 DOWN_REPEAT,
