@@ -273,20 +273,22 @@ class Admission:
             return
         if self.cancelling is not None and self.cancelling.watch.ids_live():
             return  # a cancel by id is checked in the ask made at the slot (_decide)
-        while (delivery := self.ahead.candidate(self.generation)) is not None:
-            if self.cancelling is not None and self.cancelling.known(delivery.request):
-                return  # cancelled: it is revoked at its slot, never asked for
-            self.ahead.add(delivery)
-            delivery.asked_ahead = True
-            delivery.asking = True
-            delivery.asked_at = now
-            self.channel.ask(
-                delivery.plan.conditions,
-                owner=delivery.plan.owner,
-                ttl=delivery.policy.lease_ttl,
-                reserve=0.0,
-                answer=functools.partial(self._answered_ahead, delivery),
-            )
+        delivery = self.ahead.candidate(self.generation)
+        if delivery is None:
+            return
+        if self.cancelling is not None and self.cancelling.known(delivery.request):
+            return  # cancelled: it is revoked at its slot, never asked for
+        self.ahead.current = delivery
+        delivery.asked_ahead = True
+        delivery.asking = True
+        delivery.asked_at = now
+        self.channel.ask(
+            delivery.plan.conditions,
+            owner=delivery.plan.owner,
+            ttl=delivery.policy.lease_ttl,
+            reserve=0.0,
+            answer=functools.partial(self._answered_ahead, delivery),
+        )
 
     def _answered_ahead(self, delivery: Delivery, reply: Decision | BaseException) -> None:
         # On the loop when the store answered an ask made ahead; nothing may escape.
@@ -313,7 +315,7 @@ class Admission:
                         self.releasing.give_back(delivery.plan)
                     return  # refused (or failed): asked again when its slot comes
                 left = self.ahead.bound - (time.monotonic() - delivery.asked_at)
-                self.ahead.add(delivery)
+                self.ahead.current = delivery
                 delivery.ahead = reply
                 delivery.ahead_timer = self.consumer.timer.call_after(
                     max(left, 0.0), self._ahead_expired, (delivery,), priority=5
@@ -712,9 +714,10 @@ class Admission:
             # A grant asked ahead for a request the broker now gives to others is given
             # back (_take_ahead gives back one past the bound itself). One still asked:
             # its answer finds the generation changed, and gives it back.
-            for ahead in list(self.ahead.asked):
-                if self._take_ahead(ahead) is not None:
-                    self.releasing.give_back(ahead.plan)
+            ahead = self.ahead.current
+            granted = self._take_ahead(ahead) if ahead is not None else None
+            if ahead is not None and granted is not None:
+                self.releasing.give_back(ahead.plan)
             forgotten = self.holding.forget()
             # One waiting for its reserved rate slot's instant gives its pool slot back
             # now: its timer may be gone with the connection (Starting.forgotten).

@@ -4,10 +4,8 @@ A guarded request is asked of the gate only when a pool process can start it
 (``worker/pool_slots.py``); the process then idles for a store round trip and a turn of
 the consumer's loop, which a drain of short tasks pays at every start (issue 36,
 docs/benchmarks.md). So while the pool drains short tasks (slots have come free more
-often than every ``AHEAD_BOUND / 2``, the last one less than ``AHEAD_BOUND`` ago), the
-first ``AHEAD_MOST`` requests waiting for a slot are asked before their slots free (two:
-processes that started together free together, and one grant in hand left the second
-to wait for its round trip).
+often than every ``AHEAD_BOUND / 2``, the last one less than ``AHEAD_BOUND`` ago), one
+request per worker, the first one waiting for a slot, is asked before its slot frees.
 Its grant is used only if the slot comes within ``AHEAD_BOUND`` of the ask: the run then
 starts at most that long (and its hand-over to the pool process) after the store
 granted it. Past the bound the grant is given back (a timer), and the request asks
@@ -36,8 +34,6 @@ from celery_baton.worker.holding import Delivery
 
 #: How long (s) a grant asked ahead may wait for its pool slot; past it, given back.
 AHEAD_BOUND = 0.02
-#: How many requests of one worker may be asked ahead at once.
-AHEAD_MOST = 2
 
 #: Conditions that grant leases or rate tokens, or check without writing.
 _AHEAD_KINDS = (TakeLease, Rate, Override, NotDone, SlotNotRun)
@@ -56,14 +52,13 @@ def eligible(delivery: Delivery) -> bool:
 
 
 class AskingAhead:
-    """The deliveries waiting for a pool slot, in order, those asked ahead, and how
+    """The deliveries waiting for a pool slot, in order, the one asked ahead, and how
     often slots come free. Used under the holding lock, on the consumer's loop."""
 
-    def __init__(self, bound: float = AHEAD_BOUND, most: int = AHEAD_MOST) -> None:
+    def __init__(self, bound: float = AHEAD_BOUND) -> None:
         self.bound = bound
-        self.most = most
         self.waiting: deque[Delivery] = deque()  # waiting for a slot (some stale)
-        self.asked: list[Delivery] = []  # asked ahead: answer due, or grant in hand
+        self.current: Delivery | None = None  # asked ahead: answer due, or grant in hand
         self._last_free = -math.inf
         self._interval = math.inf  # between slots coming free (smoothed)
 
@@ -85,26 +80,17 @@ class AskingAhead:
             waiting.popleft()
 
     def candidate(self, generation: int) -> Delivery | None:
-        """The next delivery to ask ahead now: among the first ``most`` waiting for a
-        slot, the first not asked yet, if it may be (None: none, or ``most`` are)."""
-        if len(self.asked) >= self.most:
+        """The first delivery waiting for a slot, if it may be asked ahead now."""
+        if self.current is not None:
             return None
         self.prune(generation)
-        seen = 0
-        for waiting in self.waiting:
-            if not waiting.waiting_slot or waiting.generation != generation:
-                continue  # got its slot, or forgotten: pruned once at the head
-            if not (waiting.asking or waiting.asked_ahead):
-                return waiting if eligible(waiting) else None
-            seen += 1
-            if seen >= self.most:
-                return None
-        return None
-
-    def add(self, delivery: Delivery) -> None:
-        if delivery not in self.asked:
-            self.asked.append(delivery)
+        if not self.waiting:
+            return None
+        first = self.waiting[0]
+        if first.asking or first.asked_ahead or not eligible(first):
+            return None
+        return first
 
     def done_with(self, delivery: Delivery) -> None:
-        if delivery in self.asked:
-            self.asked.remove(delivery)
+        if self.current is delivery:
+            self.current = None

@@ -54,32 +54,20 @@ def test_draining_means_slots_came_free_often_and_lately() -> None:
     assert not slow.draining(100.0 + 9 * AHEAD_BOUND + 0.001)
 
 
-def test_the_candidates_are_the_first_waiters_once_at_most_two() -> None:
+def test_the_candidate_is_the_first_waiter_once() -> None:
     ahead = AskingAhead()
-    assert ahead.most == 2
     started = delivery(TakeLease("a"))
     started.waiting_slot = False  # got its slot
     forgotten = delivery(TakeLease("b"), generation=0)
-    first, second, third = (delivery(TakeLease(k), generation=1) for k in "cde")
-    ahead.waiting.extend([started, forgotten, first, second, third])
+    first, second = delivery(TakeLease("c"), generation=1), delivery(TakeLease("d"), generation=1)
+    ahead.waiting.extend([started, forgotten, first, second])
     assert ahead.candidate(generation=1) is first
-    assert list(ahead.waiting) == [first, second, third]  # the stale heads dropped
-    ahead.add(first)
-    first.asked_ahead = True
-    assert ahead.candidate(generation=1) is second  # two at a time
-    ahead.add(second)
-    second.asked_ahead = True
-    assert ahead.candidate(generation=1) is None  # two asked: no third
+    assert list(ahead.waiting) == [first, second]  # the stale heads dropped
+    ahead.current = first
+    assert ahead.candidate(generation=1) is None  # one at a time
     ahead.done_with(first)
-    assert ahead.candidate(generation=1) is None  # first's slot not come: still ahead
-    first.waiting_slot = False  # its slot came
-    assert ahead.candidate(generation=1) is third
-    ahead.done_with(second)
-    refused = AskingAhead()  # one refused ahead waits for its slot; none behind it asks
-    one, two, three = (delivery(TakeLease(k), generation=1) for k in "xyz")
-    one.asked_ahead = two.asked_ahead = True
-    refused.waiting.extend([one, two, three])
-    assert refused.candidate(generation=1) is None
+    first.asked_ahead = True
+    assert ahead.candidate(generation=1) is None  # asked once; the next is behind it
     unique = AskingAhead()
     unique.waiting.append(delivery(TakeLease("k"), FreeUnique("u", "id"), generation=1))
     assert unique.candidate(generation=1) is None
