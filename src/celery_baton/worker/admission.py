@@ -441,13 +441,7 @@ class Admission:
             return
         conditions = delivery.plan.conditions
         if delivery.plan.fair_limits:  # fair_key: say whether more of its key wait here
-            plan = delivery.plan
-            conditions = fairness.with_more(
-                conditions,
-                lambda fair: self.holding.others_waiting(
-                    plan.fair_queues[plan.fair_limits[fair]], delivery
-                ),
-            )
+            conditions = fairness.with_more(conditions, self._more_here(delivery))
         if self.cancelling is not None and self.cancelling.in_gate:
             # While cancels by id live, the gate call itself says whether this id is one.
             conditions = self.cancelling.with_check(delivery.request, conditions)
@@ -608,10 +602,7 @@ class Admission:
         """``delivery`` leaves without running (skipped, revoked, cancelled): an ordered
         call's turn passes to the next call, now or when the line reaches it, rather
         than holding its key for the gap bound (worker/ordering.py)."""
-        held = delivery.held
-        self.holding.release(delivery)
-        if held:
-            self._leave_turns(delivery)
+        self._let_go(delivery)
         passed = ordering.passed(delivery.plan)
         if passed is not None:
             self.releasing.channel.release(passed)
@@ -632,31 +623,33 @@ class Admission:
         if skip.reason in FREES_UNIQUE and delivery.plan.unique_key:
             self.releasing.free_unique(delivery.plan.unique_key, delivery.request.id)
 
-    def _leave_turns(self, delivery: Delivery) -> None:
-        """A ``fair_key`` request that was held leaves this worker without a run: when no
-        other request of its key waits here, this worker's presence in the key's turn
-        goes now (fair_leave.lua). Left to lapse, it kept the key ahead of the others for
-        ``fairness.PRESENCE``, and they had one slot of the cap fewer meanwhile. A leave
-        that fails is only logged: the presence lapses then."""
+    def _more_here(self, delivery: Delivery) -> Callable[[str], bool]:
+        """For a fair plan's FairTurn key: whether another request of its key waits in
+        this worker (not asking now: WaitQueues.others_waiting)."""
         plan = delivery.plan
-        if not plan.fair_limits:
-            return
-        calls = fairness.leave_calls(
-            plan.conditions,
-            plan.owner,
-            lambda fair: self.holding.others_waiting(
-                plan.fair_queues[plan.fair_limits[fair]], delivery
-            ),
+        return lambda fair: self.holding.others_waiting(
+            plan.fair_queues[plan.fair_limits[fair]], delivery
         )
-        for keys, args in calls:
+
+    def _let_go(self, delivery: Delivery) -> None:
+        """``delivery`` leaves this worker without a run. A ``fair_key`` request that was
+        held: when no other request of its key waits here, this worker's presence in the
+        key's turn goes now (fair_leave.lua). Left to lapse, it kept the key ahead of the
+        others for ``fairness.PRESENCE``, and they had one slot of the cap fewer
+        meanwhile. A leave that fails is only logged: the presence lapses then."""
+        held = delivery.held
+        self.holding.release(delivery)
+        plan = delivery.plan
+        if not held or not plan.fair_limits:
+            return
+        for keys, args in fairness.leave_calls(
+            plan.conditions, plan.owner, self._more_here(delivery)
+        ):
             self.channel.run("fair_leave", keys, args, _leave_answered)
 
     def _hand_back(self, delivery: Delivery, why: str, *, one_of_many: bool = False) -> None:
         """Back to the broker; ``one_of_many``: see ``outcomes.hand_back``."""
-        held = delivery.held
-        self.holding.release(delivery)
-        if held:
-            self._leave_turns(delivery)
+        self._let_go(delivery)
         self.stats["handed_back"] += 1
         self.events.handed_back(delivery, why)
         outcomes.hand_back(delivery.request, why, one_of_many=one_of_many)
