@@ -27,7 +27,7 @@ from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts, parts_for, task_option
 from celery_baton.publish import guard_send_task
 from celery_baton.store.connection import Store
-from celery_baton.worker.pool import run_end
+from celery_baton.worker.pool import connect_ahead, run_end
 from celery_baton.worker.pool.batch_run import batch_body, wrap_task
 from celery_baton.worker.step import BatonConsumer
 
@@ -315,6 +315,7 @@ class Baton:
         # through parts_for(app).
         app.steps["consumer"].add(BatonConsumer)
         run_end.install()
+        connect_ahead.install(self.parts)
         app.send_task = guard_send_task(self.parts, app.send_task)
         app.task = self._validating_task_decorator(app.task)
 

@@ -40,12 +40,15 @@ INSPECT_TIMEOUT = 1.0
 @dataclass(frozen=True)
 class Cancelled:
     """What a cancel did: ``what`` in words, ``ttl`` (seconds it is kept), ``revoked``
-    (the result marked REVOKED now), ``terminated`` (running task ids sent a revoke)."""
+    (the result marked REVOKED now), ``terminated`` (running task ids sent a revoke),
+    ``state``: a cancel by id, its call's result state before the cancel (None: no
+    result backend, or a cancel by key)."""
 
     what: str
     ttl: float
     revoked: bool = False
     terminated: tuple[str, ...] = ()
+    state: str | None = None
 
 
 def cancel_ttl(parts: AppParts, ttl: float | None) -> float:
@@ -102,6 +105,7 @@ def _cancel_id(
     app = parts.app
     revoked = False
     backend = app.backend
+    state = None
     if not _disabled(backend):
         state = backend.get_state(task_id)
         # A finished call keeps its outcome; a running one is marked by its worker when
@@ -114,7 +118,7 @@ def _cancel_id(
         app.control.revoke(task_id, terminate=True)
         terminated = (task_id,)
     logger.info("baton: cancelled task %s for %.0fs", task_id, ttl)
-    return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated)
+    return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated, state=state)
 
 
 def _cancel_key(

@@ -24,6 +24,10 @@ the name (kombu's Redis transport, Celery's worker)    without it
 kombu's virtual ``QoS.append``                         left unacked are put back in
                                                        their queues at the reconnect
                                                        instead of kept
+``QoS._remove_from_indices``,                          a held message whose record
+``Channel._do_restore_message``                        the broker refused or lost is
+                                                       given back by kombu, which finds
+                                                       nothing to give back (lost)
 ``Channel._lookup``, ``_q_for_pri``,                   a unique key whose ack failed is
 ``priority_steps``                                     kept for the redelivery window
 ``WorkController._process_task_sem`` and               pool slots counted against the
@@ -86,7 +90,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -165,6 +169,45 @@ def restore_by_tag(channel: Any) -> Callable[[str], Any] | None:
     return None
 
 
+def restore_with_record(qos: Any) -> Callable[[str, str, bool], None] | None:
+    """A function that puts a delivered message back in its queue in one transaction, as
+    kombu's Redis ``QoS.restore_by_tag`` does, from the broker's record of it or, where
+    the broker has none (its record was refused, or lost with a connection), from
+    ``record``: the record as kombu writes it (JSON of payload, exchange, routing key),
+    which only the worker that received the message still has."""
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    channel = getattr(qos, "channel", None)
+    remove = getattr(qos, "_remove_from_indices", None)
+    put = getattr(channel, "_do_restore_message", None)
+    acquire = getattr(channel, "conn_or_acquire", None)
+    unacked = getattr(qos, "unacked_key", None)
+    if not (callable(remove) and callable(put) and callable(acquire)) or not isinstance(
+        unacked, str
+    ):
+        unavailable(
+            "kombu's Redis QoS._remove_from_indices/unacked_key, "
+            "Channel._do_restore_message/conn_or_acquire",
+            "a held message whose record the broker refused is given back by kombu, "
+            "which finds nothing to give back",
+        )
+        return None
+
+    def restore(tag: str, record: str, leftmost: bool = False) -> None:
+        def transaction(pipe: Any) -> None:
+            stored = pipe.hget(unacked, tag)
+            pipe.multi()
+            remove(tag, pipe)
+            payload, exchange, routing_key = loads(bytes_to_str(stored or record))  # type: ignore[no-untyped-call]
+            put(payload, exchange, routing_key, pipe, leftmost)
+
+        with acquire() as client:
+            client.transaction(transaction, unacked)
+
+    return restore
+
+
 def restamp_unacked(channel: Any) -> Callable[[list[str], float], list[bool]] | None:
     """A function that renews, in one round trip, the delivery time of unacked messages
     in kombu's Redis unacked index (the score its visibility scan compares with the
@@ -240,15 +283,35 @@ def adopt_unacked(channel: Any) -> Callable[[str, float], Any] | None:
     return adopt
 
 
+def _per_priority(channel: Any) -> Callable[[Iterable[str]], list[str]] | None:
+    """The Redis lists that hold the messages of some queues, one per priority step
+    (``_q_for_pri``, ``priority_steps``); None where this kombu has neither."""
+    q_for_pri = getattr(channel, "_q_for_pri", None)
+    steps = getattr(channel, "priority_steps", None)
+    if not callable(q_for_pri) or steps is None:
+        return None
+    return lambda queues: list(dict.fromkeys(q_for_pri(q, pri) for q in queues for pri in steps))
+
+
+def priority_lists(channel: Any, queues: Iterable[str]) -> list[str] | None:
+    """The Redis lists that hold the messages of the queues named ``queues``."""
+    per_priority = _per_priority(channel)
+    if per_priority is not None:
+        return per_priority(queues)
+    unavailable(
+        "kombu's Channel._q_for_pri/priority_steps",
+        "`baton cancel` does not say whether the call is queued",
+    )
+    return None
+
+
 def queue_lists(channel: Any, exchange: Any, routing_key: Any) -> list[str] | None:
     """The Redis lists a message sent to ``exchange`` with ``routing_key`` is restored to
     (every priority of every queue bound; ``_lookup``, ``_q_for_pri``)."""
     lookup = getattr(channel, "_lookup", None)
-    q_for_pri = getattr(channel, "_q_for_pri", None)
-    steps = getattr(channel, "priority_steps", None)
-    if callable(lookup) and callable(q_for_pri) and steps is not None:
-        queues = lookup(exchange, routing_key)
-        return list(dict.fromkeys(q_for_pri(q, pri) for q in queues for pri in steps))
+    per_priority = _per_priority(channel)
+    if callable(lookup) and per_priority is not None:
+        return per_priority(lookup(exchange, routing_key))
     unavailable(
         "kombu's Channel._lookup/_q_for_pri/priority_steps",
         "a unique key whose ack failed is kept for the redelivery window",

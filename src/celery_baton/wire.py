@@ -46,6 +46,8 @@ except (ImportError, AttributeError):  # pragma: no cover - other redis-py layou
     _reply_error = ResponseError
 
 READ_SIZE = 65536
+#: Reads of what arrived that one ``read_arrived`` makes at most (each up to READ_SIZE).
+_ARRIVED_READS_MAX = 64
 _pack = hiredis.pack_command
 
 
@@ -141,6 +143,24 @@ class Wire:
             return reply
         finally:
             self.in_io = False
+
+    def read_arrived(self) -> list[Any]:
+        """Every complete reply that has arrived, read without the event loop's word that
+        the socket is readable (a check that replies are overdue, made by a loop that
+        may not have read for a while): it reads only while there is something to read,
+        so it never waits."""
+        replies: list[Any] = []
+        for _ in range(_ARRIVED_READS_MAX):
+            try:
+                readable, _, _ = select.select([self._sock], [], [], 0)
+            except ValueError as exc:  # closed: no descriptor left
+                raise RedisConnectionError("the connection is closed") from exc
+            except OSError as exc:
+                raise _broken(exc) from exc
+            if not readable:
+                break
+            replies.extend(self.read_ready())
+        return replies
 
     def read_ready(self) -> list[Any]:
         """Every complete reply that has arrived; for an event loop whose poller said the

@@ -16,7 +16,10 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Task
+from celery.signals import task_received
 
 from tests.apps.factory import PAUSABLE_BROKER, make_baton_app, marks, observer
 
@@ -30,8 +33,19 @@ app, baton = make_baton_app(
 TAGS = "broker_writes:tags"
 
 
-def _ran(task: Task, i: int) -> None:
-    observer().run(f"s{i}", task_id=task.request.id, sleep=0.01)
+@task_received.connect
+def _tagged(request: Any = None, **_: Any) -> None:
+    """The main process, as it receives a call: its message's delivery tag (what a
+    failed ack names) in the request's ``delivery_info``, which Celery does not copy
+    there, so that the body can record it."""
+    delivery_info = getattr(request, "delivery_info", None)
+    message = getattr(request, "message", None)
+    if isinstance(delivery_info, dict) and message is not None:
+        delivery_info["delivery_tag"] = message.delivery_tag
+
+
+def _ran(task: Task, i: int, seconds: float = 0.01) -> None:
+    observer().run(f"s{i}", task_id=task.request.id, sleep=seconds)
     tag = (task.request.delivery_info or {}).get("delivery_tag", "")
     marks().rpush(TAGS, f"{task.request.id} {tag}")
 
@@ -46,3 +60,9 @@ def step(self: Task, i: int) -> None:
 def guarded_step(self: Task, i: int) -> None:
     """Under the redelivery guard: a message delivered again does not run twice."""
     _ran(self, i)
+
+
+@app.task(bind=True)
+def long_step(self: Task, i: int, seconds: float) -> None:
+    """A body of ``seconds``: on solo, the worker's loop reads nothing meanwhile."""
+    _ran(self, i, seconds)

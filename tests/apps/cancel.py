@@ -7,11 +7,7 @@ library, says which calls ran. Results are kept (a cancelled call's state is REV
 
 from __future__ import annotations
 
-import logging
-import os
-
 from celery import Task
-from celery.signals import after_setup_logger
 
 from tests.apps.factory import make_baton_app, observer
 
@@ -25,14 +21,6 @@ app, baton = make_baton_app(
     },
     worker_lost_wait=1.0,
 )
-
-
-@after_setup_logger.connect
-def _baton_debug(**_: object) -> None:
-    """``TEST_BATON_DEBUG=1``: celery_baton's DEBUG lines in the log (the path a
-    delivery took, for a failing run)."""
-    if os.environ.get("TEST_BATON_DEBUG"):
-        logging.getLogger("celery_baton").setLevel(logging.DEBUG)
 
 
 @app.task(bind=True, global_rate_limit="5/s")

@@ -11,11 +11,14 @@ particular to a test app stays in its module.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import signal
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import after_setup_logger
 
 from celery_baton import Baton
 from tests.support.observer import Observer
@@ -60,6 +63,36 @@ def make_baton_app(
         conf = {"baton_url": os.environ["BATON_URL"], **conf}
     app = make_app(name, results=results, **conf)
     return app, Baton(app, url=url)
+
+
+class _StopAtLine(logging.Handler):
+    """Stops this process (SIGSTOP), once, as it logs a line holding ``text``: the whole
+    worker stands still at that very point (swapped out, starved on a loaded machine)
+    until the test lets it go on (SIGCONT)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.stopped = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.stopped and self.text in record.getMessage():
+            self.stopped = True
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@after_setup_logger.connect
+def _baton_debug(**_: object) -> None:
+    """In a worker's environment, ``TEST_BATON_DEBUG=1``: celery_baton's DEBUG lines in
+    its log (the path a delivery took: a test waits for one, or reads a failing run);
+    ``TEST_STOP_AT_LINE``: the worker stops as it logs a celery_baton line holding it
+    (DEBUG lines included)."""
+    baton_logger = logging.getLogger("celery_baton")
+    stop_at = os.environ.get("TEST_STOP_AT_LINE")
+    if os.environ.get("TEST_BATON_DEBUG") or stop_at:
+        baton_logger.setLevel(logging.DEBUG)
+    if stop_at:
+        baton_logger.addHandler(_StopAtLine(stop_at))
 
 
 @functools.cache

@@ -181,3 +181,29 @@ def test_calls_given_again_by_the_broker_while_they_wait_survive_their_holder(
         assert result.get(timeout=60) == doc
     runs = settle(observer, "patient", 5, timeout=30)
     assert_each_call_once(runs, list(results))
+
+
+@pytest.mark.timeout(120)
+def test_calls_waiting_when_the_broker_restarts_run_once_without_waiting_its_timeout(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """A worker holds batched calls (their batch 8 s away) when its Redis broker is
+    SIGKILLed and restarted (its data kept). Their messages are unacknowledged: kombu
+    cannot restore them as the connection goes (the broker is away), and would give
+    them back only after the broker's visibility timeout (an hour by default, the
+    default here). The worker takes them back at the reconnect, as it does its other
+    held requests (worker/transport/held_return.py), and each runs once."""
+    from tests.apps.batching import patient
+
+    worker = workers.start(APP, concurrency=2)
+    results = [patient.apply_async(kwargs={"account": "k", "doc": d}) for d in range(6)]
+    wait_until(
+        lambda: worker.log_text().count("tests.apps.batching.patient[") >= 6,
+        20,
+        "the calls received and held",
+    )
+    broker_server.restart(kill=True, down_for=1.0)
+    runs = settle(observer, "patient", 6, timeout=60)
+    assert_each_call_once(runs, [r.id for r in results])
+    for doc, result in enumerate(results):
+        assert result.get(timeout=30) == doc

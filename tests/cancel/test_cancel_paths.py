@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 
+import psutil
 import pytest
 from celery import states
 from celery.exceptions import TaskRevokedError
@@ -217,3 +219,49 @@ def test_a_plain_call_cancelled_while_it_waited_for_its_pool_sends_task_revoked(
     # Celery reports the job's accept (task-started) before the judgement at its start.
     assert events.types(call.id) == ["task-received", "task-started", "task-revoked"]
     assert call.id not in [s["task_id"] for s in observer.started()]
+
+
+@pytest.mark.parametrize("by", ["id", "key"])
+@pytest.mark.parametrize("task", ["limited", "exclusive"])
+@pytest.mark.parametrize("pool", ALL_POOLS)
+def test_a_call_cancelled_while_its_worker_stood_still_at_the_hand_over_never_starts(
+    workers: Workers, observer: Observer, pool: str, task: str, by: str
+) -> None:
+    """The whole worker stands still (SIGSTOP: swapped out, starved on a loaded machine)
+    just as it hands a granted call to its pool (the test app stops it as it logs the
+    call's "to the pool"), and the call is cancelled meanwhile. When the worker goes on,
+    seconds after the cancel reached the store, the body must not start, on every pool:
+    the promise is judged at the body's start. It started on the threads pool (its
+    thread took a stale rate grant's fresh token but never asked about a cancel; found
+    by the nemesis soak, seed 695513179) and on solo (the body ran as it was handed
+    over). A rate grant (``limited``) and a lease (``exclusive``); cancelled by id, or
+    by a key of its arguments (which the worker, stopped, had not matched: the late job
+    asks the store about its task's key cancels too; before, it started on any pool
+    when the job ran before the worker read the cancel's notice)."""
+    from tests.apps import cancel
+
+    work = getattr(cancel, task)
+    call_id = str(uuid.uuid4())
+    worker = workers.start(
+        APP, pool=pool, concurrency=1, env={"TEST_STOP_AT_LINE": f"[{call_id}] to the pool"}
+    )
+    assert work.delay(0).get(timeout=30) == 0  # the pool is up
+    call = work.apply_async((1,), task_id=call_id)
+    process = psutil.Process(worker.pid)
+    wait_until(
+        lambda: process.status() == psutil.STATUS_STOPPED, 30, "the worker stopped at the hand-over"
+    )
+    try:
+        if by == "id":
+            cancel.baton.cancel(call.id)
+        else:
+            cancel.baton.cancel(task=work, key={"n": 1})
+        time.sleep(1.0)  # not a wait: the worker stands still past the hand-over's margin
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    with pytest.raises(TaskRevokedError):
+        call.get(timeout=30)
+    after = work.delay(2)  # the pool goes on with the next call
+    assert after.get(timeout=30) == 2
+    started = [s["task_id"] for s in observer.started()]
+    assert call.id not in started, f"the call cancelled by {by} started ({pool})"

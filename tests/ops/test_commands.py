@@ -24,10 +24,14 @@ from tests.support.workers import Workers
 APP = "tests.apps.exclusive"
 
 
-def baton(workers: Workers, *args: str, app: str = APP) -> subprocess.CompletedProcess[str]:
+def baton(
+    workers: Workers, *args: str, app: str = APP, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``celery -A app baton *args``, in the workers' environment (``env``: some of it
+    replaced)."""
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", app, "baton", *args],
-        env=_process_env(workers.env),
+        env=_process_env({**workers.env, **(env or {})}),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -6,14 +6,11 @@ lease waits until the store's start + lease_ttl (none if it started longer ago..
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.support.celery_processes import _process_env
-from tests.support.processes import REPO_ROOT
+from tests.ops.test_commands import baton
 from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -25,15 +22,8 @@ def _uptime(store_server: StoreServer) -> int:
 
 
 def _status(workers: Workers, *args: str, lease_ttl: str = "") -> Any:
-    env = {**workers.env, "BATON_TEST_APP_LEASE_TTL": lease_ttl} if lease_ttl else workers.env
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.apps.exclusive", "baton", "status", *args],
-        env=_process_env(env),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {"BATON_TEST_APP_LEASE_TTL": lease_ttl} if lease_ttl else None
+    done = baton(workers, "status", *args, app="tests.apps.exclusive", env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout) if args else done.stdout
 

@@ -30,6 +30,8 @@ def test_the_web_view_cancels_behind_its_token(
     assert web.post("/api/action", form, token="wrong")[0] == 403
     status, body = web.post("/api/action", form, token=TOKEN)
     assert status == 200 and json.loads(body)["ok"], body
+    # Said as the CLI says it: a queued call, not an id nothing is known of.
+    assert "it was waiting in the broker" in json.loads(body)["done"], body
     keyed = {"action": "cancel", "task": cancel.keyed.name, "key": '{"account_id": 2}'}
     status, body = web.post("/api/action", keyed, token=TOKEN)
     assert status == 200 and "account_id" in json.loads(body)["done"], body

@@ -84,7 +84,9 @@ class Faults:
     def _record(self, kind: str, start: int, pids: tuple[int, ...] = (), detail: str = "") -> None:
         fault = Fault(kind, start, self.clock.now(), pids, detail)
         self.faults.append(fault)
-        print(f"nemesis: {kind} {detail} ({fault.length / 1e6:.2f} s)", flush=True)
+        # The start on the clock the publishes and runs are recorded on: a finding's times
+        # can then be read against the faults from the printed output alone.
+        print(f"nemesis: {kind} {detail} at {start} ({fault.length / 1e6:.2f} s)", flush=True)
 
     def kill_child(self) -> None:
         live = [m.worker for m in self.machines if m.worker and m.worker.is_running]

@@ -118,6 +118,15 @@ def test_a_unique_holder_whose_ack_met_a_broker_outage_keeps_its_key_for_its_cop
     after = judge(holder, published=[sent("1"), into("1", 60)], faults=outage, results=results)
     assert "redelivery window" in after.violations["accounting"][0], after.summary()
 
+    # Seed 263512648: a broker pause inside the window delays the copy by its length.
+    pause = Fault("pause_broker", int(18 * S), int(26 * S))
+    delayed = judge(
+        holder, published=[sent("1"), into("1", 32)], faults=[*outage, pause], results=results
+    )
+    assert delayed.ok and delayed.known["unique-expired-holder"], delayed.summary()
+    undelayed = judge(holder, published=[sent("1"), into("1", 32)], faults=outage, results=results)
+    assert "redelivery window" in undelayed.violations["accounting"][0], undelayed.summary()
+
     # Seed 993991265: a pause longer than the client's socket timeout fails the ack too;
     # a short one only delays it.
     long_pause = [Fault("pause_broker", int(0.5 * S), int(7.6 * S))]

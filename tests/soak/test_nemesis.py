@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.soak.checks.history import Report
 from tests.soak.machines import PREFORK_PROFILES
 from tests.soak.nemesis import SoakConfig, soak
 from tests.support.sizes import sized
@@ -66,5 +68,28 @@ def test_nemesis_soak() -> None:
         os.environ.update(saved)
     print(report.summary())
     failed = report.failed_checks()
-    assert not failed, f"seed={seed}, logs in {logs}\n{report.summary()}"
+    assert not failed, f"seed={seed}, logs in {logs}\n{report.summary()}\n{_traces(report, logs)}"
     shutil.rmtree(logs, ignore_errors=True)
+
+
+_TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _traces(report: Report, logs: Path, per_id: int = 12) -> str:
+    """Every log line of the soak's processes that names a task id of a violation: a
+    CI run's temporary directory is gone when its output is read, and a rare finding
+    must be explained from what it printed."""
+    ids = {
+        m for found in report.violations.values() for line in found for m in _TASK_ID.findall(line)
+    }
+    files = sorted(logs.rglob("*.log"))
+    out = []
+    for task_id in sorted(ids)[:10]:
+        lines = [
+            f"  {path.relative_to(logs)}: {line.rstrip()[:300]}"
+            for path in files
+            for line in path.read_text(errors="replace").splitlines()
+            if task_id in line
+        ]
+        out.append(f"{task_id}: {len(lines)} log lines" + "".join(f"\n{x}" for x in lines[:per_id]))
+    return "\n".join(out)

@@ -263,3 +263,48 @@ def test_calls_a_worker_holds_no_more_leave_unless_another_holds_them_now(
     members = store.client.zrange(keys[0], 0, -1)
     waiting = {m.decode() if isinstance(m, bytes) else m for m in members}
     assert waiting == {"b"}  # a left; b is w2's
+
+
+def test_a_copy_of_a_done_call_keeps_its_done_marker_for_another_retention(
+    batches: Batches,
+) -> None:
+    """Each copy of a done call that a tick sees (registered again, or held at a full
+    check) keeps the call's done marker for the tick's retention from then: a copy whose
+    ack fails again comes back later still, and must find it (the soak's seed 263512648:
+    a call ran in a second batch 54 s after the first, past a marker kept from its end)."""
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a"], size=10)
+    claim = claimed(tick(batches, "w1", size=1))
+    assert claim is not None
+    batches.done(keys, claim.run, ["a"], keep=1.0)  # remembered 1 s from the run's end
+    t = KeyTick(keys, 10, LONG, run_ttl=LONG, new=[("a", '[[], {"n": "a"}]')], keep=LONG)
+    (reply,) = batches.tick("w2", LONG, [t])
+    assert reply.finished == ["a"]  # the copy is acked as done, and the marker kept again
+    time.sleep(1.5)  # past the first retention
+    tick(batches, "w4", held=[])  # a full check: markers past their retention go
+    assert tick(batches, "w3", new=["a"]).finished == ["a"]  # another copy, later still
+
+
+def test_a_call_its_holder_leaves_keeps_the_claim_of_the_batch_that_runs_it(
+    batches: Batches, store: Store
+) -> None:
+    """w2 claims a batch with w1's calls; w1 then leaves them (its broker connection was
+    lost) and registers them again in the same tick (its reconnect took them back). The
+    claim stays: the copies are not waiting, no batch claims them again, and they are
+    finished when the batch ends (the nemesis soak's seed 310867550: a leave dropped the
+    claim, the calls waited again and ran in a second batch while the first ran)."""
+    keys = batches.keys("t", "k")
+    tick(batches, "w1", new=["a", "b"], size=10)
+    tick(batches, "w2", new=["c"], size=10)
+    claim = claimed(tick(batches, "w2", size=3))
+    assert claim is not None and {i for i, _ in claim.calls} == {"a", "b", "c"}
+    again = [("a", '[[], {"n": "a"}]'), ("b", '[[], {"n": "b"}]')]
+    batches.tick("w1", LONG, [KeyTick(keys, 3, LONG, new=again, gone=["a", "b"])])
+    assert store.client.zcard(keys[0]) == 0  # none waits: they are the running batch's
+    check = tick(batches, "w1", size=1, held=["a", "b"])  # a full check
+    assert claimed(check) is None
+    if check.missing:  # what a worker does with calls the store does not know
+        assert claimed(tick(batches, "w1", new=check.missing, size=1)) is None
+    assert store.client.zcard(keys[0]) == 0
+    batches.done(keys, claim.run, ["a", "b", "c"], keep=LONG)
+    assert sorted(tick(batches, "w1", held=["a", "b"]).finished) == ["a", "b"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections import Counter
 
@@ -109,6 +110,7 @@ def test_a_drain_through_a_paused_broker_loses_nothing_and_runs_nothing_twice_un
         return
     failed = _failed_acks(worker.log_text())
     tags = _tags_by_id(observer)
+    assert all(tags.get(task_id, set()) - {""} for task_id in sent), "a run's tag unrecorded"
     unexplained = {task_id for task_id in twice if not tags.get(task_id, set()) & failed}
     assert not unexplained, (
         f"ran again though no ack of theirs failed: {sorted(unexplained)} "
@@ -134,3 +136,49 @@ def test_a_warm_shutdown_mid_drain_leaves_each_message_run_or_queued_not_both(
     assert set(ran) & set(queued) == set(), "ran, and back in its queue"
     assert set(ran) | set(queued) == sent, "lost: neither ran nor queued"
     assert _unacked(broker_server) == 0, "left unacked by a worker that is gone"
+
+
+#: A Lua script that keeps the server busy (it answers no one) for ARGV[1] ms.
+_SPIN = """
+local t = redis.call('TIME')
+local until_us = t[1] * 1000000 + t[2] + ARGV[1] * 1000
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= until_us
+return 1
+"""
+
+
+@pytest.mark.timeout(120)
+def test_acks_answered_while_long_bodies_ran_on_solos_loop_did_not_fail(
+    workers: Workers, observer: Observer, broker_server: StoreServer
+) -> None:
+    """Solo runs each body on the worker's loop, which reads no reply of the broker
+    while a body runs. A broker busy for moments (0.3 s in every 0.5 s here: a slow
+    command, a fork for its snapshot) answers an ack just after the next body of 1.2 s
+    started; the reply, there for a second, must not be given up for "no reply" (it
+    was: "Couldn't ack" logged, and a record given up with it sent again after the
+    ack, so that the broker delivered the message again a visibility timeout later and
+    it ran twice). Nothing is paused: the broker connection's ``socket_timeout`` is 1 s."""
+    from tests.apps import broker_writes
+
+    worker = workers.start(APP, pool="solo")
+    stop = threading.Event()
+
+    def keep_the_broker_busy() -> None:
+        with broker_server.client() as client:
+            spin = client.register_script(_SPIN)
+            while not stop.wait(0.2):
+                spin(args=[300])
+
+    busy = threading.Thread(target=keep_the_broker_busy, daemon=True)
+    busy.start()
+    try:
+        sent = [broker_writes.long_step.delay(i, 1.2).id for i in range(6)]
+        wait_until(lambda: {s["task_id"] for s in observer.started()} >= set(sent), 60, "every run")
+    finally:
+        stop.set()
+        busy.join(timeout=10)
+    time.sleep(VISIBILITY + 2)  # a message whose record outlived its ack comes back by now
+    wait_until(lambda: _unacked(broker_server) == 0, 30, "nothing left unacked")
+    runs = Counter(s["task_id"] for s in observer.started())
+    assert not [task_id for task_id, n in runs.items() if n > 1], "a task ran twice"
+    assert "Couldn't ack" not in worker.log_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import logging
 import secrets
 from collections.abc import Iterator, Set
@@ -73,6 +74,14 @@ def test_a_redis_channel_keeps_unacked_messages_by_tag_and_restores_one(broker_u
             assert client.llen(queue.name) == 1
             assert not client.hexists(channel.qos.unacked_key, tag)
         unacked.pop(tag, None)  # as held_return does: never restored twice
+        # A message whose record the broker never had: put back from the worker's copy.
+        record = json.dumps([message._raw, exchange.name, queue.routing_key])
+        restore_with = internals.restore_with_record(channel.qos)
+        assert restore_with is not None
+        with channel.conn_or_acquire() as client:
+            assert not client.hexists(channel.qos.unacked_key, tag)
+            restore_with(tag, record, True)
+            assert client.llen(queue.name) == 2
         assert channel.closed is False  # broker_close reads it after a failed close
         # ack_fate: the lists a message of this exchange and routing key goes back to.
         lists = internals.queue_lists(channel, exchange.name, queue.routing_key)
@@ -408,11 +417,12 @@ def test_without_them_each_fallback_is_taken_and_logged_once(
         assert internals.consumer_tags(SimpleNamespace()) is None
         assert internals.restamp_unacked(SimpleNamespace()) is None
         assert internals.adopt_unacked(SimpleNamespace()) is None
+        assert internals.restore_with_record(SimpleNamespace()) is None
         assert internals._names_of(object, internals.ASYNPOOL_NAMES) == list(
             internals.ASYNPOOL_NAMES
         )
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 10, warned
+    assert len(warned) == 11, warned
     assert all("docs/compatibility.md" in line for line in warned)
 
 

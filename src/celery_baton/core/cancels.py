@@ -228,6 +228,20 @@ class Cancels:
             for member, _, left in self._read(self.names.cancel_keys(task))
         ]
 
+    def key_cancel_covering(
+        self,
+        task: str,
+        fun: Callable[..., Any] | None,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        sent_ms: int | None,
+    ) -> KeyCancel | None:
+        """The live key cancel of ``task`` in the store that covers this call, or None:
+        asked where a call starts late, when its worker may not have learned of a cancel
+        made meanwhile (one read; raises StoreUnavailable)."""
+        live = [cancel for cancel, _ in self.key_cancels(task)]
+        return covering(task, live, {}, fun, args, kwargs, sent_ms) if live else None
+
 
 @dataclass
 class _TaskKeys:
@@ -357,25 +371,39 @@ class CancelWatch:
                 del keys.cancels[gone]
         if only is not None:
             live = [only] if only in live else []
-        for cancel in live:
-            if sent_ms is not None and sent_ms > cancel.cut_ms:
-                continue
-            names = cancel.names
-            spec = keys.specs.get(names)
-            if spec is None:
-                try:
-                    spec = KeySpec.build(list(names), fun or _any_kwargs, subject=task)
-                except KeySpecError as exc:
-                    logger.warning("a cancel of %s names no argument of it: %s", task, exc)
-                    continue
-                keys.specs[names] = spec
+        return covering(task, live, keys.specs, fun, args, kwargs, sent_ms)
+
+
+def covering(
+    task: str,
+    cancels: Sequence[KeyCancel],
+    specs: dict[tuple[str, ...], KeySpec],
+    fun: Callable[..., Any] | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    sent_ms: int | None,
+) -> KeyCancel | None:
+    """The first of ``cancels`` (key cancels of ``task``) that covers this call, or None
+    (``specs``: the key specs built so far, by argument names, added to here)."""
+    for cancel in cancels:
+        if sent_ms is not None and sent_ms > cancel.cut_ms:
+            continue
+        names = cancel.names
+        spec = specs.get(names)
+        if spec is None:
             try:
-                material = spec.material(args, kwargs)
-            except KeySpecError:
+                spec = KeySpec.build(list(names), fun or _any_kwargs, subject=task)
+            except KeySpecError as exc:
+                logger.warning("a cancel of %s names no argument of it: %s", task, exc)
                 continue
-            if cancel.covers(sent_ms, material):
-                return cancel
-        return None
+            specs[names] = spec
+        try:
+            material = spec.material(args, kwargs)
+        except KeySpecError:
+            continue
+        if cancel.covers(sent_ms, material):
+            return cancel
+    return None
 
 
 def _any_kwargs(**kwargs: Any) -> None:

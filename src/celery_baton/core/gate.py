@@ -380,6 +380,13 @@ class Gate:
         cannot be checked (store/inspect.py)."""
         return store_inspect.eviction_warning(store_inspect.eviction_policy(self.store))
 
+    def connect_ahead(self) -> None:
+        """Connect to the store now, before this process's first call needs it."""
+        try:
+            self.store.scripts.connect_ahead()
+        except STORE_ERRORS as exc:
+            raise self.store.unavailable(exc) from exc
+
     def release_many(self, releases: Sequence[Release]) -> list[int]:
         """Several releases in one round trip (a pipeline of release scripts)."""
         calls = [r.script_call(self.notice_channel) for r in releases]

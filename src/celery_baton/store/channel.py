@@ -110,6 +110,7 @@ class PipelinedChannel:
         self._connecting: threading.Thread | None = None
         self._connected: Wire | BaseException | None = None  # the connector's result
         self._down_until = 0.0  # no connecting before this (monotonic): it just broke
+        self._connected_at = 0.0  # when the wire connected (monotonic)
         self._backoff = BACKOFF_START
         self._notify_r, self._notify_w = os.pipe()  # the connector wakes the loop
         os.set_blocking(self._notify_r, False)
@@ -304,16 +305,21 @@ class PipelinedChannel:
             self._close_wire(result)
             return
         self._wire = result
+        self._connected_at = time.monotonic()
         self._fd = result.fileno()
         self.hub.add_reader(self._fd, self._on_readable)
         self._write()  # the calls that waited for it (none is written yet)
 
     def _on_readable(self, *args: Any) -> None:
+        self._answer_replies(Wire.read_ready)
+
+    def _answer_replies(self, read: Callable[[Wire], list[Any]]) -> None:
+        """Answer the pending calls with the replies ``read`` takes from the wire."""
         wire = self._wire
         if wire is None:
             return
         try:
-            for reply in wire.read_ready():
+            for reply in read(wire):
                 self._answer_next(reply)
         except STORE_ERRORS as exc:
             self._broken(exc)
@@ -355,8 +361,26 @@ class PipelinedChannel:
         answer(reply)
 
     def _check_overdue(self) -> None:
-        if self._pending and time.monotonic() - self._pending[0][4] > self.timeout:
-            self._broken(TimeoutError(f"no reply from the store in {self.timeout:g}s"))
+        if self._overdue():
+            # The loop may not have read for a while (a body running on solo's loop, a
+            # loop that stood still on a loaded machine): a reply (or a connection) that
+            # arrived meanwhile is not overdue, and the store is not down.
+            self._read_what_arrived()
+            if self._overdue():
+                self._broken(TimeoutError(f"no reply from the store in {self.timeout:g}s"))
+
+    def _overdue(self) -> bool:
+        """Whether the oldest call has waited over the timeout for its reply, counted from
+        when it could be written (a call queued while connecting waits for the connection
+        first, which has a timeout of its own)."""
+        if not self._pending:
+            return False
+        return time.monotonic() - max(self._pending[0][4], self._connected_at) > self.timeout
+
+    def _read_what_arrived(self) -> None:
+        if self._connected is not None:  # the connector is done: its notice is unread
+            self._on_connected()
+        self._answer_replies(Wire.read_arrived)
 
     def _broken(self, exc: BaseException, *, backoff: bool = True) -> None:
         """Drop the connection and answer every pending call with StoreUnavailable;

@@ -245,6 +245,14 @@ class Scripts:
         self._owners_lock = threading.Lock()
         self._owners_forks = _Forks.count
 
+    def connect_ahead(self) -> None:
+        """Open one connection of the pool now and leave it there, connected: the next
+        line made in this process takes it instead of connecting then (a TCP handshake
+        and redis-py's own greeting: milliseconds). Raises the store's errors."""
+        if self._pool is None:
+            return  # Redis Cluster: a connection per node, made by its own client
+        self._pool.release(pooled_connection(self._pool))
+
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The hot path: one EVALSHA; on NOSCRIPT (a restarted or flushed server) load the
         script and send it again.

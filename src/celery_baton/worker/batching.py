@@ -59,6 +59,23 @@ IDLE_TICK = 0.25
 FULL_CHECK = 1.0
 
 
+#: Set on a held call's kombu message: when it was received (monotonic seconds).
+RECEIVED_ATTR = "_baton_batch_received"
+
+
+def _mark_received(request: Any) -> None:
+    message = getattr(request, "message", None)
+    if message is not None and hasattr(message, "__dict__"):
+        message.__dict__[RECEIVED_ATTR] = time.monotonic()
+
+
+def _received_at(request: Any) -> float:
+    """When a held call was received; long ago if unknown (the reconnect leaves it to
+    the broker's visibility timeout, as before)."""
+    message = getattr(request, "message", None)
+    return float(getattr(message, "__dict__", {}).get(RECEIVED_ATTR, float("-inf")))
+
+
 def tick_interval(waits: list[float]) -> float:
     """One tick every quarter of the shortest batch_wait, within [10 ms, 50 ms]: a lone
     call's batch starts at most about two ticks after its wait."""
@@ -153,18 +170,20 @@ class Batching:
             self._timer.cancel()
         self._timer = consumer.timer.call_repeatedly(self.interval, self.tick, priority=5)
 
-    def forget(self) -> int:
-        """The connection is gone: the broker delivers the held messages again."""
-        count = 0
+    def forget(self) -> list[tuple[Any, float]]:
+        """The connection is gone: the held calls' requests, each with when it was
+        received (monotonic), for the reconnect to take back (held_return.py); the
+        broker delivers the others again."""
+        forgotten: list[tuple[Any, float]] = []
         for state in self.keys.values():
-            count += len(state.held)
+            forgotten += [(request, _received_at(request)) for request in state.held.values()]
             # Out of the key at the next tick, so that no batch waits for this worker
             # to carry them; their copies are registered again where they are delivered.
             state.gone.extend(state.held)
             state.held.clear()
             state.new.clear()
         self._counted.clear()  # the prefetch count starts anew with the connection
-        return count
+        return forgotten
 
     def receive(self, request: Any, policy: TaskPolicy) -> None:
         batch = policy.batch
@@ -194,9 +213,12 @@ class Batching:
                 keys, batch.size, batch.wait, policy.lease_ttl, label, _pricer(policy)
             )
         call_id = delivery_id(request.id, int(request.request_dict.get("retries") or 0))
+        if call_id in state.gone:  # held again (the reconnect took it back): not leaving
+            state.gone.remove(call_id)
         if call_id in state.held:  # the same call twice: keep the newer copy
             self._drop_copy(state.held.pop(call_id), request)
         state.held[call_id] = request
+        _mark_received(request)
         state.new.append((call_id, encoded))
         if len(self._counted) < self.hold_max:
             # Like an ETA task: a held call must not use up the prefetch window.

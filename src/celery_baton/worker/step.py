@@ -161,7 +161,7 @@ def _prepare_pool(task_pool: Any) -> None:
             "threads",
             internals.threads_pool,
             "on_apply takes accept_callback",
-            in_process.install_threads,
+            in_process.install_threads_and_solo,
         ),
     ):
         known = shaped(task_pool)
@@ -174,10 +174,10 @@ def _prepare_pool(task_pool: Any) -> None:
             install(task_pool)
             return
     if not isinstance(task_pool, TaskPool):
-        # solo: tasks start in the main process, as they are handed over; a plain one
-        # the loop read before the notice of its cancel is asked about it then.
+        # solo: tasks start in the main process as they are handed over, and are judged
+        # there as on a thread (a worker that stood still hands them over late).
         if type(task_pool).__module__ == "celery.concurrency.solo":
-            in_process.install_solo(task_pool)
+            in_process.install_threads_and_solo(task_pool)
         return
     refused = prefork.install(task_pool)
     if refused is not None:
@@ -417,7 +417,9 @@ class BatonWorker:
             self.admission.hold_end.restart()
             if self.held_return is not None:
                 self.held_return.put_back(
-                    _task_channel(parent), deliver=lambda message: _deliver(parent, message)
+                    _task_channel(parent),
+                    deliver=lambda message: _deliver(parent, message),
+                    unrecorded=self.broker_writes.put_back_unrecorded,
                 )
         self.admission.holding.install_wakeup(parent)
         if self.batching is not None:
@@ -451,8 +453,9 @@ class BatonWorker:
         forgotten = self.admission.forget_held()
         if forgotten:
             logger.info("baton: %d held requests left to the broker", len(forgotten))
-        if self.batching is not None and self.batching.forget():
-            logger.info("baton: batched calls held left to the broker")
+        batched = self.batching.forget() if self.batching is not None else []
+        if batched:
+            logger.info("baton: %d batched calls held left to the broker", len(batched))
         if self.window.reopened > self._reopens_told:
             self._reopens_told = self.window.reopened
             logger.info(
@@ -461,7 +464,7 @@ class BatonWorker:
             )
         if parent.blueprint.state == bootsteps.RUN:  # a restart: the connection was lost
             if self.held_return is not None:
-                self.held_return.remember(forgotten, _task_channel(parent))
+                self.held_return.remember(forgotten, _task_channel(parent), batched)
             unstarted = self.releasing.drop_unstarted(worker_state.active_requests)
             if unstarted:
                 logger.info(

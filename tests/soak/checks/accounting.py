@@ -148,7 +148,13 @@ def _judge_late_holder(
         # this case), or came back expired and was discarded, which freed the key; the
         # duplicate's caller has the run's result (or REVOKED): the known window, as for
         # a killed run's message.
-        back_by = last.end + int(limits.redelivery * SECOND)
+        # The copy comes back within the redelivery window, pushed back by every broker
+        # outage inside it (a paused or restarted broker restores nothing), as for a
+        # killed run's message below (the 25-minute soak, seed 263512648: a 7.8 s pause
+        # 18 s after the failed ack).
+        back_by = _outages_until(
+            history, BROKER_OUTAGES, last.end, last.end + int(limits.redelivery * SECOND)
+        )
         if pub.at > back_by + slack:
             report.violations["accounting"].append(
                 f"{what} (later than the redelivery window after its failed ack, at {back_by})"

@@ -4,6 +4,8 @@ tests/store/test_cancel_scripts.py, the whole in tests/cancel."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from celery_baton.core.cancels import (
@@ -12,6 +14,7 @@ from celery_baton.core.cancels import (
     KeyCancel,
     Notice,
     cancel_notice,
+    covering,
     key_material,
     parse_notice,
 )
@@ -130,3 +133,18 @@ def test_a_call_is_matched_against_one_cancel_when_asked() -> None:
     assert watch.key_cancelled("t", apply_event, (7,), {}, 500) == seven
     assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=seven) == seven
     assert watch.key_cancelled("t", apply_event, (7,), {}, 500, only=eight) is None
+
+
+def test_a_call_is_matched_against_cancels_read_from_the_store_with_no_watch() -> None:
+    """What a call read late matches (``Cancels.key_cancel_covering``): the same rule
+    as a worker's watch, over the cancels as read, with its own specs."""
+
+    def apply_event(account_id: int, event: str) -> None: ...
+
+    cancel = KeyCancel.from_member(f"{10**13} " + '{"account_id":7}')
+    specs: dict[tuple[str, ...], Any] = {}
+    assert covering("t", [cancel], specs, apply_event, (7, "x"), {}, None) is cancel
+    assert covering("t", [cancel], specs, apply_event, (8, "x"), {}, None) is None
+    by_name = {"account_id": 7, "event": "x"}
+    assert covering("t", [cancel], specs, apply_event, (), by_name, None) is cancel
+    assert covering("t", [cancel], {}, apply_event, (7, "x"), {}, 10**13 + 1) is None  # sent after

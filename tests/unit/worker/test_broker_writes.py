@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -59,7 +60,7 @@ OK_EXEC = ["OK", "QUEUED", "QUEUED", [1, 1]]
 def test_a_call_waits_for_every_write_sent_before_it_and_no_later_one() -> None:
     writes, _ = _writes()
     ran: list[str] = []
-    _queue(writes, broker_writes._RECORD, "t1")
+    _queue(writes, broker_writes._RECORD, "t1", ("[]", None))
     writes.when_answered(lambda: ran.append("after t1"))
     _queue(writes, broker_writes._ACK, "t1", _Message())
     writes.when_answered(lambda: ran.append("after both"))
@@ -114,7 +115,7 @@ def test_a_broken_connection_gives_up_every_write_in_flight_and_runs_the_waiting
 
 def test_the_ack_of_a_message_whose_record_was_given_up_is_sent_again_once_answered() -> None:
     writes, _ = _writes()
-    _queue(writes, broker_writes._RECORD, "t1")
+    _queue(writes, broker_writes._RECORD, "t1", ("[]", None))
     writes._broken("no reply in 1s")  # the record may still be read by a paused broker
     new_wire = _SentCommands()
     writes._wire = new_wire  # type: ignore[assignment]
@@ -124,4 +125,67 @@ def test_the_ack_of_a_message_whose_record_was_given_up_is_sent_again_once_answe
     again = new_wire.sent[sent_before:]
     assert ("ZREM", "unacked_index", "t1") in again and ("HDEL", "unacked", "t1") in again
     writes._take(OK_EXEC)  # the second ack's answer
-    assert not writes._pending and not writes._unsure_records
+    assert not writes._pending and not writes._unrecorded
+
+
+def test_a_put_back_from_the_record_that_fails_keeps_the_record_for_a_later_try() -> None:
+    writes, _ = _writes()
+    _queue(writes, broker_writes._RECORD, "t1", ('[{"body": ""}, "", "celery"]', None))
+    writes._broken("the broker died")  # the record given up: kept here
+
+    class _Gone:
+        def __enter__(self) -> Any:
+            raise ConnectionError("the broker is away again")
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    channel = SimpleNamespace(_do_restore_message=print, conn_or_acquire=_Gone)
+    qos = SimpleNamespace(channel=channel, _remove_from_indices=print, unacked_key="unacked")
+    with pytest.raises(ConnectionError):
+        writes.put_back_unrecorded(qos, "t1")
+    assert "t1" in writes._unrecorded  # tried again at the next put-back
+    assert not writes.put_back_unrecorded(qos, "t2")  # nothing kept of t2: kombu's
+
+
+def _given_up_record(writes: BrokerWrites, tag: str, delivered: dict[str, Any]) -> None:
+    _queue(writes, broker_writes._RECORD, tag, ('[{"body": ""}, "", "celery"]', delivered))
+    writes._broken("no reply in 1s")
+    writes._wire = _SentCommands()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("way", ["ack", "reject", "ack given up with it"])
+def test_a_record_given_up_is_not_sent_again_once_its_message_is_acked_or_rejected(
+    way: str,
+) -> None:
+    """kombu's QoS keeps an acked or rejected tag in ``_delivered`` until its next flush:
+    a record sent again then would outlive the ack, and the broker would deliver the
+    message again."""
+    writes, _ = _writes()
+    delivered = {"t1": _Message()}  # still listed, as kombu lists an acked tag
+    if way == "ack given up with it":
+        _queue(writes, broker_writes._RECORD, "t1", ('[{"body": ""}, "", "celery"]', delivered))
+        _queue(writes, broker_writes._ACK, "t1", _Message())
+        writes._broken("no reply in 1s")
+        writes._wire = _SentCommands()  # type: ignore[assignment]
+    else:
+        _given_up_record(writes, "t1", delivered)
+        if way == "ack":
+            dirty: set[str] = set()
+            qos = SimpleNamespace(_delivered=delivered, _dirty=dirty, _quick_ack=dirty.add)
+            writes.ack(qos, lambda tag: None, "t1")
+        else:
+            writes._rejecting(lambda tag, requeue=False: None)("t1")
+    wire = writes._wire
+    sent_before = len(wire.sent)  # type: ignore[union-attr]
+    writes._record_again()
+    again = wire.sent[sent_before:]  # type: ignore[union-attr]
+    assert not [c for c in again if c[0] in ("ZADD", "HSET")], again
+
+
+def test_a_record_given_up_is_sent_again_while_its_message_is_held() -> None:
+    writes, _ = _writes()
+    _given_up_record(writes, "t1", {"t1": _Message()})
+    wire = writes._wire
+    writes._record_again()
+    assert ("HSET", "unacked", "t1", '[{"body": ""}, "", "celery"]') in wire.sent  # type: ignore[union-attr]

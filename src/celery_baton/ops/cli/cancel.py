@@ -4,14 +4,21 @@
 from __future__ import annotations
 
 import json
+import logging
+from typing import Any
 
 import click
+from celery import states
 
+from celery_baton.cancel import Cancelled
 from celery_baton.cancel import cancel as cancel_calls
 from celery_baton.core.cancels import Cancels
 from celery_baton.errors import BatonError
 from celery_baton.ops.cli.group import baton, context_of
 from celery_baton.ops.cli.output import emit, fail, json_option
+from celery_baton.worker.transport.queued import DELIVERED, QUEUED, queued
+
+logger = logging.getLogger("celery_baton")
 
 
 @baton.command()
@@ -56,11 +63,56 @@ def cancel(
         )
     except BatonError as exc:
         fail(exc)
+    in_broker = looked_up(c.app, task_id, done)
     data = {
         "cancelled": done.what,
         "ttl": done.ttl,
         "revoked": done.revoked,
         "terminated": list(done.terminated),
+        "state": done.state,
+        # "queued", "delivered" (to a worker, not acked), "" (not there), null: not known
+        "in_broker": in_broker,
     }
+    emit(ctx, data, in_words(done, in_broker))
+
+
+def looked_up(app: Any, task_id: str | None, done: Cancelled) -> str | None:
+    """For a cancel of one id whose result says nothing (PENDING, or no backend): where
+    its message is in the broker (``queued``, ``delivered``, '': not there; None: not
+    known, or not asked)."""
+    if task_id is None or done.state not in (None, states.PENDING):
+        return None
+    try:
+        return queued(app, task_id)
+    except Exception as exc:  # the cancel is made: only what is said is less
+        logger.warning("baton cancel: could not look for %s in the broker: %s", task_id, exc)
+        return None
+
+
+def in_words(done: Cancelled, in_broker: str | None) -> str:
+    """What the cancel did and found, for the CLI and the web view."""
     extra = f"; terminated {', '.join(done.terminated)}" if done.terminated else ""
-    emit(ctx, data, f"cancelled {done.what} for {done.ttl:.0f}s{extra}")
+    return f"cancelled {done.what} for {done.ttl:.0f}s{extra}{_found(done, in_broker)}"
+
+
+def _found(done: Cancelled, in_broker: str | None) -> str:
+    """What the cancel of one id found of its call, in words ('' : nothing to add)."""
+    if done.state == states.REVOKED:
+        return "; it was revoked or cancelled already"
+    if done.state in states.READY_STATES:
+        return f"; it had already ended ({done.state}): nothing of it was stopped"
+    if done.state == states.STARTED and not done.terminated:
+        return "; it is running: its body goes on (--terminate stops it)"
+    if in_broker == QUEUED:
+        return "; it was waiting in the broker: it will not start"
+    if in_broker == DELIVERED:
+        return (
+            "; a worker has it, not acknowledged: held for later (it will not start), or"
+            " running under acks_late (its body goes on without --terminate)"
+        )
+    if in_broker == "":
+        return (
+            "; it is not in the broker's queues: it is running or ended without a result"
+            " (Celery records neither by default), or the id is mistyped"
+        )
+    return ""

@@ -10,6 +10,7 @@ import click
 from celery_baton.cancel import cancel as cancel_calls
 from celery_baton.core.cancels import Cancels
 from celery_baton.errors import BatonError
+from celery_baton.ops.cli.cancel import in_words, looked_up
 from celery_baton.ops.cli.group import Context, baton, context_of
 from celery_baton.ops.cli.output import fail
 
@@ -77,5 +78,4 @@ def _cancel(c: Context, task_id: str | None, task: str | None, key: Any, termina
     done = cancel_calls(
         c.parts, task_id, task=task, key=key, terminate=terminate, records=Cancels(c.store, c.names)
     )
-    extra = f"; terminated {', '.join(done.terminated)}" if done.terminated else ""
-    return f"cancelled {done.what} for {done.ttl:.0f}s{extra}"
+    return in_words(done, looked_up(c.app, task_id, done))

@@ -43,8 +43,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local worker = ARGV[1]
 local size, wait, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), worker)
-
-local finished, missing = {}, {}
+local finished, missing, seen_done = {}, {}, {}  -- seen_done: copies of done calls seen
 
 -- New calls: one that already ran (a redelivered message) is finished at once. In a few
 -- commands of many arguments (one per call and field: 30 % more of the store's time).
@@ -58,7 +57,7 @@ if n > 0 then
   for i = 1, n do
     local id = ids[i]
     if redis.call('ZSCORE', KEYS[6], id) then
-      finished[#finished + 1] = id
+      finished[#finished + 1], seen_done[#seen_done + 1] = id, id
     else
       if not claimed_now[i] then
         waiting[#waiting + 1] = now
@@ -88,6 +87,7 @@ at = at + 2 * m + 1
 -- now, so that neither its holder's copy nor a lapsed claim runs it a second time.
 local d = tonumber(ARGV[at])
 local keep = now + tonumber(ARGV[at + 1])
+for _, id in ipairs(seen_done) do keep_done(id, keep) end
 local inbox = {}
 local redone = 0
 for i = 1, d do
@@ -106,14 +106,14 @@ tell_holders(inbox)
 at = at + d + 2
 local g = tonumber(ARGV[at])
 for i = 1, g do
-  -- Only while this worker is its holder: a copy delivered to another worker since
-  -- (after a lost connection) is that worker's now.
+  -- Only while it is this worker's (a copy delivered to another worker since is theirs).
   local id = ARGV[at + i]
   if redis.call('HGET', KEYS[3], id) == worker then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HDEL', KEYS[2], id)
     redis.call('HDEL', KEYS[3], id)
+    if not redis.call('HGET', KEYS[5], id) then  -- claimed: its batch's (copies finish)
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+    end
   end
 end
 at = at + g + 1
@@ -237,6 +237,7 @@ if full then
     local id = ARGV[i]
     if redis.call('ZSCORE', KEYS[6], id) then
       finished[#finished + 1] = id
+      keep_done(id, keep)  -- a copy held here: its marker kept again
     elseif not redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[5], id) == 0 then
       missing[#missing + 1] = id
     end

@@ -92,7 +92,7 @@ def judge_before_accept(job: Any) -> Any:
     if fields and fields[0] == os.getpid():
         return job
     judge(name, task_id, request_dict)
-    why = cancel_start.cancelled(name, task_id, request_dict)
+    why = cancel_start.cancelled(name, task_id, request_dict, args)
     if why is not None:
         return kind, (job_id, i, cancel_start.cancelled_body(task_id, why), args, kwargs)
     return job

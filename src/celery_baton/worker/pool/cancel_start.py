@@ -16,8 +16,9 @@ back. A job on time pays nothing: the grant's own check is moments old.
 
 On gevent and eventlet the greenlet that starts the body asks the same, after Celery's
 accept and the rate's judgement (``worker/pool/in_process.py``): a greenlet reached late
-(its accept waiting on a broker that does not answer) is the same late start. The
-threads pool's thread takes a guarded job as it is handed over (nothing stands between).
+(its accept waiting on a broker that does not answer) is the same late start; so do the
+threads pool's thread (late behind a starved process, or after a stale rate grant's
+fresh token) and solo's loop (a worker that stood still at the hand-over).
 
 A plain job (no gate call) waits in the worker for a pool process when every process is
 busy, after it was screened; a cancel noticed meanwhile (``share_cancels``: the ids the
@@ -35,12 +36,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery import current_app
 from celery.exceptions import Ignore
+from kombu.serialization import loads, prepare_accept_content
 
+from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.parts import parts_for
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
@@ -95,26 +98,58 @@ def noticed(task_id: str) -> bool:
     return _noticed is not None and _noticed.has(task_id)
 
 
-def _asked(name: str, task_id: str) -> bool:
-    """The store's word on a cancel of ``task_id``; False when it does not answer (the
-    job runs, and the error is logged: never lose it)."""
+def _asked(name: str, task_id: str, trace_args: Sequence[Any] | None) -> str | None:
+    """The store's word on a cancel of ``task_id``: by id, then (``trace_args``: the
+    job's, whose call's arguments are read) by a key of its task that covers the call,
+    which the worker may not have matched yet (it stood still, or has not read the
+    notice). None when it does not answer (the job runs, and the error is logged: never
+    lose it)."""
     try:
-        return bool(parts_for(current_app.tasks[name].app).cancels.is_cancelled(task_id))
+        task = current_app.tasks[name]
+        cancels = parts_for(task.app).cancels
+        if cancels.is_cancelled(task_id):
+            return BY_ID
+        call = _call_of(trace_args, task.app) if trace_args is not None else None
+        if call is None:
+            return None
+        args, kwargs, request_dict = call
+        sent_ms = stamp_time(request_dict.get(PUBLISH_HEADER))
+        covering = cancels.key_cancel_covering(name, task.run, args, kwargs, sent_ms)
+        return None if covering is None else BY_KEY
     except Exception:
         logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
-        return False
+        return None
 
 
-def _why(name: str, task_id: str, *, ask: bool) -> str | None:
+def _call_of(
+    trace_args: Sequence[Any], app: Any
+) -> tuple[Sequence[Any], Mapping[str, Any], Mapping[str, Any]] | None:
+    """The positional and keyword arguments and the request of a job's call, from
+    Celery's ``trace_task_ret`` arguments ``(name, id, request, body, content type,
+    encoding)`` (the body decoded as the trace decodes it); None if not that shape."""
+    try:
+        request_dict, body, content_type, content_encoding = trace_args[2:6]
+    except (TypeError, ValueError):
+        return None
+    if content_type:
+        accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]
+        body = loads(body, content_type, content_encoding, accept=accept)  # type: ignore[no-untyped-call]
+    args, kwargs = body[0], body[1]
+    return args or (), kwargs or {}, request_dict
+
+
+def _why(
+    name: str, task_id: str, *, ask: bool, trace_args: Sequence[Any] | None = None
+) -> str | None:
     """Why the job of ``task_id`` is cancelled, or None: matched by key in the main
-    process (trusted while that cancel lives), else asked of the store by id when this
-    worker noticed the id, or when ``ask``."""
+    process (trusted while that cancel lives), else asked of the store (by id, and by
+    key with ``trace_args``) when this worker noticed the id, or when ``ask``."""
     until = _noticed.find(task_id) if _noticed is not None else None
     if until is None and not ask:
         return None  # nobody cancelled it: the common case, one lookup in memory
     if until is not None and until > time.monotonic():
         return BY_KEY
-    return BY_ID if _asked(name, task_id) else None
+    return _asked(name, task_id, trace_args)
 
 
 def plain_cancelled(name: str, task_id: str) -> str | None:
@@ -167,9 +202,12 @@ def mark(request_dict: dict[str, Any], due: float) -> None:
     request_dict[HANDED_FIELD] = (os.getpid(), due)
 
 
-def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> str | None:
+def cancelled(
+    name: str, task_id: str, request_dict: dict[str, Any], trace_args: Sequence[Any]
+) -> str | None:
     """Why the job of ``task_id``, read late by its pool process, was cancelled
-    meanwhile, or None (on time and not noticed, or the store does not answer: it runs)."""
+    meanwhile, or None (on time and not noticed, or the store does not answer: it runs).
+    ``trace_args``: the job's (a late job is asked about its keys too)."""
     fields = request_dict.get(HANDED_FIELD)
     if not fields:
         return None
@@ -178,7 +216,7 @@ def cancelled(name: str, task_id: str, request_dict: dict[str, Any]) -> str | No
         late = time.monotonic() - due
     except (TypeError, ValueError):  # not what mark() wrote: never guess, it runs
         return None
-    why = _why(name, task_id, ask=late > STALE_GRANT)
+    why = _why(name, task_id, ask=late > STALE_GRANT, trace_args=trace_args)
     if why is None:
         return None
     logger.info(

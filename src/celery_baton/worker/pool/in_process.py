@@ -70,7 +70,7 @@ def _accept_judge_run(
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
-    why = cancel_start.cancelled(*found)  # last: the rate's wait may have been long
+    why = cancel_start.cancelled(*found, args)  # last: the rate's wait may have been long
     if why is not None:
         target = cancel_start.cancelled_trace(found[1], why)
     return run(target, args, kwargs, callback, None, *given, *rest, **options)
@@ -106,41 +106,46 @@ def _judged_first(
     return judge_then_accept
 
 
-def _cancel_checked(target: Callable[..., Any], name: str, task_id: str) -> Callable[..., Any]:
+def _checked_at_start(
+    target: Callable[..., Any], found: tuple[str, str, dict[str, Any]]
+) -> Callable[..., Any]:
     """``target`` (a job's trace), asking just before it runs whether the job was
-    cancelled since its worker screened it (``cancel_start.unless_cancelled``)."""
+    cancelled since its worker judged it: a guarded job read late (the worker or its
+    thread stood still, or a stale rate grant's fresh token was waited for) asks the
+    store, as a greenlet does; any job whose cancel this worker noticed meanwhile is
+    refused (``cancel_start.unless_cancelled``)."""
+    name, task_id, request_dict = found
+    if cancel_start.HANDED_FIELD not in request_dict:  # a plain job: noticed, or not
+
+        def checked_plain(*args: Any, **kwargs: Any) -> Any:
+            return cancel_start.unless_cancelled(name, task_id, target)(*args, **kwargs)
+
+        return checked_plain
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        return cancel_start.unless_cancelled(name, task_id, target)(*args, **kwargs)
+        # A guarded job: ``cancelled`` looks up a noticed cancel too, once.
+        why = cancel_start.cancelled(name, task_id, request_dict, args)
+        trace = target if why is None else cancel_start.cancelled_trace(task_id, why)
+        return trace(*args, **kwargs)
 
     return checked
 
 
-def install_threads(task_pool: Any) -> None:
-    """Make Celery's threads ``task_pool`` judge each job on its thread, first."""
-    apply = task_pool.on_apply
-
-    def on_apply(target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        accept = options.get("accept_callback")
-        found = at_start.task_request(args) if args else None
-        if found is not None and accept is not None and any(f in found[2] for f in _FIELDS):
-            options["accept_callback"] = _judged_first(found, accept)
-        elif found is not None:  # a job waiting in the executor's queue may be cancelled
-            target = _cancel_checked(target, found[0], found[1])
-        return apply(target, args, kwargs, **options)
-
-    task_pool.on_apply = on_apply
-
-
-def install_solo(task_pool: Any) -> None:
-    """Make Celery's solo ``task_pool`` ask about a plain job's cancel as it runs it (on
-    the loop, which may have read the job before the notice of its cancel)."""
+def install_threads_and_solo(task_pool: Any) -> None:
+    """Make Celery's threads or solo ``task_pool`` judge each job where it starts (on
+    the executor's thread; solo: on the loop, as it is handed over, which a worker that
+    stood still reaches late too): a rate grant or throttle window first, in the accept
+    callback (nothing is acknowledged while it waits), then a cancel, just before the
+    trace."""
     apply = task_pool.on_apply
 
     def on_apply(target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         found = at_start.task_request(args) if args else None
         if found is not None:
-            target = cancel_start.unless_cancelled(found[0], found[1], target)
+            accept = options.get("accept_callback")
+            if accept is not None and any(f in found[2] for f in _FIELDS):
+                options["accept_callback"] = _judged_first(found, accept)
+            target = _checked_at_start(target, found)
         return apply(target, args, kwargs, **options)
 
     task_pool.on_apply = on_apply

@@ -25,12 +25,18 @@ delivered messages (the prefetch window), and the message's ``ACK`` state. What 
   logged with Celery's words, "Couldn't ack": its copy is the broker's to deliver
   again, and ``AckFates`` asks the broker whether the ack ran after all;
 * a record the broker did not confirm is logged: the message runs (kombu's failed
-  record raised before the run, and the message was lost), but a worker that dies
-  before its ack leaves nothing for the broker to deliver again. Its ack goes out on
+  record raised before the run, and the message was lost), and the record is sent
+  again every second while the message is still delivered here (not acked nor given
+  back), until the broker takes it; meanwhile a worker that dies before its ack leaves
+  nothing for the broker to deliver again. Its ack goes out on
   the next connection, and may be run before the record, still in the old one's
   buffer, that a paused broker reads when it goes on: the message would come back
   after it ran. So that ack is sent once more once it was answered: by then the broker
   has turned its loop past the one in which it read what the old connection held.
+  A message given back instead of run (a held one handed back, or restored when its
+  channel closes) is put back in its queue from the record kept here when the broker
+  has none: kombu's restore reads the broker's record alone, and found nothing to put
+  back (tests/transport/test_unrecorded_held.py).
 
 Every other write of kombu's that reads or moves these books (a reject, a restore of a
 delivered message, the restore of all of them when its channel closes) and celery-
@@ -61,6 +67,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from celery_baton import internals
 from celery_baton.wire import Wire
 from celery_baton.worker.transport.broker import kombu_redis_qos
 
@@ -104,7 +111,8 @@ class BrokerWrites:
         self._wire: Wire | None = None
         self._fd: int | None = None
         self._keys: tuple[str, str] = ("", "")
-        #: Writes sent and not answered, oldest first: (kind, tag, message, sent at).
+        #: Writes sent and not answered, oldest first: (kind, tag, message, sent at); a
+        #: record carries the record itself in place of the message.
         self._pending: deque[tuple[str, Any, Any, float]] = deque()
         self._replies: list[Any] = []  # the replies read so far of the oldest write
         self._sent = 0  # writes sent, ever
@@ -113,8 +121,13 @@ class BrokerWrites:
         self._ticker: Any = None
         self._down_until = 0.0  # no connecting before (monotonic): it just failed
         self._reply_max = REPLY_MAX
-        #: Tags whose record was given up: their ack is sent again once answered.
-        self._unsure_records: set[Any] = set()
+        #: Tags whose record was given up, with the record: their ack is sent again
+        #: once answered; given back, the message is put back from it.
+        self._unrecorded: dict[Any, str] = {}
+        #: Of those, the ones to record again, with their channel's delivered messages
+        #: (kombu's ``QoS._delivered``): sent once a connection answers, while the
+        #: message is still delivered there (running or held, not acked nor given back).
+        self._to_record: dict[Any, Any] = {}
         self.closed = False
 
     # -- binding -------------------------------------------------------------------------
@@ -142,10 +155,11 @@ class BrokerWrites:
         # Each channel's own QoS and kombu's writes on it: a run of an earlier consumer
         # (before a lost connection) is acked on the channel it came from.
         kombu_append, kombu_ack = qos.append, qos.ack
-        qos.append = lambda message, tag: self.append(qos, kombu_append, message, tag)
+        delivered = internals.unrestored(channel)
+        qos.append = lambda message, tag: self.append(qos, kombu_append, message, tag, delivered)
         qos.ack = lambda tag: self.ack(qos, kombu_ack, tag)
-        qos.reject = self._settled(qos.reject)
-        qos.restore_by_tag = self._settled(qos.restore_by_tag)
+        qos.reject = self._rejecting(self._settled(qos.reject))
+        qos.restore_by_tag = self._restoring(qos, qos.restore_by_tag)
         setattr(qos, _INSTALLED_ATTR, self)
         if self._ticker is not None:
             with contextlib.suppress(Exception):
@@ -163,26 +177,67 @@ class BrokerWrites:
 
         return after_the_writes_in_flight
 
+    def _rejecting(self, kombu_reject: Callable[..., Any]) -> Callable[..., Any]:
+        """kombu's ``QoS.reject``: the message is no longer this worker's, its record is
+        not sent again (it would have the broker deliver a dropped message again)."""
+
+        def reject(delivery_tag: Any, requeue: bool = False) -> Any:
+            self._to_record.pop(delivery_tag, None)
+            return kombu_reject(delivery_tag, requeue=requeue)
+
+        return reject
+
+    def _restoring(self, qos: Any, kombu_restore: Callable[..., Any]) -> Callable[..., Any]:
+        """kombu's ``QoS.restore_by_tag`` (a requeue, a hand-back, a closing channel's
+        restore), once the writes in flight were answered, and from the record kept
+        here for a message whose record the broker did not confirm."""
+
+        def restore_by_tag(tag: Any, client: Any = None, leftmost: bool = False) -> Any:
+            self._wait_for_the_writes_in_flight()
+            if not self.put_back_unrecorded(qos, tag, leftmost):
+                return kombu_restore(tag, client=client, leftmost=leftmost)
+            return None
+
+        return restore_by_tag
+
+    def put_back_unrecorded(self, qos: Any, tag: Any, leftmost: bool = True) -> bool:
+        """Put ``tag``'s message back in its queue through ``qos`` from the record kept
+        here, if the broker did not confirm that record (False: it did, or nothing of it
+        is known here). The record is forgotten once the message is back; a broker that
+        fails meanwhile raises, and the record is kept for a later try."""
+        record = self._unrecorded.get(tag)
+        restore_with = internals.restore_with_record(qos) if record is not None else None
+        if record is None or restore_with is None:
+            return False
+        restore_with(tag, record, leftmost)
+        del self._unrecorded[tag]
+        self._to_record.pop(tag, None)
+        logger.info(
+            "baton: message %s put back in its queue from the worker's copy (the broker "
+            "had not recorded it)",
+            tag,
+        )
+        return True
+
     # -- the writes ----------------------------------------------------------------------
 
     def append(
-        self, qos: Any, kombu_append: Callable[..., Any], message: Any, delivery_tag: Any
+        self,
+        qos: Any,
+        kombu_append: Callable[..., Any],
+        message: Any,
+        delivery_tag: Any,
+        delivered: Any = None,
     ) -> None:
         """kombu's ``QoS.append`` on ``qos``, its reply not waited for (see the module
-        docstring)."""
+        docstring). ``delivered``: the channel's delivered messages (kombu's
+        ``QoS._delivered``), where a record given up is recorded again from."""
         if not self._here():
             kombu_append(message, delivery_tag)
             return
         delivery = message.delivery_info
         raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
-        index, unacked = self._keys
-        record = (
-            ("MULTI",),
-            ("ZADD", index, repr(time.time()), delivery_tag),
-            ("HSET", unacked, delivery_tag, raw),
-            ("EXEC",),
-        )
-        if not self._send(_RECORD, delivery_tag, None, record):
+        if not self._send(_RECORD, delivery_tag, (raw, delivered), self._record(delivery_tag, raw)):
             kombu_append(message, delivery_tag)  # waited for, as kombu's
             return
         virtual_append: Any = virtual.QoS.append
@@ -195,6 +250,10 @@ class BrokerWrites:
             kombu_ack(delivery_tag)
             return
         message = qos._delivered.get(delivery_tag)
+        # Acked: its record is not sent again, even while kombu still lists the message
+        # as delivered (its acked tags leave ``QoS._delivered`` only at its next flush): a
+        # record sent after the ack would have the broker deliver it again.
+        self._to_record.pop(delivery_tag, None)
         if not self._send(_ACK, delivery_tag, message, self._ack_commands(delivery_tag)):
             kombu_ack(delivery_tag)  # raises as kombu's does; Celery logs it
             return
@@ -202,6 +261,30 @@ class BrokerWrites:
             message.__dict__[UNCONFIRMED_ATTR] = True
         virtual_ack: Any = virtual.QoS.ack
         virtual_ack(qos, delivery_tag)  # out of the prefetch window, as kombu's ack does
+
+    def _record(self, delivery_tag: Any, raw: str) -> tuple[Any, ...]:
+        index, unacked = self._keys
+        return (
+            ("MULTI",),
+            ("ZADD", index, repr(time.time()), delivery_tag),
+            ("HSET", unacked, delivery_tag, raw),
+            ("EXEC",),
+        )
+
+    def _record_again(self) -> None:
+        """Send again the records given up of messages still delivered here: once one
+        lands, a worker that dies before the message's ack leaves it for the broker to
+        deliver again (it was this worker's alone). On the loop's thread, every second;
+        a message acked or given back meanwhile needs none (its ack or its put-back is
+        what the broker must know)."""
+        for tag, delivered in list(self._to_record.items()):
+            record = self._unrecorded.get(tag)
+            if record is None or delivered is None or tag not in delivered:
+                del self._to_record[tag]
+                continue
+            if not self._send(_RECORD, tag, (record, delivered), self._record(tag, record)):
+                return  # no connection yet: at the next tick
+            del self._to_record[tag]
 
     def _ack_commands(self, delivery_tag: Any) -> tuple[Any, ...]:
         index, unacked = self._keys
@@ -280,11 +363,15 @@ class BrokerWrites:
         return wire
 
     def _on_readable(self, *args: Any) -> None:
+        self._take_from(Wire.read_ready)
+
+    def _take_from(self, read: Callable[[Wire], list[Any]]) -> None:
+        """Take the replies ``read`` takes from the wire."""
         wire = self._wire
         if wire is None:
             return
         try:
-            self._take(wire.read_ready())
+            self._take(read(wire))
         except _BROKEN as exc:
             self._broken(f"{exc}")
 
@@ -301,8 +388,8 @@ class BrokerWrites:
             elif kind == _ACK:
                 if message is not None:
                     message.__dict__.pop(UNCONFIRMED_ATTR, None)
-                if tag in self._unsure_records:
-                    self._unsure_records.discard(tag)
+                if tag in self._unrecorded:
+                    del self._unrecorded[tag]
                     self._send(_ACK_AGAIN, tag, None, self._ack_commands(tag))
             self._answered += 1
         self._run_waiting()
@@ -312,17 +399,34 @@ class BrokerWrites:
             logger.warning("baton: acking %s a second time failed (%s)", tag, why)
             return
         if kind == _RECORD:
-            self._unsure_records.add(tag)
+            record, delivered = message  # (see append)
+            again = tag in self._unrecorded
+            self._unrecorded[tag] = record
+            self._to_record[tag] = delivered
+            if again:  # refused once more: it is tried every second, logged once
+                logger.debug("baton: message %s was not recorded again (%s)", tag, why)
+                return
             logger.warning(
-                "baton: message %s was not recorded unacked (%s): it runs, but were this "
-                "worker to die before its ack, the broker could not deliver it again",
+                "baton: message %s was not recorded unacked (%s): it runs, or is put back "
+                "from this worker's copy; its record is sent again until the broker takes "
+                "it (until then, were this worker to die before its ack, the broker could "
+                "not deliver it again)",
                 tag,
                 why,
             )
             return
         # Celery's words for a failed ack: the same failure, found later. The message is
-        # left as a failed kombu ack leaves it: not acknowledged.
-        logger.error("baton: Couldn't ack %s, reason: %s; the broker delivers it again", tag, why)
+        # left as a failed kombu ack leaves it: not acknowledged; a record of it given up
+        # just before (on the same connection) is not sent again: the message ran.
+        self._to_record.pop(tag, None)
+        headers = getattr(message, "headers", None) or {}
+        logger.error(
+            "baton: Couldn't ack %s (%s[%s]), reason: %s; the broker delivers it again",
+            tag,
+            headers.get("task"),
+            headers.get("id"),
+            why,
+        )
         if message is not None:
             message.__dict__.pop(UNCONFIRMED_ATTR, None)
             message._state = "RECEIVED"
@@ -342,8 +446,18 @@ class BrokerWrites:
                 logger.exception("baton: a call waiting for the broker's replies failed")
 
     def _check_overdue(self) -> None:
-        if self._pending and time.monotonic() - self._pending[0][3] > self._reply_max:
-            self._broken(f"no reply in {self._reply_max:g}s")
+        if self._overdue():
+            # The loop may not have read for a while (a body running on solo's loop, a
+            # loop that stood still on a loaded machine): what was answered meanwhile is
+            # not overdue, and giving it up would say an ack failed that landed.
+            self._take_from(Wire.read_arrived)
+            if self._overdue():
+                self._broken(f"no reply in {self._reply_max:g}s")
+        if self._to_record and not self.closed:
+            self._record_again()
+
+    def _overdue(self) -> bool:
+        return bool(self._pending) and time.monotonic() - self._pending[0][3] > self._reply_max
 
     def _broken(self, why: str) -> None:
         """Drop the connection; every write in flight is given up (it may have run: an

@@ -25,6 +25,11 @@ the worker fetch it again, and kombu pops a message before it records it unacked
 second broker crash right after the restart could lose it there (docs/failure.md).
 Where kombu lacks what keeping needs, they are put back (``restore_by_tag``).
 
+One the broker never recorded unacked (its record was refused, or in flight when the
+broker died: worker/transport/broker_writes.py) is in neither the index nor its queue:
+this worker alone has it, and it is put back in its queue from the record the worker
+kept (tests/transport/test_unrecorded_held.py).
+
 None of them started (a held request never reaches the pool), so no run is repeated.
 kombu's Redis transport only: AMQP brokers requeue a dead connection's messages
 themselves.
@@ -57,8 +62,8 @@ def returnable(
     ]
 
 
-def delivery_tag(delivery: Delivery) -> str | None:
-    tag = getattr(getattr(delivery.request, "message", None), "delivery_tag", None)
+def _tag(request: Any) -> str | None:
+    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
     return tag if isinstance(tag, str) else None
 
 
@@ -71,14 +76,27 @@ class HeldReturn:
         self._task_ids: dict[str, str] = {}  # delivery tag -> task id, for the log
         self._old_channel: Any = None
 
-    def remember(self, forgotten: Sequence[Delivery], channel: Any) -> None:
-        """At the consumer's stop after a lost connection: ``channel`` is the old one."""
-        self._dropped += [(delivery_tag(d), d.claimed_at) for d in forgotten]
-        self._task_ids.update((delivery_tag(d) or "", d.request.id) for d in forgotten)
-        if forgotten:
+    def remember(
+        self,
+        forgotten: Sequence[Delivery],
+        channel: Any,
+        batched: Sequence[tuple[Any, float]] = (),
+    ) -> None:
+        """At the consumer's stop after a lost connection: ``channel`` is the old one.
+        ``batched``: the batched calls it held (worker/batching.py), each request with
+        when it was received: held messages the same, as long as their batch waits."""
+        held = [(d.request, d.claimed_at) for d in forgotten] + list(batched)
+        self._dropped += [(_tag(request), since) for request, since in held]
+        self._task_ids.update((_tag(request) or "", request.id) for request, _ in held)
+        if held:
             self._old_channel = channel
 
-    def put_back(self, channel: Any, deliver: Callable[[Any], None] | None = None) -> int:
+    def put_back(
+        self,
+        channel: Any,
+        deliver: Callable[[Any], None] | None = None,
+        unrecorded: Callable[[Any, str], bool] = lambda qos, tag: False,
+    ) -> int:
         """At the consumer's start, connected again, before it consumes: keep or put back
         what may be (through ``channel``, the new one); returns how many.
 
@@ -86,7 +104,10 @@ class HeldReturn:
         kept: taken into the new channel without leaving the unacked index
         (``internals.adopt_unacked``) and delivered to the worker again, so it never
         passes through its queue, where a second broker crash could lose it. Without,
-        or where kombu lacks what that needs, each is put back in its queue."""
+        or where kombu lacks what that needs, each is put back in its queue.
+        ``unrecorded`` puts a message the broker never recorded unacked back in its queue
+        through the given QoS, from the worker's copy (False: the broker had recorded
+        it)."""
         dropped, self._dropped = self._dropped, []
         task_ids, self._task_ids = self._task_ids, {}
         old, self._old_channel = self._old_channel, None
@@ -107,6 +128,9 @@ class HeldReturn:
                     if message is not None:
                         deliver(message)
                         kept.append(tag)
+                    elif unrecorded(getattr(channel, "qos", None), tag):
+                        # Never recorded: in no queue, no index; this copy was the only one.
+                        put.append(tag)
                     # else no longer unacked: nothing of it is this worker's
                 else:
                     restore(tag)

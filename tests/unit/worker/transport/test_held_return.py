@@ -75,3 +75,14 @@ def test_nothing_held_or_no_channel_puts_nothing_back() -> None:
     assert back.put_back(SimpleNamespace(qos=QoS())) == 0
     back.remember([delivery("a", time.monotonic())], None)
     assert back.put_back(SimpleNamespace(qos=QoS())) == 0
+
+
+def test_batched_calls_are_put_back_as_held_deliveries_are() -> None:
+    now = time.monotonic()
+    old = SimpleNamespace(qos=QoS({"a": 1, "x": 2, "y": 3}))
+    new = SimpleNamespace(qos=QoS())
+    back = HeldReturn(visibility=3600.0)
+    batched = [(delivery(tag, 0).request, since) for tag, since in (("x", now), ("y", -1e9))]
+    back.remember([delivery("a", now)], old, batched)
+    assert back.put_back(new) == 2
+    assert new.qos.restored == ["a", "x"]  # "y": received too long ago, the broker's

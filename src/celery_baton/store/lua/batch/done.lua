@@ -15,6 +15,14 @@ local function mark_done(id, keep)
   return holder
 end
 
+-- Keeps done call ``id``'s marker until ``until_ms`` at least: a copy of it was seen, and
+-- one whose ack fails again comes back later still; a chain of redeliveries outlived a
+-- marker kept from the run's end only (the 25-minute soak, seed 263512648).
+local function keep_done(id, until_ms)
+  local score = tonumber(redis.call('ZSCORE', KEYS[6], id))
+  if score and score < until_ms then redis.call('ZADD', KEYS[6], until_ms, id) end
+end
+
 -- Adds ``id`` to ``holder``'s line of ``inbox`` (holder -> "id,id,...").
 local function to_inbox(inbox, holder, id)
   inbox[holder] = (inbox[holder] and (inbox[holder] .. ',') or '') .. id
