@@ -87,6 +87,30 @@ def test_give_back_returns_a_refused_reservation(gate: Gate, r: redis.Redis) -> 
     assert r.get(NAMES.shared_rate("ten")) == tat  # past its deadline: nothing given
 
 
+def test_a_late_give_back_returns_only_what_no_later_take_could_have_used(gate: Gate) -> None:
+    """A reservation given back after others took from the bucket: subtracting its
+    whole increment would set the TAT below where it would be had it never been taken
+    (a take that came later started its own count from its own now), and the next take
+    would pass early: B then C overran ``burst + w x rate`` (seen on CI under load).
+    Only what is left of the increment when it is given back is returned."""
+    from tests.limits.test_shared import weighted_excess
+
+    ten = limit(gate, "ten", 10, 10)  # 100 ms per unit, a bucket of 10
+    a = ten.try_acquire(5)
+    assert a.granted
+    time.sleep(0.3)
+    b = ten.try_acquire(5)  # the bucket is 5 + 5: B passes at once
+    assert b.granted
+    gate._give_back([(ten.limit.conditions(NAMES, 5), a)])
+    deadline = time.monotonic() + 5
+    c = ten.try_acquire(10)
+    while not c.granted:
+        assert time.monotonic() < deadline
+        time.sleep(c.retry_after)
+        c = ten.try_acquire(10)
+    assert weighted_excess([(b.at_us, 5), (c.at_us, 10)], 10, 10) <= 1e-3
+
+
 def test_give_backs_never_let_more_through_than_the_budget(gate: Gate) -> None:
     """Random takes, half of them given back (at once or a few ms later, as a refused
     cross-slot decision would): the takes that were kept never exceed ``burst + w x
