@@ -7,6 +7,8 @@ library, says which calls ran. Results are kept (a cancelled call's state is REV
 
 from __future__ import annotations
 
+import os
+
 from celery import Task
 
 from tests.apps.factory import make_baton_app, observer
@@ -20,6 +22,8 @@ app, baton = make_baton_app(
         "unacked_restore_throttle": 1,
     },
     worker_lost_wait=1.0,
+    # TEST_ACKS_LATE=1 in a worker's environment: its messages are acked after the run.
+    task_acks_late=os.environ.get("TEST_ACKS_LATE") == "1",
 )
 
 

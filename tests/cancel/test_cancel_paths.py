@@ -15,7 +15,7 @@ from celery import states
 from celery.exceptions import TaskRevokedError
 
 from tests.support.observer import Observer
-from tests.support.pools import ALL_POOLS, POOLS_AND_RECYCLED
+from tests.support.pools import ALL_POOLS, POOLS_AND_RECYCLED, pool_setting
 from tests.support.task_events import EventCapture
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
@@ -238,12 +238,53 @@ def test_a_call_cancelled_while_its_worker_stood_still_at_the_hand_over_never_st
     by a key of its arguments (which the worker, stopped, had not matched: the late job
     asks the store about its task's key cancels too; before, it started on any pool
     when the job ran before the worker read the cancel's notice)."""
+    _cancel_while_the_worker_stands_still(workers, observer, task, by, pool)
+
+
+#: The settings production workers run, at the same stood-still hand-over: processes
+#: recycled after every run (the job goes to one forked while the worker stood still),
+#: grown and shrunk by ``--autoscale``, time limits (the run's start judged inside them),
+#: and ``acks_late`` (the message acked only after the judgement's revoke).
+STOOD_STILL_SETTINGS = [
+    pytest.param("prefork --max-tasks-per-child 1", {}, id="prefork-recycled"),
+    pytest.param("prefork --autoscale 3,1", {}, id="prefork-autoscale"),
+    pytest.param("prefork --time-limit 30 --soft-time-limit 20", {}, id="prefork-time-limits"),
+    pytest.param("prefork", {"TEST_ACKS_LATE": "1"}, id="prefork-acks-late"),
+    pytest.param("threads", {"TEST_ACKS_LATE": "1"}, id="threads-acks-late"),
+    pytest.param("gevent --time-limit 30 --soft-time-limit 20", {}, id="gevent-time-limits"),
+]
+
+
+@pytest.mark.parametrize(("task", "by"), [("limited", "id"), ("exclusive", "key")])
+@pytest.mark.parametrize(("pool", "env"), STOOD_STILL_SETTINGS)
+def test_a_call_cancelled_while_its_worker_stood_still_never_starts_on_every_setting(
+    workers: Workers, observer: Observer, pool: str, env: dict[str, str], task: str, by: str
+) -> None:
+    """The stood-still hand-over above, with the settings production workers run: the
+    judgement at the body's start holds whichever process takes the job and whatever
+    acknowledges it."""
+    _cancel_while_the_worker_stands_still(workers, observer, task, by, pool, env)
+
+
+def _cancel_while_the_worker_stands_still(
+    workers: Workers,
+    observer: Observer,
+    task: str,
+    by: str,
+    pool: str,
+    env: dict[str, str] | None = None,
+) -> None:
     from tests.apps import cancel
 
     work = getattr(cancel, task)
     call_id = str(uuid.uuid4())
+    name, extra, pool_env = pool_setting(pool)
     worker = workers.start(
-        APP, pool=pool, concurrency=1, env={"TEST_STOP_AT_LINE": f"[{call_id}] to the pool"}
+        APP,
+        pool=name,
+        concurrency=1,
+        extra_args=extra,
+        env={**pool_env, **(env or {}), "TEST_STOP_AT_LINE": f"[{call_id}] to the pool"},
     )
     assert work.delay(0).get(timeout=30) == 0  # the pool is up
     call = work.apply_async((1,), task_id=call_id)
