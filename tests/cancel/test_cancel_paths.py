@@ -11,6 +11,7 @@ import uuid
 
 import psutil
 import pytest
+import redis
 from celery import states
 from celery.exceptions import TaskRevokedError
 
@@ -219,6 +220,46 @@ def test_a_plain_call_cancelled_while_it_waited_for_its_pool_sends_task_revoked(
     # Celery reports the job's accept (task-started) before the judgement at its start.
     assert events.types(call.id) == ["task-received", "task-started", "task-revoked"]
     assert call.id not in [s["task_id"] for s in observer.started()]
+
+
+@pytest.mark.parametrize("by", ["id", "key"])
+@pytest.mark.parametrize("pool", WAITING_POOLS)
+def test_a_plain_call_whose_worker_stood_still_and_missed_its_cancel_never_starts(
+    workers: Workers, observer: Observer, store_url: str, pool: str, by: str
+) -> None:
+    """A plain call screened, then waiting for a busy pool; the whole worker stands
+    still (SIGSTOP) and its notice connection is dropped meanwhile (the server's
+    ``CLIENT KILL``: a restart, a failover, a pubsub client over its output buffer
+    limit), and the call is cancelled: the worker never hears of it. When it goes on,
+    the call must not start: a worker that has not heard the notice channel lately asks
+    the store where a plain job starts. It started on every pool before (a plain job was
+    judged from the notices heard only)."""
+    from tests.apps import cancel
+
+    worker = workers.start(APP, pool=pool, concurrency=1)
+    busy = cancel.slow.delay(3.0)
+    wait_until(lambda: any(s["task_id"] == busy.id for s in observer.started()), 30, "busy")
+    call = cancel.keyed.delay(7, 1)
+    wait_until(lambda: call.id in worker.log_text(), 30, "the call received")
+    time.sleep(0.3)  # not a wait: its screening, moments after its receipt
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        store = redis.Redis.from_url(store_url)
+        assert store.client_kill_filter(_type="pubsub") >= 1  # its notice connection
+        if by == "id":
+            cancel.baton.cancel(call.id)
+        else:
+            cancel.baton.cancel(task=cancel.keyed, key={"account_id": 7})
+        time.sleep(3.0)  # not a wait: the worker stands still past the busy body's end
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    assert busy.get(timeout=30) == 3.0
+    with pytest.raises(TaskRevokedError):
+        call.get(timeout=30)
+    after = cancel.keyed.delay(8, 2)  # the pool goes on with the next call
+    assert after.get(timeout=30) == 2
+    started = [s["task_id"] for s in observer.started()]
+    assert call.id not in started, f"the plain call cancelled by {by} started ({pool})"
 
 
 @pytest.mark.parametrize("by", ["id", "key"])

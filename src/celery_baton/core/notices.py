@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,14 +23,36 @@ from celery_baton.store.connection import STORE_ERRORS, Store
 logger = logging.getLogger("celery_baton.core.notices")
 
 
-class NoticeListener(threading.Thread):
-    """Calls ``on_release(key)`` for every released key, reconnecting with back-off."""
+#: Seconds the listener waits for a notice before it says again that it heard them all.
+POLL = 0.25
+#: Seconds a poll may end late and still say that nothing came (a loaded machine).
+LATE_POLL = 0.1
 
-    def __init__(self, store: Store, channel: str, on_release: Callable[[str], None]) -> None:
+
+class NoticeListener(threading.Thread):
+    """Calls ``on_release(key)`` for every released key, reconnecting with back-off.
+
+    ``on_heard(at)``, when given, is told (``time.monotonic()``) each time every notice
+    sent before ``at`` was handled: when the connection had nothing more to read. After
+    a (re)subscription, not before ``on_connected()`` (what was sent while it was not
+    subscribed, read from the store instead) returned True: a notice sent while the
+    connection was down never comes."""
+
+    def __init__(
+        self,
+        store: Store,
+        channel: str,
+        on_release: Callable[[str], None],
+        *,
+        on_heard: Callable[[float], None] | None = None,
+        on_connected: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(name="baton-notices", daemon=True)
         self.store = store
         self.channel = channel
         self.on_release = on_release
+        self.on_heard = on_heard
+        self.on_connected = on_connected
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -37,13 +60,29 @@ class NoticeListener(threading.Thread):
         while not self._stop_event.is_set():
             pubsub = None
             try:
-                pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+                pubsub = self.store.client.pubsub()
                 pubsub.subscribe(self.channel)
                 delay = 0.5
+                subscribed = synced = False
                 while not self._stop_event.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message and message.get("type") == "message":
+                    began = time.monotonic()
+                    message = pubsub.get_message(timeout=POLL)
+                    kind = message.get("type") if message else None
+                    if kind == "message":
                         self.on_release(str(message["data"]))
+                        continue
+                    subscribed = subscribed or kind == "subscribe"
+                    if subscribed and not synced:
+                        # Every notice from here on comes on the subscription; those
+                        # sent before it are read from the store.
+                        synced = self.on_connected is None or self.on_connected()
+                    elif time.monotonic() - began > POLL + LATE_POLL:
+                        # The process stood still in the poll: its timer may have ended
+                        # it before the socket was read (a greenlet), so it proves
+                        # nothing; the next poll does.
+                        continue
+                    if synced and self.on_heard is not None:
+                        self.on_heard(began)  # nothing came since the poll began
             except STORE_ERRORS as exc:
                 logger.debug("notice listener lost the store (%r); reconnecting", exc)
                 # Held requests still wake on their timers meanwhile.

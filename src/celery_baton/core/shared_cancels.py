@@ -16,6 +16,13 @@ its cancel ends (``add(task_id, until=...)``). Whatever starts the job trusts th
 match until then, as the worker trusts the same match at a call's receipt: no store
 call, and nothing to match (no arguments decoded) where the job starts.
 
+The notices are heard on one connection, and a worker can miss them for a while: the
+whole worker stood still (stopped, swapped out, starved), or the connection was lost
+and is being made again (the store restarted, a failover, the server dropped it). So the
+listener also writes here when it last had every notice applied (:meth:`heard`); a job
+that starts while that is older than a bound asks the store itself
+(worker/pool/cancel_start.py).
+
 A table of fixed slots in an anonymous shared mapping made before the pool forks (every
 pool process, recycled ones included, inherits it). An id's slot is chosen by its
 digest; a later id in the same slot overwrites an earlier one, which then goes
@@ -49,6 +56,18 @@ class SharedCancels:
         # fileno -1: anonymous; MAP_SHARED is mmap's default, so forked processes read
         # the pages the main process writes.
         self._table = mmap.mmap(-1, slots * _SLOT)
+        self._heard = mmap.mmap(-1, _UNTIL.size)  # 0.0: not yet heard at all
+
+    def heard(self, at: float) -> None:
+        """Main process (the notice listener): every notice sent before ``at``
+        (``time.monotonic()``) was applied here, or found by a read of the store."""
+        _UNTIL.pack_into(self._heard, 0, at)
+
+    def unheard_for(self, now: float) -> float:
+        """Seconds since the notices were last all applied; 0.0 before they ever were (a
+        worker starting: it read the store's cancels as it started)."""
+        at = float(_UNTIL.unpack_from(self._heard, 0)[0])
+        return 0.0 if at == 0.0 else now - at
 
     def _where(self, task_id: str) -> tuple[int, bytes]:
         # Python's own str hash: the same in every process forked from the one that made

@@ -17,8 +17,11 @@ is judged again where its job starts (``worker/pool/cancel_start.py``), from wha
 worker noticed since, in memory its pool processes share (core/shared_cancels.py): each
 id a notice names, and each call this worker holds that a cancel by key it learns of
 covers (:meth:`Cancelling.mark_held`: matched here, once per cancel, against the calls
-it holds, not at every start). Such a call's request is made to revoke itself when its
-start refuses it (:class:`RevokedAtStart`).
+it holds, not at every start). A worker that has not heard its notices lately (it stood
+still, or its notice connection is being made again) does not know: there the start
+asks the store itself, and when the connection is back the calls held here are read
+anew (:meth:`Cancelling.caught_up`). A request whose start refused it revokes itself
+(:func:`revoke_refused_starts`).
 
 What a delivery pays: nothing while no cancel by id lives (the worker knows from the
 store-wide marker, re-read on every notice and every ``REFRESH`` seconds); key
@@ -76,48 +79,34 @@ def exception_of(exc_info: Any) -> BaseException | None:
     return getattr(exc, "exc", exc)  # Celery's ExceptionWithTraceback wraps it
 
 
-class RevokedAtStart:
-    """Mixed into the class of a request found cancelled while this worker held it
-    (:func:`revoke_when_refused`): when the start of its job refused it (the trace
-    raised ``CancelledAtStart``, an ``Ignore`` that Celery would only acknowledge), it
-    is revoked as Celery revokes: ``REVOKED``, the ``task-revoked`` event (not
-    terminated), acknowledged, the ``task_revoked`` signal."""
+#: Set on the ``on_failure`` that :func:`revoke_refused_starts` put on a request class.
+_REVOKES_ATTR = "_baton_revokes_refused_starts"
 
-    __slots__ = ()
+
+def revoke_refused_starts(request_class: type) -> None:
+    """Make every request of ``request_class`` (Celery's ``Request``, which each task's
+    request class extends) revoke itself when the start of its job refused it: the
+    trace raised ``CancelledAtStart``, an ``Ignore`` Celery would only acknowledge. It is
+    revoked as Celery revokes: ``REVOKED``, the ``task-revoked`` event (not terminated),
+    acknowledged, the ``task_revoked`` signal. Whatever found the cancel (this worker's
+    notice, its match by key, or the store, asked where the job started because the
+    worker had not heard its notices lately), the start refused a call that was
+    cancelled. Any other failure goes to Celery's own handler. Once per class."""
+    celery_on_failure = request_class.on_failure  # type: ignore[attr-defined]
+    if getattr(celery_on_failure, _REVOKES_ATTR, False):
+        return
 
     def on_failure(
-        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+        self: Any, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         exc = exception_of(exc_info)
         if isinstance(exc, CancelledAtStart):
             revoke(self, f"{exc.why}, while it waited for its pool")
             return None
-        return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        return celery_on_failure(self, exc_info, send_failed_event, return_ok)
 
-
-_revoking: dict[type, type] = {}
-
-
-def revoke_when_refused(request: Any) -> None:
-    """Make ``request`` revoke itself if the start of its job refuses it."""
-    cls = type(request)
-    if issubclass(cls, RevokedAtStart):
-        return
-    sub = _revoking.get(cls)
-    try:
-        if sub is None:
-            sub = type(f"Cancelled{cls.__name__}", (RevokedAtStart, cls), {"__slots__": ()})
-            _revoking[cls] = sub
-        request.__class__ = sub
-    except TypeError as exc:  # a Request class of the app's own that cannot be extended
-        logger.warning(
-            "%s[%s] is cancelled: its start refuses it, but the worker cannot revoke "
-            "it then (no task-revoked event; cancelled by key, its result stays as it "
-            "is): %s",
-            request.name,
-            request.id,
-            exc,
-        )
+    setattr(on_failure, _REVOKES_ATTR, True)
+    request_class.on_failure = on_failure  # type: ignore[attr-defined]
 
 
 def _held_requests() -> list[Any]:
@@ -166,6 +155,31 @@ class Cancelling:
         except Exception:  # the lease book's thread calls it: never raise there
             logger.exception("baton: reading the cancels failed")
 
+    def caught_up(self) -> bool:
+        """The notice listener (re)subscribed: the notices sent while it was not never
+        come, so what they said is read from the store (the listener's thread): the
+        marker and the key cancels that changed (matched against the calls held here),
+        and, while cancels by id live, each held call's id. False when the store did
+        not answer (the listener asks again; meanwhile jobs ask where they start)."""
+        self._refreshed = time.monotonic()
+        try:
+            for task in self.watch.refresh():
+                self.mark_held(task)
+            if self.noticed is not None and self.watch.ids_live():
+                for request in _held_requests():
+                    if self.cancels.is_cancelled(request.id):
+                        logger.debug(
+                            "baton: %s[%s] held here is cancelled", request.name, request.id
+                        )
+                        self.noticed.add(request.id)
+        except BatonError as exc:
+            logger.debug("baton: could not read the cancels after the notices' reconnect (%s)", exc)
+            return False
+        except Exception:  # the listener's thread: never raise there
+            logger.exception("baton: reading the cancels after the notices' reconnect failed")
+            return False
+        return True
+
     def heartbeat(self) -> None:
         if time.monotonic() - self._refreshed >= REFRESH:
             self.refresh()
@@ -180,9 +194,6 @@ class Cancelling:
         # held here already (Celery reserves a request before it is screened).
         self.watch.notice(notice)
         if notice.kind == ID_FIELD and notice.task_id and self.noticed is not None:
-            held = worker_state.requests.get(notice.task_id)
-            if held is not None:  # before the table says it: its start may read it now
-                revoke_when_refused(held)
             self.noticed.add(notice.task_id)
         elif notice.cancel is not None:
             self.mark_held(notice.task, notice.cancel)
@@ -204,7 +215,6 @@ class Cancelling:
             if covering is None:
                 continue
             until = self.watch.key_cancel_end(task, covering)
-            revoke_when_refused(request)
             self.noticed.add(request.id, until=until)
             logger.debug(
                 "%s[%s] held here is cancelled by key %s: refused where it starts",

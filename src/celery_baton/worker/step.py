@@ -31,7 +31,7 @@ from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker import ordering
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.batching import Batching, tick_interval
-from celery_baton.worker.cancelling import Cancelling
+from celery_baton.worker.cancelling import Cancelling, revoke_refused_starts
 from celery_baton.worker.pool import cancel_start, run_end, stand_ins
 from celery_baton.worker.pool.batch_run import wrap_task
 from celery_baton.worker.pool.flush import keep_running_jobs
@@ -317,7 +317,15 @@ class BatonWorker:
             self.batching.send = self.admission.carry  # a batch's carrier: one run
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
-        self.listener = NoticeListener(parts.store, parts.names.notice_channel, self._noticed)
+        self.listener = NoticeListener(
+            parts.store,
+            parts.names.notice_channel,
+            self._noticed,
+            # A job starting while the notices went unheard lately asks the store itself.
+            on_heard=cancel_start.share_cancels().heard,
+            on_connected=self.cancelling.caught_up,
+        )
+        revoke_refused_starts(Request)
         self.reports = WorkerReports(parts.store, parts.names)
         self._started = False
         self._shut = False

@@ -23,11 +23,7 @@ The soak's store keeps its data (an fsynced append-only file), so a cancel that 
 holds through the store's pauses and restarts: no fault excuses a late start. Known
 windows, each the guide's documented edge with its evidence: ``cancel-hand-over`` (a
 start within :data:`HAND_OVER` after the cancel returned, with its delay),
-``cancel-plain-admitted`` (a plain call its worker screened -- logged received, or its
-countdown's ETA -- before the cancel returned, started late, and a store outage ended
-less than NOTICE_RECONNECT before the cancel: a plain job is asked again at its start
-only when its worker heard the cancel's notice, which a listener still reconnecting
-misses), ``cancel-store-unchecked``
+``cancel-store-unchecked``
 (its worker logged it could not ask the store: it runs, as documented),
 ``cancel-expired`` (a start after the cancel's ``ttl``: forgotten then),
 ``cancelled-ran-again`` and ``cancelled-lost-in-transport`` (kombu's window, as for the
@@ -44,9 +40,7 @@ from tests.soak.checks.accounting import _lost_in_transport
 from tests.soak.checks.history import (
     BROKER_OUTAGES,
     SECOND,
-    STORE_OUTAGES,
     Cancel,
-    Fault,
     History,
     Published,
     Report,
@@ -137,18 +131,6 @@ def _ack_lost(history: History, span: _Span) -> str:
     return ""
 
 
-def _screened(history: History, pub: Published, span: _Span) -> int | None:
-    """When the worker that ran ``span`` screened its delivery for a cancel: when it
-    logged it received (a plain delivery is screened right after), or for a countdown
-    when Celery's timer handed it on (its ETA); None if no worker logged it."""
-    received = [at for at in history.received_at.get(pub.task_id, []) if at <= span.run.start]
-    if not received:
-        return None
-    countdown = _COUNTDOWN.search(pub.detail)
-    eta = pub.at + int(float(countdown.group(1)) * SECOND) if countdown else 0
-    return max(received[-1], eta)
-
-
 def _late_start(
     history: History, pub: Published, span: _Span, cancel: _Cancelled, what: str, report: Report
 ) -> bool:
@@ -165,38 +147,7 @@ def _late_start(
             f"{said}; its worker logged it could not ask the store about a cancel"
         )
         return True
-    screened = _screened(history, pub, span) if pub.task in PLAIN else None
-    outage = _notice_missed(history, cancel)
-    if screened is not None and screened <= cancel.at and outage is not None:
-        # Screened at its delivery, before the cancel, and admitted; a plain job is asked
-        # again where it starts only when its worker heard the cancel's notice
-        # (docs/guides/cancel.md), and a worker whose notice connection the store's
-        # outage broke may still be reconnecting (its back-off) when the cancel is made.
-        report.known["cancel-plain-admitted"].append(
-            f"{said}; screened {(cancel.at - screened) / SECOND:.3f} s before the cancel "
-            f"returned, it waited {(span.run.start - screened) / SECOND:.3f} s for its start; "
-            f"a {outage.kind} ended {(cancel.at - outage.end) / SECOND:.1f} s before the cancel"
-        )
-        return True
     return False
-
-
-#: Seconds a worker's notice listener may take to subscribe again after the store came
-#: back (core/notices.py: its back-off doubles up to 10 s), plus a margin.
-NOTICE_RECONNECT = 11.0
-
-
-def _notice_missed(history: History, cancel: _Cancelled) -> Fault | None:
-    """A store outage whose end lies within NOTICE_RECONNECT before the cancel returned
-    (or that lasted through it): the cancel's notice may have reached no one."""
-    for fault in history.faults:
-        if (
-            fault.kind in STORE_OUTAGES
-            and fault.start <= cancel.at
-            and fault.end >= cancel.at - NOTICE_RECONNECT * SECOND
-        ):
-            return fault
-    return None
 
 
 def _judge_cancelled(

@@ -59,3 +59,22 @@ def test_a_key_match_added_after_the_fork_is_read_by_the_child() -> None:
     os.write(write, b"!")
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_when_the_notices_were_last_all_heard_is_read_by_the_child() -> None:
+    """Not heard yet: 0 (the worker read the store's cancels as it started); after, the
+    seconds since, read alike by a process forked before the listener wrote it."""
+    noticed = SharedCancels()
+    assert noticed.unheard_for(100.0) == 0.0
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.read(read, 1)
+            os._exit(0 if noticed.unheard_for(12.5) == 2.5 else 1)
+        finally:
+            os._exit(2)
+    noticed.heard(10.0)
+    os.write(write, b"!")
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0

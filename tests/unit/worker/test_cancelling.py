@@ -13,7 +13,8 @@ from celery.worker import state as worker_state
 from celery_baton.core.cancels import KeyCancel, cancel_notice, key_material
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.shared_cancels import SharedCancels
-from celery_baton.worker.cancelling import Cancelling, RevokedAtStart
+from celery_baton.worker.cancelling import Cancelling, exception_of, revoke_refused_starts
+from celery_baton.worker.pool.cancel_start import CancelledAtStart
 
 NAMES = KeyNames("baton")
 
@@ -76,9 +77,6 @@ def test_a_key_cancel_marks_the_held_calls_it_covers(held: dict[str, Any]) -> No
     until = noticed.find("a")
     assert until is not None and until > time.monotonic() + 20  # trusted while it lives
     assert noticed.find("b") is None and noticed.find("c") is None
-    assert isinstance(seven, RevokedAtStart)  # revokes itself when its start refuses it
-    assert not isinstance(eight, RevokedAtStart)
-    assert not isinstance(other, RevokedAtStart)
 
 
 def test_an_id_notice_marks_the_held_call_of_that_id(held: dict[str, Any]) -> None:
@@ -88,4 +86,43 @@ def test_an_id_notice_marks_the_held_call_of_that_id(held: dict[str, Any]) -> No
     held[call.id] = call
     assert cancelling.notice(cancel_notice(NAMES.cancels, "id", 30_000, "a"))
     assert noticed.find("a") == 0.0  # by id: asked of the store where it starts
-    assert isinstance(call, RevokedAtStart)
+
+
+def test_a_request_whose_start_refused_it_is_revoked_any_other_failure_is_celerys() -> None:
+    """Whoever found the cancel (a notice, a match by key, the store asked at the start),
+    the refused start's ``CancelledAtStart`` revokes the request; every other failure
+    goes to the class's own handler, and installing twice wraps once."""
+    from billiard.einfo import ExceptionInfo
+
+    handled: list[str] = []
+
+    class CeleryRequest:
+        def on_failure(
+            self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+        ) -> str:
+            handled.append(type(exception_of(exc_info)).__name__)
+            return "celery"
+
+        def revoked(self) -> None:
+            handled.append("revoked")
+
+    class TaskRequest(CeleryRequest):  # as each task's class made by Celery
+        id = "a"
+        name = "t"
+
+    revoke_refused_starts(CeleryRequest)
+    revoke_refused_starts(CeleryRequest)
+
+    def failed(exc: BaseException) -> Any:
+        try:
+            raise exc
+        except BaseException:
+            return ExceptionInfo()
+
+    try:
+        assert TaskRequest().on_failure(failed(CancelledAtStart("a", "cancelled by id"))) is None
+        assert handled == ["revoked"] and "a" in worker_state.revoked
+        assert TaskRequest().on_failure(failed(ValueError("boom"))) == "celery"
+        assert handled == ["revoked", "ValueError"]
+    finally:
+        worker_state.revoked.discard("a")

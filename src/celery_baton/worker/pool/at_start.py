@@ -82,7 +82,7 @@ def judge_before_accept(job: Any) -> Any:
     name, task_id, request_dict = found
     if not judged_in_pool(request_dict):
         # A plain job: cancelled since its worker screened it (told so, in memory)?
-        fun = cancel_start.unless_cancelled(name, task_id, _fun)
+        fun = cancel_start.unless_cancelled(name, task_id, _fun, args)
         return job if fun is _fun else (kind, (job_id, i, fun, args, kwargs))
     fields = (
         request_dict.get(rate_grant.RATE_GRANT_FIELD)

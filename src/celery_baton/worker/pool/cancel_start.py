@@ -25,10 +25,13 @@ busy, after it was screened; a cancel noticed meanwhile (``share_cancels``: the 
 worker was told of, in memory its processes share) is judged where the job starts, on
 every pool: an id noticed by id is asked of the store; an id the main process matched
 to a cancel by key (``worker/cancelling.py``, when it learned of the cancel) is trusted
-while that cancel lives. A cancelled plain job's trace is replaced by one that raises
-:class:`CancelledAtStart` (Celery's ``Ignore``); the main process revokes its request as
-Celery revokes (``REVOKED``, the ``task-revoked`` event, acknowledged). A guarded job
-whose cancel was noticed is judged too, however early it is read.
+while that cancel lives. While the worker has not heard every notice for
+``UNHEARD_BOUND`` (it stood still, or its notice connection is being made again), a job
+asks the store where it starts, by id and by its task's key cancels. A cancelled plain
+job's trace is replaced by one that raises :class:`CancelledAtStart` (Celery's
+``Ignore``); the main process revokes its request as Celery revokes (``REVOKED``, the
+``task-revoked`` event, acknowledged: ``worker/cancelling.py``). A guarded job whose
+cancel was noticed is judged too, however early it is read.
 """
 
 from __future__ import annotations
@@ -53,6 +56,16 @@ logger = logging.getLogger("celery_baton.worker")
 #: ``(main pid, the moment (time.monotonic()) the job was granted for)``.
 HANDED_FIELD = "baton_handed"
 
+
+#: Seconds a worker may go without having heard every cancel notice (its notice
+#: listener polls every ``core.notices.POLL``) before a plain job starting there asks
+#: the store itself: the worker stood still, or its notice connection is being made
+#: again after a loss (a notice sent meanwhile never comes).
+UNHEARD_BOUND = 1.0
+#: Seconds a process does not ask the store for a plain job again after an ask failed
+#: (the store is down: no cancel can be made meanwhile either).
+ASK_AGAIN_AFTER = 2.0
+_ask_failed_at = -ASK_AGAIN_AFTER
 
 #: Why a job is refused at its start: its id noticed by id (confirmed in the store), or
 #: matched by the main process to a live cancel by key.
@@ -117,6 +130,8 @@ def _asked(name: str, task_id: str, trace_args: Sequence[Any] | None) -> str | N
         covering = cancels.key_cancel_covering(name, task.run, args, kwargs, sent_ms)
         return None if covering is None else BY_KEY
     except Exception:
+        global _ask_failed_at
+        _ask_failed_at = time.monotonic()
         logger.exception("baton: %s[%s]: asking about a cancel failed", name, task_id)
         return None
 
@@ -152,12 +167,22 @@ def _why(
     return _asked(name, task_id, trace_args)
 
 
-def plain_cancelled(name: str, task_id: str) -> str | None:
+def _unheard() -> bool:
+    """Whether this worker has not heard every cancel notice for longer than
+    ``UNHEARD_BOUND`` (and the store did not fail an ask moments ago)."""
+    if _noticed is None:
+        return False
+    now = time.monotonic()
+    return _noticed.unheard_for(now) > UNHEARD_BOUND and now - _ask_failed_at > ASK_AGAIN_AFTER
+
+
+def plain_cancelled(name: str, task_id: str, trace_args: Sequence[Any] | None = None) -> str | None:
     """A plain job (no gate call) about to start: why it was cancelled since its worker
-    screened it, or None. Only a job whose id this worker noticed (by id, or matched by
-    key) is judged; None when the store does not answer (it runs, as a call screened
-    unchecked does)."""
-    why = _why(name, task_id, ask=False)
+    screened it, or None. A job whose id this worker noticed (by id, or matched by key)
+    is judged; while the worker has not heard its notices lately, every plain job asks
+    the store (by id, and with ``trace_args`` by its task's key cancels). None when the
+    store does not answer (it runs, as a call screened unchecked does)."""
+    why = _why(name, task_id, ask=_unheard(), trace_args=trace_args)
     if why is not None:
         logger.info(
             "%s[%s] was cancelled while it waited for its pool: it does not start (%s; "
@@ -169,10 +194,13 @@ def plain_cancelled(name: str, task_id: str) -> str | None:
     return why
 
 
-def unless_cancelled(name: str, task_id: str, target: Callable[..., Any]) -> Callable[..., Any]:
+def unless_cancelled(
+    name: str, task_id: str, target: Callable[..., Any], trace_args: Sequence[Any] | None
+) -> Callable[..., Any]:
     """Where a job is about to start: its trace ``target``, or for a job cancelled since
-    its worker screened it (:func:`plain_cancelled`) the ignored trace in its place."""
-    why = plain_cancelled(name, task_id)
+    its worker screened it (:func:`plain_cancelled`; ``trace_args``: the job's) the
+    ignored trace in its place."""
+    why = plain_cancelled(name, task_id, trace_args)
     if why is not None:
         return plain_cancelled_trace(task_id, why)
     return target
@@ -205,8 +233,9 @@ def mark(request_dict: dict[str, Any], due: float) -> None:
 def cancelled(
     name: str, task_id: str, request_dict: dict[str, Any], trace_args: Sequence[Any]
 ) -> str | None:
-    """Why the job of ``task_id``, read late by its pool process, was cancelled
-    meanwhile, or None (on time and not noticed, or the store does not answer: it runs).
+    """Why the job of ``task_id``, read late by its pool process (or while its worker
+    has not heard its notices lately), was cancelled meanwhile, or None (on time and not
+    noticed, or the store does not answer: it runs).
     ``trace_args``: the job's (a late job is asked about its keys too)."""
     fields = request_dict.get(HANDED_FIELD)
     if not fields:
@@ -216,7 +245,7 @@ def cancelled(
         late = time.monotonic() - due
     except (TypeError, ValueError):  # not what mark() wrote: never guess, it runs
         return None
-    why = _why(name, task_id, ask=late > STALE_GRANT, trace_args=trace_args)
+    why = _why(name, task_id, ask=late > STALE_GRANT or _unheard(), trace_args=trace_args)
     if why is None:
         return None
     logger.info(

@@ -66,7 +66,7 @@ def _accept_judge_run(
     found = at_start.task_request(args)
     if found is None or accept_callback is None or not any(f in found[2] for f in _GREEN_FIELDS):
         if found is not None:
-            target = cancel_start.unless_cancelled(found[0], found[1], target)
+            target = cancel_start.unless_cancelled(found[0], found[1], target, args)
         return run(target, args, kwargs, callback, accept_callback, *given, *rest, **options)
     accept_callback(getpid() if getpid is not None else os.getpid(), time.monotonic())
     at_start.judge(*found)
@@ -118,7 +118,7 @@ def _checked_at_start(
     if cancel_start.HANDED_FIELD not in request_dict:  # a plain job: noticed, or not
 
         def checked_plain(*args: Any, **kwargs: Any) -> Any:
-            return cancel_start.unless_cancelled(name, task_id, target)(*args, **kwargs)
+            return cancel_start.unless_cancelled(name, task_id, target, args)(*args, **kwargs)
 
         return checked_plain
 
