@@ -68,6 +68,18 @@ def ex_skip(self: Task, key: str, sleep: float = 0.0) -> int:
     return _fenced_run(self, key, sleep)
 
 
+@app.task(bind=True, exclusive=lambda key, divisor=1: f"{key}/{1 // divisor}")
+def ex_by_function(self: Task, key: str, divisor: int = 1) -> int:
+    """A key built by a function of the app's own, which raises for ``divisor=0``."""
+    return _fenced_run(self, key, 0.0)
+
+
+@app.task(bind=True, exclusive="{key}-{n:05d}")
+def ex_by_format(self: Task, key: str, n: object = 0) -> int:
+    """A key template whose format spec raises ValueError for an ``n`` not an int."""
+    return _fenced_run(self, key, 0.0)
+
+
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait", lease_ttl=LEASE_TTL)
 def ex_long(self: Task, key: str, sleep: float = 0.0) -> int:
     """Like :func:`ex_wait` with a short ``lease_ttl``: runs may outlast it many times."""

@@ -26,15 +26,20 @@ APP = "tests.apps.exclusive"
 def test_a_key_that_cannot_be_built_fails_the_task_and_it_does_not_run(
     workers: Workers, observer: Observer
 ) -> None:
-    from tests.apps.exclusive import app, ex_skip, ex_wait
+    from tests.apps.exclusive import app, ex_by_format, ex_by_function, ex_skip, ex_wait
 
     worker = workers.start(APP, concurrency=2)
     # NaN travels in a JSON message but is not a canonical key; a wrong arity is caught
-    # only by the worker when the task is sent by name.
+    # only by the worker when the task is sent by name. A key function of the app's own
+    # that raises, and a template whose format spec does not fit the argument: the
+    # worker died of them ("Unrecoverable error: ZeroDivisionError"), and again at every
+    # restart, the message being given back each time.
     bad = [
         ex_skip.delay(float("nan")),
         ex_wait.delay(float("nan"), 0),
         app.send_task("tests.apps.exclusive.ex_skip", args=["k", 0, "extra"]),
+        ex_by_function.delay("k", 0),
+        ex_by_format.delay("k", "abc"),
     ]
     for result in bad:
         with pytest.raises(KeySpecError) as error:

@@ -183,7 +183,10 @@ class KeySpec:
             if text is not None:
                 return text
         if self.func is not None:
-            value = self.func(*args, **kwargs)
+            try:
+                value = self.func(*args, **kwargs)
+            except Exception as exc:  # the app's own code: its error refuses the call
+                raise KeySpecError(f"key function raised {exc!r}", subject=self.subject) from exc
             if not isinstance(value, str):
                 raise KeySpecError(
                     f"key function returned {type(value).__name__}, not str", subject=self.subject
@@ -193,7 +196,8 @@ class KeySpec:
         if self.template is not None:
             try:
                 return self.template.format_map(named)
-            except (KeyError, AttributeError, IndexError) as exc:
+            except Exception as exc:  # a field missing, or a format spec that does not fit
+                # (ValueError, TypeError), or an argument's own __format__ failing
                 raise KeySpecError(
                     f"template {self.template!r}: {exc!r}", subject=self.subject
                 ) from exc

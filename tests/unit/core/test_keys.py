@@ -148,6 +148,20 @@ def test_template_error_raises_key_spec_error() -> None:
         spec.material(("h",), {})
 
 
+def test_any_error_of_the_apps_key_code_is_a_key_spec_error() -> None:
+    """A key function that raises, or a template whose format spec does not fit the
+    argument (ValueError), refuse the call with KeySpecError naming the task: anything
+    else escaped the worker's refusal and killed it (Unrecoverable error)."""
+    func = build(lambda host, path="/": f"{host}/{1 // len(path)}")
+    with pytest.raises(KeySpecError, match="key function raised ZeroDivisionError") as caught:
+        func.material(("h", ""), {})
+    assert caught.value.subject == func.subject
+    spec = build("{host}-{path:05d}")
+    with pytest.raises(KeySpecError, match=r"template .*ValueError"):
+        spec.material(("h", "abc"), {})
+    assert spec.material(("h", 7), {}) == "h-00007"
+
+
 def test_key_names_share_one_hash_tag_per_task() -> None:
     names = KeyNames()
     keys = [
