@@ -35,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         "A worker or beat still using it starts it again when it next needs it: stop "
         "them first to stop it for good.",
     )
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] not in sub.choices and not given[0].startswith("-"):
+        # An operator's command (status, locks, cancel...) tried here: say where it is.
+        parser.error(
+            f"no command {given[0]!r} here (this runs: {', '.join(sub.choices)}); the "
+            f"operator's commands read your app's settings: `celery -A proj baton {given[0]}`"
+        )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from celery_baton.demo.run import main as demo_main

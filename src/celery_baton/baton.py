@@ -304,7 +304,11 @@ class Baton:
 
     def __init__(self, app: Celery, *, url: str | None = None) -> None:
         if installed_parts(app) is not None:
-            raise BatonError(f"celery-baton is already installed on app {app.main!r}")
+            raise BatonError(
+                f"celery-baton is already installed on app {app.main!r}: call Baton(app) "
+                "once, where the app is made, and import that object where you need it "
+                "(e.g. `from proj.celery import baton` for baton.cancel)"
+            )
         # Tasks declared before Baton(app) get the checks of those declared after it.
         check_declared_tasks(app)
         self.app = app

@@ -178,14 +178,17 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
                 _stamp_place(parts, name, policy, args, kwargs, options)
             return send_task(name, args, kwargs, **options)
         except _Duplicate as dup:
-            return _deduplicated(
-                parts, name, task_id, dup.holder, key, preassigned, options, policy.unique_conflict
-            )
+            holder = dup.holder
         except BaseException:
             claim.give_back()  # the message was not sent: nothing may keep its key
             raise
         finally:
             by_id.pop(task_id, None)
+        # Out of the handler: an AlreadyQueued raised there would show the internal
+        # _Duplicate as its context in the caller's traceback.
+        return _deduplicated(
+            parts, name, task_id, holder, key, preassigned, options, policy.unique_conflict
+        )
 
     send_unique_task.__wrapped__ = send_task  # type: ignore[attr-defined]
     return send_unique_task

@@ -45,6 +45,12 @@ BACKOFF_START = 0.25
 REMEMBER_RELEASES = 10.0
 
 
+#: A lease waited for is asked again as it is released (its notice): the hold's delay
+#: is only its latest moment, and the log says so.
+_WOKEN_BY_RELEASE = frozenset({Reason.EXCLUSIVE, Reason.CONCURRENCY, Reason.RUNNING_COPY})
+_AS_RELEASED = " at the latest, or as soon as it is released"
+
+
 class PrefetchWindow(Protocol):
     """Told of each held message that raised the prefetch count, and of its leaving."""
 
@@ -197,7 +203,8 @@ class Holding:
             )
             logger.log(
                 logging.DEBUG if wait.quiet else logging.INFO,
-                "%s[%s] held for %s, retry in %.3fs",
+                "%s[%s] held for %s, retry in %.3fs"
+                + (_AS_RELEASED if wait.reason in _WOKEN_BY_RELEASE else ""),
                 delivery.request.name,
                 delivery.request.id,
                 _key_said(delivery, wait.key),

@@ -39,7 +39,16 @@ class Context:
     def store(self) -> Store:
         # An operator's look never starts an embedded server: with no URL set it reads
         # the one running on this machine, if any.
-        return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
+        try:
+            return self.parts.connect(client_name="celery-baton-cli", start_embedded=False)
+        except BatonError as exc:
+            if installed_parts(self.app) is not None:
+                raise
+            # Most often `-A proj` was left out: Celery's default app has no settings.
+            raise BatonError(
+                f"{exc}; app {self.app.main!r} never called Baton(app): is `-A proj` "
+                "missing (celery -A proj baton ...)?"
+            ) from exc
 
     def tasks_named(self, name: str) -> list[str]:
         """This app's tasks (Celery's own aside) whose function is ``name``, at most 3:
