@@ -31,6 +31,27 @@ _UNIT_NAMES = {
 _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:/\s*([a-z]+))?\s*$")
 
 
+def check_celery_rate(value: object, *, subject: str | None = None) -> None:
+    """``value``, a task's own ``rate_limit``, must also be one Celery reads: Celery's
+    worker parses it at start (``"N/s"``, ``"N/m"``, ``"N/h"`` or a number, no spaces
+    around the slash) and fails on anything else with a KeyError naming no task. Raises
+    RateSpecError naming the task now, at its declaration."""
+    if not isinstance(value, str):
+        return
+    count, _, unit = value.partition("/")
+    try:
+        float(count)
+    except ValueError:
+        unit = "?"
+    if unit not in ("", "s", "m", "h"):
+        raise RateSpecError(
+            f"rate_limit={value!r} is not a rate Celery reads ('N/s', 'N/m', 'N/h' or a "
+            "number per second): Celery's worker would fail on it at start (celery-baton's "
+            "own global_rate_limit= also takes /d and unit names)",
+            subject=subject,
+        )
+
+
 def parse_rate(value: str | float | int, *, subject: str | None = None) -> float:
     """Requests per second from ``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or a number.
 

@@ -24,7 +24,7 @@ from celery_baton.core.policy.options import (
     UNIQUE_UNTIL,
     is_seconds,
 )
-from celery_baton.core.rates import parse_burst, parse_rate
+from celery_baton.core.rates import check_celery_rate, parse_burst, parse_rate
 from celery_baton.core.shared_limits import SharedLimit, parse_limits, resolve
 from celery_baton.errors import ConfigError
 
@@ -146,6 +146,7 @@ def compile_policy(
         )
     guard = options("redelivery_guard")
     if settings.global_rate_limits and options("rate_limit"):
+        check_celery_rate(options("rate_limit"), subject=f"{name}.rate_limit")
         parse_rate(options("rate_limit"), subject=f"{name}.rate_limit")
     policy = TaskPolicy(
         name=name,

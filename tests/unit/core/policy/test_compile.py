@@ -15,6 +15,7 @@ from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.options import declares_options
 from celery_baton.core.policy.plan import plan_delivery
+from celery_baton.errors import RateSpecError
 
 NAMES = KeyNames()
 
@@ -59,6 +60,21 @@ def test_global_rate_limits_give_every_task_a_runtime_rate() -> None:
     assert guarded.rate_from_celery and not guarded.celery_rate_only
     declared = compile_(settings=settings, global_rate_limit="2/s")
     assert not declared.rate_from_celery  # the declared global rate wins
+
+
+@pytest.mark.parametrize("rate_limit", ["5/sec", "10/min", "5 / s", "abc", "2/d"])
+def test_a_task_rate_limit_celery_cannot_read_is_refused_at_its_declaration(
+    rate_limit: str,
+) -> None:
+    """Under ``baton_global_rate_limits`` a task's own ``rate_limit`` is read by Celery's
+    worker too, at its start, where anything but 'N/s', 'N/m', 'N/h' or a number failed
+    with a KeyError naming no task: refused at the declaration, naming it."""
+    settings = Settings(global_rate_limits=True)
+    with pytest.raises(RateSpecError, match="not a rate Celery reads") as caught:
+        compile_(settings=settings, rate_limit=rate_limit)
+    assert "rate_limit" in str(caught.value)
+    for celerys in ("5/s", "10/m", "100/h", "7", "0.5/s"):
+        assert compile_(settings=settings, rate_limit=celerys) is not None
 
 
 def test_defaults() -> None:
