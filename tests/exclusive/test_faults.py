@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+import redis
 
 from celery_baton import KeySpecError
 from tests.support.observer import Observer, assert_no_overlap
@@ -288,3 +289,45 @@ def test_a_held_message_the_broker_took_back_is_not_put_back_again(
     assert [run.task_id for run in runs].count(second.id) == 1
     assert "held messages put back" not in first_worker.log_text()
     assert_no_overlap(runs)
+
+
+@pytest.mark.timeout(180)
+def test_a_release_notice_the_server_dropped_does_not_leave_its_waiter_for_the_timer(
+    workers: Workers, observer: Observer, store_url: str
+) -> None:
+    """A waiter of an exclusive key is woken by the release's notice, on the worker's
+    pub/sub connection; a holder with a 20 s lease sets its timer a lease away. The
+    server drops that connection and refuses a new subscription for a moment, in which
+    the holder ends: its notice is lost (as in a restart, a failover, a subscriber
+    dropped over its output buffer limit). When the listener subscribes again, every
+    held request asks again: the waiter starts then, not at its timer (20 s later)."""
+    from tests.apps.exclusive import ex_wait
+
+    env = {"BATON_TEST_APP_LEASE_TTL": "20"}
+    # The holder on one worker, the waiter on another: a release wakes its own worker's
+    # waiters directly, another worker's by the notice only.
+    workers.start(APP, concurrency=1, queues="b", env=env)
+    worker = workers.start(APP, concurrency=1, queues="a", env=env)
+    # The pools and the listeners are up (after the store's grace: a lease, 20 s at most).
+    for queue in "ab":
+        assert ex_wait.apply_async((f"warm-{queue}", 0), queue=queue).get(timeout=60)
+    holder = ex_wait.apply_async(("dropped", 3.0), queue="b")
+    observer.starts_of("dropped")
+    waiter = ex_wait.apply_async(("dropped", 0), queue="a")
+    wait_until(lambda: f"[{waiter.id}] held for" in worker.log_text(), 20, "the waiter held")
+    store = redis.Redis.from_url(store_url)
+    # The listeners' connections dropped, and none subscribing again for a moment (the
+    # release's own PUBLISH still allowed): the release's notice reaches no one.
+    store.execute_command("ACL", "SETUSER", "default", "-subscribe")
+    try:
+        assert store.client_kill_filter(_type="pubsub") >= 1
+        assert holder.get(timeout=30)
+        ended = time.monotonic()
+        time.sleep(1.0)  # not a wait: the notice was lost, the listeners try again
+    finally:
+        store.execute_command("ACL", "SETUSER", "default", "+subscribe")
+    assert waiter.get(timeout=60)
+    took = time.monotonic() - ended
+    assert took < 10, f"the waiter started {took:.1f} s after the holder ended (its timer)"
+    runs = [r for r in observer.runs() if r.key == "dropped"]
+    assert len(runs) == 2 and runs[0].end <= runs[1].start

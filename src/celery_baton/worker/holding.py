@@ -72,6 +72,9 @@ class _CountOnly:
 #: What the wake pipe carries for a cancel notice (never a store key: those have no
 #: newline).
 CANCEL_WAKE = "\ncancel"
+#: ... and for release notices that may have been missed (the notice listener subscribed
+#: again): every held queue asks again.
+ALL_WAKE = "\nall"
 
 
 @dataclass(eq=False)
@@ -409,6 +412,14 @@ class Holding:
         if self._held:
             self._wake_pipe.send(CANCEL_WAKE)
 
+    def notices_missed(self) -> None:
+        """Called from another thread when release notices may have been missed (the
+        notice listener lost its connection and subscribed again): a held request waiting
+        for a release that happened meanwhile would wait for its timer, a whole lease
+        away. Every held queue asks again, on the consumer's loop."""
+        if self._held:
+            self._wake_pipe.send(ALL_WAKE)
+
     def held(self) -> list[Delivery]:
         """The deliveries held now."""
         return list(self._held.values())
@@ -418,6 +429,10 @@ class Holding:
         if key == CANCEL_WAKE:
             if self._on_cancel is not None:
                 self._on_cancel()
+            return
+        if key == ALL_WAKE:
+            with self.lock:
+                self.wake_all()
             return
         with self.lock:
             queues = self._queues.woken_by(key)

@@ -323,7 +323,7 @@ class BatonWorker:
             self._noticed,
             # A job starting while the notices went unheard lately asks the store itself.
             on_heard=cancel_start.share_cancels().heard,
-            on_connected=self.cancelling.caught_up,
+            on_connected=self._notices_back,
         )
         revoke_refused_starts(Request)
         self.reports = WorkerReports(parts.store, parts.names)
@@ -583,6 +583,14 @@ class BatonWorker:
             self.admission.holding.wake_for_cancel(self.admission.drop_cancelled)
         else:
             self.admission.holding.wake(text)
+
+    def _notices_back(self) -> bool:
+        """The notice listener (re)subscribed (its thread): what its notices would have
+        said meanwhile is read from the store (cancels), and every held request asks
+        again (a release may have been missed). False: the cancels could not be read."""
+        caught_up = self.cancelling.caught_up()
+        self.admission.holding.notices_missed()
+        return caught_up
 
     def _heartbeat(self, consumer: Any) -> None:
         self.cancelling.heartbeat()
