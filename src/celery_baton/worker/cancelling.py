@@ -144,16 +144,10 @@ class Cancelling:
 
     # -- learning (other threads) -------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Read the marker now (at start; on the lease book's heartbeat, every REFRESH)."""
-        self._refreshed = time.monotonic()
-        try:
-            for task in self.watch.refresh():  # a task's key cancels read anew
-                self.mark_held(task)
-        except BatonError as exc:
-            logger.debug("baton: could not read the cancels (%s)", exc)
-        except Exception:  # the lease book's thread calls it: never raise there
-            logger.exception("baton: reading the cancels failed")
+    def refresh(self) -> bool:
+        """Read the marker now (at start; on the lease book's heartbeat, every REFRESH).
+        False when the store did not answer."""
+        return self._read_store(self._read_marker)
 
     def caught_up(self) -> bool:
         """The notice listener (re)subscribed: the notices sent while it was not never
@@ -161,24 +155,33 @@ class Cancelling:
         marker and the key cancels that changed (matched against the calls held here),
         and, while cancels by id live, each held call's id. False when the store did
         not answer (the listener asks again; meanwhile jobs ask where they start)."""
+        return self._read_store(self._read_marker, self._read_held_ids)
+
+    def _read_store(self, *reads: Callable[[], None]) -> bool:
+        """Run ``reads`` (on another thread than the consumer's: never raise there)."""
         self._refreshed = time.monotonic()
         try:
-            for task in self.watch.refresh():
-                self.mark_held(task)
-            if self.noticed is not None and self.watch.ids_live():
-                for request in _held_requests():
-                    if self.cancels.is_cancelled(request.id):
-                        logger.debug(
-                            "baton: %s[%s] held here is cancelled", request.name, request.id
-                        )
-                        self.noticed.add(request.id)
+            for read in reads:
+                read()
         except BatonError as exc:
-            logger.debug("baton: could not read the cancels after the notices' reconnect (%s)", exc)
+            logger.debug("baton: could not read the cancels (%s)", exc)
             return False
-        except Exception:  # the listener's thread: never raise there
-            logger.exception("baton: reading the cancels after the notices' reconnect failed")
+        except Exception:
+            logger.exception("baton: reading the cancels failed")
             return False
         return True
+
+    def _read_marker(self) -> None:
+        for task in self.watch.refresh():  # a task's key cancels read anew
+            self.mark_held(task)
+
+    def _read_held_ids(self) -> None:
+        if self.noticed is None or not self.watch.ids_live():
+            return
+        for request in _held_requests():
+            if self.cancels.is_cancelled(request.id):
+                logger.debug("baton: %s[%s] held here is cancelled", request.name, request.id)
+                self.noticed.add(request.id)
 
     def heartbeat(self) -> None:
         if time.monotonic() - self._refreshed >= REFRESH:

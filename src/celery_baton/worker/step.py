@@ -586,11 +586,14 @@ class BatonWorker:
 
     def _notices_back(self) -> bool:
         """The notice listener (re)subscribed (its thread): what its notices would have
-        said meanwhile is read from the store (cancels), and every held request asks
-        again (a release may have been missed). False: the cancels could not be read."""
-        caught_up = self.cancelling.caught_up()
+        said meanwhile is read from the store (cancels), then every held request asks
+        again (a release may have been missed). False: the store did not answer, and
+        nothing is woken (the listener calls again; a held request would only meet the
+        store's failure, and the gate channel's recovery wakes every one)."""
+        if not self.cancelling.caught_up():
+            return False  # asked again at the next poll: wake the held requests then
         self.admission.holding.notices_missed()
-        return caught_up
+        return True
 
     def _heartbeat(self, consumer: Any) -> None:
         self.cancelling.heartbeat()

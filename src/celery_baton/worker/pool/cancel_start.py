@@ -58,11 +58,11 @@ HANDED_FIELD = "baton_handed"
 
 
 #: Seconds a worker may go without having heard every cancel notice (its notice
-#: listener polls every ``core.notices.POLL``) before a plain job starting there asks
-#: the store itself: the worker stood still, or its notice connection is being made
-#: again after a loss (a notice sent meanwhile never comes).
+#: listener polls every ``core.notices.POLL``) before a job starting there asks the
+#: store itself: the worker stood still, or its notice connection is being made again
+#: after a loss (a notice sent meanwhile never comes).
 UNHEARD_BOUND = 1.0
-#: Seconds a process does not ask the store for a plain job again after an ask failed
+#: Seconds a process does not ask the store again for that reason after an ask failed
 #: (the store is down: no cancel can be made meanwhile either).
 ASK_AGAIN_AFTER = 2.0
 _ask_failed_at = -ASK_AGAIN_AFTER
