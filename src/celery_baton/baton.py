@@ -285,7 +285,35 @@ def _warn_if_beat_ignores_entry_options(sender: Any = None, **kwargs: Any) -> No
         )
 
 
+#: Task names whose eager run was said (once per task per process).
+_eager_told: set[str] = set()
+
+
+def _say_eager_runs_are_not_coordinated(sender: Any = None, task: Any = None, **_: Any) -> None:
+    """``task_prerun`` of an eager run (``task_always_eager``, ``.apply()``) of a task
+    that declares celery-baton options: none of them applies (nothing is published, no
+    worker admits it), so a test passes that proves nothing. Said once per task name; a
+    worker's run pays one attribute read."""
+    if task is None or not getattr(task.request, "is_eager", False):
+        return
+    name = str(getattr(task, "name", ""))
+    if name in _eager_told or installed_parts(task.app) is None:
+        return
+    _eager_told.add(name)
+    declared = sorted(o for o in TASK_OPTIONS if getattr(task, o, None) is not None)
+    if declared:
+        logger.warning(
+            "%s ran eagerly (task_always_eager or .apply()): its celery-baton options (%s) "
+            "are not applied to eager runs: nothing is published and no worker admits "
+            "it (no deduplication, no lease, no limit). Test them with a real worker "
+            "(docs/migration.md); said once per task",
+            name,
+            ", ".join(declared),
+        )
+
+
 celery_signals.before_task_publish.connect(_warn_publish_if_not_installed, weak=False)
+celery_signals.task_prerun.connect(_say_eager_runs_are_not_coordinated, weak=False)
 celery_signals.worker_init.connect(_warn_if_not_installed, weak=False)
 celery_signals.beat_init.connect(_warn_if_beat_ignores_entry_options, weak=False)
 

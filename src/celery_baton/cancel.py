@@ -24,8 +24,10 @@ from celery import states
 from celery_baton.core.cancels import Cancels, KeyCancel, key_material
 from celery_baton.core.keys import KeySpec
 from celery_baton.errors import BatonError, KeySpecError
-from celery_baton.parts import AppParts
+from celery_baton.parts import AppParts, task_option
+from celery_baton.worker.planning import delivery_policy
 from celery_baton.worker.transport.broker import read_broker
+from celery_baton.worker.transport.queued import message_call, queued_message
 
 logger = logging.getLogger("celery_baton")
 
@@ -102,6 +104,8 @@ def _cancel_id(
         # publish made after it is a new run. Owner-compared: a claim a new publish took
         # meanwhile stays.
         records.free_held(held_under, task_id)
+    else:
+        _free_if_queued(parts, records, task_id)
     app = parts.app
     revoked = False
     backend = app.backend
@@ -119,6 +123,47 @@ def _cancel_id(
         terminated = (task_id,)
     logger.info("baton: cancelled task %s for %.0fs", task_id, ttl)
     return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated, state=state)
+
+
+def _free_if_queued(parts: AppParts, records: Cancels, task_id: str) -> None:
+    """A ``unique`` call whose message waits in a queue of the broker, not delivered to
+    any worker: its unique key is freed now (owner-compared: a claim a new publish took
+    meanwhile stays), so that a publish after the cancel is a new run, not deduplicated
+    into the call that will never start. Safe: its cancel is in the store already, and
+    the worker that takes the message later reads it before any start. Only on kombu's
+    Redis transport (no other broker can be read without taking the message); anywhere
+    else the key is freed when a worker discards the message."""
+    app = parts.app
+    if not any(task_option(task, "unique") for task in app.tasks.values()):
+        return  # no unique task here: nothing to free, no broker scan
+    try:
+        message = queued_message(app, task_id)
+        call = None if message is None else message_call(app, message)
+    except Exception as exc:  # the cancel is made: the key waits for the worker's discard
+        logger.warning(
+            "baton.cancel: could not look for %s in the broker (a unique key it holds is "
+            "freed when a worker discards it): %s",
+            task_id,
+            exc,
+        )
+        return
+    if call is None:
+        return
+    name, args, kwargs, headers = call
+    policy = delivery_policy(parts.policy_for_name(name), name, headers, parts.settings)
+    if policy is None or policy.unique is None:
+        return
+    try:
+        key = policy.unique_key(parts.names, args or (), kwargs or {})
+    except BatonError as exc:
+        logger.warning(
+            "baton.cancel: %s[%s]: its unique key cannot be built: %s", name, task_id, exc
+        )
+        return
+    records.free_held(key, task_id)
+    logger.info(
+        "baton: %s[%s] waits in the broker, cancelled: its unique key is freed", name, task_id
+    )
 
 
 def _cancel_key(

@@ -14,6 +14,8 @@ In the test process, import it inside a test that uses the ``app_environ`` fixtu
 
 from __future__ import annotations
 
+import os
+
 from celery import Task
 
 from tests.apps.factory import make_baton_app, observer
@@ -26,7 +28,16 @@ NAMED = {"rate": "4/s", "burst": 2}
 NAMED_COST = 2
 
 app, baton = make_baton_app(
-    "busy_pool", results=False, baton_limits={"api": NAMED}, task_ignore_result=True
+    "busy_pool",
+    results=False,
+    baton_limits={"api": NAMED},
+    task_ignore_result=True,
+    # TEST_DISABLE_RATE_LIMITS=1: Celery's own rate limits off in the worker (a setting
+    # deployments use): the global limits are celery-baton's, and must hold all the same.
+    worker_disable_rate_limits=os.environ.get("TEST_DISABLE_RATE_LIMITS") == "1",
+    # TEST_PREFETCH_MULTIPLIER=0: no prefetch limit (`--prefetch-multiplier 0` reads as
+    # "not given" on Celery's command line, so only the setting says it).
+    worker_prefetch_multiplier=int(os.environ.get("TEST_PREFETCH_MULTIPLIER", "4")),
 )
 
 

@@ -54,6 +54,12 @@ def _fill_pool(observer: Observer, concurrency: int, sleep: float) -> None:
     [
         ("prefork", 4),
         ("prefork", 1),
+        # No prefetch limit: the worker takes every message the broker has.
+        pytest.param("prefork TEST_PREFETCH_MULTIPLIER=0", 0, id="prefork-0"),
+        pytest.param("prefork -O fair", 4, id="prefork-fair-4"),
+        # Celery's own rate limits off in the worker (worker_disable_rate_limits).
+        pytest.param("prefork TEST_DISABLE_RATE_LIMITS=1", 4, id="prefork-no-celery-rates-4"),
+        pytest.param("threads TEST_DISABLE_RATE_LIMITS=1", 4, id="threads-no-celery-rates-4"),
         ("threads", 4),
         ("threads", 1),
         ("solo", 4),
@@ -71,6 +77,9 @@ def test_every_rate_kind_holds_at_task_start_on_a_saturated_pool(
     from tests.apps import busy_pool
 
     name, extra, env = pool_setting(pool)
+    for arg in [a for a in extra if "=" in a and not a.startswith("-")]:
+        extra.remove(arg)  # a setting of the test app, not an argument of the worker
+        env[arg.split("=", 1)[0]] = arg.split("=", 1)[1]
     concurrency = 1 if name == "solo" else 2
     workers.start(
         "tests.apps.busy_pool",

@@ -207,6 +207,39 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
+    workers: Workers, pool: str
+) -> None:
+    """``baton.cancel(task_id)`` of a unique call whose message still waits in the broker
+    (a busy worker, its prefetch full): the caller marks it REVOKED at once, and a
+    publish of its key after that is a new run, not the cancelled call's id (it was
+    deduplicated into it until a worker discarded the message). The cancelled call never
+    runs; the new one does. (A Redis broker: the cancel finds the message in its queue.)"""
+    from celery_baton.worker.transport.queued import QUEUED, queued
+    from tests.apps import run_ends
+
+    workers.start(APP, concurrency=1, pool=pool)
+    busy = [run_ends.sleeper.delay(0.5) for _ in range(12)]  # the pool and the prefetch
+    cancelled, published_again = [], []
+    for n in range(3):
+        key = f"b{n}"
+        first = run_ends.uq_quick.delay(key)
+        assert queued(run_ends.app, first.id) == QUEUED, "the call did not wait in the broker"
+        run_ends.baton.cancel(first.id)
+        assert first.state == "REVOKED"
+        cancelled.append(first)
+        published_again.append(run_ends.uq_quick.delay(key))
+    deduplicated = [r.id for r in published_again if r.id in {c.id for c in cancelled}]
+    assert not deduplicated, f"publishes after the cancel got the cancelled call: {deduplicated}"
+    for result in busy:
+        result.get(timeout=60)
+    assert [r.get(timeout=30) for r in published_again] == [r.id for r in published_again]
+    ran = [r.id for r in cancelled if r.state != "REVOKED"]
+    assert not ran, f"cancelled calls ran: {ran}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_cancel_of_a_started_countdown_task_leaves_its_key_to_the_run(
     workers: Workers, pool: str
 ) -> None:

@@ -59,3 +59,29 @@ def test_an_app_with_baton_publishes_without_that_warning(
 
     import_feed.delay()
     assert not _warnings(caplog)
+
+
+def test_an_eager_run_of_a_coordinated_task_says_it_is_not_coordinated_once(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``task_always_eager`` (common in test settings): each ``delay()`` runs in the
+    caller, with no deduplication, lease or limit. Said once per task, naming its
+    options; a plain task's eager run and a coordinated task's ``.delay()`` without
+    eager say nothing."""
+    caplog.set_level(logging.WARNING, logger="celery_baton")
+    Baton(app, url="redis://127.0.0.1:1/0")
+
+    @app.task(shared=False, unique="report_id")
+    def build_eager_report(report_id: int) -> int:
+        return report_id
+
+    @app.task(shared=False)
+    def plain_eager() -> None: ...
+
+    app.conf.task_always_eager = True
+    plain_eager.delay()
+    for _ in range(3):
+        assert build_eager_report.delay(7).get() == 7
+    said = [r.getMessage() for r in caplog.records if "ran eagerly" in r.getMessage()]
+    assert len(said) == 1, said
+    assert build_eager_report.name in said[0] and "unique" in said[0]

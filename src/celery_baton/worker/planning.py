@@ -48,16 +48,9 @@ class Planner:
 
     def policy(self, request: Any) -> TaskPolicy | None:
         """The policy this delivery runs under (None: nothing to ask, run it as is)."""
-        policy = self.policy_for(request.task)
-        headers = request.request_dict
-        header = headers.get(CALL_HEADER)
-        call = CallOptions.from_header(header) if header is not None else None
-        if call is not None:  # the caller's per-call options, for this delivery only
-            policy = policy_for_call(policy, request.task.name, call, self.settings)
-        if headers.get(BEAT_SLOT_HEADER) is not None:
-            # A beat slot may be sent twice (see run_once); it must run once.
-            policy = run_once(policy, request.task.name, self.settings)
-        return policy
+        return delivery_policy(
+            self.policy_for(request.task), request.task.name, request.request_dict, self.settings
+        )
 
     def celery_rate(self, task: Any) -> float | None:
         # Read at every admission: `celery control rate_limit` changes it on every
@@ -135,3 +128,19 @@ def attempt_of(request: Any) -> int:
 def _redelivered(request: Any) -> bool:
     info = getattr(request, "delivery_info", None) or {}
     return bool(info.get("redelivered"))
+
+
+def delivery_policy(
+    policy: TaskPolicy | None, name: str, headers: Any, settings: Settings
+) -> TaskPolicy | None:
+    """The policy a message of task ``name`` with ``headers`` runs under: the task's
+    ``policy`` narrowed by the caller's per-call options and, for a beat slot, by
+    ``run_once`` (None: nothing to ask, run it as is)."""
+    header = headers.get(CALL_HEADER)
+    call = CallOptions.from_header(header) if header is not None else None
+    if call is not None:  # the caller's per-call options, for this delivery only
+        policy = policy_for_call(policy, name, call, settings)
+    if headers.get(BEAT_SLOT_HEADER) is not None:
+        # A beat slot may be sent twice (see run_once); it must run once.
+        policy = run_once(policy, name, settings)
+    return policy

@@ -44,12 +44,12 @@ from typing import Any
 
 from celery import current_app
 from celery.exceptions import Ignore
-from kombu.serialization import loads, prepare_accept_content
 
 from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.core.shared_cancels import SharedCancels
 from celery_baton.parts import parts_for
 from celery_baton.worker.pool.rate_grant import STALE_GRANT
+from celery_baton.worker.transport.queued import decode_body
 
 logger = logging.getLogger("celery_baton.worker")
 
@@ -146,9 +146,7 @@ def _call_of(
         request_dict, body, content_type, content_encoding = trace_args[2:6]
     except (TypeError, ValueError):
         return None
-    if content_type:
-        accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]
-        body = loads(body, content_type, content_encoding, accept=accept)  # type: ignore[no-untyped-call]
+    body = decode_body(app, body, content_type, content_encoding)
     args, kwargs = body[0], body[1]
     return args or (), kwargs or {}, request_dict
 
