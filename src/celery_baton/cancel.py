@@ -21,13 +21,18 @@ from typing import Any
 
 from celery import states
 
-from celery_baton.core.cancels import Cancels, KeyCancel, key_material
+from celery_baton.core.cancels import Cancels, KeyCancel, covering, key_material
 from celery_baton.core.keys import KeySpec
+from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.errors import BatonError, KeySpecError
 from celery_baton.parts import AppParts, task_option
 from celery_baton.worker.planning import delivery_policy
 from celery_baton.worker.transport.broker import read_broker
-from celery_baton.worker.transport.queued import message_call, queued_message
+from celery_baton.worker.transport.queued import (
+    message_call,
+    queued_message,
+    queued_messages_of,
+)
 
 logger = logging.getLogger("celery_baton")
 
@@ -136,20 +141,57 @@ def _free_if_queued(parts: AppParts, records: Cancels, task_id: str) -> None:
     app = parts.app
     if not any(task_option(task, "unique") for task in app.tasks.values()):
         return  # no unique task here: nothing to free, no broker scan
+    message = _looked_up(lambda: queued_message(app, task_id), task_id)
+    if message:
+        _free_unique_key(parts, records, message, None)
+
+
+def _free_queued_of_key(
+    parts: AppParts, records: Cancels, name: str, cancel: KeyCancel, fun: Any
+) -> None:
+    """The calls of ``name`` that ``cancel`` covers and whose messages wait in a queue
+    of the broker: their unique keys freed now, as :func:`_free_if_queued` frees one."""
+    policy = parts.policy_for_name(name)
+    if policy is None or policy.unique is None:
+        return
+    messages = _looked_up(lambda: queued_messages_of(parts.app, name), name)
+    for message in messages or ():
+        _free_unique_key(parts, records, message, (cancel, fun))
+
+
+def _looked_up(look: Any, what: str) -> Any:
+    """What ``look()`` found in the broker, or None when it failed (logged: the cancel
+    is made, and a unique key it would free is freed when a worker discards the call)."""
     try:
-        message = queued_message(app, task_id)
-        call = None if message is None else message_call(app, message)
-    except Exception as exc:  # the cancel is made: the key waits for the worker's discard
+        return look()
+    except Exception as exc:
         logger.warning(
             "baton.cancel: could not look for %s in the broker (a unique key it holds is "
             "freed when a worker discards it): %s",
-            task_id,
+            what,
             exc,
         )
-        return
+        return None
+
+
+def _free_unique_key(
+    parts: AppParts,
+    records: Cancels,
+    message: dict[str, Any],
+    by_key: tuple[KeyCancel, Any] | None,
+) -> None:
+    """Free the unique key of the call ``message`` carries (``by_key``: only if that
+    cancel by key, with the task's function, covers the call)."""
+    call = message_call(parts.app, message)
     if call is None:
         return
     name, args, kwargs, headers = call
+    task_id = str(headers.get("id"))
+    if by_key is not None:
+        cancel, fun = by_key
+        sent_ms = stamp_time(headers.get(PUBLISH_HEADER))
+        if covering(name, [cancel], {}, fun, args or (), kwargs or {}, sent_ms) is None:
+            return
     policy = delivery_policy(parts.policy_for_name(name), name, headers, parts.settings)
     if policy is None or policy.unique is None:
         return
@@ -198,6 +240,9 @@ def _cancel_key(
     # stamped later, not in the same millisecond (CI saw one cancelled that way).
     while time.time_ns() // 1_000_000 <= cut_ms:
         time.sleep(0.0002)
+    _free_queued_of_key(
+        parts, records, name, KeyCancel(cut_ms, material), known.run if known else None
+    )
     terminated: tuple[str, ...] = ()
     if terminate:
         terminated = _terminate_running(parts, name, material, spec)

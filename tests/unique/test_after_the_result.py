@@ -206,15 +206,16 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(("pool", "by"), [("prefork", "id"), ("threads", "id"), ("prefork", "key")])
 def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
-    workers: Workers, pool: str
+    workers: Workers, pool: str, by: str
 ) -> None:
-    """``baton.cancel(task_id)`` of a unique call whose message still waits in the broker
-    (a busy worker, its prefetch full): the caller marks it REVOKED at once, and a
-    publish of its key after that is a new run, not the cancelled call's id (it was
-    deduplicated into it until a worker discarded the message). The cancelled call never
-    runs; the new one does. (A Redis broker: the cancel finds the message in its queue.)"""
+    """``baton.cancel(task_id)`` (or ``baton.cancel(task=, key=)``) of a unique call whose
+    message still waits in the broker (a busy worker, its prefetch full): a publish of
+    its key after the cancel returned is a new run, not the cancelled call's id (it was
+    deduplicated into it until a worker discarded the message: 3 of 3). The cancelled
+    call never runs; the new one does. (A Redis broker: the cancel finds the message in
+    its queue.)"""
     from celery_baton.worker.transport.queued import QUEUED, queued
     from tests.apps import run_ends
 
@@ -225,8 +226,11 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
         key = f"b{n}"
         first = run_ends.uq_quick.delay(key)
         assert queued(run_ends.app, first.id) == QUEUED, "the call did not wait in the broker"
-        run_ends.baton.cancel(first.id)
-        assert first.state == "REVOKED"
+        if by == "id":
+            run_ends.baton.cancel(first.id)
+            assert first.state == "REVOKED"  # marked by the caller at once
+        else:
+            run_ends.baton.cancel(task=run_ends.uq_quick, key={"key": key})
         cancelled.append(first)
         published_again.append(run_ends.uq_quick.delay(key))
     deduplicated = [r.id for r in published_again if r.id in {c.id for c in cancelled}]

@@ -26,71 +26,115 @@ from celery_baton.worker.transport.broker import read_broker
 
 #: The longest queue (or unacked hash) read for the id.
 SCAN_MAX = 10_000
+#: The most messages one look brings back (a cancel by key of a task with more queued
+#: calls frees the keys of these; the others' when a worker discards them).
+RETURNED_MAX = 1_000
 
 #: Where the message was found: in a queue, or delivered to a worker and not acked.
 QUEUED = "queued"
 DELIVERED = "delivered"
 
-# KEYS: the unacked hash, then the queue lists. ARGV: the task id, SCAN_MAX.
-# {1, the message}: in a queue; 3: delivered, not acked; 0: not there; 2: too long to tell.
+# KEYS: the unacked hash, then the queue lists. ARGV: what a message holds (a task id,
+# a task's name), SCAN_MAX, RETURNED_MAX, '1' to look among the unacked when no queue
+# holds it. {1 (3: an unacked one holds it too), message...}: in a queue (each message
+# that holds it, in queue order); 3: delivered, not acked; 0: not there; 2: too long.
 _FIND = """
-local most = tonumber(ARGV[2])
-if redis.call('HLEN', KEYS[1]) > most then return 2 end
-for _, item in ipairs(redis.call('HVALS', KEYS[1])) do
-  if string.find(item, ARGV[1], 1, true) then return 3 end
-end
+local most, returned = tonumber(ARGV[2]), tonumber(ARGV[3])
+local found = {1}
 for i = 2, #KEYS do
   if redis.call('LLEN', KEYS[i]) > most then return 2 end
   for _, item in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do
-    if string.find(item, ARGV[1], 1, true) then return {1, item} end
+    if string.find(item, ARGV[1], 1, true) and #found <= returned then
+      found[#found + 1] = item
+    end
   end
 end
-return 0
+local delivered = 0
+if ARGV[4] == '1' then
+  if redis.call('HLEN', KEYS[1]) > most then return 2 end
+  for _, item in ipairs(redis.call('HVALS', KEYS[1])) do
+    if string.find(item, ARGV[1], 1, true) then delivered = 3 break end
+  end
+end
+if #found > 1 then
+  found[1] = math.max(1, delivered)
+  return found
+end
+return delivered
 """
-_FOUND = {0: "", 1: QUEUED, 3: DELIVERED}
+_FOUND = {0: "", 3: DELIVERED}
 
 
 def queued(app: Any, task_id: str) -> str | None:
     """Where ``task_id``'s message is in the broker: :data:`QUEUED`, :data:`DELIVERED`
     (to a worker that holds it, or runs it under ``acks_late``), '' (not there); None:
     not known (not kombu's Redis transport, a queue too long to read)."""
-    found = _find(app, task_id)
-    return None if found is None else found[0]
+    found = _find(app, task_id, unacked=True)
+    if isinstance(found, tuple):
+        messages, delivered = found
+        return QUEUED if _own(messages, "id", task_id) else (DELIVERED if delivered else "")
+    return found
 
 
 def queued_message(app: Any, task_id: str) -> dict[str, Any] | None:
     """``task_id``'s message (kombu's, as the Redis transport keeps it) when it waits in
     one of the app's queues, not delivered to any worker; else None (elsewhere, not
     there, or not known)."""
-    found = _find(app, task_id)
-    if found is None or found[0] != QUEUED or found[1] is None:
-        return None
-    message = json.loads(found[1])
-    if not isinstance(message, dict):
-        return None
-    # The message may hold the id elsewhere than as its own (a link's, a parent's).
-    headers = message.get("headers") or {}
-    return message if isinstance(headers, dict) and headers.get("id") == task_id else None
+    found = _find(app, task_id, unacked=False)
+    own = _own(found[0], "id", task_id) if isinstance(found, tuple) else []
+    return own[0] if own else None
 
 
-def _find(app: Any, task_id: str) -> tuple[str, bytes | None] | None:
+def queued_messages_of(app: Any, task: str) -> list[dict[str, Any]] | None:
+    """The messages of calls of ``task`` that wait in the app's queues, not delivered
+    to any worker (at most :data:`RETURNED_MAX`); None: not known."""
+    found = _find(app, task, unacked=False)
+    if isinstance(found, tuple):
+        return _own(found[0], "task", task)
+    return None if found is None else []
+
+
+def _own(messages: list[bytes], header: str, value: str) -> list[dict[str, Any]]:
+    """Those of ``messages`` whose ``header`` is ``value`` (a message may hold an id as
+    a link's or a parent's, a task's name in its arguments)."""
+    own = []
+    for raw in messages:
+        message = json.loads(raw)
+        headers = message.get("headers") if isinstance(message, dict) else None
+        if isinstance(headers, dict) and headers.get(header) == value:
+            own.append(message)
+    return own
+
+
+def _find(app: Any, needle: str, *, unacked: bool) -> tuple[list[bytes], bool] | str | None:
+    """``(the queued messages that hold needle, whether an unacked one holds it too)``,
+    else where one is: DELIVERED (looked for when ``unacked``), '' (nowhere); None: not
+    known (not kombu's Redis transport, a queue too long to read)."""
     if not read_broker(app).kombu_redis:
         return None
     with app.connection_for_write() as connection:
         # Once, not Celery's 100 retries: the cancel is made, this only says more.
         connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
         channel = connection.default_channel
-        unacked = getattr(channel, "unacked_key", None)
+        unacked_key = getattr(channel, "unacked_key", None)
         names = [queue.name for queue in app.amqp.queues.values()]
         lists = internals.priority_lists(channel, names)
-        if not isinstance(unacked, str) or lists is None:
+        if not isinstance(unacked_key, str) or lists is None:
             return None
         with channel.conn_or_acquire() as client:
-            reply = client.eval(_FIND, 1 + len(lists), unacked, *lists, task_id, SCAN_MAX)
+            reply = client.eval(
+                _FIND,
+                1 + len(lists),
+                unacked_key,
+                *lists,
+                needle,
+                SCAN_MAX,
+                RETURNED_MAX,
+                "1" if unacked else "0",
+            )
     if isinstance(reply, list):
-        return QUEUED, reply[1]
-    where = _FOUND.get(int(reply))
-    return None if where is None else (where, None)
+        return list(reply[1:]), int(reply[0]) == 3
+    return _FOUND.get(int(reply))
 
 
 def message_call(app: Any, message: dict[str, Any]) -> tuple[str, Any, Any, dict[str, Any]] | None:
