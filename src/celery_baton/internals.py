@@ -293,6 +293,13 @@ def _per_priority(channel: Any) -> Callable[[Iterable[str]], list[str]] | None:
     return lambda queues: list(dict.fromkeys(q_for_pri(q, pri) for q in queues for pri in steps))
 
 
+def key_prefix(channel: Any) -> str:
+    """kombu's ``global_keyprefix`` of a Redis channel ('' : none): its client puts it
+    before the keys of the commands it knows (not ``EVAL``'s, and only the first of an
+    ``EVALSHA``'s), so a script run on the broker is given every key with it."""
+    return str(getattr(channel, "global_keyprefix", "") or "")
+
+
 def priority_lists(channel: Any, queues: Iterable[str]) -> list[str] | None:
     """The Redis lists that hold the messages of the queues named ``queues``."""
     per_priority = _per_priority(channel)

@@ -13,9 +13,12 @@ import pytest
 from celery_baton.worker.transport.ack_fate import Fate, where_is
 
 
-@pytest.fixture
-def connection(broker_url: str) -> Iterator[kombu.Connection]:
-    with kombu.Connection(broker_url) as conn:
+@pytest.fixture(params=["", "app1:"], ids=["no-prefix", "keyprefix"])
+def connection(broker_url: str, request: pytest.FixtureRequest) -> Iterator[kombu.Connection]:
+    """A connection to the broker, with kombu's ``global_keyprefix`` (a broker shared by
+    several apps: every key carries it, and the question must be asked of those keys)."""
+    options = {"global_keyprefix": request.param} if request.param else {}
+    with kombu.Connection(broker_url, transport_options=options) as conn:
         yield conn
 
 

@@ -9,6 +9,7 @@ before the result is stored.
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any
 
@@ -206,9 +207,18 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("pool", "by"), [("prefork", "id"), ("threads", "id"), ("prefork", "key")])
+@pytest.mark.parametrize(
+    ("pool", "by", "app"),
+    [
+        ("prefork", "id", APP),
+        ("threads", "id", APP),
+        ("prefork", "key", APP),
+        # kombu's global_keyprefix on the broker's keys: the look finds the message too
+        pytest.param("prefork", "id", "tests.apps.keyprefix", id="prefork-id-keyprefix"),
+    ],
+)
 def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
-    workers: Workers, pool: str, by: str
+    workers: Workers, pool: str, by: str, app: str
 ) -> None:
     """``baton.cancel(task_id)`` (or ``baton.cancel(task=, key=)``) of a unique call whose
     message still waits in the broker (a busy worker, its prefetch full): a publish of
@@ -217,9 +227,9 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
     call never runs; the new one does. (A Redis broker: the cancel finds the message in
     its queue.)"""
     from celery_baton.worker.transport.queued import QUEUED, queued
-    from tests.apps import run_ends
 
-    workers.start(APP, concurrency=1, pool=pool)
+    run_ends = importlib.import_module(app)
+    workers.start(app, concurrency=1, pool=pool)
     busy = [run_ends.sleeper.delay(0.5) for _ in range(12)]  # the pool and the prefetch
     cancelled, published_again = [], []
     for n in range(3):

@@ -86,11 +86,11 @@ def where_is(message: Any, task_id: str) -> Fate:
     lists = internals.queue_lists(channel, info.get("exchange"), info.get("routing_key"))
     if lists is None:  # a kombu without these: do not guess
         return Fate.UNKNOWN
+    prefix = internals.key_prefix(channel)
+    keys = [prefix + unacked_key, *[prefix + name for name in lists]]
     with channel.conn_or_acquire() as client:
         client.ping()  # the broker runs again: what it had read before has run
-        found = client.eval(
-            _WHERE_IS, 1 + len(lists), unacked_key, *lists, message.delivery_tag, task_id, SCAN_MAX
-        )
+        found = client.eval(_WHERE_IS, len(keys), *keys, message.delivery_tag, task_id, SCAN_MAX)
     return Fate.ACKED if int(found) == 0 else Fate.COMES_BACK
 
 

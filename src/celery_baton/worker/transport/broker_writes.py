@@ -147,7 +147,7 @@ class BrokerWrites:
         pool = getattr(getattr(channel, "client", None), "connection_pool", None)
         if pool is None:
             return False
-        prefix = getattr(channel, "global_keyprefix", "") or ""
+        prefix = internals.key_prefix(channel)
         self._keys = (prefix + qos.unacked_index_key, prefix + qos.unacked_key)
         self._pool = pool
         self._hub = hub

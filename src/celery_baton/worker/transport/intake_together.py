@@ -38,6 +38,8 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+from celery_baton import internals
+
 logger = logging.getLogger("celery_baton.worker")
 
 #: At most this many messages taken in one script call (with a window that large).
@@ -102,6 +104,15 @@ class _Intake:
         self.most = most
         self.read_one = channel.handlers["BRPOP"]
         self.script = client.register_script(_script_text())
+        # kombu's global_keyprefix: its client prefixes the first key of an EVALSHA only,
+        # and spells a bytes key as "b'...'"; the script runs on a plain client of the
+        # same connections instead, with every key prefixed here.
+        self.prefix = internals.key_prefix(channel)
+        self.script_client: Any = None  # None: the channel's own client
+        if self.prefix:
+            import redis
+
+            self.script_client = redis.Redis(connection_pool=client.connection_pool)
         self._answered: list[Any] = []  # the list key the BRPOP being read answered from
         self._recorded: set[str] = set()  # tags the script recorded, not handed over yet
         parse_response = client.parse_response
@@ -168,10 +179,12 @@ class _Intake:
         # A connection error propagates as kombu's own read's does; the popped ones (if
         # the script ran) are recorded unacked: kombu restores them when this
         # connection's close or its visibility scan does.
+        prefix = self.prefix
+        keys = [key, qos.unacked_index_key, qos.unacked_key]
+        if prefix:
+            keys = [prefix + str(bytes_to_str(k)) for k in keys]  # type: ignore[no-untyped-call]
         taken = self.script(
-            keys=[key, qos.unacked_index_key, qos.unacked_key],
-            args=[room, repr(time.time())],
-            client=channel.client,
+            keys=keys, args=[room, repr(time.time())], client=self.script_client or channel.client
         )
         queue = str(bytes_to_str(key)).rsplit(channel.sep, 1)[0]  # type: ignore[no-untyped-call]
         payloads = [_envelope(bytes_to_str(raw), loads) for raw in taken]  # type: ignore[no-untyped-call]

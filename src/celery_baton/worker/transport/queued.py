@@ -121,12 +121,13 @@ def _find(app: Any, needle: str, *, unacked: bool) -> tuple[list[bytes], bool] |
         lists = internals.priority_lists(channel, names)
         if not isinstance(unacked_key, str) or lists is None:
             return None
+        prefix = internals.key_prefix(channel)
         with channel.conn_or_acquire() as client:
             reply = client.eval(
                 _FIND,
                 1 + len(lists),
-                unacked_key,
-                *lists,
+                prefix + unacked_key,
+                *[prefix + name for name in lists],
                 needle,
                 SCAN_MAX,
                 RETURNED_MAX,
