@@ -42,8 +42,8 @@ def test_a_backlog_on_a_broker_whose_keys_carry_a_prefix_is_taken_the_same_way(
     """kombu's ``global_keyprefix`` (a Redis broker shared by several apps): the intake
     script was given the list's name as kombu's prefixing client spells bytes
     (``app1:b'celery'``) and the unacked index and hash without the prefix: it took
-    nothing, and cost one more round trip per message than kombu's own intake (600 for
-    200 calls). Every key written carries the prefix."""
+    nothing, and its calls came on top of kombu's own intake (458 round trips for 200
+    calls, against kombu's 400). Every key written carries the prefix."""
     _drain_a_backlog(workers, observer, broker_server, "prefork", "tests.apps.keyprefix")
 
 
