@@ -25,7 +25,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from celery_baton import fence
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import fenced_run, make_baton_app, observer
 
 app, baton = make_baton_app(
     "exclusive",
@@ -47,43 +47,37 @@ app, baton = make_baton_app(
 LEASE_TTL = float(os.environ.get("BATON_TEST_LEASE_TTL", "3"))
 
 
-def _fenced_run(task: Task, key: str, sleep: float) -> int:
-    token = fence()
-    observer().run(key, token, sleep=sleep, task_id=task.request.id)
-    return token
-
-
 # -- exclusive ---------------------------------------------------------------------------
 
 
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait")
 def ex_wait(self: Task, key: str, sleep: float = 0.0) -> int:
     """One observed run of ``key``; a duplicate waits in the consumer."""
-    return _fenced_run(self, key, sleep)
+    return fenced_run(self, key, sleep)
 
 
 @app.task(bind=True, exclusive="key")
 def ex_skip(self: Task, key: str, sleep: float = 0.0) -> int:
     """One observed run of ``key``; a duplicate is skipped."""
-    return _fenced_run(self, key, sleep)
+    return fenced_run(self, key, sleep)
 
 
 @app.task(bind=True, exclusive=lambda key, divisor=1: f"{key}/{1 // divisor}")
 def ex_by_function(self: Task, key: str, divisor: int = 1) -> int:
     """A key built by a function of the app's own, which raises for ``divisor=0``."""
-    return _fenced_run(self, key, 0.0)
+    return fenced_run(self, key, 0.0)
 
 
 @app.task(bind=True, exclusive="{key}-{n:05d}")
 def ex_by_format(self: Task, key: str, n: object = 0) -> int:
     """A key template whose format spec raises ValueError for an ``n`` not an int."""
-    return _fenced_run(self, key, 0.0)
+    return fenced_run(self, key, 0.0)
 
 
 @app.task(bind=True, exclusive="key", exclusive_conflict="wait", lease_ttl=LEASE_TTL)
 def ex_long(self: Task, key: str, sleep: float = 0.0) -> int:
     """Like :func:`ex_wait` with a short ``lease_ttl``: runs may outlast it many times."""
-    return _fenced_run(self, key, sleep)
+    return fenced_run(self, key, sleep)
 
 
 class _SlowAfterReturn(Task):  # type: ignore[misc]
@@ -98,7 +92,7 @@ class _SlowAfterReturn(Task):  # type: ignore[misc]
 @app.task(bind=True, base=_SlowAfterReturn, exclusive="key", exclusive_conflict="wait")
 def ex_slow_end(self: Task, key: str, sleep: float = 0.0) -> int:
     """Like :func:`ex_wait`, its end lingering 0.5 s after its result."""
-    return _fenced_run(self, key, sleep)
+    return fenced_run(self, key, sleep)
 
 
 @app.task(
@@ -110,7 +104,7 @@ def ex_slow_end(self: Task, key: str, sleep: float = 0.0) -> int:
 )
 def ex_late(self: Task, key: str, sleep: float = 0.0) -> int:
     """Like :func:`ex_wait`, but redelivered when its pool child is killed."""
-    return _fenced_run(self, key, sleep)
+    return fenced_run(self, key, sleep)
 
 
 # -- the failure matrix: exclusive on ``key``, unique on ``key`` and ``n`` ----------------

@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from celery.signals import after_setup_logger
 
-from celery_baton import Baton
+from celery_baton import Baton, fence
 from tests.support.observer import Observer
 
 #: A Redis broker whose writes fail within seconds when it is paused, and whose unacked
@@ -100,6 +100,14 @@ def observer() -> Observer:
     """This process's Observer (created at its first use, after the pool forked, so a
     pool process never shares its parent's)."""
     return Observer(os.environ["TEST_OBSERVER_URL"])
+
+
+def fenced_run(task: Any, key: str, sleep: float = 0.0) -> int:
+    """One observed run of ``key`` by ``task`` (bound, exclusive): the fencing token of
+    its lease, recorded with the run and returned."""
+    token = fence()
+    observer().run(key, token, sleep=sleep, task_id=task.request.id)
+    return token
 
 
 @functools.cache

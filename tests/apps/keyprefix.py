@@ -13,8 +13,7 @@ import time
 
 from celery import Task
 
-from celery_baton import fence
-from tests.apps.factory import make_baton_app, observer
+from tests.apps.factory import fenced_run, make_baton_app
 
 #: What kombu puts before every broker key of this app.
 PREFIX = "app1:"
@@ -29,9 +28,7 @@ app, baton = make_baton_app(
 @app.task(bind=True, exclusive="key")
 def ex_skip(self: Task, key: str, sleep: float = 0.0) -> int:
     """One observed run of ``key``; a duplicate is skipped."""
-    token = fence()
-    observer().run(key, token, sleep=sleep, task_id=self.request.id)
-    return token
+    return fenced_run(self, key, sleep)
 
 
 @app.task(bind=True, unique="key")

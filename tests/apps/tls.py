@@ -17,8 +17,8 @@ import time
 
 from celery import Celery, Task
 
-from celery_baton import Baton, fence
-from tests.apps.factory import observer
+from celery_baton import Baton
+from tests.apps.factory import fenced_run, observer
 
 CA = os.environ["TEST_TLS_CA"]
 
@@ -34,9 +34,7 @@ baton = Baton(app)
 @app.task(bind=True, exclusive="key")
 def ex_skip(self: Task, key: str, sleep: float = 0.0) -> int:
     """One observed run of ``key``; a duplicate is skipped."""
-    token = fence()
-    observer().run(key, token, sleep=sleep, task_id=self.request.id)
-    return token
+    return fenced_run(self, key, sleep)
 
 
 @app.task(bind=True, global_rate_limit="100/s")
