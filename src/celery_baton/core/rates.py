@@ -52,6 +52,25 @@ def check_celery_rate(value: object, *, subject: str | None = None) -> None:
         )
 
 
+#: The units a rate is shown in, the first that counts it in whole runs.
+_SHOWN_UNITS = (("s", 1), ("m", 60), ("h", 3600), ("d", 86400))
+
+
+def rate_text(per_second: float) -> str:
+    """A rate as an operator writes it: the first unit in which it counts whole runs
+    (``10/m``, not ``0.166667/s``; ``90000/m`` reads ``1500/s``), else runs a second.
+
+    >>> rate_text(parse_rate("10/m")), rate_text(2.5), rate_text(1 / 7)
+    ('10/m', '150/m', '0.142857/s')
+    """
+    for unit, seconds in _SHOWN_UNITS:
+        count = per_second * seconds
+        whole = round(count)
+        if whole >= 1 and abs(count - whole) <= 1e-9 * count:
+            return f"{whole}/{unit}"
+    return f"{per_second:g}/s"
+
+
 def parse_rate(value: str | float | int, *, subject: str | None = None) -> float:
     """Requests per second from ``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or a number.
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_baton.core.keys import words
-from celery_baton.core.rates import parse_rate
+from celery_baton.core.rates import parse_rate, rate_text
 from celery_baton.errors import BatonError
 from celery_baton.store import inspect as store_inspect
 from celery_baton.store.inspect import BatchLine, LeaseRow, OrderedLine
@@ -330,9 +330,9 @@ def override_rate(value: str) -> tuple[float, int]:
 def _declared_rate(task: Any, policy: TaskPolicy) -> str | None:
     rate = None
     if policy.rate:
-        rate = f"{policy.rate.per_second:g}/s burst {policy.rate.burst}"
+        rate = f"{rate_text(policy.rate.per_second)} burst {policy.rate.burst}"
         for more in policy.more_rates:  # decided in the same call
-            rate += f" + {more.per_second:g}/s"
+            rate += f" + {rate_text(more.per_second)}"
     elif policy.rate_from_celery and task.rate_limit:
         rate = f"{task.rate_limit} (Celery rate_limit, global)"
     if policy.shared:  # named limits, decided in the same call
@@ -425,7 +425,7 @@ def named_limits(
         rows.append(
             {
                 "limit": name,
-                "rate": f"{limit.per_second:g}/s",
+                "rate": rate_text(limit.per_second),
                 "burst": limit.burst,
                 "penalty_left": store_inspect.penalty_left(
                     source.store, source.names.shared_penalty(name)

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError, RateSpecError
-from celery_baton.core.rates import interval_us, parse_burst, parse_rate
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate, rate_text
 
 
 @pytest.mark.parametrize(
@@ -166,3 +166,24 @@ def test_a_refused_rate_names_every_form_accepted(value: str, words: str) -> Non
     with pytest.raises(RateSpecError) as error:
         parse_rate(value, subject="t.global_rate_limit")
     assert words in str(error.value), error.value
+
+
+@pytest.mark.parametrize(
+    ("declared", "shown"),
+    [
+        ("10/m", "10/m"),  # was 0.166667/s
+        ("7/m", "7/m"),
+        ("100/h", "100/h"),
+        ("3/d", "3/d"),
+        ("5/s", "5/s"),
+        ("90000/m", "1500/s"),  # the same rate, in whole runs a second
+        ("2.5/s", "150/m"),
+        (1 / 7, "0.142857/s"),  # no unit counts it in whole runs
+    ],
+)
+def test_a_rate_is_shown_in_the_first_unit_that_counts_whole_runs(
+    declared: str | float, shown: str
+) -> None:
+    """`celery baton limits`, the web view and an override's words show a rate as an
+    operator writes it, not as a float a second."""
+    assert rate_text(parse_rate(declared)) == shown

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from celery_baton.config import suggest
-from celery_baton.core.rates import interval_us, parse_burst, parse_rate
+from celery_baton.core.rates import interval_us, parse_burst, parse_rate, rate_text
 from celery_baton.errors import BatonError
 from celery_baton.ops import state
 from celery_baton.ops.cli.group import Context, baton, context_of
@@ -91,7 +91,7 @@ def describe_overrides(overrides: dict[str, str]) -> str:
     parts = []
     if "rate" in overrides:
         per_second, burst = state.override_rate(overrides["rate"])
-        parts.append(f"rate {per_second:g}/s burst {burst}")
+        parts.append(f"rate {rate_text(per_second)} burst {burst}")
     if "concurrency" in overrides:
         parts.append(f"concurrency {overrides['concurrency']}")
     return ", ".join(parts)

@@ -7,6 +7,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from celery_baton.core.rates import rate_text
 from celery_baton.ops.state import gap_words
 
 _STYLE = """
@@ -288,9 +289,9 @@ def _limits_table(limits: list[dict[str, Any]]) -> str:
     rows = []
     for t in limits:
         rate, conc = t["rate"], t["concurrency"]
-        rate_text = use_text = "-"
+        rate_shown = use_text = "-"
         if rate:
-            rate_text = f"{rate['per_second']:g}/s burst {rate['burst']}"
+            rate_shown = f"{rate_text(rate['per_second'])} burst {rate['burst']}"
             use_text = (
                 f"{rate['burst_in_use']:g} of {rate['burst']} in use"
                 + (f", next start in {rate['next_start_in']:g}s" if rate["next_start_in"] else "")
@@ -302,7 +303,7 @@ def _limits_table(limits: list[dict[str, Any]]) -> str:
         override = ", ".join(f"{k} {v}" for k, v in sorted(t["overrides"].items())) or "-"
         rows.append(
             "<tr>"
-            + _cells(e(t["task"]), rate_text, use_text, conc_text, t["held"], e(override))
+            + _cells(e(t["task"]), rate_shown, use_text, conc_text, t["held"], e(override))
             + "</tr>"
         )
     return "<h2 id='limits'>Limits</h2>" + _table(
