@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import states
 
@@ -35,6 +35,8 @@ from celery_baton.worker.transport.queued import (
 )
 
 logger = logging.getLogger("celery_baton")
+
+_Found = TypeVar("_Found")
 
 #: How long a cancel is kept when neither ``ttl=`` nor ``baton_cancel_ttl`` says, and
 #: the broker has no visibility timeout (AMQP).
@@ -159,7 +161,7 @@ def _free_queued_of_key(
         _free_unique_key(parts, records, message, (cancel, fun))
 
 
-def _looked_up(look: Any, what: str) -> Any:
+def _looked_up(look: Callable[[], _Found], what: str) -> _Found | None:
     """What ``look()`` found in the broker, or None when it failed (logged: the cancel
     is made, and a unique key it would free is freed when a worker discards the call)."""
     try:
@@ -182,7 +184,11 @@ def _free_unique_key(
 ) -> None:
     """Free the unique key of the call ``message`` carries (``by_key``: only if that
     cancel by key, with the task's function, covers the call)."""
-    call = message_call(parts.app, message)
+    try:
+        call = message_call(parts.app, message)
+    except Exception as exc:  # a body this app cannot read: the worker's discard frees it
+        logger.warning("baton.cancel: a queued message could not be read: %s", exc)
+        return
     if call is None:
         return
     name, args, kwargs, headers = call
