@@ -132,14 +132,6 @@ class Releasing:
             )
         if not (plan.leases or done_key or unique_key):
             return
-        if keep and unique_key:
-            key, task_id = unique_key, request.id
-            self.ack_fates.check(
-                getattr(request, "message", None),
-                task_id,
-                keep,
-                lambda: self._free_unique_now(key, task_id),
-            )
         release = Release(
             tuple(lease.key for lease in plan.leases),
             plan.owner,
@@ -165,6 +157,16 @@ class Releasing:
             # of a message that comes back (an ordered call's gap clock restarted).
             return
         self.channel.release(ordering.with_end(release, request, plan, final=final))
+        if keep and unique_key:
+            # Asked once the keep is on its way: the free it may lead to goes out on the
+            # same channel, after it (_free_unique_now).
+            key, task_id = unique_key, request.id
+            self.ack_fates.check(
+                getattr(request, "message", None),
+                task_id,
+                keep,
+                lambda: self._free_unique_now(key, task_id),
+            )
 
     def on_loop(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the consumer's loop thread (now, when this is it)."""

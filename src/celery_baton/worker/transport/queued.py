@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 from kombu.serialization import loads, prepare_accept_content
@@ -29,6 +30,18 @@ SCAN_MAX = 10_000
 #: The most messages one look brings back (a cancel by key of a task with more queued
 #: calls frees the keys of these; the others' when a worker discards them).
 RETURNED_MAX = 1_000
+
+#: Seconds a look waits for the broker at most (connecting, and for its answer).
+LOOK_TIMEOUT = 1.0
+#: Seconds after a look the broker did not answer during which it is not asked again
+#: (each cancel meanwhile would wait LOOK_TIMEOUT for nothing).
+QUIET_AFTER_FAILURE = 10.0
+_failed_at = -QUIET_AFTER_FAILURE  # monotonic time of the last look that failed
+
+
+class BrokerNotAsked(Exception):
+    """A look not made: the broker did not answer one moments ago."""
+
 
 #: Where the message was found: in a queue, or delivered to a worker and not acked.
 QUEUED = "queued"
@@ -110,9 +123,28 @@ def _find(app: Any, needle: str, *, unacked: bool) -> tuple[list[bytes], bool] |
     """``(the queued messages that hold needle, whether an unacked one holds it too)``,
     else where one is: DELIVERED (looked for when ``unacked``), '' (nowhere); None: not
     known (not kombu's Redis transport, a queue too long to read)."""
+    global _failed_at
     if not read_broker(app).kombu_redis:
         return None
-    with app.connection_for_write() as connection:
+    if time.monotonic() - _failed_at < QUIET_AFTER_FAILURE:
+        raise BrokerNotAsked(
+            f"the broker did not answer a look {time.monotonic() - _failed_at:.1f}s ago: "
+            f"not asked again for {QUIET_AFTER_FAILURE:.0f}s"
+        )
+    # A broker that hangs (paused, overloaded) must not hold the cancel, already made:
+    # its socket waits LOOK_TIMEOUT at most (kombu's own timeouts are none by default).
+    timeouts = {"socket_timeout": LOOK_TIMEOUT, "socket_connect_timeout": LOOK_TIMEOUT}
+    try:
+        return _look(app, needle, unacked=unacked, transport_options=timeouts)
+    except Exception:
+        _failed_at = time.monotonic()
+        raise
+
+
+def _look(
+    app: Any, needle: str, *, unacked: bool, transport_options: dict[str, float]
+) -> tuple[list[bytes], bool] | str | None:
+    with app.connection_for_write(transport_options=transport_options) as connection:
         # Once, not Celery's 100 retries: the cancel is made, this only says more.
         connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
         channel = connection.default_channel
