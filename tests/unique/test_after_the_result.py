@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 import redis
 from billiard.exceptions import WorkerLostError
+from celery import Celery
 from celery.exceptions import TimeLimitExceeded
 
+from celery_baton import Baton
 from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
+from tests.support.servers import StoreServer
 from tests.support.waiting import revoke_until_heard
 from tests.support.workers import Workers
 
@@ -250,6 +253,37 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
     assert [r.get(timeout=30) for r in published_again] == [r.id for r in published_again]
     ran = [r.id for r in cancelled if r.state != "REVOKED"]
     assert not ran, f"cancelled calls ran: {ran}"
+
+
+@pytest.mark.timeout(120)
+def test_a_cancel_while_the_broker_hangs_returns_without_the_look(
+    store_url: str, broker_server: StoreServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cancel looks for a unique call's message in the broker after it wrote the
+    cancel; a broker that hangs (SIGSTOP) must not hold the cancel: the look gives up
+    (logged), a later cancel does not wait on it again, and the cancel is made. Before
+    the look had a bound, ``baton.cancel`` hung until the broker came back (two CI tests
+    timed out). An app of the test's own: no result backend on the paused server."""
+    app = Celery("hung", broker=broker_server.url(0), set_as_current=False)
+    app.conf.update(baton_url=store_url, broker_connection_retry_on_startup=True)
+    baton = Baton(app)
+
+    @app.task(shared=False, unique="key")
+    def uq_hung(key: str) -> None: ...
+
+    first = uq_hung.delay("hung")  # no worker: it waits in the broker
+    broker_server.pause()
+    try:
+        took = []
+        for task_id in (first.id, "never-published"):
+            started = time.monotonic()
+            baton.cancel(task_id)
+            took.append(time.monotonic() - started)
+    finally:
+        broker_server.resume()
+    assert max(took) < 10, f"cancels took {took} s with the broker paused"
+    assert "could not look for" in caplog.text
+    assert baton.parts.cancels.is_cancelled(first.id)
 
 
 @pytest.mark.timeout(300)
