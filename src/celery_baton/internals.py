@@ -300,6 +300,13 @@ def key_prefix(channel: Any) -> str:
     return str(getattr(channel, "global_keyprefix", "") or "")
 
 
+def prefixed_keys(channel: Any, keys: Iterable[str | bytes]) -> list[str]:
+    """``keys`` as the broker names them: each with :func:`key_prefix` before it (a
+    key kombu read back, in bytes, as text)."""
+    prefix = key_prefix(channel)
+    return [prefix + (key.decode() if isinstance(key, bytes) else key) for key in keys]
+
+
 def priority_lists(channel: Any, queues: Iterable[str]) -> list[str] | None:
     """The Redis lists that hold the messages of the queues named ``queues``."""
     per_priority = _per_priority(channel)

@@ -86,8 +86,7 @@ def where_is(message: Any, task_id: str) -> Fate:
     lists = internals.queue_lists(channel, info.get("exchange"), info.get("routing_key"))
     if lists is None:  # a kombu without these: do not guess
         return Fate.UNKNOWN
-    prefix = internals.key_prefix(channel)
-    keys = [prefix + unacked_key, *[prefix + name for name in lists]]
+    keys = internals.prefixed_keys(channel, [unacked_key, *lists])
     with channel.conn_or_acquire() as client:
         client.ping()  # the broker runs again: what it had read before has run
         found = client.eval(_WHERE_IS, len(keys), *keys, message.delivery_tag, task_id, SCAN_MAX)

@@ -147,8 +147,10 @@ class BrokerWrites:
         pool = getattr(getattr(channel, "client", None), "connection_pool", None)
         if pool is None:
             return False
-        prefix = internals.key_prefix(channel)
-        self._keys = (prefix + qos.unacked_index_key, prefix + qos.unacked_key)
+        index_key, unacked_key = internals.prefixed_keys(
+            channel, [qos.unacked_index_key, qos.unacked_key]
+        )
+        self._keys = (index_key, unacked_key)
         self._pool = pool
         self._hub = hub
         self._loop_thread = threading.get_ident()

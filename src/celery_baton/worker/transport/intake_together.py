@@ -107,9 +107,8 @@ class _Intake:
         # kombu's global_keyprefix: its client prefixes the first key of an EVALSHA only,
         # and spells a bytes key as "b'...'"; the script runs on a plain client of the
         # same connections instead, with every key prefixed here.
-        self.prefix = internals.key_prefix(channel)
         self.script_client: Any = None  # None: the channel's own client
-        if self.prefix:
+        if internals.key_prefix(channel):
             import redis
 
             self.script_client = redis.Redis(connection_pool=client.connection_pool)
@@ -179,10 +178,7 @@ class _Intake:
         # A connection error propagates as kombu's own read's does; the popped ones (if
         # the script ran) are recorded unacked: kombu restores them when this
         # connection's close or its visibility scan does.
-        prefix = self.prefix
-        keys = [key, qos.unacked_index_key, qos.unacked_key]
-        if prefix:
-            keys = [prefix + str(bytes_to_str(k)) for k in keys]  # type: ignore[no-untyped-call]
+        keys = internals.prefixed_keys(channel, [key, qos.unacked_index_key, qos.unacked_key])
         taken = self.script(
             keys=keys, args=[room, repr(time.time())], client=self.script_client or channel.client
         )

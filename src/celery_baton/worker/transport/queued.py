@@ -48,9 +48,9 @@ QUEUED = "queued"
 DELIVERED = "delivered"
 
 # KEYS: the unacked hash, then the queue lists. ARGV: what a message holds (a task id,
-# a task's name), SCAN_MAX, RETURNED_MAX, '1' to look among the unacked when no queue
-# holds it. {1 (3: an unacked one holds it too), message...}: in a queue (each message
-# that holds it, in queue order); 3: delivered, not acked; 0: not there; 2: too long.
+# a task's name), SCAN_MAX, RETURNED_MAX, '1' to look among the unacked too. {1 (3: an
+# unacked one holds it too), message...}: in a queue (each message that holds it, in
+# queue order); 3: delivered, not acked; 0: not there; 2: too long to tell.
 _FIND = """
 local most, returned = tonumber(ARGV[2]), tonumber(ARGV[3])
 local found = {1}
@@ -153,13 +153,12 @@ def _look(
         lists = internals.priority_lists(channel, names)
         if not isinstance(unacked_key, str) or lists is None:
             return None
-        prefix = internals.key_prefix(channel)
+        keys = internals.prefixed_keys(channel, [unacked_key, *lists])
         with channel.conn_or_acquire() as client:
             reply = client.eval(
                 _FIND,
-                1 + len(lists),
-                prefix + unacked_key,
-                *[prefix + name for name in lists],
+                len(keys),
+                *keys,
                 needle,
                 SCAN_MAX,
                 RETURNED_MAX,
