@@ -23,12 +23,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import current_task, states
 from celery.backends.base import DisabledBackend
+from kombu.serialization import dumps, loads
 from kombu.utils.uuid import uuid
 
 from celery_baton import signals
@@ -138,23 +139,29 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
             per_call.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, parts.settings)
             options["headers"] = {**(options.get("headers") or {}), CALL_HEADER: call.to_header()}
-        if policy is not None and policy.batch is not None:
+        if policy is None:
+            return send_task(name, args, kwargs, **options)
+        # The keys built here are the keys the worker builds: over the arguments as it
+        # reads them.
+        key_args, key_kwargs = as_a_worker_reads(parts.app, name, args, kwargs, options)
+        if policy.batch is not None:
             # A call its batch key cannot be read from fails here, not in a worker.
-            policy.batch.material(name, args or (), kwargs or {})
-        if policy is not None and policy.supersedes:
-            _stamp_order(parts, name, policy, args, kwargs, options)
-        if policy is not None and policy.ordered is not None:
+            policy.batch.material(name, key_args, key_kwargs)
+        if policy.supersedes:
+            _stamp_order(parts, name, policy, key_args, key_kwargs, options)
+        if policy.ordered is not None:
             _check_ordered_call(name, options)
             if policy.unique is None:
-                _stamp_place(parts, name, policy, args, kwargs, options)
-        if policy is not None and policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
-            return _send_debounced(parts, policy, send_task, name, args, kwargs, options)
-        if policy is None or policy.unique is None:
+                _stamp_place(parts, name, policy, key_args, key_kwargs, options)
+        if policy.flow and policy.flow.kind is FlowKind.DEBOUNCE:
+            key = policy.flow.store_key(parts.names, name, key_args, key_kwargs)
+            return _send_debounced(parts, policy, send_task, name, args, kwargs, options, key)
+        if policy.unique is None:
             return send_task(name, args, kwargs, **options)
         preassigned = options.get("task_id")
         task_id = preassigned or uuid()
         options["task_id"] = task_id
-        key, material = policy.unique_key_and_material(parts.names, args or (), kwargs or {})
+        key, material = policy.unique_key_and_material(parts.names, key_args, key_kwargs)
         ttl = policy.unique_ttl
         expires = options.get("expires")
         if isinstance(expires, int | float) and 0 < expires < ttl:
@@ -175,7 +182,7 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
                 # would leave a hole in its key's line (core/ordered.py).
                 if claim.settle():
                     raise _Duplicate(claim.holder or "")
-                _stamp_place(parts, name, policy, args, kwargs, options)
+                _stamp_place(parts, name, policy, key_args, key_kwargs, options)
             return send_task(name, args, kwargs, **options)
         except _Duplicate as dup:
             holder = dup.holder
@@ -365,12 +372,12 @@ def _send_debounced(
     args: Any,
     kwargs: Any,
     options: dict[str, Any],
+    key: str,
 ) -> Any:
-    """Send, THEN record the message as its key's latest (see debounce.py): the store
+    """Send, THEN record the message as ``key``'s latest (see debounce.py): the store
     never names a message that was not sent, so a publisher killed in between loses
     nothing (the worker adopts the unrecorded message on arrival)."""
     assert policy.flow is not None
-    key = policy.flow.store_key(parts.names, name, args or (), kwargs or {})
     options["task_id"] = options.get("task_id") or uuid()
     result = send_task(name, args, kwargs, **options)
     try:
@@ -466,3 +473,42 @@ def _settle_preassigned(
             parts.app.backend.mark_as_failure(dead_id, exc, call_errbacks=False)
         except Exception:  # the result backend is optional; its failure must not hide ours
             logger.exception("could not record %s as deduplicated", dead_id)
+
+
+#: The argument types every serializer gives back as they were (exact types: a subclass,
+#: an enum say, may come back as its base type).
+_READ_AS_SENT = frozenset({str, int, float, bool, type(None)})
+
+
+def as_a_worker_reads(
+    app: Any, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """``args`` and ``kwargs`` as a worker reads them from the message: through the
+    publish's serializer and back. json and msgpack read a tuple as a list and an enum
+    as its value, so a key over ``"{pair}"`` would be ``(1, 2)`` here and ``[1, 2]`` in
+    the worker: two keys, one claimed here and another freed there. Only the arguments
+    of other types make the trip (one ``dumps`` and ``loads`` for them all); a call of
+    str, int, float, bool and None alone costs a type check per argument."""
+    args = args or ()
+    kwargs = kwargs or {}
+    at = [i for i, value in enumerate(args) if type(value) not in _READ_AS_SENT]
+    named = [k for k, value in kwargs.items() if type(value) not in _READ_AS_SENT]
+    if not at and not named:
+        return args, kwargs
+    serializer = options.get("serializer")
+    if not serializer:
+        task = app.tasks.get(name)
+        serializer = getattr(task, "serializer", None) or app.conf.task_serializer
+    try:
+        content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
+            [[args[i] for i in at], {k: kwargs[k] for k in named}], serializer=serializer
+        )
+        read_args, read_kwargs = loads(  # type: ignore[no-untyped-call]
+            data, content_type, encoding, force=True
+        )
+    except Exception:  # Celery's own publish refuses it, with its message
+        return args, kwargs
+    read = list(args)
+    for i, value in zip(at, read_args, strict=True):
+        read[i] = value
+    return read, {**kwargs, **read_kwargs}
