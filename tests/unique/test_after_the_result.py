@@ -211,17 +211,20 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("pool", "by", "app"),
+    ("pool", "by", "app", "compression"),
     [
-        ("prefork", "id", APP),
-        ("threads", "id", APP),
-        ("prefork", "key", APP),
+        ("prefork", "id", APP, None),
+        ("threads", "id", APP, None),
+        ("prefork", "key", APP, None),
         # kombu's global_keyprefix on the broker's keys: the look finds the message too
-        pytest.param("prefork", "id", "tests.apps.keyprefix", id="prefork-id-keyprefix"),
+        pytest.param("prefork", "id", "tests.apps.keyprefix", None, id="prefork-id-keyprefix"),
+        # a compressed body (task_compression, or per call): the look reads it too
+        pytest.param("prefork", "id", APP, "gzip", id="prefork-id-gzip"),
+        pytest.param("prefork", "key", APP, "bzip2", id="prefork-key-bzip2"),
     ],
 )
 def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
-    workers: Workers, pool: str, by: str, app: str
+    workers: Workers, pool: str, by: str, app: str, compression: str | None
 ) -> None:
     """``baton.cancel(task_id)`` (or ``baton.cancel(task=, key=)``) of a unique call whose
     message still waits in the broker (a busy worker, its prefetch full): a publish of
@@ -237,7 +240,7 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
     cancelled, published_again = [], []
     for n in range(3):
         key = f"b{n}"
-        first = run_ends.uq_quick.delay(key)
+        first = run_ends.uq_quick.apply_async((key,), compression=compression)
         assert queued(run_ends.app, first.id) == QUEUED, "the call did not wait in the broker"
         if by == "id":
             run_ends.baton.cancel(first.id)
@@ -245,7 +248,7 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
         else:
             run_ends.baton.cancel(task=run_ends.uq_quick, key={"key": key})
         cancelled.append(first)
-        published_again.append(run_ends.uq_quick.delay(key))
+        published_again.append(run_ends.uq_quick.apply_async((key,), compression=compression))
     deduplicated = [r.id for r in published_again if r.id in {c.id for c in cancelled}]
     assert not deduplicated, f"publishes after the cancel got the cancelled call: {deduplicated}"
     for result in busy:

@@ -20,6 +20,7 @@ import json
 import time
 from typing import Any
 
+from kombu.compression import decompress
 from kombu.serialization import loads, prepare_accept_content
 
 from celery_baton import internals
@@ -179,6 +180,9 @@ def message_call(app: Any, message: dict[str, Any]) -> tuple[str, Any, Any, dict
     body = message.get("body")
     if properties.get("body_encoding") == "base64" and isinstance(body, str):
         body = base64.b64decode(body)
+    compression = headers.get("compression")
+    if compression:  # task_compression: kombu's Message decompresses as it is built
+        body = decompress(body, compression)  # type: ignore[no-untyped-call]
     decoded = decode_body(app, body, message.get("content-type"), message.get("content-encoding"))
     if not isinstance(decoded, list | tuple) or len(decoded) < 2:
         return None
