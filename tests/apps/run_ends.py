@@ -39,6 +39,8 @@ app, baton = make_baton_app(
         # coming back until the lock expires (300 s by default).
         "unacked_mutex_expire": 5,
     },
+    # Where uq_routed waits: a queue a process knows only once it routed a call there.
+    task_routes={"tests.apps.run_ends.uq_routed": {"queue": "uq-routed"}},
 )
 
 #: The queue a retry or a replacement is sent to: no worker consumes it until the test
@@ -100,6 +102,18 @@ def reject_main_dies(self: Task, key: str) -> str:
 @app.task(bind=True, unique="key")
 def uq_quick(self: Task, key: str) -> str:
     """Unique (Celery's defaults otherwise): returns at once."""
+    return self.request.id
+
+
+@app.task(bind=True, unique="key", queue="uq-own-queue")
+def uq_own_queue(self: Task, key: str) -> str:
+    """``uq_quick`` sent to a queue of its own (the task's ``queue=``)."""
+    return self.request.id
+
+
+@app.task(bind=True, unique="key")
+def uq_routed(self: Task, key: str) -> str:
+    """``uq_quick`` sent to a queue of its own (``task_routes``)."""
     return self.request.id
 
 

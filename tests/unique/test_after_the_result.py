@@ -10,6 +10,8 @@ before the result is stored.
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -20,7 +22,9 @@ from celery import Celery
 from celery.exceptions import TimeLimitExceeded
 
 from celery_baton import Baton
+from tests.support.celery_processes import _process_env
 from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
+from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
 from tests.support.waiting import revoke_until_heard
 from tests.support.workers import Workers
@@ -254,6 +258,45 @@ def test_a_publish_after_a_cancel_of_a_call_waiting_in_the_broker_is_a_new_run(
     for result in busy:
         result.get(timeout=60)
     assert [r.get(timeout=30) for r in published_again] == [r.id for r in published_again]
+    ran = [r.id for r in cancelled if r.state != "REVOKED"]
+    assert not ran, f"cancelled calls ran: {ran}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("task_name", ["uq_own_queue", "uq_routed"])
+def test_a_cancel_from_a_process_that_never_published_finds_the_call_in_its_queue(
+    workers: Workers, task_name: str
+) -> None:
+    """The call waits in a queue of its task's own (``queue=``, ``task_routes``); the
+    cancel is made by another process, which never published the task, so never
+    routed a call there (a web process cancelling what a beat or another service
+    published): the look must read that queue too. Before, it read the queues its own
+    process knew: the publish after the cancel got the cancelled call."""
+    run_ends = importlib.import_module(APP)
+    task = getattr(run_ends, task_name)
+    cancelled, deduplicated = [], []
+    for n in range(3):
+        first = task.delay(f"q{n}")  # no worker reads its queue: it waits there
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from {APP} import baton; baton.cancel({first.id!r})",
+            ],
+            env=_process_env(workers.env),
+            cwd=REPO_ROOT,
+            check=True,
+            timeout=60,
+        )
+        cancelled.append(first)
+        if task.delay(f"q{n}").id == first.id:
+            deduplicated.append(n)
+    assert not deduplicated, (
+        f"{len(deduplicated)} of 3 publishes after the cancel got the cancelled call"
+    )
+    workers.start(APP, concurrency=1, queues="uq-own-queue,uq-routed")
+    for n in range(3):  # the new calls run; the cancelled ones never do
+        assert task.delay(f"q{n}").get(timeout=30)
     ran = [r.id for r in cancelled if r.state != "REVOKED"]
     assert not ran, f"cancelled calls ran: {ran}"
 

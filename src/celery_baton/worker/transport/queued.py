@@ -150,8 +150,7 @@ def _look(
         connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
         channel = connection.default_channel
         unacked_key = getattr(channel, "unacked_key", None)
-        names = [queue.name for queue in app.amqp.queues.values()]
-        lists = internals.priority_lists(channel, names)
+        lists = internals.priority_lists(channel, queue_names(app))
         if not isinstance(unacked_key, str) or lists is None:
             return None
         keys = internals.prefixed_keys(channel, [unacked_key, *lists])
@@ -168,6 +167,34 @@ def _look(
     if isinstance(reply, list):
         return list(reply[1:]), int(reply[0]) == 3
     return _FOUND.get(int(reply))
+
+
+def queue_names(app: Any) -> list[str]:
+    """Every queue a call of ``app`` may wait in: the queues this process knows (declared,
+    and those it routed a publish to) and where each task routes (its ``queue=``, the
+    ``task_routes`` it matches without arguments), which a process that never published
+    it (the one that cancels, say) does not know."""
+    names = {queue.name for queue in app.amqp.queues.values()}
+    names.add(app.conf.task_default_queue)
+    router = app.amqp.router
+    for name, task in list(app.tasks.items()):
+        if getattr(task, "queue", None):
+            names.add(_queue_name(task.queue))
+        try:
+            route = router.lookup_route(name, (), {}, {}, task)
+        except Exception:  # a route function of the app's that needs the call's arguments
+            continue
+        if isinstance(route, dict):
+            route = route.get("queue")
+        if route:
+            names.add(_queue_name(route))
+    names.discard("")
+    return sorted(names)
+
+
+def _queue_name(queue: Any) -> str:
+    name = getattr(queue, "name", queue)
+    return name if isinstance(name, str) else ""
 
 
 def message_call(app: Any, message: dict[str, Any]) -> tuple[str, Any, Any, dict[str, Any]] | None:
