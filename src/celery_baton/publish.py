@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery import current_task, states
@@ -163,9 +164,9 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         options["task_id"] = task_id
         key, material = policy.unique_key_and_material(parts.names, key_args, key_kwargs)
         ttl = policy.unique_ttl
-        expires = options.get("expires")
-        if isinstance(expires, int | float) and 0 < expires < ttl:
-            ttl = float(expires)
+        expires = seconds_until(options.get("expires"))
+        if expires is not None and 0 < expires < ttl:
+            ttl = expires  # the call is dropped once expired: its claim lasts no longer
         if policy.unique_conflict == "replace":
             return _send_replacing(parts, send_task, name, args, kwargs, options, key, ttl)
         label = words(key, material)  # the key in words, for `locks` and the web view
@@ -512,3 +513,21 @@ def as_a_worker_reads(
     for i, value in zip(at, read_args, strict=True):
         read[i] = value
     return read, {**kwargs, **read_kwargs}
+
+
+def seconds_until(expires: object) -> float | None:
+    """A publish's ``expires`` in seconds from now, in every form Celery takes: seconds,
+    a datetime (naive ones are UTC, as the worker reads them) or its ISO text; None for
+    none (or text that is not a time: Celery refuses it)."""
+    if isinstance(expires, str):
+        try:
+            expires = datetime.fromisoformat(expires)
+        except ValueError:
+            return None
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None:
+            expires = expires.replace(tzinfo=timezone.utc)
+        return (expires - datetime.now(timezone.utc)).total_seconds()
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        return float(expires)
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -118,6 +119,29 @@ def test_unique_ttl_bounds_a_claim_and_a_numeric_expires_shortens_it(
     assert 3_500_000 < store.pttl(unique_key(uq_idle, "ttl")) <= 3_600_000
     uq_idle.apply_async(("exp",), expires=30)
     assert 0 < store.pttl(unique_key(uq_idle, "exp")) <= 30_000
+
+
+@pytest.mark.parametrize("form", ["seconds", "aware", "naive-utc", "iso"])
+def test_a_publish_after_the_call_expired_in_its_queue_is_a_new_call(
+    store: redis.Redis, broker: redis.Redis, form: str
+) -> None:
+    """``expires`` in every form Celery takes (seconds, a datetime, naive as UTC as the
+    worker reads it, an ISO string; django-celery-beat sends a datetime): the call is
+    dropped once expired, so its claim lasts no longer. A datetime left the claim its
+    whole ``unique_ttl`` (an hour): publishes were deduplicated into a dead call."""
+    from tests.apps.exclusive import uq_idle
+
+    at = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+    expires = {
+        "seconds": 1.5,
+        "aware": at,
+        "naive-utc": at.replace(tzinfo=None),
+        "iso": at.isoformat(),
+    }[form]
+    first = uq_idle.apply_async((form,), expires=expires)  # no worker reads its queue
+    assert uq_idle.apply_async((form,), expires=expires).id == first.id
+    time.sleep(2.5)
+    assert uq_idle.apply_async((form,)).id != first.id, "deduplicated into an expired call"
 
 
 def test_a_key_that_cannot_be_built_fails_the_publish_and_queues_nothing(
