@@ -13,7 +13,6 @@ alone): the runs of the key never overlap, and the waiting call runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,15 +25,6 @@ from tests.support.workers import Workers
 APP = "tests.apps.conn_loss"
 #: The pools whose jobs Celery can stop (threads and solo cannot: the body runs on).
 STOPPED = {"prefork", "gevent", "eventlet"}
-
-
-@pytest.fixture
-def own_broker() -> Iterator[StoreServer]:
-    """The first worker's broker, alone on its server: the test cuts its connections."""
-    server = StoreServer(name="broker-a")
-    server.start()
-    yield server
-    server.close()
 
 
 @pytest.mark.timeout(180)

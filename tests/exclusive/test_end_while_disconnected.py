@@ -13,8 +13,6 @@ is told by the store that the lease ended with its run (not lost: no error is lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.support.observer import Observer, assert_no_overlap
@@ -27,15 +25,6 @@ APP = "tests.apps.exclusive"
 KEY = "cut-off"
 
 POOLS = ALL_POOLS
-
-
-@pytest.fixture
-def own_broker() -> Iterator[StoreServer]:
-    """The first worker's broker, alone on its server: the test kills it."""
-    server = StoreServer(name="broker-a")
-    server.start()
-    yield server
-    server.close()
 
 
 @pytest.mark.parametrize("pool", POOLS)
