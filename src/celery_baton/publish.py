@@ -163,7 +163,8 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         task_id = preassigned or uuid()
         options["task_id"] = task_id
         key, material = policy.unique_key_and_material(parts.names, key_args, key_kwargs)
-        ttl = policy.unique_ttl
+        # The call cannot run before it is due: its claim lasts unique_ttl from then.
+        ttl = policy.unique_ttl + _due_in(options)
         expires = seconds_until(options.get("expires"))
         if expires is not None and 0 < expires < ttl:
             ttl = expires  # the call is dropped once expired: its claim lasts no longer
@@ -515,10 +516,18 @@ def as_a_worker_reads(
     return read, {**kwargs, **read_kwargs}
 
 
+def _due_in(options: dict[str, Any]) -> float:
+    """Seconds until a publish's call is due (its ``countdown``, else its ``eta``, as
+    Celery reads them); 0 for a call due now."""
+    countdown = options.get("countdown")
+    due = seconds_until(countdown if countdown else options.get("eta"))
+    return max(0.0, due or 0.0)
+
+
 def seconds_until(expires: object) -> float | None:
-    """A publish's ``expires`` in seconds from now, in every form Celery takes: seconds,
-    a datetime (naive ones are UTC, as the worker reads them) or its ISO text; None for
-    none (or text that is not a time: Celery refuses it)."""
+    """A publish's ``expires`` (or ``eta``) in seconds from now, in every form Celery
+    takes: seconds, a datetime (naive ones are UTC, as the worker reads them) or its ISO
+    text; None for none (or text that is not a time: Celery refuses it)."""
     if isinstance(expires, str):
         try:
             expires = datetime.fromisoformat(expires)

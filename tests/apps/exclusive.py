@@ -180,6 +180,12 @@ def uq_idle(self: Task, key: str, extra: Any = None) -> str:
     return str(self.request.id)
 
 
+@app.task(bind=True, unique="key", unique_ttl=2, queue="idle")
+def uq_idle_short(self: Task, key: str) -> str:
+    """``uq_idle`` with a claim that lasts 2 s (``unique_ttl``), in the same idle queue."""
+    return str(self.request.id)
+
+
 @app.task(bind=True, exclusive="key")
 def ex_unfenced(self: Task, key: str) -> str:
     """Exclusive, but reads no fence: it may run unguarded (baton_on_store_error="run")."""

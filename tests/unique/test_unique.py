@@ -144,6 +144,25 @@ def test_a_publish_after_the_call_expired_in_its_queue_is_a_new_call(
     assert uq_idle.apply_async((form,)).id != first.id, "deduplicated into an expired call"
 
 
+@pytest.mark.parametrize("when", ["countdown", "eta"])
+def test_a_call_due_after_its_unique_ttl_keeps_its_claim_until_it_is_due(
+    store: redis.Redis, broker: redis.Redis, when: str
+) -> None:
+    """A call published with a ``countdown`` or an ``eta`` waits that long before it can
+    run: its claim lasts ``unique_ttl`` from then, not from the publish. Before, a claim
+    of 2 s on a call due in 4 s lapsed while the call waited, and a second publish of
+    its key was queued beside it."""
+    from tests.apps.exclusive import uq_idle_short
+
+    due = {
+        "countdown": {"countdown": 4},
+        "eta": {"eta": datetime.now(timezone.utc) + timedelta(seconds=4)},
+    }[when]
+    first = uq_idle_short.apply_async((when,), **due)  # no worker reads its queue
+    time.sleep(3)  # past its unique_ttl (2 s), before it is due
+    assert uq_idle_short.apply_async((when,)).id == first.id, "a duplicate was queued"
+
+
 def test_a_key_that_cannot_be_built_fails_the_publish_and_queues_nothing(
     store: redis.Redis, broker: redis.Redis
 ) -> None:
