@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-import redis
 
+from tests.failover.test_sentinel import _wait_new_master
 from tests.support.observer import Observer
 from tests.support.sentinel_topology import SERVICE, SentinelTopology
 from tests.support.waiting import wait_until
@@ -65,7 +65,7 @@ def test_guarded_calls_run_once_across_a_failover_of_the_broker(
     else:
         old = sentinel.master()
         old.kill()
-        wait_until(lambda: _master_or_none(sentinel) not in (None, old), 60, "a new master")
+        _wait_new_master(sentinel, old, timeout=60)
     after = {f"a{n}": app.guarded.delay(f"a{n}", 0.0) for n in range(AFTER)}
     for key, result in after.items():
         assert result.get(timeout=90) == key
@@ -87,10 +87,3 @@ def test_guarded_calls_run_once_across_a_failover_of_the_broker(
     assert not twice, f"ran more than once: {twice}"
     ran_before = sum(1 for key in runs if key.startswith("b"))
     print(f"calls published before the failover that ran: {ran_before} of {len(before)}")
-
-
-def _master_or_none(sentinel: SentinelTopology) -> object:
-    try:
-        return sentinel.master()
-    except (LookupError, StopIteration, redis.RedisError):
-        return None
