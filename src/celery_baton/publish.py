@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import current_task, states
 from celery.backends.base import DisabledBackend
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.serialization import dumps, loads
 from kombu.utils.uuid import uuid
 
@@ -524,19 +525,17 @@ def _due_in(options: dict[str, Any]) -> float:
     return max(0.0, due or 0.0)
 
 
-def seconds_until(expires: object) -> float | None:
+def seconds_until(when: object) -> float | None:
     """A publish's ``expires`` (or ``eta``) in seconds from now, in every form Celery
-    takes: seconds, a datetime (naive ones are UTC, as the worker reads them) or its ISO
-    text; None for none (or text that is not a time: Celery refuses it)."""
-    if isinstance(expires, str):
-        try:
-            expires = datetime.fromisoformat(expires)
-        except ValueError:
-            return None
-    if isinstance(expires, datetime):
-        if expires.tzinfo is None:
-            expires = expires.replace(tzinfo=timezone.utc)
-        return (expires - datetime.now(timezone.utc)).total_seconds()
-    if isinstance(expires, int | float) and not isinstance(expires, bool):
-        return float(expires)
-    return None
+    takes: seconds, or a datetime or its ISO text read as Celery's worker reads them
+    (``maybe_iso8601``, naive ones as UTC); None for none (or text that is not a time:
+    Celery refuses it)."""
+    if isinstance(when, int | float) and not isinstance(when, bool):
+        return float(when)
+    if not when or not isinstance(when, str | datetime):
+        return None
+    try:
+        moment: datetime = maybe_make_aware(maybe_iso8601(when))
+    except ValueError:
+        return None
+    return float((moment - datetime.now(timezone.utc)).total_seconds())
