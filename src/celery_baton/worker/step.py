@@ -28,7 +28,7 @@ from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, Wor
 from celery_baton.core.recorded_ends import RecordedEnds
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
-from celery_baton.worker import ordering
+from celery_baton.worker import ordering, pool_work
 from celery_baton.worker.admission import Admission
 from celery_baton.worker.batching import Batching, tick_interval
 from celery_baton.worker.cancelling import Cancelling, revoke_refused_starts
@@ -440,6 +440,12 @@ class BatonWorker:
             _task_channel(parent), getattr(parent, "hub", None), parent.timer
         )
         intake_together.install(_task_channel(parent), window=lambda: parent.qos.value)
+        # Held requests are not the pool's work: Celery's sizing by reserved requests
+        # (worker_disable_prefetch, --autoscale) leaves them out.
+        pool_work.install_intake(parent, _task_channel(parent), held=self._held_here)
+        pool_work.install_autoscaler(
+            getattr(getattr(parent, "controller", None), "autoscaler", None), self._held_here
+        )
         self.window.start(parent)
         self.admission.start_renewal(parent)
         self.releasing.door.install(parent)  # runs ended on the threads pool's threads
@@ -448,10 +454,16 @@ class BatonWorker:
         except BatonError as exc:
             logger.warning("baton: store unavailable at start (%s); holding guarded tasks", exc)
 
+    def _held_here(self) -> int:
+        """Requests in this worker that wait without a pool process: held for a limit,
+        or batched calls waiting for their batch."""
+        batched = self.batching.held_count() if self.batching is not None else 0
+        return int(self.admission.holding.held_count) + batched
+
     def _waiting(self) -> int:
         """Requests in this worker waiting for a pool process (not running, not held)."""
         reserved = len(worker_state.reserved_requests) - len(worker_state.active_requests)
-        return max(0, reserved - int(self.admission.holding.held_count))
+        return max(0, reserved - self._held_here())
 
     def stop(self, parent: Any) -> None:
         # Before kombu's channel closes and restores what it counts delivered: every write

@@ -1,0 +1,103 @@
+"""Requests celery-baton holds for a limit take no pool process, and Celery's settings
+that size things by the requests a worker reserved must not count them as the pool's
+work (the promise: waiting costs no pool slot). Celery's own waiting requests (a
+``rate_limit``'s, an ETA's) are not reserved while they wait.
+
+* ``worker_disable_prefetch`` (Celery 5.6, Redis only): a message is taken only while
+  fewer requests are reserved than the pool has processes. Counted, two held requests
+  kept a worker of two idle processes from taking anything else.
+* ``--autoscale``: the autoscaler grows the pool to the number of reserved requests.
+  Counted, a backlog of held requests kept it at its maximum for work that waits.
+
+One worker ``-c 2`` receives 40 calls of a task limited to 2 starts per second, then 10
+plain tasks: the plain ones start at once, not behind the 40; autoscaled, the pool
+shrinks back to what runs while the 40 are held.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.observer import Observer
+from tests.support.waiting import wait_until
+from tests.support.workers import Workers
+from tests.transport.test_held_window import _server_us, _wait_for_starts
+from tests.transport.test_intake import _disable_prefetch_supported
+
+APP = "tests.apps.held_window"
+PLAIN_WITHIN_S = 3.0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not _disable_prefetch_supported(), reason="worker_disable_prefetch is Celery 5.6's and later's"
+)
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_plain_tasks_start_while_requests_are_held_with_prefetch_disabled(
+    pool: str, workers: Workers, observer: Observer
+) -> None:
+    from tests.apps import held_window
+
+    workers.start(APP, pool=pool, concurrency=2, extra_args=["--disable-prefetch"])
+    for n in range(40):
+        held_window.paced.delay(n)
+    observer.starts_of("paced", 2, timeout=30)
+    time.sleep(1.0)
+    published = _server_us(observer)
+    for n in range(10):
+        held_window.quick.delay(n)
+    starts = _wait_for_starts(observer, "quick", 10, timeout=60)
+    latest = max(starts) - published
+    assert latest < PLAIN_WITHIN_S * 1e6, (
+        f"the last plain task started {latest / 1e6:.2f} s after its publish"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_an_autoscaled_pool_shrinks_while_its_requests_are_held(
+    workers: Workers, observer: Observer
+) -> None:
+    """A limited call is judged when a pool process can start it, so a burst of them
+    grows the pool as it would for any work; once they are held, the pool shrinks back
+    (idle processes leave after ``AUTOSCALE_KEEPALIVE``) though the held backlog stays."""
+    from tests.apps import held_window
+
+    worker = workers.start(
+        APP, concurrency=4, extra_args=["--autoscale=4,1"], env={"AUTOSCALE_KEEPALIVE": "0.5"}
+    )
+    for n in range(40):
+        held_window.paced.delay(n)
+    observer.starts_of("paced", 4, timeout=30)  # held, and running two a second
+    wait_until(lambda: len(worker.pool_pids()) <= 2, 15, "the pool to shrink")
+    sizes = []
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        sizes.append(len(worker.pool_pids()))
+        time.sleep(0.1)
+    assert len(observer.starts_of("paced", 1)) < 40, "the backlog ran out: nothing held"
+    # Two starts a second of a task that takes no time: one process runs them; the
+    # autoscaler may add one as two arrive together.
+    assert max(sizes) <= 2, f"the pool grew to {max(sizes)} processes for held requests"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not _disable_prefetch_supported(), reason="worker_disable_prefetch is Celery 5.6's and later's"
+)
+def test_batched_calls_make_full_batches_with_prefetch_disabled(
+    workers: Workers, observer: Observer
+) -> None:
+    """Batched calls wait for their batch without a pool process: a worker of two
+    processes with prefetch disabled still takes a burst into full batches (counted as
+    the pool's work, it took two calls and ran them alone after the batch's wait)."""
+    from tests.apps.batching import fill
+    from tests.batching.test_batching import assert_each_call_once, call_ids, settle
+
+    results = [fill.apply_async(kwargs={"account": 0, "doc": n}) for n in range(30)]
+    workers.start("tests.apps.batching", concurrency=2, extra_args=["--disable-prefetch"])
+    runs = settle(observer, "fill", 30)
+    assert_each_call_once(runs, [r.id for r in results])
+    sizes = sorted(len(call_ids(r)) for r in runs)
+    assert sizes.count(10) >= 2, f"batch sizes {sizes}"
