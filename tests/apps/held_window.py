@@ -11,6 +11,8 @@ Run by workers as ``celery -A tests.apps.held_window worker``. Reads the usual
 * ``HELD_PER_CONSUMER`` -- ``"1"``: kombu reads the broker as RabbitMQ 4, which has no
   global QoS on any queue type, so every prefetch is per consumer (kombu's
   ``qos_semantics_matches_spec``), also on the RabbitMQ 3 of the test machine;
+* ``HELD_ETA_LIMIT`` -- Celery's ``worker_eta_task_limit`` (5.5+): the prefetch count
+  that ETA tasks (and held requests, counted like them) may raise it to;
 * ``HELD_SLOW_EXIT`` -- seconds a leaving pool process takes to exit (its
   ``worker_process_shutdown`` handler sleeps): with ``--max-tasks-per-child`` its
   replacement comes that much later.
@@ -63,6 +65,8 @@ app, baton = make_baton_app(
     ],
     worker_prefetch_multiplier=4,
 )
+if os.environ.get("HELD_ETA_LIMIT"):
+    app.conf.worker_eta_task_limit = int(os.environ["HELD_ETA_LIMIT"])
 
 
 _SLOW_EXIT = float(os.environ.get("HELD_SLOW_EXIT", "0"))

@@ -101,3 +101,47 @@ def test_batched_calls_make_full_batches_with_prefetch_disabled(
     assert_each_call_once(runs, [r.id for r in results])
     sizes = sorted(len(call_ids(r)) for r in runs)
     assert sizes.count(10) >= 2, f"batch sizes {sizes}"
+
+
+def _eta_limit_supported() -> bool:
+    from celery.app.defaults import NAMESPACES
+
+    return "eta_task_limit" in NAMESPACES["worker"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not _eta_limit_supported(), reason="worker_eta_task_limit is Celery 5.5's and later's"
+)
+def test_plain_tasks_start_while_requests_are_held_under_an_eta_task_limit(
+    workers: Workers, observer: Observer
+) -> None:
+    """``worker_eta_task_limit`` caps how far ETA tasks raise the prefetch count (kombu's
+    ``QoS.max_prefetch``). Held requests raise it like ETA tasks: they must not be
+    capped by a limit set for ETA tasks (celery-baton bounds them by
+    ``baton_hold_max``), or they take the window from the work the worker can run; and
+    once they ran, the window is Celery's again (kombu lowers a count without the cap:
+    each capped raise shrank it for good)."""
+    from tests.apps import held_window
+
+    workers.start(APP, concurrency=2, env={"HELD_ETA_LIMIT": "10"})
+    for n in range(24):
+        held_window.paced.delay(n)
+    observer.starts_of("paced", 2, timeout=30)
+    time.sleep(1.0)
+    published = _server_us(observer)
+    for n in range(10):
+        held_window.quick.delay(n)
+    starts = _wait_for_starts(observer, "quick", 10, timeout=60)
+    latest = max(starts) - published
+    assert latest < PLAIN_WITHIN_S * 1e6, (
+        f"the last plain task started {latest / 1e6:.2f} s after its publish"
+    )
+    observer.starts_of("paced", 24, timeout=60)
+
+    def prefetch_count() -> object:
+        stats = held_window.app.control.inspect(timeout=5).stats() or {}
+        return [s.get("prefetch_count") for s in stats.values()]
+
+    # -c 2 at Celery's multiplier of 4 (the app's setting): a window of 8.
+    wait_until(lambda: prefetch_count() == [8], 20, "the prefetch count to be 8 again")

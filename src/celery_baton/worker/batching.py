@@ -36,7 +36,7 @@ from celery_baton.core.keys import task_words
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.core.shared_limits import call_cost
 from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
-from celery_baton.worker import outcomes
+from celery_baton.worker import outcomes, pool_work
 from celery_baton.worker.cancelling import Cancelling, revoke
 from celery_baton.worker.pool.batch_run import (
     BATCH_FIELD,
@@ -223,7 +223,7 @@ class Batching:
         if len(self._counted) < self.hold_max:
             # Like an ETA task: a held call must not use up the prefetch window.
             self._counted.add(id(request))
-            self.consumer.qos.increment_eventually()
+            pool_work.raise_window(self.consumer.qos)
 
     # -- the tick ---------------------------------------------------------------------
 
@@ -498,7 +498,7 @@ class Batching:
             self._leave_acked([request])
         elif id(request) in self._counted:
             self._counted.discard(id(request))
-            self.consumer.qos.decrement_eventually()
+            pool_work.lower_window(self.consumer.qos)
 
     def _leave_acked(self, requests: list[Any]) -> None:
         """Held calls that ran in a batch (their results are written): acked, together
@@ -507,7 +507,7 @@ class Batching:
         for request in requests:
             if id(request) in self._counted:
                 self._counted.discard(id(request))
-                self.consumer.qos.decrement_eventually()
+                pool_work.lower_window(self.consumer.qos)
             self.stats["calls_acked"] += 1
             worker_state.task_ready(request)
         acknowledge_together(requests)

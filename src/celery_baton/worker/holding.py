@@ -32,6 +32,7 @@ from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
 from celery_baton.core.debounce import FlowKind
 from celery_baton.core.keys import words
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
+from celery_baton.worker import pool_work
 from celery_baton.worker.release_log import ReleaseLog
 from celery_baton.worker.verdict import Reason, Wait
 from celery_baton.worker.wait_queues import WaitQueues
@@ -246,7 +247,7 @@ class Holding:
             # the worker would stop receiving the work it could run.
             delivery.counted = True
             self.counted += 1
-            self.consumer.qos.increment_eventually()
+            pool_work.raise_window(self.consumer.qos)
             self.window.held(_message(delivery))
         else:
             # Past the cap held requests keep their prefetch slot: the window fills and
@@ -269,7 +270,7 @@ class Holding:
             if delivery.counted:
                 delivery.counted = False
                 self.counted -= 1
-                self.consumer.qos.decrement_eventually()
+                pool_work.lower_window(self.consumer.qos)
                 self.window.left(_message(delivery))
 
     def remove(self, delivery: Delivery) -> None:

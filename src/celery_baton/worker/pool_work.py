@@ -15,6 +15,14 @@ settings size the worker by that count:
   Counting held ones, 40 held calls of a task two a second grew it to its maximum.
 
 Both are made here without the held requests (tests/worker/test_held_not_pool_work.py).
+
+Held requests raise the prefetch count as ETA tasks do, so that they leave the window to
+the work the worker can run; Celery's ``worker_eta_task_limit`` (5.5) caps that raise
+(kombu's ``QoS.max_prefetch``) to bound the ETA tasks a worker keeps. Capped, held
+requests took the window (10 plain tasks behind 40 held ones started 13.5 s late), and
+every capped raise, lowered without the cap, shrank the window for good. Held requests
+have their own bound (``baton_hold_max``): each raises the cap with the count
+(``raise_window``, ``lower_window``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from celery.worker import state as worker_state
 logger = logging.getLogger("celery_baton.worker")
 
 _INSTALLED_ATTR = "_baton_pool_work_only"
+_ETA_LIMIT_ATTR = "_baton_eta_task_limit"
 
 
 def install_intake(consumer: Any, channel: Any, held: Callable[[], int]) -> bool:
@@ -85,3 +94,22 @@ def install_autoscaler(autoscaler: Any, held: Callable[[], int]) -> bool:
     autoscaler._baton_held = held
     autoscaler.__class__ = PoolWorkOnly
     return True
+
+
+def raise_window(qos: Any) -> None:
+    """One more message in Celery's prefetch ``qos`` for a held request, past the cap of
+    ``worker_eta_task_limit`` (which is the ETA tasks')."""
+    cap = getattr(qos, "max_prefetch", None)
+    if cap is not None:
+        qos.__dict__.setdefault(_ETA_LIMIT_ATTR, cap)  # Celery's own, kept
+        qos.max_prefetch = cap + 1
+    qos.increment_eventually()
+
+
+def lower_window(qos: Any) -> None:
+    """The held request's message left: the count, and its cap, as before its raise."""
+    qos.decrement_eventually()
+    cap = getattr(qos, "max_prefetch", None)
+    if cap is not None:
+        # Never below Celery's own (a consumer restart makes a new qos, not raised).
+        qos.max_prefetch = max(cap - 1, qos.__dict__.get(_ETA_LIMIT_ATTR, cap))
