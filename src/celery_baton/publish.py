@@ -141,7 +141,7 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
             per_call.check_against(name, call, policy)
             policy = policy_for_call(policy, name, call, parts.settings)
             options["headers"] = {**(options.get("headers") or {}), CALL_HEADER: call.to_header()}
-        if policy is None:
+        if policy is None or not policy.keys_at_publish:
             return send_task(name, args, kwargs, **options)
         # The keys built here are the keys the worker builds: over the arguments as it
         # reads them.

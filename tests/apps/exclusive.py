@@ -42,6 +42,8 @@ app, baton = make_baton_app(
     worker_lost_wait=1.0,
     # Publishes to this queue stay queued: no test worker consumes it.
     task_routes={"tests.apps.exclusive.uq_idle": {"queue": "idle"}},
+    # The pool_restart remote command (tests/pools/test_pool_restart.py).
+    worker_pool_restarts=os.environ.get("TEST_POOL_RESTARTS") == "1",
 )
 
 LEASE_TTL = float(os.environ.get("BATON_TEST_LEASE_TTL", "3"))

@@ -45,6 +45,8 @@ class Planner:
         self.settings = settings
         self.hostname = hostname
         self._celery_rates = outcomes.CeleryRates()
+        #: worker_disable_rate_limits: Celery's rate_limit is not this worker's to enforce.
+        self.celery_rates_off = False
 
     def policy(self, request: Any) -> TaskPolicy | None:
         """The policy this delivery runs under (None: nothing to ask, run it as is)."""
@@ -55,7 +57,7 @@ class Planner:
     def celery_rate(self, task: Any) -> float | None:
         # Read at every admission: `celery control rate_limit` changes it on every
         # worker, for any task, also one that had none when the worker started.
-        return self._celery_rates.of(task)
+        return None if self.celery_rates_off else self._celery_rates.of(task)
 
     def plan(self, policy: TaskPolicy, request: Any, celery_rate: float | None) -> RunPlan:
         """What this delivery asks for, under an owner token of its own; raises

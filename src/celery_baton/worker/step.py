@@ -330,7 +330,15 @@ class BatonWorker:
         self._started = False
         self._shut = False
         self._reopens_told = 0
-        if parts.settings.global_rate_limits:
+        if parts.settings.global_rate_limits and getattr(parent, "disable_rate_limits", False):
+            # worker_disable_rate_limits: this worker enforces no Celery rate_limit, as
+            # without celery-baton (global_rate_limit, celery-baton's own, still holds).
+            self.admission.planner.celery_rates_off = True
+            logger.info(
+                "baton: worker_disable_rate_limits: Celery's rate_limit is not enforced by "
+                "this worker, also where baton_global_rate_limits made it global"
+            )
+        elif parts.settings.global_rate_limits:
             self._take_over_rate_limits(parent, parts)
         # Without Celery's Request._announce_revoked, its task_revoked signal ends a run.
         self._revoked_by_signal = "_announce_revoked" in internals.missing_request_hooks(Request)

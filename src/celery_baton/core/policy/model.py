@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_baton.core.batch import BatchPolicy
 from celery_baton.core.conditions import Condition
-from celery_baton.core.debounce import FlowPolicy
+from celery_baton.core.debounce import FlowKind, FlowPolicy
 from celery_baton.core.fairness import FairPolicy
 from celery_baton.core.gate import HeldClaim, HeldLease
 from celery_baton.core.keys import KeyNames, KeySpec, digest
@@ -137,6 +137,18 @@ class TaskPolicy:
             or (self.unique and self.unique_conflict == "replace")
             or self.flow
             or self.ordered
+        )
+
+    @property
+    def keys_at_publish(self) -> bool:
+        """Whether a publish builds a key over the call's arguments (the rest are built
+        by the worker alone)."""
+        return bool(
+            self.unique
+            or self.ordered
+            or self.batch
+            or self.supersedes
+            or (self.flow and self.flow.kind is FlowKind.DEBOUNCE)
         )
 
     @property

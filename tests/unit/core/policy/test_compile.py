@@ -243,3 +243,26 @@ def test_several_rates_are_conditions_of_one_call() -> None:
     for bad in ([], ["10/s", "10/s"], ["10/s", "ten"]):
         with pytest.raises(ConfigError):
             compile_policy("t.fetch", {"global_rate_limit": bad}.get, fetch, Settings())
+
+
+@pytest.mark.parametrize(
+    ("options", "at_publish"),
+    [
+        ({"unique": "feed_url"}, True),
+        ({"ordered": "feed_url"}, True),
+        ({"exclusive": "feed_url", "exclusive_conflict": "replace"}, True),
+        ({"debounce": 1.0, "debounce_key": "feed_url"}, True),
+        ({"exclusive": "feed_url"}, False),
+        ({"exclusive": "feed_url", "exclusive_conflict": "wait"}, False),
+        ({"global_rate_limit": "10/s"}, False),
+        ({"global_concurrency": 2}, False),
+        ({"redelivery_guard": True}, False),
+    ],
+)
+def test_keys_at_publish_says_whether_a_publish_builds_a_key(
+    options: dict[str, Any], at_publish: bool
+) -> None:
+    """A publish reads its arguments as a worker would only to build a key of its own;
+    the others' keys are built by the worker alone."""
+    policy = compile_(**options)
+    assert policy is not None and policy.keys_at_publish is at_publish
