@@ -26,7 +26,7 @@ from typing import Any
 from celery.beat import ScheduleEntry
 
 from celery_baton import internals
-from celery_baton.beat.slots import Policy, SlotRule, fingerprint, rule_for, zone
+from celery_baton.beat.slots import CrontabRule, Policy, SlotRule, fingerprint, rule_for, zone
 from celery_baton.config import Settings, suggest
 from celery_baton.core.policy import per_call
 from celery_baton.errors import BatonError, BeatEntryError
@@ -108,6 +108,19 @@ def task_hint(task: str, registered: Iterable[str]) -> str:
     return suggest(task, names)
 
 
+def _grace(options: Mapping[str, Any], rule: SlotRule, settings: Settings, app: Any) -> float:
+    """An entry's misfire grace: its own ``baton_misfire_grace``; else, for a crontab,
+    Celery's ``beat_cron_starting_deadline`` (5.5+) when set, which means the same (a
+    missed run older than it is not caught up, a newer one runs once); else the app's
+    ``baton_beat_misfire_grace``."""
+    if "baton_misfire_grace" in options:
+        return float(options["baton_misfire_grace"])
+    deadline = app.conf.get("beat_cron_starting_deadline")
+    if deadline is not None and isinstance(rule, CrontabRule):
+        return float(deadline)
+    return settings.beat_misfire_grace
+
+
 def compile_entry(
     entry: ScheduleEntry,
     *,
@@ -125,7 +138,7 @@ def compile_entry(
         rule = rule_for(entry.schedule, tz=zone(str(tz_opt)) if tz_opt else None)
         policy = Policy(
             misfire=str(options.get("baton_misfire", "skip")),
-            grace=float(options.get("baton_misfire_grace", settings.beat_misfire_grace)),
+            grace=_grace(options, rule, settings, app),
             max_runs=int(options.get("baton_misfire_max", settings.beat_misfire_max)),
             overlap=str(options.get("baton_overlap", "allow")),
         )
