@@ -7,8 +7,9 @@ messages come back soon); ``BATCH_ACKS_LATE``: set, ``task_acks_late`` is on;
 ``BATCH_LEASE_TTL``: the ``baton_lease_ttl`` (8 s by default), how long a run and a
 worker's presence outlive their last renewal; ``BATCH_RESULT_EXTENDED``: set,
 ``result_extended`` is on; ``BATCH_QUEUE``: the default queue (``celery``; a RabbitMQ
-test uses one of its own); ``BATCH_SLOW_EXIT``: seconds a leaving pool process takes to
-exit (its ``worker_process_shutdown`` handler sleeps: with ``--max-tasks-per-child`` its
+test uses one of its own), ``BATCH_QUEUE_TYPE`` its type on RabbitMQ (``quorum``);
+``BATCH_SLOW_EXIT``: seconds a leaving pool process takes to exit (its
+``worker_process_shutdown`` handler sleeps: with ``--max-tasks-per-child`` its
 replacement comes that much later). A named limit, ``"partner"``, for the
 batched tasks that spend it (``limits=``, ``cost=``).
 
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 from celery import Task, signals
+from kombu import Queue
 
 from celery_baton import Call
 from celery_baton.core.batch import batch_keys
@@ -49,6 +51,13 @@ app, baton = make_baton_app(
     baton_limits={"partner": PARTNER},
     task_default_queue=os.environ.get("BATCH_QUEUE", "celery"),
 )
+if os.environ.get("BATCH_QUEUE_TYPE"):  # a RabbitMQ queue of that type (quorum)
+    app.conf.task_queues = [
+        Queue(
+            app.conf.task_default_queue,
+            queue_arguments={"x-queue-type": os.environ["BATCH_QUEUE_TYPE"]},
+        )
+    ]
 
 _SLOW_EXIT = float(os.environ.get("BATCH_SLOW_EXIT", "0"))
 if _SLOW_EXIT:

@@ -112,3 +112,43 @@ def test_on_rabbitmq_a_batch_s_messages_are_acked_one_by_one_and_none_is_left(
         with contextlib.suppress(Exception), kombu.Connection(rabbitmq_url) as conn:
             conn.default_channel.queue_delete(queue)
         publisher.close()
+
+
+def test_on_a_quorum_queue_a_burst_makes_full_batches(
+    workers: Workers, observer: Observer, rabbitmq_url: str
+) -> None:
+    """On a quorum queue RabbitMQ applies the prefetch per consumer and fixes it when the
+    consumer is made: held calls raise Celery's count, which does not reach it. Batched
+    calls are held like the requests a limit holds, so the consumer is opened again for
+    them (worker/transport/consumer_window.py), and a burst still makes full batches,
+    not batches of the window's size (8 here: -c 2 at Celery's multiplier of 4)."""
+    import kombu
+    from celery import Celery
+    from kombu import Queue
+
+    from tests.apps.batching import fill
+    from tests.batching.test_batching import call_ids
+
+    queue = f"batch-quorum-{secrets.token_hex(4)}"
+    arguments = {"x-queue-type": "quorum"}
+    env = {"TEST_BROKER_URL": rabbitmq_url, "BATCH_QUEUE": queue, "BATCH_QUEUE_TYPE": "quorum"}
+    publisher = Celery("publisher", broker=rabbitmq_url, set_as_current=False)
+    publisher.conf.task_queues = [Queue(queue, queue_arguments=arguments)]
+    try:
+        workers.start(APP, concurrency=2, env=env)
+        with publisher.producer_or_acquire() as producer:
+            ids = [
+                publisher.send_task(
+                    fill.name, kwargs={"account": "q", "doc": n}, queue=queue, producer=producer
+                ).id
+                for n in range(30)
+            ]
+        runs = settle(observer, "fill", 30)
+        assert_each_call_once(runs, ids)
+        sizes = sorted(len(call_ids(r)) for r in runs)
+        assert sizes.count(10) >= 2, f"batch sizes {sizes}"
+    finally:
+        workers.stop_all(timeout=10)
+        with contextlib.suppress(Exception), kombu.Connection(rabbitmq_url) as conn:
+            conn.default_channel.queue_delete(queue)
+        publisher.close()

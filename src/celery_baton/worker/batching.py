@@ -38,6 +38,7 @@ from celery_baton.core.shared_limits import call_cost
 from celery_baton.errors import BatonError, CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import outcomes, pool_work
 from celery_baton.worker.cancelling import Cancelling, revoke
+from celery_baton.worker.holding import CountOnly, PrefetchWindow
 from celery_baton.worker.pool.batch_run import (
     BATCH_FIELD,
     decode_call,
@@ -136,8 +137,14 @@ class Batching:
         hold_max: int = 10_000,
         cancelling: Cancelling | None = None,
         on_loop: Callable[[Callable[[], None]], None] | None = None,
+        window: PrefetchWindow | None = None,
     ) -> None:
         self.consumer = consumer
+        # Told of each held call that raised the prefetch count, as of a held request:
+        # where RabbitMQ keeps a consumer's prefetch fixed, it opens the consumer again
+        # (worker/transport/consumer_window.py); uncounted, a quorum queue's batches were
+        # the window's size (8 of 10).
+        self.window: PrefetchWindow = window or CountOnly()
         self.batches = batches
         self.send = send  # to the pool, as a plain request
         self.presence = presence  # how long the store believes this worker alive
@@ -151,7 +158,7 @@ class Batching:
         # returned has the next one claimed at once, not at the next tick (None: not).
         self.on_loop = on_loop
         self._ticking = False
-        self._counted: set[int] = set()  # id() of the held requests that raised it
+        self._counted: dict[int, Any] = {}  # by id(): the held requests that raised it
         # A restarted worker with the same name is a new holder: its predecessor's calls
         # are not its own.
         self.worker = f"{consumer.hostname}/{uuid.uuid4().hex[:8]}"
@@ -222,8 +229,9 @@ class Batching:
         state.new.append((call_id, encoded))
         if len(self._counted) < self.hold_max:
             # Like an ETA task: a held call must not use up the prefetch window.
-            self._counted.add(id(request))
+            self._counted[id(request)] = request
             pool_work.raise_window(self.consumer.qos)
+            self.window.held(getattr(request, "message", None))
 
     # -- the tick ---------------------------------------------------------------------
 
@@ -497,8 +505,16 @@ class Batching:
         if ack:
             self._leave_acked([request])
         elif id(request) in self._counted:
-            self._counted.discard(id(request))
-            pool_work.lower_window(self.consumer.qos)
+            self._uncount(request)
+
+    def _uncount(self, request: Any) -> None:
+        del self._counted[id(request)]
+        pool_work.lower_window(self.consumer.qos)
+        self.window.left(getattr(request, "message", None))
+
+    def counted_messages(self) -> list[Any]:
+        """The messages of the held calls that raised the prefetch count."""
+        return [getattr(r, "message", None) for r in list(self._counted.values())]
 
     def _leave_acked(self, requests: list[Any]) -> None:
         """Held calls that ran in a batch (their results are written): acked, together
@@ -506,8 +522,7 @@ class Batching:
         nothing runs."""
         for request in requests:
             if id(request) in self._counted:
-                self._counted.discard(id(request))
-                pool_work.lower_window(self.consumer.qos)
+                self._uncount(request)
             self.stats["calls_acked"] += 1
             worker_state.task_ready(request)
         acknowledge_together(requests)

@@ -60,7 +60,7 @@ class PrefetchWindow(Protocol):
     def left(self, message: Any) -> None: ...
 
 
-class _CountOnly:
+class CountOnly:
     """The prefetch count alone keeps held messages out of the window."""
 
     def held(self, message: Any) -> None:
@@ -162,7 +162,7 @@ class Holding:
         window: PrefetchWindow | None = None,
     ) -> None:
         self.consumer = consumer
-        self.window: PrefetchWindow = window or _CountOnly()
+        self.window: PrefetchWindow = window or CountOnly()
         self.ask = ask
         self.on_held = on_held  # every hold, also of one held already (its task event)
         self.stats = stats

@@ -190,6 +190,7 @@ def _batching(
     redelivery: float | None,
     cancelling: Cancelling,
     on_loop: Callable[[Callable[[], None]], None],
+    window: ConsumerWindow,
 ) -> Batching | None:
     """The consumer's batching, when the app has a batched task (their bodies made batch
     runners, also those declared before ``Baton(app)``)."""
@@ -213,6 +214,7 @@ def _batching(
         hold_max=settings.hold_max,
         cancelling=cancelling,
         on_loop=on_loop,
+        window=window,
     )
 
 
@@ -288,13 +290,22 @@ class BatonWorker:
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,
         )
-        self.batching = _batching(
-            parts, parent, broker.redelivery_window, self.cancelling, self.releasing.door.run
-        )
-        # Where RabbitMQ keeps each consumer's prefetch fixed, held requests would take it.
+        # Where RabbitMQ keeps each consumer's prefetch fixed, held requests (and batched
+        # calls) would take it.
         self.window = ConsumerWindow(
             waiting=self._waiting,
-            held_messages=lambda: self.admission.holding.counted_messages(),
+            held_messages=lambda: [
+                *self.admission.holding.counted_messages(),
+                *(self.batching.counted_messages() if self.batching is not None else ()),
+            ],
+        )
+        self.batching = _batching(
+            parts,
+            parent,
+            broker.redelivery_window,
+            self.cancelling,
+            self.releasing.door.run,
+            self.window,
         )
         self.admission = Admission(
             parent,
