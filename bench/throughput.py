@@ -1,6 +1,7 @@
 """Drains of no-op tasks through one real worker, and the publish rate of ``unique``.
 
     python bench/throughput.py [--quick] [--rounds N] [--task-ms MS] [--only 3,4]
+    python bench/throughput.py --publish-only          # the unique publish alone
 
 Drain: N tasks are published up front, then one ``celery worker`` (prefork,
 concurrency 2, redis broker on a private server, without gossip/mingle/heartbeat) is
@@ -212,6 +213,7 @@ def main() -> None:
         only={"default": None, "help": "drain only these variants (numbers 3-8, comma-separated)"},
         task_ms={"type": float, "default": None, "help": "every task body sleeps this long"},
         no_publish={"action": "store_true", "help": "skip the publish comparison"},
+        publish_only={"action": "store_true", "help": "only the publish comparison"},
         before={"default": None, "help": "another revision's src/: drain it beside this one"},
     )
     variants = [v for v in VARIANTS if not v.other_library or OTHERS_INSTALLED]
@@ -229,6 +231,11 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 6)
     seconds = args.seconds or 0.1
     task_ms = args.task_ms or 0.0
+    if args.publish_only:
+        with RedisServer() as broker, RedisServer() as store:
+            pub = publish_rates(broker, store, seconds, 20 if args.quick else 100)
+        print_publish(pub)
+        return
     with RedisServer() as broker, RedisServer() as store:
         os.environ["BENCH_BROKER_URL"] = broker.url
         os.environ["BENCH_STORE_URL"] = store.url
@@ -275,8 +282,11 @@ def main() -> None:
             spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
             rows.append([variants[after].label, f"{statistics.median(ratios):.3f}", spread])
         print(table(["variant", "after / before", "range"], rows))
-    if not pub:
-        return
+    if pub:
+        print_publish(pub)
+
+
+def print_publish(pub: list) -> None:
     print("\n## publish rate: unique vs plain apply_async\n")
     print(ratio_table(pub, baseline="plain apply_async", unit="publishes/s"))
     print(f"\nunique / plain publish: {verdict(paired_ratio(pub[1], pub[0]), TARGET)}")
