@@ -43,6 +43,7 @@ from celery_baton.core.gate import Decision
 from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.leases import LeaseBook
+from celery_baton.core.policy.headers import published_unaware
 from celery_baton.core.policy.model import TaskPolicy
 from celery_baton.errors import CostError, KeySpecError, StoreUnavailable
 from celery_baton.worker import flow, misfire, ordering, outcomes
@@ -150,6 +151,7 @@ class Admission:
         self.replacing = Replacing()
         self.ahead = AskingAhead()
         self._acquiring: Delivery | None = None  # asking for a slot now (found free?)
+        self._unclaimed_said: set[str] = set()  # unique tasks published unclaimed, told
 
     # -- entry point ----------------------------------------------------------------
 
@@ -174,11 +176,29 @@ class Admission:
         policy = self.planner.policy(request)
         if policy is None:
             return self._plain(request)
+        if policy.unique is not None and published_unaware(request.request_dict):
+            self._say_unclaimed(request)
         if policy.batch is not None and self.batching is not None:
             # Held until its key's batch ran (worker/batching.py); asks no gate.
             self.batching.receive(request, policy)
             return None
         return self._guard(request, policy)
+
+    def _say_unclaimed(self, request: Any) -> None:
+        """Once per task: a unique task published where its options are unknown was not
+        claimed, so it is not deduplicated (it runs as published)."""
+        if request.name in self._unclaimed_said:
+            return
+        self._unclaimed_said.add(request.name)
+        logger.warning(
+            "%s[%s] was published by a process that does not know its options (sent by "
+            "name from an app without the task, or by a publisher without celery-baton): "
+            "its unique key was not claimed, so its duplicates are queued and run; "
+            "register the task (or a stub declaring the same options) in the publishing "
+            "app (said once per task)",
+            request.name,
+            request.id,
+        )
 
     def carry(self, request: Any) -> None:
         """A batch's carrier (``worker/batching.py``), its batch claimed: the run is one

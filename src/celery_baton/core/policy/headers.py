@@ -25,6 +25,19 @@ MISFIRE_HEADER = "baton_beat_misfire"
 #: a new publish of the same task id (``Task.replace``, a frozen signature sent again,
 #: ``apply_async(task_id=...)``) another. The redelivery guard refuses the first only.
 PUBLISH_HEADER = "baton_publish"
+#: Set on a publish by name of a task the publishing app does not have (``send_task``
+#: from a service without the task's code): its options are unknown there, so nothing
+#: of them was done at the publish (a ``unique`` claim, an ``ordered`` place...).
+UNKNOWN_TASK_HEADER = "baton_unknown_task"
+
+
+def published_unaware(headers: dict[str, object]) -> bool:
+    """Whether a message was published by a process that did not know its task's
+    options: by name from an app without the task, or without celery-baton (no publish
+    stamp; a beat slot is stamped as such instead)."""
+    if headers.get(UNKNOWN_TASK_HEADER):
+        return True
+    return PUBLISH_HEADER not in headers and BEAT_SLOT_HEADER not in headers
 
 
 def new_publish_stamp(now_ms: int, token: str) -> str:
