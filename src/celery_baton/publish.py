@@ -131,11 +131,11 @@ def guard_send_task(parts: AppParts, send_task: Callable[..., Any]) -> Callable[
         if "once" in options:
             _refuse_orphan_once(parts, name)
         policy = parts.policy_for_name(name)
-        if policy is None and name not in parts.app.tasks:
-            # Its options are unknown here: the worker says what that costs (a unique
-            # claim, an ordered place not taken at the publish).
-            options["headers"] = {**(options.get("headers") or {}), UNKNOWN_TASK_HEADER: 1}
         given = options.pop(CALL_OPTION, None)
+        if policy is None and given is None and name not in parts.app.tasks:
+            # Its options are unknown here: the worker says what that costs (a unique
+            # claim not made at the publish).
+            options["headers"] = {**(options.get("headers") or {}), UNKNOWN_TASK_HEADER: 1}
         if given is not None:
             # Validated here, before anything is sent; carried in a header, never in
             # the task's kwargs; overriding the task's options for this call only.
