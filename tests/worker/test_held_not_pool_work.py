@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.support.observer import Observer
+from tests.support.servers import StoreServer
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 from tests.transport.test_held_window import _server_us, _wait_for_starts
@@ -53,12 +54,19 @@ def _plain_tasks_start_beside_held_ones(observer: Observer, held: int) -> None:
 @pytest.mark.skipif(
     not _disable_prefetch_supported(), reason="worker_disable_prefetch is Celery 5.6's and later's"
 )
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "prefork-reconnected"])
 def test_plain_tasks_start_while_requests_are_held_with_prefetch_disabled(
-    pool: str, workers: Workers, observer: Observer
+    pool: str, workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
-
-    workers.start(APP, pool=pool, concurrency=2, extra_args=["--disable-prefetch"])
+    """``-reconnected``: the worker's broker connections cut first; Celery narrows the
+    new channel's intake again as its consumer restarts, and so is it left here."""
+    worker = workers.start(
+        APP, pool=pool.split("-")[0], concurrency=2, extra_args=["--disable-prefetch"]
+    )
+    if pool.endswith("-reconnected"):
+        with broker_server.client(0) as broker:  # the broker keeps its data
+            broker.client_kill_filter(_type="normal", skipme=True)
+        wait_until(lambda: worker.log_text().count("Connected to redis") >= 2, 30, "a reconnection")
     _plain_tasks_start_beside_held_ones(observer, held=40)
 
 
