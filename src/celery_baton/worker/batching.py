@@ -556,7 +556,9 @@ class Batching:
             logger.warning("baton: batched calls held while the store is unavailable: %s", exc)
 
     def held_count(self) -> int:
-        return sum(len(state.held) for state in self.keys.values())
+        # Also read by the autoscaler, on its own thread where there is no event loop:
+        # the copy of the values is made at once, under the GIL.
+        return sum(len(state.held) for state in list(self.keys.values()))
 
 
 def _pricer(policy: TaskPolicy) -> Callable[[list[Call]], float] | None:
