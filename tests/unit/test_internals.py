@@ -478,3 +478,29 @@ def test_without_celerys_app_internals_the_checks_wait_for_the_worker(
     caplog.set_level(logging.WARNING, logger="celery_baton")
     assert internals.declared_tasks(SimpleNamespace()) is None
     assert "Celery._tasks/_pending" in caplog.text
+
+
+def test_what_pool_work_reads_of_celery_and_kombu_is_there() -> None:
+    """worker/pool_work.py: the autoscaler's ``qty`` is a property (subclassed to leave
+    held requests out); kombu's prefetch ``QoS`` has the ``max_prefetch`` cap Celery's
+    ``worker_eta_task_limit`` sets, and raises and lowers as read there; Celery's
+    ``worker_disable_prefetch`` narrows the channel's ``can_consume`` by the reserved
+    requests against the pool's size (the check made again without held ones)."""
+    from celery.worker.autoscale import Autoscaler
+    from celery.worker.consumer import tasks
+    from kombu.common import QoS
+
+    from celery_baton.worker import pool_work
+
+    assert isinstance(inspect.getattr_static(Autoscaler, "qty"), property)
+    qos = QoS(lambda prefetch_count: None, 8, max_prefetch=10)
+    for _ in range(4):
+        pool_work.raise_window(qos)
+    assert (qos.value, qos.max_prefetch) == (12, 14)  # past Celery's cap, by the holds
+    for _ in range(4):
+        pool_work.lower_window(qos)
+    assert (qos.value, qos.max_prefetch) == (8, 10)  # Celery's window and cap again
+    source = inspect.getsource(tasks.Tasks.start)
+    if "disable_prefetch" in source:  # Celery >= 5.6
+        assert "len(state.reserved_requests) >= limit" in source
+        assert 'getattr(c.controller, "max_concurrency", None) or c.pool.num_processes' in source

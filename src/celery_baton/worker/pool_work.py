@@ -12,7 +12,9 @@ settings size the worker by that count:
   anything else until they ran (10 plain tasks behind 40 held ones started 17-18 s
   late);
 * ``--autoscale``: the autoscaler grows the pool to the number of reserved requests.
-  Counting held ones, 40 held calls of a task two a second grew it to its maximum.
+  Counting held ones, 40 held calls of a task two a second kept it at its maximum (a
+  burst of limited calls grows it as any work does: a limit is judged when a process
+  can start the call; once held, they no longer keep it grown).
 
 Both are made here without the held requests (tests/worker/test_held_not_pool_work.py).
 
