@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from celery_baton.core.conditions import (
+    ClaimUnique,
     FreeUnique,
     KeepUnique,
     NotDone,
@@ -214,6 +215,30 @@ def test_keep_unique_extends_only_its_own_claim_and_only_on_grant(
     decision = gate.decide([TakeLease(EX), KeepUnique(UQ, "task-1", 3600)], owner=owner)
     assert not decision.granted
     assert r.pttl(UQ) <= 2000
+
+
+def test_claim_unique_takes_a_free_key_or_its_own_and_names_another_holder(
+    gate: Gate, r: redis.Redis
+) -> None:
+    """A call published where its options were unknown claims its key in its gate call:
+    granted when the key is free or already its own (a redelivered copy), denied naming
+    the holder otherwise (waiting cannot help: retry_after < 0); nothing written on a
+    denial by another condition."""
+    owner = new_owner("task-1", "w")
+    assert gate.decide([ClaimUnique(UQ, "task-1", 60)], owner=owner).granted
+    assert r.get(UQ) == "task-1" and 59_000 < r.pttl(UQ) <= 60_000
+    assert gate.decide([ClaimUnique(UQ, "task-1", 60)], owner=new_owner("task-1", "w2"))
+
+    decision = gate.decide([ClaimUnique(UQ, "task-2", 60)], owner=new_owner("task-2", "w"))
+    assert not decision.granted
+    assert decision.holder == "task-1" and decision.retry_after < 0
+    assert isinstance(decision.denied_by, ClaimUnique)
+
+    r.delete(UQ)
+    assert gate.decide([TakeLease(EX)], owner=new_owner("other", "w")).granted
+    decision = gate.decide([TakeLease(EX), ClaimUnique(UQ, "task-2", 60)], owner=owner)
+    assert not decision.granted
+    assert not r.exists(UQ)
 
 
 def test_a_denied_start_keeps_the_unique_claim(gate: Gate, r: redis.Redis) -> None:

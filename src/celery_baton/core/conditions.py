@@ -139,6 +139,17 @@ class NotCancelled:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimUnique:
+    """Denied while another task id holds the unique claim ``key``; on grant, the claim
+    is ``task_id``'s for ``ttl`` seconds. For a call published where its task's options
+    were unknown (nothing was claimed at its publish): claimed where it arrives."""
+
+    key: str
+    task_id: str
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
 class FreeUnique:
     """Never denies; on grant, ``task_id``'s unique claim of ``key`` is freed
     (``unique_until="started"``)."""
@@ -201,6 +212,7 @@ Condition = (
     | InOrder
     | NotSuperseded
     | NotCancelled
+    | ClaimUnique
     | FreeUnique
     | KeepUnique
     | FairTurn
@@ -228,6 +240,8 @@ def encode(c: Condition) -> tuple[str, str, str]:
             return "K", c.task_id, _ms(c.ttl)
         case FreeUnique():
             return "U", c.task_id, ""
+        case ClaimUnique():
+            return "C", c.task_id, _ms(c.ttl)
         case PublishOrder():
             return "S", "" if c.order is None else str(c.order), c.task_id
         case NotSuperseded():

@@ -88,6 +88,7 @@ GATE_KINDS = (
     "keep_unique",
     "not_cancelled",
     "ordered",
+    "claim_unique",
 )
 
 

@@ -177,27 +177,37 @@ class Admission:
         if policy is None:
             return self._plain(request)
         if policy.unique is not None and published_unaware(request.request_dict):
-            self._say_unclaimed(request)
+            self._say_unclaimed(request, policy)
         if policy.batch is not None and self.batching is not None:
             # Held until its key's batch ran (worker/batching.py); asks no gate.
             self.batching.receive(request, policy)
             return None
         return self._guard(request, policy)
 
-    def _say_unclaimed(self, request: Any) -> None:
+    def _say_unclaimed(self, request: Any, policy: TaskPolicy) -> None:
         """Once per task: a unique task published where its options are unknown was not
-        claimed, so it is not deduplicated (it runs as published)."""
+        claimed at its publish; it is claimed as it arrives here (core/policy/plan.py),
+        so its duplicates are queued, and those that arrive while it holds its key are
+        not run. A ``"replace"`` call cannot be ordered here: it is not deduplicated."""
         if request.name in self._unclaimed_said:
             return
         self._unclaimed_said.add(request.name)
+        if policy.unique_conflict == "replace":
+            cost = "its unique key was not claimed, so its duplicates are queued and run"
+        else:
+            cost = (
+                "its unique key was not claimed at the publish, so its duplicates are "
+                "queued; it is claimed as the call reaches a worker, and a duplicate that "
+                "arrives while another call holds the key is not run"
+            )
         logger.warning(
             "%s[%s] was published by a process that does not know its options (sent by "
             "name from an app without the task, or by a publisher without celery-baton): "
-            "its unique key was not claimed, so its duplicates are queued and run; "
-            "register the task (or a stub declaring the same options) in the publishing "
-            "app (said once per task)",
+            "%s; register the task (or a stub declaring the same options) in the "
+            "publishing app (said once per task)",
             request.name,
             request.id,
+            cost,
         )
 
     def carry(self, request: Any) -> None:

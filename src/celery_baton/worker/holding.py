@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_baton import metrics, signals
-from celery_baton.core.conditions import NotDone, SlotNotRun, TakeLease
+from celery_baton.core.conditions import ClaimUnique, NotDone, SlotNotRun, TakeLease
 from celery_baton.core.debounce import FlowKind
 from celery_baton.core.keys import words
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
@@ -127,14 +127,16 @@ class Delivery:
         marker, or a beat slot's run record) limits no other work: granted while it
         waits for a process, it keeps out only copies of itself, which must wait anyway.
         It is asked at once, as before pool slots, and its round trip overlaps the runs
-        ahead of it. A throttle is a limit too (one start per window): its window opens
-        when its run starts."""
+        ahead of it. So is a unique claim made where the call arrives (published where
+        its options were unknown): it keeps out only the duplicates of the call. A
+        throttle is a limit too (one start per window): its window opens when its run
+        starts."""
         if self.policy.flow is not None and self.policy.flow.kind is FlowKind.THROTTLE:
             return True
         run_key = self.plan.run_key
         return any(
             not (
-                isinstance(c, NotDone | SlotNotRun)
+                isinstance(c, NotDone | SlotNotRun | ClaimUnique)
                 or (isinstance(c, TakeLease) and c.key == run_key)
             )
             for c in self.plan.conditions

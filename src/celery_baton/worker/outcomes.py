@@ -13,7 +13,7 @@ from celery.utils.time import rate as parse_celery_rate
 from celery.worker import state as worker_state
 
 from celery_baton import internals, metrics, signals
-from celery_baton.errors import BatonError, TaskSkipped, TaskSuperseded
+from celery_baton.errors import BatonError, TaskDeduplicated, TaskSkipped, TaskSuperseded
 from celery_baton.worker.verdict import Reason, Skip
 
 logger = logging.getLogger("celery_baton.worker")
@@ -43,6 +43,24 @@ def skip(request: Any, skip: Skip) -> None:
             store_result=True,
             call_errbacks=False,
         )
+    if skip.reason is Reason.DUPLICATE:
+        # As a duplicate publish's pre-assigned id is told (publish.py): a caller waiting
+        # on this id learns which task runs instead.
+        signals.task_deduplicated.send(
+            sender=request.name,
+            name=request.name,
+            task_id=request.id,
+            existing_id=skip.holder,
+            key=skip.key,
+        )
+        if not task.ignore_result:
+            task.backend.mark_as_failure(
+                request.id,
+                TaskDeduplicated(skip.message, skip.holder),
+                request=internals.request_context(request),
+                store_result=True,
+                call_errbacks=False,
+            )
     if skip.reason is Reason.SUPERSEDED and not task.ignore_result:
         # REVOKED, naming the replacing task: a caller waiting on this id is told at once.
         task.backend.store_result(

@@ -17,7 +17,12 @@ from typing import Any
 from celery_baton.config import Settings
 from celery_baton.core.keys import KeyNames, beat_slot_material
 from celery_baton.core.leases import new_owner
-from celery_baton.core.policy.headers import BEAT_SLOT_HEADER, CALL_HEADER, PUBLISH_HEADER
+from celery_baton.core.policy.headers import (
+    BEAT_SLOT_HEADER,
+    CALL_HEADER,
+    PUBLISH_HEADER,
+    published_unaware,
+)
 from celery_baton.core.policy.model import RunPlan, TaskPolicy
 from celery_baton.core.policy.per_call import CallOptions, policy_for_call, run_once
 from celery_baton.core.policy.plan import plan_delivery
@@ -79,6 +84,7 @@ class Planner:
             attempt=attempt_of(request),
             slot_run=slot_run(request.request_dict),
             place=place_of(request),
+            unclaimed=published_unaware(request.request_dict),
         )
         slot = request.request_dict.get(BEAT_SLOT_HEADER)
         if slot is not None and plan.run_key:

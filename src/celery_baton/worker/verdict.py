@@ -30,6 +30,7 @@ import enum
 from dataclasses import dataclass
 
 from celery_baton.core.conditions import (
+    ClaimUnique,
     FairTurn,
     InOrder,
     NotDone,
@@ -72,6 +73,7 @@ class Reason(enum.Enum):
     MISFIRE = "misfire"  # a beat slot held past its misfire grace (worker/misfire.py)
     ORDER = "order"  # an ordered call waits for its turn (core/ordered.py)
     OUT_OF_ORDER = "out-of-order"  # its position was skipped by the gap bound: refused
+    DUPLICATE = "duplicate"  # published unclaimed; its unique key is held by another call
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ def reason(decision: Decision, plan: RunPlan) -> Reason:
         return Reason.ALREADY_RUN if what == "ran" else Reason.ORDER
     if isinstance(condition, NotDone | SlotNotRun):  # a done marker, a beat slot's record
         return Reason.ALREADY_RUN
+    if isinstance(condition, ClaimUnique):
+        return Reason.DUPLICATE
     if isinstance(condition, Rate | WeightedRate):
         return Reason.RATE
     if isinstance(condition, Penalty):
@@ -194,6 +198,15 @@ def _verdict(
             key,
             decision.holder,
             f"task id {task_id} already finished; this redelivered copy is not run",
+        )
+    if why is Reason.DUPLICATE:
+        return Skip(
+            why,
+            key,
+            decision.holder,
+            f"{task_name} not run: task {decision.holder} with the same unique key is "
+            "queued or running (this call was published where the task's options are "
+            "unknown, so its key was claimed only as it arrived here)",
         )
     if why is Reason.SUPERSEDED:
         return Skip(

@@ -22,10 +22,10 @@ def test_every_place_in_the_frame_is_filled_and_each_chain_opens_once() -> None:
     assert "-- @" not in script and "--: " not in script
     checks = re.findall(r"^  (if|elseif) kind == '(.)'", script, re.M)
     assert checks[0] == ("if", "L") and all(word == "elseif" for word, _ in checks[1:])
-    assert [kind for _, kind in checks] == list("LRPOFDBSNUKXQ")
+    assert [kind for _, kind in checks] == list("LRPOFDBSNUKXQC")
     writes = re.findall(r"^  (if|elseif) w\[1\] == '(.)'", script, re.M)
     assert writes == [("if", "L"), ("elseif", "R"), ("elseif", "F")] + [
-        ("elseif", kind) for kind in "NUKQ"
+        ("elseif", kind) for kind in "NUKQC"
     ]
 
 

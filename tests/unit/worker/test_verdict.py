@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_baton.config import Settings
-from celery_baton.core.conditions import NotDone, Rate, TakeLease
+from celery_baton.core.conditions import ClaimUnique, NotDone, Rate, TakeLease
 from celery_baton.core.gate import Decision
 from celery_baton.core.keys import KeyNames
 from celery_baton.core.policy.compile import compile_policy
@@ -75,6 +75,17 @@ def test_a_finished_task_id_is_skipped_as_already_run() -> None:
     plan = plan_of(redelivery_guard=True)
     result = decide(denied(plan, NotDone, holder="id-2", retry=-1.0), plan)
     assert isinstance(result, Skip) and result.reason is Reason.ALREADY_RUN
+
+
+def test_a_call_published_unclaimed_whose_key_another_holds_is_skipped_as_a_duplicate() -> None:
+    policy = compile_policy("t.feed", {"unique": "feed_url"}.get, feed, Settings())
+    assert policy is not None
+    plan = plan_delivery(
+        policy, NAMES, task_id="id-2", owner="id-2|w|1", args=("u",), kwargs={}, unclaimed=True
+    )
+    result = decide(denied(plan, ClaimUnique, holder="id-1", retry=-1.0), plan)
+    assert isinstance(result, Skip) and result.reason is Reason.DUPLICATE
+    assert result.holder == "id-1" and "task id-1 with the same unique key" in result.message
 
 
 def test_a_running_copy_under_the_guard_waits() -> None:

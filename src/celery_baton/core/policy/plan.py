@@ -15,6 +15,7 @@ from typing import Any
 
 from celery_baton.core import fairness
 from celery_baton.core.conditions import (
+    ClaimUnique,
     FreeUnique,
     InOrder,
     KeepUnique,
@@ -54,6 +55,7 @@ def plan_delivery(
     attempt: int = 0,
     slot_run: SlotRun | None = None,
     place: str = "",
+    unclaimed: bool = False,
 ) -> RunPlan:
     """The gate conditions of one delivery; raises KeySpecError for bad arguments.
 
@@ -73,6 +75,8 @@ def plan_delivery(
     ``slot_run``: a scheduled beat slot, recorded in its entry's run record.
     ``place``: an ordered call's place in its key's line (its header; '': the gate gives
     one).
+    ``unclaimed``: published where the task's options were unknown (headers.
+    published_unaware): its unique key was not claimed at the publish; it is claimed here.
     """
     plan = RunPlan(owner, [], [])
     if policy.flow is not None:
@@ -95,7 +99,7 @@ def plan_delivery(
     if policy.shared:
         _shared_limits(policy, plan, names, args, kwargs)
     if policy.unique is not None:
-        _unique(policy, plan, names, task_id, expires_at, now, redelivered, args, kwargs)
+        _unique(policy, plan, names, task_id, expires_at, now, redelivered, unclaimed, args, kwargs)
     return plan
 
 
@@ -263,14 +267,27 @@ def _unique(
     expires_at: float | None,
     now: float | None,
     redelivered: bool,
+    unclaimed: bool,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
 ) -> None:
-    """The unique claim: not replaced, then freed at the start or kept for the run."""
+    """The unique claim: not replaced, then freed at the start or kept for the run; for
+    a call whose publish claimed nothing, claimed first (a ``"replace"`` publish's
+    order is not known then: such a call is not deduplicated)."""
     plan.unique_key = policy.unique_key(names, args, kwargs)
     if policy.unique_conflict == "replace":
         plan.superseded_key = names.superseded(policy.name, task_id)
         plan.conditions.append(NotSuperseded(plan.superseded_key, policy.unique_ttl))
+    elif unclaimed:
+        ttl = policy.unique_ttl
+        if expires_at is not None:
+            claim = HeldClaim(plan.unique_key, task_id, policy.lease_ttl, expires_at)
+            plan.kept_claim = claim
+            ttl = claim.ttl_from(time.time() if now is None else now)
+        plan.conditions.append(ClaimUnique(plan.unique_key, task_id, ttl))
+        if policy.unique_until == "started":
+            plan.conditions.append(FreeUnique(plan.unique_key, task_id))
+        return
     if policy.unique_until == "started":
         plan.conditions.append(FreeUnique(plan.unique_key, task_id))
     elif expires_at is not None:

@@ -20,7 +20,7 @@
 --   "O" gate/override.lua         "F", "-" gate/fair.lua          "D" gate/done.lua
 --   "S" gate/order.lua            "N" gate/not_superseded.lua  "B" gate/slot_not_run.lua
 --   "U" gate/free_unique.lua      "K" gate/keep_unique.lua     "X" gate/not_cancelled.lua
---   "Q" gate/ordered.lua
+--   "Q" gate/ordered.lua          "C" gate/claim_unique.lua
 -- returns   {1, fence, start_in_us, at_us, epoch, order, note} granted (fence 0 when no lease
 --                                         asked for one; epoch '' without KEYS[n+1]);
 --                                         start no earlier than start_in_us from now,

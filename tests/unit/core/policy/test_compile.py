@@ -10,7 +10,15 @@ from celery import Celery
 
 from celery_baton import Baton, ConfigError, KeySpecError
 from celery_baton.config import Settings
-from celery_baton.core.conditions import FreeUnique, KeepUnique, Override, Rate, TakeLease, encode
+from celery_baton.core.conditions import (
+    ClaimUnique,
+    FreeUnique,
+    KeepUnique,
+    Override,
+    Rate,
+    TakeLease,
+    encode,
+)
 from celery_baton.core.keys import KeyNames, digest
 from celery_baton.core.policy.compile import compile_policy
 from celery_baton.core.policy.options import declares_options
@@ -266,3 +274,35 @@ def test_keys_at_publish_says_whether_a_publish_builds_a_key(
     the others' keys are built by the worker alone."""
     policy = compile_(**options)
     assert policy is not None and policy.keys_at_publish is at_publish
+
+
+def test_a_call_published_unclaimed_claims_its_unique_key_in_its_gate_call() -> None:
+    """Published where the task's options were unknown, nothing was claimed: the worker
+    claims the key (for unique_ttl, or held while the run lives under an expiry) before
+    it frees it at the start (``unique_until="started"``); a ``"replace"`` call is not
+    ordered there, so it claims nothing."""
+    only = compile_(unique="feed_url", unique_ttl=60, lease_ttl=5)
+    plan = plan_delivery(
+        only, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, unclaimed=True
+    )
+    assert plan.conditions == [ClaimUnique(plan.unique_key or "", "id-1", 60)]
+    assert encode(ClaimUnique("k", "id-1", 60)) == ("C", "id-1", "60000")
+    plan = plan_delivery(
+        only, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, unclaimed=True,
+        expires_at=102.0, now=100.0,
+    )  # fmt: skip
+    assert plan.conditions == [ClaimUnique(plan.unique_key or "", "id-1", 5)]
+    assert plan.kept_claim is not None
+
+    started = compile_(unique="feed_url", unique_until="started")
+    plan = plan_delivery(
+        started, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, unclaimed=True
+    )
+    key = plan.unique_key or ""
+    assert plan.conditions == [ClaimUnique(key, "id-1", 3600), FreeUnique(key, "id-1")]
+
+    replacing = compile_(unique="feed_url", unique_conflict="replace")
+    plan = plan_delivery(
+        replacing, NAMES, task_id="id-1", owner="o", args=("u",), kwargs={}, unclaimed=True
+    )
+    assert not any(isinstance(c, ClaimUnique) for c in plan.conditions)
