@@ -24,7 +24,8 @@ from celery import states
 from celery_baton.core.cancels import Cancels, KeyCancel, covering, key_material
 from celery_baton.core.keys import KeySpec
 from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
-from celery_baton.errors import BatonError, KeySpecError
+from celery_baton.core.revoke_notices import KEY_ARG, tell
+from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
 from celery_baton.parts import AppParts, task_option
 from celery_baton.worker.planning import delivery_policy
 from celery_baton.worker.transport.broker import read_broker
@@ -127,6 +128,7 @@ def _cancel_id(
     terminated: tuple[str, ...] = ()
     if terminate:
         app.control.revoke(task_id, terminate=True)
+        _tell_revoke(parts, {"task_id": [task_id], "terminate": True})
         terminated = (task_id,)
     logger.info("baton: cancelled task %s for %.0fs", task_id, ttl)
     return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated, state=state)
@@ -260,7 +262,9 @@ def _terminate_running(
     parts: AppParts, name: str, material: str, spec: KeySpec | None
 ) -> tuple[str, ...]:
     """Revoke with terminate the running calls of ``name`` with this key, as the
-    workers list them now (``inspect active``)."""
+    workers list them now (``inspect active``); a worker without remote control lists
+    nothing and hears no revoke: it is told the key on the store's notice channel and
+    stops its own (core/revoke_notices.py; not in what this returns)."""
     if spec is None:
         spec = KeySpec(name, None, tuple(_names(material)))
     active = parts.app.control.inspect(timeout=INSPECT_TIMEOUT).active() or {}
@@ -276,7 +280,17 @@ def _terminate_running(
                 continue
     if ids:
         parts.app.control.revoke(ids, terminate=True)
+    _tell_revoke(parts, {"terminate": True, KEY_ARG: [name, material]})
     return tuple(ids)
+
+
+def _tell_revoke(parts: AppParts, arguments: dict[str, Any]) -> None:
+    try:
+        tell(parts.store, parts.names.notice_channel, arguments)
+    except StoreUnavailable as exc:  # the broadcast went: workers without a mailbox miss it
+        logger.warning(
+            "baton.cancel: could not tell workers without remote control to terminate: %s", exc
+        )
 
 
 def _names(material: str) -> list[str]:

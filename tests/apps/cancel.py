@@ -24,6 +24,8 @@ app, baton = make_baton_app(
     worker_lost_wait=1.0,
     # TEST_ACKS_LATE=1 in a worker's environment: its messages are acked after the run.
     task_acks_late=os.environ.get("TEST_ACKS_LATE") == "1",
+    # CANCEL_REMOTE_CONTROL=0: workers that take no remote control (no mailbox).
+    worker_enable_remote_control=os.environ.get("CANCEL_REMOTE_CONTROL", "1") == "1",
 )
 
 
@@ -59,4 +61,11 @@ def debounced(self: Task, doc_id: str) -> str:
 def slow(self: Task, seconds: float) -> float:
     """A body that runs for a while: stopped by ``terminate=True``."""
     observer().run("slow", sleep=seconds, task_id=self.request.id)
+    return seconds
+
+
+@app.task(bind=True)
+def slow_keyed(self: Task, account_id: int, seconds: float) -> float:
+    """A plain body that runs for a while, cancelled by key (``account_id``)."""
+    observer().run(f"slow:{account_id}", sleep=seconds, task_id=self.request.id)
     return seconds

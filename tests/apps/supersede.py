@@ -29,6 +29,8 @@ app, baton = make_baton_app(
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("BATON_TEST_VISIBILITY", "3600"))
     },
+    # Workers that take no remote control commands (no pidbox queue).
+    worker_enable_remote_control=os.environ.get("SUPERSEDE_REMOTE_CONTROL", "1") == "1",
 )
 
 BEAT_EVERY = 0.02

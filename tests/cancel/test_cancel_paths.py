@@ -76,12 +76,49 @@ def test_a_call_cancelled_while_its_pool_process_stood_still_never_starts(
     assert f"[{call.id}] cancelled (cancelled by {by}, before its late start)" in worker.log_text()
 
 
-def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
-    workers: Workers, observer: Observer
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mailbox", ["remote-control", "no-remote-control"])
+def test_terminate_by_key_stops_the_running_calls_of_the_key(
+    mailbox: str, workers: Workers, observer: Observer
 ) -> None:
+    """A cancel by key with ``terminate=True`` stops the running calls of the key, and
+    only those: on workers with remote control (found by ``inspect active``), and on
+    workers without it (told the key on the store's notice channel; they match it
+    against the calls they run)."""
     from tests.apps import cancel
 
-    worker = workers.start(APP, concurrency=2)
+    remote = "1" if mailbox == "remote-control" else "0"
+    worker = workers.start(APP, concurrency=2, env={"CANCEL_REMOTE_CONTROL": remote})
+    doomed = cancel.slow_keyed.delay(7, 60)
+    spared = cancel.slow_keyed.delay(8, 6)
+    observer.starts_of("slow:7")
+    observer.starts_of("slow:8")
+    cancel.baton.cancel(task=cancel.slow_keyed, key={"account_id": 7}, terminate=True)
+    wait_until(lambda: "Terminating" in worker.log_text(), 15, "the running body terminated")
+    (stopped,) = observer.runs_of("slow:7", timeout=15)
+    assert stopped.end - stopped.start < 30_000_000, "the cancelled call ran its 60 s"
+    assert doomed.state == states.REVOKED
+    assert spared.get(timeout=30) == 6, "a running call of another key was stopped"
+
+
+@pytest.mark.parametrize(
+    ("mailbox", "pool"),
+    [
+        ("remote-control", "prefork"),
+        ("no-remote-control", "prefork"),
+        ("no-remote-control", "gevent"),
+    ],
+)
+def test_terminate_stops_a_running_body_and_its_id_never_runs_again(
+    mailbox: str, pool: str, workers: Workers, observer: Observer
+) -> None:
+    """``no-remote-control``: a worker with ``worker_enable_remote_control=False`` hears
+    no revoke broadcast; it is told on the store's notice channel (before: the body ran
+    its 60 s). On the pools that can stop a body (Celery cannot on threads and solo)."""
+    from tests.apps import cancel
+
+    remote = "1" if mailbox == "remote-control" else "0"
+    worker = workers.start(APP, pool=pool, concurrency=2, env={"CANCEL_REMOTE_CONTROL": remote})
     running = cancel.slow.delay(60)
     observer.starts_of("slow")
     done = cancel.baton.cancel(running.id, terminate=True)

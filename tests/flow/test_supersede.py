@@ -67,12 +67,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.parametrize("mailbox", ["remote-control", "no-remote-control"])
 def test_replace_terminates_the_running_run_and_the_newest_wins(
-    workers: Workers, observer: Observer, broker_server: StoreServer
+    mailbox: str, workers: Workers, observer: Observer, broker_server: StoreServer
 ) -> None:
+    """``no-remote-control``: a worker with ``worker_enable_remote_control=False`` hears
+    no revoke broadcast; the revoke is told on the store's notice channel (before: the
+    replaced run went on for its 60 s, and its replacement waited)."""
     from tests.apps.supersede import ex_replace, heartbeats
 
-    workers.start(APP, concurrency=2)
+    remote = "1" if mailbox == "remote-control" else "0"
+    workers.start(APP, concurrency=2, env={"SUPERSEDE_REMOTE_CONTROL": remote})
     first = ex_replace.delay("k", 0, 60)
     observer.starts_of("k")
     later = [ex_replace.delay("k", n, 60 if n < 4 else 0.3) for n in range(1, 4)]

@@ -23,6 +23,7 @@ import pytest
 from tests.support.celery_processes import REPO_ROOT, _process_env
 from tests.support.machine import Machine
 from tests.support.observer import Observer
+from tests.support.pools import POOLS_AND_RECYCLED, pool_setting
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -95,24 +96,39 @@ def test_a_unique_task_published_where_its_options_are_unknown_is_said(
     assert _said(worker.log_text()) == [uq.name, uq_started.name]
 
 
+#: How long the call that runs lasts: the test publishes beside it while it runs.
+RUN_S = 8.0
+
+
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("pool", POOLS_AND_RECYCLED)
 def test_duplicates_published_where_its_options_are_unknown_run_once(
-    workers: Workers, observer: Observer, tmp_path: Path
+    pool: str, workers: Workers, observer: Observer, tmp_path: Path
 ) -> None:
     """Five calls of one key, by name from a service without the task and from a
     publisher without celery-baton, queued before two workers (two machines) start: one
     runs; each other one is a ``TaskDeduplicated`` failure naming it. A call of the key
     published by the task's own app while that run lasts is not queued (its claim);
-    once the run ended, the key is free: a new call by name runs."""
+    once the run ended, the key is free: a new call by name runs (its run's end frees
+    it, on every pool)."""
     from tests.apps.exclusive import app, uq
 
-    ids = [_publish(workers, "by-name", uq.name, "dup", 3.0) for _ in range(3)]
-    ids += [_publish(workers, "no-baton", uq.name, "dup", 3.0) for _ in range(2)]
-    for name in "ab":
-        machine = Machine(tmp_path / name)
-        workers.start(APP, env=machine.env, cwd=machine.cwd, concurrency=2)
+    ids = [_publish(workers, "by-name", uq.name, "dup", RUN_S) for _ in range(3)]
+    ids += [_publish(workers, "no-baton", uq.name, "dup", RUN_S) for _ in range(2)]
+    name, extra, env = pool_setting(pool)
+    for machine_name in "ab":
+        machine = Machine(tmp_path / machine_name)
+        workers.start(
+            APP,
+            pool=name,
+            extra_args=extra,
+            env={**env, **machine.env},
+            cwd=machine.cwd,
+            concurrency=2,
+        )
     observer.starts_of("dup", 1, timeout=60)
-    aware = uq.delay("dup", 3.0)
+    aware = uq.delay("dup", RUN_S)
+    assert not [r for r in observer.runs() if r.key == "dup"], "the run ended before the publish"
     results = [app.AsyncResult(task_id) for task_id in ids]
     wait_until(lambda: all(r.ready() for r in results), 60, "every call to be settled")
     ran = [s["task_id"] for s in observer.started() if s["key"] == "dup"]

@@ -9,6 +9,7 @@ module only carries the order and sends the revoke.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -146,6 +147,9 @@ class Replacing:
 
     def __init__(self) -> None:
         self._sent_at: dict[str, float] = {}
+        #: Tells a revoke's arguments on the store's notice channel, for workers that
+        #: take no remote control (worker/told_revokes.py); None: the broadcast only.
+        self.tell: Callable[[dict[str, Any]], None] | None = None
 
     def terminate(self, request: Any, holder: str, plan: RunPlan, now: float) -> None:
         if now - self._sent_at.get(holder, -1e9) < REVOKE_AGAIN * 0.9:
@@ -167,15 +171,15 @@ class Replacing:
             # and marks the id revoked everywhere, so a redelivered copy is discarded.
             # It names the replacing task, for Celery's that overwrite the record
             # (keep_superseded_on_revoke); Control.revoke cannot carry it.
-            request.task.app.control.broadcast(
-                "revoke",
-                arguments={
-                    "task_id": [holder],
-                    "terminate": True,
-                    "signal": REPLACE_SIGNAL,
-                    REPLACED_BY_ARG: [request.name, holder, request.id],
-                },
-            )
+            arguments = {
+                "task_id": [holder],
+                "terminate": True,
+                "signal": REPLACE_SIGNAL,
+                REPLACED_BY_ARG: [request.name, holder, request.id],
+            }
+            request.task.app.control.broadcast("revoke", arguments=arguments)
+            if self.tell is not None:
+                self.tell(arguments)
         except Exception:  # sent again at the next ask; never lose the waiting request
             logger.exception("baton: could not send the revoke of %s; trying again", holder)
             self._sent_at.pop(holder, None)

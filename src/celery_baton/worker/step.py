@@ -12,6 +12,7 @@ what is held and release what is owed.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from celery_baton.core.gate_channel import GateChannel
 from celery_baton.core.leases import LeaseBook
 from celery_baton.core.notices import HEARTBEAT, REPORT_TTL, NoticeListener, WorkerReports
 from celery_baton.core.recorded_ends import RecordedEnds
+from celery_baton.core.revoke_notices import parse_revoke_notice, tell
 from celery_baton.errors import BatonError, ConfigError
 from celery_baton.parts import AppParts, installed_parts
 from celery_baton.worker import ordering, pool_work
@@ -41,6 +43,7 @@ from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.request import unique_key_of
 from celery_baton.worker.revoked_first import free_claims_on_revoke
 from celery_baton.worker.store_down import warn_eviction
+from celery_baton.worker.told_revokes import revoke_told, takes_told_revokes
 from celery_baton.worker.transport import broker_close, intake_together
 from celery_baton.worker.transport.broker import (
     hold_horizon,
@@ -242,6 +245,9 @@ class BatonWorker:
             # process (4-12 us each on a small machine), so only when it can matter.
             stand_ins.install()
         self.parts = parts
+        # Without a mailbox, the revokes celery-baton sends (a replaced run, a cancel's
+        # terminate) come on the notice channel (worker/told_revokes.py).
+        self._told_revokes_to = parent if takes_told_revokes(parts.app) else None
         # Before the pool forks: its processes inherit the table they say their
         # recorded ends in.
         shared_ends = run_end.share_ends()
@@ -326,6 +332,10 @@ class BatonWorker:
         )
         if self.batching is not None:
             self.batching.send = self.admission.carry  # a batch's carrier: one run
+        # A replaced run's revoke, told on the notice channel too (told_revokes.py).
+        self.admission.replacing.tell = functools.partial(
+            tell, parts.store, parts.names.notice_channel
+        )
         parent.on_task_request = self.admission
         self.channel.on_recovered = self.admission.store_down.recovered
         self.listener = NoticeListener(
@@ -609,7 +619,13 @@ class BatonWorker:
         self.reports.write(consumer.hostname, report, ttl=REPORT_TTL)
 
     def _noticed(self, text: str) -> None:
-        """A notice (the listener's thread): a cancel, or a released key."""
+        """A notice (the listener's thread): a cancel, a revoke, or a released key."""
+        told = parse_revoke_notice(text)
+        if told is not None:
+            consumer = self._told_revokes_to
+            if consumer is not None:
+                self.releasing.door.run(lambda: revoke_told(consumer, told))
+            return
         if self.cancelling.notice(text):
             self.admission.holding.wake_for_cancel(self.admission.drop_cancelled)
         else:
