@@ -27,9 +27,11 @@ from celery_baton.core.policy.headers import PUBLISH_HEADER, stamp_time
 from celery_baton.core.revoke_notices import KEY_ARG, tell
 from celery_baton.errors import BatonError, KeySpecError, StoreUnavailable
 from celery_baton.parts import AppParts, task_option
+from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.planning import delivery_policy
 from celery_baton.worker.transport.broker import read_broker
 from celery_baton.worker.transport.queued import (
+    delivered_message,
     message_call,
     queued_message,
     queued_messages_of,
@@ -45,6 +47,9 @@ DEFAULT_TTL = 24 * 3600.0
 
 #: Seconds ``terminate=True`` waits for the workers' list of running tasks (by key).
 INSPECT_TIMEOUT = 1.0
+#: Seconds a cancel by id waits for the worker that holds a unique call unstarted to
+#: free its key (told by the cancel's notice; milliseconds when it answers).
+FREED_IN_A_WORKER_WAIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,8 @@ def _cancel_id(
         # publish made after it is a new run. Owner-compared: a claim a new publish took
         # meanwhile stays.
         records.free_held(held_under, task_id)
-    else:
-        _free_if_queued(parts, records, task_id)
+    elif not _free_if_queued(parts, records, task_id):
+        _await_freed_in_a_worker(parts, task_id)
     app = parts.app
     revoked = False
     backend = app.backend
@@ -134,20 +139,22 @@ def _cancel_id(
     return Cancelled(f"task {task_id}", ttl, revoked=revoked, terminated=terminated, state=state)
 
 
-def _free_if_queued(parts: AppParts, records: Cancels, task_id: str) -> None:
+def _free_if_queued(parts: AppParts, records: Cancels, task_id: str) -> bool:
     """A ``unique`` call whose message waits in a queue of the broker, not delivered to
     any worker: its unique key is freed now (owner-compared: a claim a new publish took
     meanwhile stays), so that a publish after the cancel is a new run, not deduplicated
     into the call that will never start. Safe: its cancel is in the store already, and
     the worker that takes the message later reads it before any start. Only on kombu's
     Redis transport (no other broker can be read without taking the message); anywhere
-    else the key is freed when a worker discards the message."""
+    else the key is freed when a worker discards the message. False when the call was
+    not found waiting in a queue (it may be in a worker)."""
     app = parts.app
     if not any(task_option(task, "unique") for task in app.tasks.values()):
-        return  # no unique task here: nothing to free, no broker scan
+        return True  # no unique task here: nothing to free, nowhere to look
     message = _looked_up(lambda: queued_message(app, task_id), task_id)
     if message:
         _free_unique_key(parts, records, message, None)
+    return bool(message)
 
 
 def _free_queued_of_key(
@@ -186,34 +193,75 @@ def _free_unique_key(
 ) -> None:
     """Free the unique key of the call ``message`` carries (``by_key``: only if that
     cancel by key, with the task's function, covers the call)."""
+    found = _unique_key_of(parts, message, by_key)
+    if found is None:
+        return
+    name, task_id, key = found
+    records.free_held(key, task_id)
+    logger.info(
+        "baton: %s[%s] waits in the broker, cancelled: its unique key is freed", name, task_id
+    )
+
+
+def _unique_key_of(
+    parts: AppParts, message: dict[str, Any], by_key: tuple[KeyCancel, Any] | None
+) -> tuple[str, str, str] | None:
+    """The task name, task id and unique key of the call ``message`` carries; None when
+    it has no unique key (or ``by_key`` does not cover it)."""
     try:
         call = message_call(parts.app, message)
     except Exception as exc:  # a body this app cannot read: the worker's discard frees it
         logger.warning("baton.cancel: a queued message could not be read: %s", exc)
-        return
+        return None
     if call is None:
-        return
+        return None
     name, args, kwargs, headers = call
     task_id = str(headers.get("id"))
     if by_key is not None:
         cancel, fun = by_key
         sent_ms = stamp_time(headers.get(PUBLISH_HEADER))
         if covering(name, [cancel], {}, fun, args or (), kwargs or {}, sent_ms) is None:
-            return
+            return None
     policy = delivery_policy(parts.policy_for_name(name), name, headers, parts.settings)
     if policy is None or policy.unique is None:
-        return
+        return None
     try:
-        key = policy.unique_key(parts.names, args or (), kwargs or {})
+        return name, task_id, policy.unique_key(parts.names, args or (), kwargs or {})
     except BatonError as exc:
         logger.warning(
             "baton.cancel: %s[%s]: its unique key cannot be built: %s", name, task_id, exc
         )
+        return None
+
+
+def _await_freed_in_a_worker(parts: AppParts, task_id: str) -> None:
+    """A unique call delivered to a worker and not started (in its prefetch, waiting
+    for a pool process) keeps its key until that worker frees it: told by the cancel's
+    notice, it frees the key of a call it has not started (worker/revoked_first.py).
+    Wait for that, :data:`FREED_IN_A_WORKER_WAIT` at most, so that a publish after the
+    cancel returned is a new run. A call that runs (``acks_late``) keeps its key until
+    it ends: the wait runs out, said at DEBUG."""
+    message = _looked_up(lambda: delivered_message(parts.app, task_id), task_id)
+    found = _unique_key_of(parts, message, None) if message else None
+    if found is None:
         return
-    records.free_held(key, task_id)
-    logger.info(
-        "baton: %s[%s] waits in the broker, cancelled: its unique key is freed", name, task_id
-    )
+    name, _, key = found
+    deadline = time.monotonic() + FREED_IN_A_WORKER_WAIT
+    try:
+        while parts.store.client.get(key) == task_id:
+            if time.monotonic() >= deadline:
+                logger.debug(
+                    "baton.cancel: %s[%s] keeps its unique key: it runs, or its worker "
+                    "did not answer",
+                    name,
+                    task_id,
+                )
+                return
+            time.sleep(0.005)
+    except STORE_ERRORS as exc:
+        logger.warning("baton.cancel: could not read %s's unique key: %s", task_id, exc)
+        return
+    logger.info("baton: %s[%s] held by a worker, cancelled: its unique key is freed", name, task_id)
 
 
 def _cancel_key(

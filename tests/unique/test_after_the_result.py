@@ -26,7 +26,7 @@ from tests.support.celery_processes import _process_env
 from tests.support.pools import TIME_LIMIT_POOLS, pool_setting
 from tests.support.processes import REPO_ROOT
 from tests.support.servers import StoreServer
-from tests.support.waiting import revoke_until_heard
+from tests.support.waiting import revoke_until_heard, wait_until
 from tests.support.workers import Workers
 
 APP = "tests.apps.run_ends"
@@ -211,6 +211,42 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
     time.sleep(4)  # past every countdown: a cancelled task that ran would be SUCCESS now
     ran = [r.id for r in cancelled if r.state != "REVOKED"]
     assert not ran, f"cancelled tasks ran: {ran}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+def test_a_publish_after_a_cancel_of_a_call_in_a_workers_prefetch_is_a_new_run(
+    workers: Workers, pool: str
+) -> None:
+    """``baton.cancel(task_id)`` of a unique call a worker took into its prefetch (its one
+    process busy): the caller marks it REVOKED at once, and a publish of its key after
+    the cancel returned is a new run (the key was freed only when the worker discarded
+    the message, at its turn in the pool: 3 of 3 got the cancelled call's id). The
+    cancelled call never runs; the new one does. Not solo: its one thread runs the busy
+    task and hears nothing meanwhile (nor would Celery's remote control)."""
+    from celery_baton.worker.transport.queued import DELIVERED, queued
+    from tests.apps import run_ends
+
+    worker = workers.start(APP, concurrency=1, pool=pool)
+    cancelled, published_again = [], []
+    for n in range(3):
+        busy = run_ends.sleeper.delay(2.0)
+        first = run_ends.uq_quick.delay(f"p{n}")
+        wait_until(
+            lambda: f"[{first.id}] received" in worker.log_text(),  # noqa: B023
+            15,
+            "the call in the worker's prefetch",
+        )
+        assert queued(run_ends.app, first.id) == DELIVERED
+        run_ends.baton.cancel(first.id)
+        assert first.state == "REVOKED"
+        cancelled.append(first)
+        published_again.append(run_ends.uq_quick.delay(f"p{n}"))
+        busy.get(timeout=30)
+    deduplicated = [r.id for r in published_again if r.id in {c.id for c in cancelled}]
+    assert not deduplicated, f"publishes after the cancel got the cancelled call: {deduplicated}"
+    assert [r.get(timeout=30) for r in published_again] == [r.id for r in published_again]
+    assert all(c.state == "REVOKED" for c in cancelled)
 
 
 @pytest.mark.timeout(300)

@@ -141,6 +141,10 @@ class Cancelling:
         self.generation = generation
         self._refreshed = 0.0
         self.revoked = 0
+        #: Told the ids of the calls a notice cancels that this worker holds (the
+        #: listener's thread): their unique keys are freed at once where they have not
+        #: started (worker/revoked_first.py), not when their turn discards them.
+        self.on_cancelled: Callable[[list[str]], None] | None = None
 
     # -- learning (other threads) -------------------------------------------------------
 
@@ -198,6 +202,8 @@ class Cancelling:
         self.watch.notice(notice)
         if notice.kind == ID_FIELD and notice.task_id and self.noticed is not None:
             self.noticed.add(notice.task_id)
+            if self.on_cancelled is not None and notice.task_id in worker_state.requests:
+                self.on_cancelled([notice.task_id])
         elif notice.cancel is not None:
             self.mark_held(notice.task, notice.cancel)
         return True
@@ -211,6 +217,7 @@ class Cancelling:
         added to a call's start."""
         if self.noticed is None or not self.watch.has_key_cancels(task):
             return
+        cancelled = []
         for request in _held_requests():
             if request.name != task or request.id in worker_state.revoked:
                 continue
@@ -219,12 +226,15 @@ class Cancelling:
                 continue
             until = self.watch.key_cancel_end(task, covering)
             self.noticed.add(request.id, until=until)
+            cancelled.append(request.id)
             logger.debug(
                 "%s[%s] held here is cancelled by key %s: refused where it starts",
                 request.name,
                 request.id,
                 covering.material,
             )
+        if cancelled and self.on_cancelled is not None:
+            self.on_cancelled(cancelled)
 
     # -- screening (the consumer's loop) ------------------------------------------------
 

@@ -41,7 +41,7 @@ from celery_baton.worker.pool.job_end import refuse_unstoppable_replace
 from celery_baton.worker.releasing import Releasing
 from celery_baton.worker.replacing import keep_superseded_on_revoke
 from celery_baton.worker.request import unique_key_of
-from celery_baton.worker.revoked_first import free_claims_on_revoke
+from celery_baton.worker.revoked_first import free_claims_on_revoke, free_held_claims
 from celery_baton.worker.store_down import warn_eviction
 from celery_baton.worker.told_revokes import revoke_told, takes_told_revokes
 from celery_baton.worker.transport import broker_close, intake_together
@@ -295,6 +295,11 @@ class BatonWorker:
             keep_noticed=horizon,
             generation=lambda: self.admission.generation,
             in_gate=not parts.store.cluster,
+        )
+        # A unique call cancelled while it waits here unstarted frees its key at once:
+        # a publish after the cancel returned is a new run (cancel.py waits for it).
+        self.cancelling.on_cancelled = lambda ids: self.releasing.door.run(
+            lambda: free_held_claims(ids)
         )
         # Where RabbitMQ keeps each consumer's prefetch fixed, held requests (and batched
         # calls) would take it.

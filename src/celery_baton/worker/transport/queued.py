@@ -99,6 +99,42 @@ def queued_message(app: Any, task_id: str) -> dict[str, Any] | None:
     return own[0] if own else None
 
 
+def delivered_message(app: Any, task_id: str) -> dict[str, Any] | None:
+    """``task_id``'s message among those delivered to a worker and not acked (kombu's
+    Redis transport: in a worker's prefetch, held, waiting for its countdown, or running
+    under ``acks_late``); None: not there, or not known."""
+    if not read_broker(app).kombu_redis:
+        return None
+    timeouts = {"socket_timeout": LOOK_TIMEOUT, "socket_connect_timeout": LOOK_TIMEOUT}
+    with app.connection_for_write(transport_options=timeouts) as connection:
+        connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+        channel = connection.default_channel
+        unacked_key = getattr(channel, "unacked_key", None)
+        if not isinstance(unacked_key, str):
+            return None
+        (key,) = internals.prefixed_keys(channel, [unacked_key])
+        with channel.conn_or_acquire() as client:
+            found = client.eval(_FIND_DELIVERED, 1, key, task_id, SCAN_MAX, RETURNED_MAX)
+    # Each value is kombu's [message, exchange, routing key].
+    messages = [json.dumps(json.loads(raw)[0]) for raw in found or ()]
+    own = _own([m.encode() for m in messages], "id", task_id)
+    return own[0] if own else None
+
+
+# KEYS: the unacked hash. ARGV: a task id, SCAN_MAX, RETURNED_MAX. The values that hold
+# the id (at most RETURNED_MAX); none when the hash is longer than SCAN_MAX.
+_FIND_DELIVERED = """
+local found = {}
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[2]) then return found end
+for _, item in ipairs(redis.call('HVALS', KEYS[1])) do
+  if string.find(item, ARGV[1], 1, true) and #found < tonumber(ARGV[3]) then
+    found[#found + 1] = item
+  end
+end
+return found
+"""
+
+
 def queued_messages_of(app: Any, task: str) -> list[dict[str, Any]] | None:
     """The messages of calls of ``task`` that wait in the app's queues, not delivered
     to any worker (at most :data:`RETURNED_MAX`); None: not known."""
