@@ -135,6 +135,11 @@ def check_setting_names(conf: Mapping[str, Any]) -> None:
         name = spelt[len("baton_") :].lower()
         if name not in known:
             hint = suggest(f"baton_{name}", _setting_keys(known))
+            if f"baton_{name}" in BEAT_ENTRY_OPTIONS:
+                hint = (
+                    f" (a beat entry's option: options={{'baton_{name}': ...}} in the entry; "
+                    "app-wide: baton_beat_misfire_grace, baton_beat_misfire_max)"
+                )
             if hint and key.isupper():  # spelt as written: CELERY_BATON_LEASE_TTL
                 meant = hint.split("`")[1]
                 hint = f" (did you mean `{key[: len(key) - len(spelt)]}{meant.upper()}`?)"
@@ -144,6 +149,17 @@ def check_setting_names(conf: Mapping[str, Any]) -> None:
             f"unknown celery-baton setting{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
             subject=unknown[0].split("`")[1] if len(unknown) == 1 else "settings",
         )
+
+
+#: A beat entry's own options (in the entry's ``options``; beat/entries.py checks them
+#: there): here too, to say so of one written as an app setting.
+BEAT_ENTRY_OPTIONS = (
+    "baton_misfire",
+    "baton_misfire_grace",
+    "baton_misfire_max",
+    "baton_overlap",
+    "baton_timezone",
+)
 
 
 def _setting_keys(known: Iterable[str]) -> list[str]:

@@ -44,8 +44,12 @@ def task_option(task: Any, option: str) -> Any:
     a callable key spec) is a class attribute of the task, so reading it from the task
     binds it: the task would come first, before the call's own arguments."""
     value = getattr(task, option, None)
-    if inspect.ismethod(value) and value.__self__ is task:
-        return value.__func__
+    if inspect.ismethod(value):
+        # The task as the module holds it may be Celery's proxy of it: the method is
+        # bound to the task behind it.
+        unproxied = getattr(task, "_get_current_object", None)
+        if value.__self__ is task or (callable(unproxied) and value.__self__ is unproxied()):
+            return value.__func__
     return value
 
 

@@ -28,6 +28,15 @@ def test_an_unknown_baton_setting_is_refused_with_a_suggestion() -> None:
         read_settings(app.conf)
 
 
+def test_a_beat_entry_option_written_as_a_setting_is_refused_saying_where_it_goes() -> None:
+    """``baton_misfire`` is an entry's option; as an app setting it was refused with no
+    word of that (the beat guide's "set baton_misfire" invites it)."""
+    app = Celery("typos", set_as_current=False)
+    app.conf.baton_misfire = "all"
+    with pytest.raises(ConfigError, match=r"baton_misfire: .*a beat entry's option"):
+        read_settings(app.conf)
+
+
 class DjangoLikeSettings:
     """A settings module read with Celery's namespace, as Django projects do."""
 

@@ -46,3 +46,20 @@ def test_a_bad_value_is_refused_naming_the_setting() -> None:
 
 def test_the_setting_takes_the_values_of_the_task_option() -> None:
     assert UNIQUE_CONFLICT_DEFAULTS == UNIQUE_CONFLICTS
+
+
+def test_a_callable_key_reads_the_call_when_asked_of_the_module_level_task() -> None:
+    """``baton.policy_for(g)`` with ``g`` the module's name for the task (Celery's proxy
+    of it): a callable key was read from the proxy, bound to the task behind it, and
+    failed with ``<lambda>() takes 1 positional argument but 2 were given``."""
+    app = Celery("proxied", set_as_current=False)
+    baton = Baton(app, url="redis://127.0.0.1:1/0")  # never connected
+
+    @app.task(bind=True, unique=lambda feed_url: feed_url.lower())
+    def fetch(self: object, feed_url: str) -> str:
+        return feed_url
+
+    app.finalize()
+    policy = baton.policy_for(fetch)
+    assert policy is not None and policy.unique is not None
+    assert policy.unique.material(("HTTP://A",), {}) == "http://a"

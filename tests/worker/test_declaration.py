@@ -80,3 +80,17 @@ def test_the_worker_names_its_store_and_its_guarded_tasks_at_start(
     line = next(text for text in worker.log_text().splitlines() if ".> baton:" in text)
     assert store_url in line, line
     assert "role worker" in line and f"{len(guarded)} guarded tasks" in line, line
+
+
+def test_the_worker_counts_celerys_own_tasks_apart_under_an_app_wide_guard(
+    workers: Workers,
+) -> None:
+    """``baton_redelivery_guard = True`` guards Celery's own tasks too (chord_unlock,
+    the canvas helpers): the banner counted them as the user's (18 for 9 tasks)."""
+    from tests.apps import republish
+
+    own = [name for name in republish.app.tasks if name.startswith("tests.apps.republish.")]
+    worker = workers.start("tests.apps.republish", concurrency=1, loglevel="WARNING", wait=False)
+    wait_until(lambda: ".> baton:" in worker.log_text(), timeout=30, what="the baton line")
+    line = next(text for text in worker.log_text().splitlines() if ".> baton:" in text)
+    assert f"{len(own)} guarded tasks (+" in line and "of Celery's own)" in line, line

@@ -210,15 +210,27 @@ class DjangoScheduler(Scheduler):
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
-        import django
-        from django.apps import apps
-        from django.core.exceptions import ImproperlyConfigured
-
+        try:
+            import django
+            from django.apps import apps
+            from django.core.exceptions import ImproperlyConfigured
+        except ImportError as exc:
+            # Said in one line: raised here, Celery's beat logged the traceback one
+            # character a line (700 lines).
+            raise SystemExit(
+                f"celery_baton.beat.django: {exc.name or 'django'} is not installed: install "
+                "celery-baton with its [django] extra (Django and django-celery-beat)"
+            ) from None
         try:
             if not apps.ready:
                 django.setup()
             from django_celery_beat.models import PeriodicTask  # noqa: F401
-        except (ImproperlyConfigured, RuntimeError, ImportError) as exc:
+        except ImportError as exc:
+            raise SystemExit(
+                f"celery_baton.beat.django: {exc.name or exc} is not installed: install "
+                "celery-baton with its [django] extra (Django and django-celery-beat)"
+            ) from None
+        except (ImproperlyConfigured, RuntimeError) as exc:
             raise SystemExit(f"celery_baton.beat.django: Django is not set up: {exc}") from None
         super().setup_schedule()
         self._settings_names = set(self.entries.config_names)

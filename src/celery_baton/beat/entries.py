@@ -27,19 +27,13 @@ from celery.beat import ScheduleEntry
 
 from celery_baton import internals
 from celery_baton.beat.slots import CrontabRule, Policy, SlotRule, fingerprint, rule_for, zone
-from celery_baton.config import Settings, suggest
+from celery_baton.config import BEAT_ENTRY_OPTIONS, Settings, suggest
 from celery_baton.core.policy import per_call
 from celery_baton.errors import BatonError, BeatEntryError
 
 OPTION_PREFIX = "baton_"
 #: The ``baton_*`` options an entry may have (see above); ``baton`` is a call's options.
-ENTRY_OPTIONS = (
-    "baton_misfire",
-    "baton_misfire_grace",
-    "baton_misfire_max",
-    "baton_overlap",
-    "baton_timezone",
-)
+ENTRY_OPTIONS = BEAT_ENTRY_OPTIONS
 
 
 def check_entry_options(name: str, task: str, options: Mapping[str, Any]) -> None:

@@ -380,12 +380,14 @@ class BatonWorker:
         """This worker's celery-baton in one line: its store (no password), where that
         URL came from, its role and how many tasks it guards."""
         parts = self.parts
-        guarded = sum(
-            1 for task in list(parts.app.tasks.values()) if parts.policy_for(task) is not None
-        )
+        names = [t.name for t in list(parts.app.tasks.values()) if parts.policy_for(t)]
+        # Celery's own (celery.chord_unlock...) are guarded under an app-wide guard too:
+        # counted apart, so the count is the user's tasks.
+        own = sum(1 for name in names if not str(name).startswith("celery."))
+        celerys = f" (+{len(names) - own} of Celery's own)" if len(names) > own else ""
         return (
             f"{parts.store.safe_url} (from {parts.settings.url_source}), role worker, "
-            f"{guarded} guarded task{'s' if guarded != 1 else ''}"
+            f"{own} guarded task{'s' if own != 1 else ''}{celerys}"
         )
 
     def _name_store_in_banner(self, sender: Any = None, instance: Any = None, **kw: Any) -> None:

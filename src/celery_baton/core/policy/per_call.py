@@ -69,6 +69,15 @@ class CallOptions:
 
 
 NAMES = tuple(f.name for f in fields(CallOptions))
+#: A task option's name given per call, where the per-call option is named otherwise
+#: (per call, ``exclusive`` is given beside it): said, not taken silently.
+AS_TASK_OPTIONS = {"exclusive_conflict": "conflict", "exclusive_wait_timeout": "wait_timeout"}
+
+
+def _hint(name: str) -> str:
+    if name in AS_TASK_OPTIONS:
+        return f" (per call it is `{AS_TASK_OPTIONS[name]}`)"
+    return suggest(name, NAMES)
 
 
 def key_material(value: object, *, subject: str) -> str:
@@ -96,7 +105,7 @@ def parse(task: str, value: object) -> CallOptions:
     subject = f"{task} baton="
     if not isinstance(value, Mapping):
         raise ConfigError(f"expected a dict of options, got {value!r}", subject=subject)
-    unknown = [f"{name!r}{suggest(str(name), NAMES)}" for name in value if name not in NAMES]
+    unknown = [f"{name!r}{_hint(str(name))}" for name in value if name not in NAMES]
     if unknown:  # every typo at once
         plural = "s" if len(unknown) > 1 else ""
         raise ConfigError(f"unknown per-call option{plural} {'; '.join(unknown)}", subject=subject)

@@ -39,6 +39,9 @@ def test_a_mapping_key_names_the_same_key_as_a_declared_spec() -> None:
         ({"exclusive": ["tenant"]}, "a string or a mapping"),
         ({"unique_conflict": "ignore"}, "unique_conflict must be one of"),
         ("tenant:42", "expected a dict"),
+        # the task option's name, per call: said what it is there (no near miss before)
+        ({"exclusive_conflict": "wait"}, "per call it is `conflict`"),
+        ({"exclusive_wait_timeout": 5}, "per call it is `wait_timeout`"),
     ],
 )
 def test_bad_per_call_input_is_refused_naming_the_task(value: object, match: str) -> None:
