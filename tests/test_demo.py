@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,47 @@ def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
     for guarantee in ("exclusive", "unique", "rate", "concurrency", "beat", "redelivery"):
         assert f"{guarantee}:" in out
     assert "beat: ticks fired / duplicates" in out and " / 0 " in out
+    # Its folder (server data, the processes' logs) goes with a run that passed.
+    folder = _demo_folder(out)
+    assert not folder.exists(), f"{folder} left behind"
+
+
+def _demo_folder(out: str) -> Path:
+    """The demo's own folder, from its line naming its store's socket in it."""
+    found = re.search(r"embedded Valkey on (\S+)", out)
+    assert found, out[-2000:]
+    return next(p for p in Path(found.group(1)).parents if p.name.startswith("baton-demo-"))
+
+
+@pytest.mark.timeout(120)
+def test_a_store_kept_by_the_demo_is_named_with_how_to_stop_it() -> None:
+    """``--keep-store``: the server stays, and the demo says where and how to stop it
+    (before: nothing was said, and ``stop-embedded`` answered "not running")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_baton", "demo", "--keep-store"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = re.search(
+        r"stop it with (BATON_RUNTIME_DIR=(\S+)) python -m celery_baton stop-embedded", done.stdout
+    )
+    assert said, done.stdout[-2000:]
+    folder = Path(said.group(2))
+    stop = subprocess.run(
+        [sys.executable, "-m", "celery_baton", "stop-embedded"],
+        cwd=REPO_ROOT,
+        env={**env, "BATON_RUNTIME_DIR": str(folder)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert stop.stdout.strip() == "stopped", stop.stdout + stop.stderr
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_process_that_dies_is_reported_with_its_own_error(tmp_path: object) -> None:

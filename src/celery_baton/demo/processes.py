@@ -31,6 +31,7 @@ class Processes:
 
     def __init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="baton-demo-"))
+        self.sock: Path | None = None  # the demo's own embedded server, once started
         self.procs: list[subprocess.Popen[bytes]] = []
         self.beats: list[subprocess.Popen[bytes]] = []
         self.names: dict[int, str] = {}  # pid -> "worker1", the name of its log
@@ -39,6 +40,7 @@ class Processes:
         # A private embedded server, so the demo never touches a shared one.
         os.environ["BATON_RUNTIME_DIR"] = str(self.tmp)
         sock = ensure_embedded_server()
+        self.sock = sock
         self.env = dict(
             os.environ,
             BATON_URL=f"unix://{sock}?db=15",

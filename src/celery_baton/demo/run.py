@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from celery_baton import __version__
@@ -242,17 +244,36 @@ def max_in_window(starts: list[float], window: float) -> int:
 
 def main(*, keep_store: bool = False) -> int:
     demo = Demo()
+    code = 2
     try:
-        return demo.run()
+        code = demo.run()
+        return code
     except KeyboardInterrupt:
         say("\ninterrupted: stopping every process the demo started")
-        return 130
+        code = 130
+        return code
     except RuntimeError as exc:
         say(f"\ndemo failed: {exc}")
-        return 2
+        return code
     finally:
         demo.processes.stop_all()
-        if not keep_store:
-            # Its own server only: never the user's shared one, even if the demo failed
-            # before it started its own.
-            stop_embedded_server(rdir=demo.processes.tmp)
+        _leave(demo.processes.tmp, demo.processes.sock, keep_store, code)
+
+
+def _leave(tmp: Path, sock: Path | None, keep_store: bool, code: int) -> None:
+    """Stop the demo's own server (never the user's shared one, even if the demo failed
+    before it started its own) and remove its folder; or, with ``--keep-store``, say how
+    to reach it and stop it. A failed run keeps its folder: the processes' logs are
+    there."""
+    if keep_store and sock is not None:
+        say(
+            f"\nthe embedded store still runs (--keep-store), on {sock}: point `celery "
+            f"baton` at it with BATON_URL=unix://{sock}?db=15; stop it with "
+            f"BATON_RUNTIME_DIR={tmp} python -m celery_baton stop-embedded"
+        )
+        return
+    stop_embedded_server(rdir=tmp)
+    if code == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        say(f"the processes' logs: {tmp}")
