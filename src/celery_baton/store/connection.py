@@ -57,6 +57,9 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.MasterDownError,
+    # Not Redis at that address (a broker's AMQP port, an HTTP server): no store answers
+    # there, and a worker that let it escape died ("Unrecoverable error").
+    redis.exceptions.InvalidResponse,
     ConnectionError,
     OSError,
 )
@@ -101,9 +104,20 @@ def _caused_by(exc: BaseException, kind: type[BaseException], words: tuple[str, 
     return False
 
 
+#: What the first byte of a reply that is not Redis's says of the server that sent it
+#: (redis-py: 'Protocol error, got "A" as reply type byte').
+_NOT_REDIS_HINTS = {"A": " (is it the broker's AMQP port?)", "H": " (is it an HTTP server?)"}
+
+
 def failure_in_words(exc: BaseException, url: str) -> str:
     """What a failed store call means, for an operator: the client's own repr says
     ``network:ConnectionError`` (redis-py 8), which names neither where nor what."""
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        byte = str(exc).partition('got "')[2][:1]
+        return (
+            f"{_where(url)} does not speak the Redis protocol"
+            f"{_NOT_REDIS_HINTS.get(byte, '')}: check baton_url"
+        )
     if _caused_by(exc, ConnectionRefusedError, ("Connection refused",)):
         return f"connection refused at {_where(url)}: is the store running there? check baton_url"
     if _caused_by(exc, socket.gaierror, _UNKNOWN_HOST):
