@@ -13,6 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_baton import Baton, StoreUnavailable
+from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
@@ -84,6 +85,21 @@ def test_a_server_that_is_not_redis_is_a_store_that_does_not_answer(
     assert f"127.0.0.1:{port} does not speak the Redis protocol" in message, message
     assert "check baton_url" in message, message
     assert "Protocol error" not in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_sentinel_that_does_not_answer_is_said_in_one_short_sentence() -> None:
+    """Before: ``store call failed: MasterNotFoundError: No master found for 'mymaster' :
+    <redis.client.Redis(<redis.connection.ConnectionPool(...``, 1,108 characters of
+    the client's repr. redis-py retries the sentinels first: a few seconds."""
+    port = free_port()
+    task = _unique_task(f"sentinel://127.0.0.1:{port}/mymaster")
+    with pytest.raises(StoreUnavailable) as error:
+        task.delay(1)  # type: ignore[attr-defined]
+    message = str(error.value)
+    assert f"no sentinel answered at 127.0.0.1:{port}" in message, message
+    assert "'mymaster'" in message and "check baton_url" in message, message
+    assert "<redis" not in message and len(message) < 300, message
 
 
 @pytest.mark.timeout(120)
