@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, urlencode, urlsplit, urlunsplit
 
 from celery_baton.errors import ConfigError
 
@@ -179,6 +179,7 @@ def check_url(url: str) -> None:
             subject="baton_url",
         )
     if parts.scheme != "unix":
+        _check_host(parts, url)
         _check_ports(parts.netloc.rsplit("@", 1)[-1], shown)
     if parts.scheme in ("redis", "rediss", "unix"):
         db = parse_qs(parts.query).get("db", [""])[0]
@@ -188,6 +189,22 @@ def check_url(url: str) -> None:
             raise ConfigError(
                 f"{shown!r}: the database must be a number, got {db!r}", subject="baton_url"
             )
+
+
+def _check_host(parts: SplitResult, url: str) -> None:
+    """``redis:/host:port`` (a slash missing) has no host, only a path: it was refused as
+    "the database must be a number, got 'host:port'" (its password shown), or a Sentinel
+    URL went on to ask a sentinel named "". A URL without a host on purpose (``redis://``,
+    ``redis:///1``: redis-py's localhost) has no path, or a database number as its path:
+    only a path that starts like an address (``host:port``, a dotted name, ``:pw@``) is
+    taken for a misplaced host."""
+    first = parts.path.lstrip("/").split("/", 1)[0]
+    if parts.netloc or not any(mark in first for mark in ":.@"):
+        return
+    host = first.rsplit("@", 1)[-1]  # the password hidden
+    given = url.replace(first, host, 1)
+    meant = f"{parts.scheme}://{given.split(':', 1)[1].lstrip('/')}"
+    raise ConfigError(f"{given!r} has no host (did you mean {meant}?)", subject="baton_url")
 
 
 def _check_ports(hosts: str, shown: str) -> None:

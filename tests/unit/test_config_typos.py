@@ -101,6 +101,32 @@ def test_a_bad_store_url_is_refused_naming_baton_url(url: str, why: str) -> None
 
 
 @pytest.mark.parametrize(
+    ("url", "meant"),
+    [
+        ("redis:/127.0.0.1:16399", "redis://127.0.0.1:16399"),
+        ("redis:127.0.0.1:16399/2", "redis://127.0.0.1:16399/2"),
+        ("rediss:/:secret@store.example.com:6380/0", "rediss://store.example.com:6380/0"),
+        ("sentinel:/127.0.0.1:26379/mymaster", "sentinel://127.0.0.1:26379/mymaster"),
+    ],
+)
+def test_a_store_url_missing_a_slash_is_refused_as_having_no_host(url: str, meant: str) -> None:
+    """Before: ``'redis:/127.0.0.1:16399': the database must be a number, got
+    '127.0.0.1:16399'``: the host read as the database, the missing slash unsaid."""
+    with pytest.raises(ConfigError) as error:
+        read_settings({}, url)
+    message = str(error.value)
+    assert message.startswith("baton_url:"), message
+    assert f"has no host (did you mean {meant}?)" in message, message
+    assert "secret" not in message, message
+
+
+@pytest.mark.parametrize("url", ["redis://", "redis:///1", "unix:/tmp/store.sock"])
+def test_a_store_url_without_a_host_on_purpose_is_read(url: str) -> None:
+    """redis-py's own defaults: no host is localhost; a unix URL has a path, no host."""
+    assert read_settings({}, url).url == url
+
+
+@pytest.mark.parametrize(
     ("options", "suggested"),
     [
         ({"exclusiv": "feed_url"}, "exclusive"),

@@ -57,6 +57,9 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.MasterDownError,
+    # Not Redis at that address (a broker's AMQP port, an HTTP server): no store answers
+    # there, and a worker that let it escape died ("Unrecoverable error").
+    redis.exceptions.InvalidResponse,
     ConnectionError,
     OSError,
 )
@@ -101,9 +104,24 @@ def _caused_by(exc: BaseException, kind: type[BaseException], words: tuple[str, 
     return False
 
 
+#: What the first byte of a reply that is not Redis's says of the server that sent it
+#: (redis-py: 'Protocol error, got "A" as reply type byte').
+_NOT_REDIS_HINTS = {"A": " (is it the broker's AMQP port?)", "H": " (is it an HTTP server?)"}
+
+
 def failure_in_words(exc: BaseException, url: str) -> str:
     """What a failed store call means, for an operator: the client's own repr says
     ``network:ConnectionError`` (redis-py 8), which names neither where nor what."""
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # First: its text is every sentinel client's repr (~1,000 characters), and may
+        # hold any of the words looked for below.
+        return _no_master_in_words(exc, url)
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        byte = str(exc).partition('got "')[2][:1]
+        return (
+            f"{_where(url)} does not speak the Redis protocol"
+            f"{_NOT_REDIS_HINTS.get(byte, '')}: check baton_url"
+        )
     if _caused_by(exc, ConnectionRefusedError, ("Connection refused",)):
         return f"connection refused at {_where(url)}: is the store running there? check baton_url"
     if _caused_by(exc, socket.gaierror, _UNKNOWN_HOST):
@@ -112,6 +130,25 @@ def failure_in_words(exc: BaseException, url: str) -> str:
         return f"no answer from {_where(url)} within the socket timeout (baton_socket_timeout)"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _no_master_in_words(exc: BaseException, url: str) -> str:
+    parts = urlsplit(url)
+    sentinels = ",".join(
+        node if ":" in node else f"{node}:26379"
+        for node in parts.netloc.rsplit("@", 1)[-1].split(",")
+    )
+    service = next((p for p in parts.path.split("/") if p), "")
+    # redis-py appends each sentinel's error to the text; without any, they all answered.
+    if " : " in str(exc):
+        return (
+            f"no sentinel answered at {sentinels} (or none knows the master {service!r}): "
+            "check baton_url"
+        )
+    return (
+        f"the sentinels at {sentinels} name no working master {service!r} (a failover under "
+        "way, or no such master): check baton_url"
+    )
 
 
 #: Every store client of this process, for a forked child to make its connection pools
