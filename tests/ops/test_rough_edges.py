@@ -6,13 +6,18 @@ that cannot be read is named."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.ops.test_commands import as_json, baton
 from tests.support.observer import Observer
+from tests.support.servers import StoreServer
+from tests.support.waiting import wait_until
 from tests.support.workers import Workers
 
 LIMITS = "tests.apps.limits"
+EXCLUSIVE = "tests.apps.exclusive"
 
 
 @pytest.mark.timeout(180)
@@ -42,3 +47,58 @@ def test_limits_set_rate_without_burst_keeps_the_declared_burst(
     # And the rate is the override's, not the declared 10/s: 12 starts, 5 of them the
     # burst, take at least 7 intervals of 200 ms.
     assert admitted[-1] - admitted[0] >= 7 * 200_000 - 1
+
+
+def _epoch(store_server: StoreServer) -> str | None:
+    with store_server.client() as client:
+        value = client.get("baton:epoch")
+        return None if value is None else str(value)
+
+
+def _uptime(store_server: StoreServer) -> int:
+    with store_server.client() as client:
+        return int(client.info("server")["uptime_in_seconds"])
+
+
+@pytest.mark.timeout(120)
+def test_end_grace_without_a_grace_says_so_and_writes_nothing(
+    workers: Workers, store_server: StoreServer, store_url: str
+) -> None:
+    """Before: ``grace ended: new leases are granted at once``, and the epoch written."""
+    # The test app's longest lease_ttl is the default, 8 s.
+    wait_until(lambda: _uptime(store_server) > 10, 30, "the store up for more than 10 s")
+    assert as_json(workers, "status", app=EXCLUSIVE)["grace"] == ""
+    done = baton(workers, "end-grace", app=EXCLUSIVE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no grace in effect", done.stdout
+    assert _epoch(store_server) is None
+
+
+@pytest.mark.timeout(180)
+def test_end_grace_refuses_while_workers_report_unless_forced(
+    workers: Workers, store_server: StoreServer, store_url: str
+) -> None:
+    """Before: the grace was ended, exit 0, with a worker live (its help said never)."""
+    env = {"BATON_TEST_APP_LEASE_TTL": "120"}
+    store_server.restart()  # up for a second or two, its data forgotten: in its grace
+    store_server.forget()
+    worker = workers.start(EXCLUSIVE, concurrency=1, env=env)
+    wait_until(
+        lambda: json.loads(baton(workers, "status", "--json", app=EXCLUSIVE, env=env).stdout)[
+            "workers"
+        ],
+        timeout=30,
+        what="the worker's report",
+    )
+    refused = baton(workers, "end-grace", app=EXCLUSIVE, env=env)
+    assert refused.returncode != 0, refused.stdout
+    assert worker.hostname in refused.stderr and "--force" in refused.stderr, refused.stderr
+    status = json.loads(baton(workers, "status", "--json", app=EXCLUSIVE, env=env).stdout)
+    assert status["grace"], status
+
+    forced = baton(workers, "end-grace", "--force", app=EXCLUSIVE, env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert "grace ended" in forced.stdout, forced.stdout
+    status = json.loads(baton(workers, "status", "--json", app=EXCLUSIVE, env=env).stdout)
+    assert status["grace"] == "", status
+    worker.kill()
