@@ -102,3 +102,16 @@ def test_end_grace_refuses_while_workers_report_unless_forced(
     status = json.loads(baton(workers, "status", "--json", app=EXCLUSIVE, env=env).stdout)
     assert status["grace"] == "", status
     worker.kill()
+
+
+def test_limits_set_on_a_task_name_typed_wrong_names_the_near_ones(workers: Workers) -> None:
+    """Before: ``no task named 'proj.tasks.bursty' in this app``, nothing more, while
+    ``unlock --task`` answered the same name with the task it meant."""
+    unlock = baton(workers, "unlock", "--task", "proj.tasks.bursty", app=LIMITS)
+    assert "did you mean tests.apps.limits.bursty?" in unlock.stderr, unlock.stderr
+    done = baton(workers, "limits", "set", "proj.tasks.bursty", "--rate", "5/s", app=LIMITS)
+    assert done.returncode == 2, done.stderr
+    assert "did you mean tests.apps.limits.bursty?" in done.stderr, done.stderr
+    done = baton(workers, "limits", "set", "tests.apps.limits.nope", "--rate", "5/s", app=LIMITS)
+    assert "no task named 'tests.apps.limits.nope'" in done.stderr, done.stderr
+    assert "did you mean tests.apps.limits.paced or " in done.stderr, done.stderr

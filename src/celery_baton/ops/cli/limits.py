@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from celery_baton.config import suggest
 from celery_baton.core.rates import interval_us, parse_burst, parse_rate, rate_text
 from celery_baton.errors import BatonError
 from celery_baton.ops import state
@@ -111,8 +110,7 @@ def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> No
         )
     found = c.app.tasks.get(task)
     if found is None:
-        hint = suggest(task, [n for n in c.app.tasks if not n.startswith("celery.")])
-        raise click.UsageError(f"no task named {task!r} in this app{hint}")
+        raise click.UsageError(f"no task named {task!r} in this app{c.near_tasks(task)}")
     policy = c.policies().get(task, (None, None))[1]
     if rate and not (policy and (policy.rate or policy.rate_from_celery)):
         raise click.UsageError(
