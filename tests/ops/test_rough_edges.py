@@ -115,3 +115,14 @@ def test_limits_set_on_a_task_name_typed_wrong_names_the_near_ones(workers: Work
     done = baton(workers, "limits", "set", "tests.apps.limits.nope", "--rate", "5/s", app=LIMITS)
     assert "no task named 'tests.apps.limits.nope'" in done.stderr, done.stderr
     assert "did you mean tests.apps.limits.paced or " in done.stderr, done.stderr
+
+
+def test_a_table_is_not_cut_when_printed_to_a_pipe(workers: Workers) -> None:
+    """Before: cut to 80 columns whatever stdout was (``… | cat`` showed ``skip/al…``)."""
+    listing = as_json(workers, "limits", app=LIMITS)
+    done = baton(workers, "limits", app=LIMITS, env={"COLUMNS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout, done.stdout
+    for task in listing["tasks"]:
+        if task["rate"]:
+            assert task["rate"] in done.stdout, done.stdout
