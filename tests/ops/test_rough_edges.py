@@ -126,3 +126,15 @@ def test_a_table_is_not_cut_when_printed_to_a_pipe(workers: Workers) -> None:
     for task in listing["tasks"]:
         if task["rate"]:
             assert task["rate"] in done.stdout, done.stdout
+
+
+def test_a_redbeat_url_that_cannot_be_read_is_named(workers: Workers) -> None:
+    """Before: ``Error: Error 111 connecting to 127.0.0.1:1. Connection refused.``"""
+    url = "redis://127.0.0.1:1/0"
+    done = baton(workers, "schedule", "import", "--from-redbeat", "--redbeat-url", url)
+    assert done.returncode == 1, done.stderr
+    assert (
+        f"cannot read redbeat's entries at {url} (--redbeat-url / redbeat_redis_url): "
+        "connection refused"
+    ) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
