@@ -90,16 +90,18 @@ def test_an_operator_ends_the_grace_of_a_store_emptied_with_no_worker_running(
     # FLUSHALL of a store that started moments ago, as in development: with lease_ttl
     # 60 s the next lease would wait until the store's start + 60 s.
     forgetful.forget()
+    env = {"BATON_URL": forgetful.url(0), "FIRST_RUN_LEASE_TTL": "60"}
     done = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.apps.first_run", "baton", "end-grace"],
-        env=_process_env({**workers.env, "BATON_URL": forgetful.url(0)}),
+        # The workers' lease_ttl, as an operator's command reads it: the grace it ends.
+        env=_process_env({**workers.env, **env}),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    env = {"BATON_URL": forgetful.url(0), "FIRST_RUN_LEASE_TTL": "60"}
+    assert "grace ended" in done.stdout, done.stdout
     workers.start("tests.apps.first_run", concurrency=2, env=env)
     began = time.monotonic()
     assert guarded.delay("after-end-grace", 0).get(timeout=60) is not None

@@ -303,7 +303,8 @@ def test_a_killed_holder_is_stale_within_seconds_even_with_a_long_lease_ttl(
 
     env = {"BATON_TEST_APP_LEASE_TTL": "60", "BATON_TEST_LEASE_TTL": "60"}
     # The test's store started less than 60 s ago: no grace, no worker ran before it.
-    assert baton(workers, "end-grace").returncode == 0
+    # (The command reads the workers' lease_ttl, as an operator's does, to tell a grace.)
+    assert baton(workers, "end-grace", env=env).returncode == 0
     worker = workers.start(APP, concurrency=1, env=env)
     ex_skip.delay("stale-60", 120.0)
     observer.starts_of("stale-60")

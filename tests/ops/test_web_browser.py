@@ -150,7 +150,7 @@ def test_what_an_operator_sees_signed_out_with_a_wrong_token_and_with_the_store_
     assert (
         subprocess.run(
             [sys.executable, "-m", "celery", "-A", APP, "baton", "end-grace"],
-            env=_process_env(workers.env),
+            env=_process_env({**workers.env, **env}),  # the workers' lease_ttl: the grace
             cwd=REPO_ROOT,
             capture_output=True,
             timeout=60,

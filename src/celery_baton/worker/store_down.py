@@ -217,7 +217,8 @@ class StoreDown:
                 "lease_ttl ago, or was emptied, or a replica was promoted): no new lease "
                 "for %.1fs, while running tasks write theirs back (grace). If no worker "
                 "can hold a lease from before it (a new store, or every worker was "
-                "stopped), end it now: celery -A %s baton end-grace",
+                "stopped), end it now: celery -A %s baton end-grace (--force while workers "
+                "run)",
                 delay,
                 app or "proj",
             )

@@ -59,14 +59,23 @@ class Context:
             if not n.startswith("celery.") and n.rsplit(".", 1)[-1] == name
         ][:3]
 
+    def near_tasks(self, name: str) -> str:
+        """``"; did you mean proj.slow or proj.flow?"``: this app's tasks near a name it
+        does not have (typed wrong, `proj.tasks.x` for `proj.x`), else ``""``."""
+        names = [n for n in self.app.tasks if not n.startswith("celery.")]
+        close = (
+            self.tasks_named(name)
+            or self.tasks_named(name.rsplit(".", 1)[-1])
+            or difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        )
+        return f"; did you mean {' or '.join(close)}?" if close else ""
+
     def refuse_unknown_task(self, name: str) -> None:
-        """A task name this app does not have (typed wrong, `proj.tasks.x` for `proj.x`)
-        is refused with the names near it, not taken as "nothing there"."""
+        """A task name this app does not have is refused with the names near it, not
+        taken as "nothing there"."""
         if name in self.app.tasks:
             return
-        names = [n for n in self.app.tasks if not n.startswith("celery.")]
-        close = self.tasks_named(name) or difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(close)}?" if close else " (`locks` lists them)"
+        hint = self.near_tasks(name) or " (`locks` lists them)"
         raise click.UsageError(f"this app has no task {name!r}{hint}")
 
     def policies(self) -> Mapping[str, tuple[Any, TaskPolicy]]:

@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from celery_baton.config import suggest
 from celery_baton.core.rates import interval_us, parse_burst, parse_rate, rate_text
 from celery_baton.errors import BatonError
 from celery_baton.ops import state
@@ -111,8 +110,7 @@ def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> No
         )
     found = c.app.tasks.get(task)
     if found is None:
-        hint = suggest(task, [n for n in c.app.tasks if not n.startswith("celery.")])
-        raise click.UsageError(f"no task named {task!r} in this app{hint}")
+        raise click.UsageError(f"no task named {task!r} in this app{c.near_tasks(task)}")
     policy = c.policies().get(task, (None, None))[1]
     if rate and not (policy and (policy.rate or policy.rate_from_celery)):
         raise click.UsageError(
@@ -128,7 +126,12 @@ def _limited_task(c: Context, task: str, *, rate: bool, concurrency: bool) -> No
 @limits.command("set")
 @click.argument("task")
 @click.option("--rate", help="New global rate for all workers, e.g. 5/s.")
-@click.option("--burst", type=int, default=1, show_default=True)
+@click.option(
+    "--burst",
+    type=int,
+    default=None,
+    help="Burst of the new rate (default: the burst the task declares, else 1).",
+)
 @click.option("--concurrency", type=int, help="New global concurrency limit.")
 @json_option
 @click.pass_context
@@ -136,7 +139,7 @@ def limits_set(
     ctx: click.Context,
     task: str,
     rate: str | None,
-    burst: int,
+    burst: int | None,
     concurrency: int | None,
     as_json: bool = False,
 ) -> None:
@@ -147,6 +150,11 @@ def limits_set(
     if rate is None and concurrency is None:
         raise click.UsageError("give --rate and/or --concurrency")
     _limited_task(c, task, rate=rate is not None, concurrency=concurrency is not None)
+    if rate is not None and burst is None:
+        # The declared burst, kept: a new rate alone set burst 1 before (the gate's "O"
+        # override replaces both the interval and the burst of the rate it precedes).
+        policy = c.policies()[task][1]
+        burst = policy.rate.burst if policy.rate else 1
     try:
         key = c.names.limits(task)
         if rate is not None:

@@ -4,8 +4,10 @@ and ``--watch`` (print again every few seconds)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -24,13 +26,14 @@ def table(
     width: int | None = None,
     keep: Sequence[int] = (),
 ) -> str:
-    """A plain table; the widest column is cut so the whole fits ``width`` (the
-    terminal's, or $COLUMNS; 80 when neither is known), never below its header, except
-    the columns in ``keep`` (a key or a task id an operator pastes into a command) and
-    the columns of times: a cut one (``2026-11-2…``) says nothing. What is kept may make
-    a line wider."""
+    """A plain table; the widest column is cut so the whole fits ``width`` ($COLUMNS, or
+    the terminal's; nothing is cut when stdout is not a terminal and $COLUMNS is not
+    set: ``baton schedule | cat`` or ``> file`` gets every cell whole), never below its
+    header, except the columns in ``keep`` (a key or a task id an operator pastes into a
+    command) and the columns of times: a cut one (``2026-11-2…``) says nothing. What is
+    kept may make a line wider."""
     if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+        width = _width()
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     times = {
@@ -43,7 +46,7 @@ def table(
     # nothing, while the line still wrapped on a kept task id.
     floors = [max(8, len(str(h))) for h in headers]
     cuttable = [i for i in range(len(widths)) if i not in keep and i not in times]
-    while cuttable and sum(widths) + 2 * (len(widths) - 1) > width:
+    while width is not None and cuttable and sum(widths) + 2 * (len(widths) - 1) > width:
         widest = max(cuttable, key=lambda i: widths[i] - floors[i])
         if widths[widest] <= floors[widest]:
             break
@@ -57,6 +60,17 @@ def table(
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _width() -> int | None:
+    """The width a table fits: $COLUMNS when set, else the terminal's; None (no cut)
+    when stdout is a pipe or a file (before, cut to 80 there too: ``skip/al…``)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size((80, 24)).columns
 
 
 def emit(ctx: click.Context, data: Any, text: str) -> None:

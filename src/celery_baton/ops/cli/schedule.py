@@ -218,13 +218,29 @@ def schedule_import(
             ScheduleStore(c.app, store=c.store) as schedules,
         ):
             report = import_redbeat(client, schedules, prefix=key_prefix, replace=replace)
-    except (BatonError, redis.RedisError) as exc:
+    except BatonError as exc:
         raise click.ClickException(str(exc)) from exc
+    except redis.RedisError as exc:  # redbeat's server (the store's errors are BatonError)
+        raise click.ClickException(
+            f"cannot read redbeat's entries at {redact_url(url)} (--redbeat-url / "
+            f"redbeat_redis_url): {_redis_reason(exc)}"
+        ) from exc
     emit(
         ctx,
         {"imported": report.imported, "paused": report.paused, "skipped": report.skipped},
         "\n".join(import_lines(report, url, key_prefix)),
     )
+
+
+def _redis_reason(exc: Exception) -> str:
+    """``connection refused`` for redis-py's ``Error 111 connecting to h:p. Connection
+    refused.``; its own words for any other error."""
+    text = str(exc)
+    if "Connection refused" in text:
+        return "connection refused"
+    if "Timeout" in type(exc).__name__:
+        return "timed out"
+    return text.rstrip(".")
 
 
 def import_lines(report: Any, url: str, key_prefix: str) -> list[str]:

@@ -80,15 +80,34 @@ def _skips(line: dict[str, Any]) -> str:
 
 
 @baton.command("end-grace")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="End it even while workers report (none of them ran before the loss: a new store).",
+)
 @json_option
 @click.pass_context
-def end_grace(ctx: click.Context, as_json: bool = False) -> None:
+def end_grace(ctx: click.Context, force: bool = False, as_json: bool = False) -> None:
     """Grant leases at once on a store that is new or was emptied with no worker
     running: ends the grace (one lease_ttl) a store found without its data gets. Never
-    while workers that ran before the loss may still hold runs."""
+    while workers that ran before the loss may still hold runs: refused while workers
+    report, unless --force."""
     c = context_of(ctx)
     try:
+        # What `status` says of the grace: nothing to end when it says none.
+        if not state.grace(c):
+            emit(ctx, {"grace": "", "ended": False}, "no grace in effect")
+            return
+        live = sorted(r["hostname"] for r in store_inspect.workers(c.store, c.names.prefix))
+        if live and not force:
+            raise click.ClickException(
+                f"{len(live)} worker(s) reported in the last seconds ({', '.join(live)}): "
+                "a run one of them started before the store lost its data may still hold "
+                "its key, and the grace keeps a second run of it from starting. Stop them "
+                "first, or, if none of them ran before the loss (a new store), run again "
+                "with --force"
+            )
         store_inspect.end_grace(c.store, c.names.prefix)
     except BatonError as exc:
         fail(exc)
-    emit(ctx, {"grace": ""}, "grace ended: new leases are granted at once")
+    emit(ctx, {"grace": "", "ended": True}, "grace ended: new leases are granted at once")

@@ -49,3 +49,11 @@ def test_a_column_is_never_cut_below_its_header(monkeypatch: pytest.MonkeyPatch)
     header = text.splitlines()[0]
     assert "fired / missed" in header and "skip/allow" in header, text
     assert "3 / 1" in text and TASK_ID in text, text
+
+
+def test_nothing_is_cut_when_stdout_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: cut to 80 columns on a pipe too (``baton schedule | cat``: ``skip/al…``)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)
+    text = table([("x" * 60, "y" * 60, "z" * 60)], ["a", "b", "c"])
+    assert "…" not in text and "x" * 60 in text and "z" * 60 in text, text
