@@ -113,3 +113,12 @@ def test_ids_are_whole_and_a_trigger_with_no_beat_leading_says_so(workers: Worke
     assert entry["last_id"] in listing, listing
     said = text(workers, env, "schedule", "trigger", entry["name"])
     assert "no beat leads" in said, said
+
+
+def test_an_app_on_redbeat_is_told_why_it_has_no_entries(workers: Workers) -> None:
+    """`schedule` of an app whose beat is RedBeat said only "no entries" (its entries
+    are RedBeat's, not in celery-baton's store): now it says so, and how to import them."""
+    env = {"BEAT_CONF": json.dumps({"beat_scheduler": "redbeat.RedBeatScheduler"})}
+    listing = text(workers, env, "schedule")
+    assert "this app's beat_scheduler is redbeat.RedBeatScheduler" in listing, listing
+    assert "schedule import --from-redbeat" in listing, listing

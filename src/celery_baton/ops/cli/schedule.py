@@ -55,7 +55,7 @@ def schedule(ctx: click.Context, as_json: bool = False, watch: float | None = No
             )
         headers = ["entry", "next slot (UTC)", "last slot", "task id", "fired / missed", "policy"]
         # The entry's name and its task id are pasted into commands: never cut.
-        text += "\n\n" + (table(rows, headers, keep=(0, 3)) if rows else "no entries")
+        text += "\n\n" + (table(rows, headers, keep=(0, 3)) if rows else _no_entries(c.app))
         if data.get("refused"):
             text += "\n\nrefused: " + ", ".join(f"{k} ({v})" for k, v in data["refused"].items())
         return data, text
@@ -82,6 +82,23 @@ def _schedule_action(ctx: click.Context, name: str, action: str, done: str) -> N
 def schedule_pause(ctx: click.Context, name: str, as_json: bool = False) -> None:
     """Stop firing entry NAME until `resume`."""
     _schedule_action(ctx, name, "pause", "paused")
+
+
+def _no_entries(app: Any) -> str:
+    """"no entries", and why when the app's beat is another scheduler (RedBeat,
+    Celery's own): its entries are not in celery-baton's store."""
+    scheduler = str(app.conf.get("beat_scheduler") or "")
+    if not scheduler or scheduler.startswith("celery_baton"):
+        return "no entries"
+    hint = (
+        "; `celery baton schedule import --from-redbeat` copies its entries"
+        if "redbeat" in scheduler.lower()
+        else ""
+    )
+    return (
+        f"no entries: this app's beat_scheduler is {scheduler}, whose entries are not "
+        f"kept in celery-baton's store (celery_baton.beat:Scheduler keeps them){hint}"
+    )
 
 
 @schedule.command("resume")
