@@ -31,7 +31,7 @@ from celery_baton.store.connection import STORE_ERRORS
 from celery_baton.worker.planning import delivery_policy
 from celery_baton.worker.transport.broker import read_broker
 from celery_baton.worker.transport.queued import (
-    delivered_message,
+    delivered_messages,
     message_call,
     queued_message,
     queued_messages_of,
@@ -118,7 +118,7 @@ def _cancel_id(
         # meanwhile stays.
         records.free_held(held_under, task_id)
     elif not _free_if_queued(parts, records, task_id):
-        _await_freed_in_a_worker(parts, task_id)
+        _await_freed_in_workers(parts, "id", task_id)
     app = parts.app
     revoked = False
     backend = app.backend
@@ -161,13 +161,15 @@ def _free_queued_of_key(
     parts: AppParts, records: Cancels, name: str, cancel: KeyCancel, fun: Any
 ) -> None:
     """The calls of ``name`` that ``cancel`` covers and whose messages wait in a queue
-    of the broker: their unique keys freed now, as :func:`_free_if_queued` frees one."""
+    of the broker: their unique keys freed now, as :func:`_free_if_queued` frees one;
+    those a worker holds unstarted: freed by it, waited for."""
     policy = parts.policy_for_name(name)
     if policy is None or policy.unique is None:
         return
     messages = _looked_up(lambda: queued_messages_of(parts.app, name), name)
     for message in messages or ():
         _free_unique_key(parts, records, message, (cancel, fun))
+    _await_freed_in_workers(parts, "task", name, (cancel, fun))
 
 
 def _looked_up(look: Callable[[], _Found], what: str) -> _Found | None:
@@ -234,34 +236,45 @@ def _unique_key_of(
         return None
 
 
-def _await_freed_in_a_worker(parts: AppParts, task_id: str) -> None:
-    """A unique call delivered to a worker and not started (in its prefetch, waiting
-    for a pool process) keeps its key until that worker frees it: told by the cancel's
+def _await_freed_in_workers(
+    parts: AppParts, header: str, value: str, by_key: tuple[KeyCancel, Any] | None = None
+) -> None:
+    """The unique calls (``header`` is ``value``: an id, or a task's name with
+    ``by_key``) delivered to a worker and not started (in its prefetch, waiting for a
+    pool process) keep their keys until that worker frees them: told by the cancel's
     notice, it frees the key of a call it has not started (worker/revoked_first.py).
     Wait for that, :data:`FREED_IN_A_WORKER_WAIT` at most, so that a publish after the
     cancel returned is a new run. A call that runs (``acks_late``) keeps its key until
     it ends: the wait runs out, said at DEBUG."""
-    message = _looked_up(lambda: delivered_message(parts.app, task_id), task_id)
-    found = _unique_key_of(parts, message, None) if message else None
-    if found is None:
-        return
-    name, _, key = found
+    messages = _looked_up(lambda: delivered_messages(parts.app, header, value), value)
+    held = [
+        found
+        for message in messages or ()
+        if (found := _unique_key_of(parts, message, by_key)) is not None
+    ]
+    for name, task_id, _ in held:
+        logger.info(
+            "baton: %s[%s] is held by a worker, cancelled: its unique key is freed there",
+            name,
+            task_id,
+        )
     deadline = time.monotonic() + FREED_IN_A_WORKER_WAIT
     try:
-        while parts.store.client.get(key) == task_id:
-            if time.monotonic() >= deadline:
-                logger.debug(
-                    "baton.cancel: %s[%s] keeps its unique key: it runs, or its worker "
-                    "did not answer",
-                    name,
-                    task_id,
-                )
+        while held:
+            held = [(n, i, key) for n, i, key in held if parts.store.client.get(key) == i]
+            if held and time.monotonic() >= deadline:
+                for name, task_id, _ in held:
+                    logger.debug(
+                        "baton.cancel: %s[%s] keeps its unique key: it runs, or its "
+                        "worker did not answer",
+                        name,
+                        task_id,
+                    )
                 return
-            time.sleep(0.005)
+            if held:
+                time.sleep(0.005)
     except STORE_ERRORS as exc:
-        logger.warning("baton.cancel: could not read %s's unique key: %s", task_id, exc)
-        return
-    logger.info("baton: %s[%s] held by a worker, cancelled: its unique key is freed", name, task_id)
+        logger.warning("baton.cancel: could not read a cancelled call's unique key: %s", exc)
 
 
 def _cancel_key(

@@ -214,16 +214,20 @@ def test_a_publish_after_a_cancel_before_the_start_was_seen_is_a_new_run(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+@pytest.mark.parametrize(
+    ("pool", "by"),
+    [("prefork", "id"), ("threads", "id"), ("gevent", "id"), ("prefork", "key")],
+)
 def test_a_publish_after_a_cancel_of_a_call_in_a_workers_prefetch_is_a_new_run(
-    workers: Workers, pool: str
+    workers: Workers, pool: str, by: str
 ) -> None:
-    """``baton.cancel(task_id)`` of a unique call a worker took into its prefetch (its one
-    process busy): the caller marks it REVOKED at once, and a publish of its key after
-    the cancel returned is a new run (the key was freed only when the worker discarded
-    the message, at its turn in the pool: 3 of 3 got the cancelled call's id). The
-    cancelled call never runs; the new one does. Not solo: its one thread runs the busy
-    task and hears nothing meanwhile (nor would Celery's remote control)."""
+    """``baton.cancel(task_id)`` (or by key) of a unique call a worker took into its
+    prefetch (its one process busy): by id the caller marks it REVOKED at once; a
+    publish of its key after the cancel returned is a new run (the key was freed only
+    when the worker discarded the message, at its turn in the pool: 3 of 3 got the
+    cancelled call's id). The cancelled call never runs; the new one does. Not solo:
+    its one thread runs the busy task and hears nothing meanwhile (nor would Celery's
+    remote control)."""
     from celery_baton.worker.transport.queued import DELIVERED, queued
     from tests.apps import run_ends
 
@@ -238,15 +242,18 @@ def test_a_publish_after_a_cancel_of_a_call_in_a_workers_prefetch_is_a_new_run(
             "the call in the worker's prefetch",
         )
         assert queued(run_ends.app, first.id) == DELIVERED
-        run_ends.baton.cancel(first.id)
-        assert first.state == "REVOKED"
+        if by == "id":
+            run_ends.baton.cancel(first.id)
+            assert first.state == "REVOKED"
+        else:
+            run_ends.baton.cancel(task=run_ends.uq_quick, key={"key": f"p{n}"})
         cancelled.append(first)
         published_again.append(run_ends.uq_quick.delay(f"p{n}"))
         busy.get(timeout=30)
     deduplicated = [r.id for r in published_again if r.id in {c.id for c in cancelled}]
     assert not deduplicated, f"publishes after the cancel got the cancelled call: {deduplicated}"
     assert [r.get(timeout=30) for r in published_again] == [r.id for r in published_again]
-    assert all(c.state == "REVOKED" for c in cancelled)
+    wait_until(lambda: all(c.state == "REVOKED" for c in cancelled), 15, "cancelled REVOKED")
 
 
 @pytest.mark.timeout(300)

@@ -85,7 +85,7 @@ def schedule_pause(ctx: click.Context, name: str, as_json: bool = False) -> None
 
 
 def _no_entries(app: Any) -> str:
-    """"no entries", and why when the app's beat is another scheduler (RedBeat,
+    """ "no entries", and why when the app's beat is another scheduler (RedBeat,
     Celery's own): its entries are not in celery-baton's store."""
     scheduler = str(app.conf.get("beat_scheduler") or "")
     if not scheduler or scheduler.startswith("celery_baton"):

@@ -99,10 +99,11 @@ def queued_message(app: Any, task_id: str) -> dict[str, Any] | None:
     return own[0] if own else None
 
 
-def delivered_message(app: Any, task_id: str) -> dict[str, Any] | None:
-    """``task_id``'s message among those delivered to a worker and not acked (kombu's
-    Redis transport: in a worker's prefetch, held, waiting for its countdown, or running
-    under ``acks_late``); None: not there, or not known."""
+def delivered_messages(app: Any, header: str, value: str) -> list[dict[str, Any]] | None:
+    """The messages whose ``header`` is ``value`` (``id``: a task id; ``task``: a task's
+    name) among those delivered to a worker and not acked (kombu's Redis transport: in a
+    worker's prefetch, held, waiting for a countdown, or running under ``acks_late``);
+    at most :data:`RETURNED_MAX`. None: not known."""
     if not read_broker(app).kombu_redis:
         return None
     timeouts = {"socket_timeout": LOOK_TIMEOUT, "socket_connect_timeout": LOOK_TIMEOUT}
@@ -114,15 +115,14 @@ def delivered_message(app: Any, task_id: str) -> dict[str, Any] | None:
             return None
         (key,) = internals.prefixed_keys(channel, [unacked_key])
         with channel.conn_or_acquire() as client:
-            found = client.eval(_FIND_DELIVERED, 1, key, task_id, SCAN_MAX, RETURNED_MAX)
+            found = client.eval(_FIND_DELIVERED, 1, key, value, SCAN_MAX, RETURNED_MAX)
     # Each value is kombu's [message, exchange, routing key].
-    messages = [json.dumps(json.loads(raw)[0]) for raw in found or ()]
-    own = _own([m.encode() for m in messages], "id", task_id)
-    return own[0] if own else None
+    return _own([json.dumps(json.loads(raw)[0]).encode() for raw in found or ()], header, value)
 
 
-# KEYS: the unacked hash. ARGV: a task id, SCAN_MAX, RETURNED_MAX. The values that hold
-# the id (at most RETURNED_MAX); none when the hash is longer than SCAN_MAX.
+# KEYS: the unacked hash. ARGV: what a message holds (a task id, a task's name),
+# SCAN_MAX, RETURNED_MAX. The values that hold it (at most RETURNED_MAX); none when the
+# hash is longer than SCAN_MAX.
 _FIND_DELIVERED = """
 local found = {}
 if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[2]) then return found end
