@@ -15,18 +15,28 @@ from tests.support.processes import REPO_ROOT
 
 
 @pytest.mark.timeout(120)  # ~15-30 s here; 60 s is the default
-def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
+def _user_env() -> dict[str, str]:
+    """The environment as a user has it: none of the tests' settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
+
+
+def _demo(*args: str) -> str:
+    """``python -m celery_baton demo`` as a user runs it: what it printed, once it
+    passed."""
     done = subprocess.run(
-        [sys.executable, "-m", "celery_baton", "demo"],
+        [sys.executable, "-m", "celery_baton", "demo", *args],
         cwd=REPO_ROOT,
-        env=env,
+        env=_user_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_the_demo_holds_every_guarantee_on_the_embedded_store() -> None:
+    out = _demo()
     assert "all guarantees held" in out
     for guarantee in ("exclusive", "unique", "rate", "concurrency", "beat", "redelivery"):
         assert f"{guarantee}:" in out
@@ -47,25 +57,16 @@ def _demo_folder(out: str) -> Path:
 def test_a_store_kept_by_the_demo_is_named_with_how_to_stop_it() -> None:
     """``--keep-store``: the server stays, and the demo says where and how to stop it
     (before: nothing was said, and ``stop-embedded`` answered "not running")."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "celery_baton", "demo", "--keep-store"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = _demo("--keep-store")
     said = re.search(
-        r"stop it with (BATON_RUNTIME_DIR=(\S+)) python -m celery_baton stop-embedded", done.stdout
+        r"stop it with (BATON_RUNTIME_DIR=(\S+)) python -m celery_baton stop-embedded", out
     )
-    assert said, done.stdout[-2000:]
+    assert said, out[-2000:]
     folder = Path(said.group(2))
     stop = subprocess.run(
         [sys.executable, "-m", "celery_baton", "stop-embedded"],
         cwd=REPO_ROOT,
-        env={**env, "BATON_RUNTIME_DIR": str(folder)},
+        env={**_user_env(), "BATON_RUNTIME_DIR": str(folder)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -85,7 +86,7 @@ def test_a_process_that_dies_is_reported_with_its_own_error(tmp_path: object) ->
     (shadow / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'packaging'\")\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEST_"))}
+    env = _user_env()
     env["PYTHONPATH"] = str(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "celery_baton", "demo"],
