@@ -31,7 +31,16 @@ def takes_told_revokes(app: Any) -> bool:
 
 
 def revoke_told(consumer: Any, arguments: Mapping[str, Any]) -> None:
-    """Run Celery's ``revoke`` handler with the told ``arguments`` (on the loop thread)."""
+    """Run Celery's ``revoke`` handler with the told ``arguments`` (on the loop thread;
+    at once where there is no loop: gevent, eventlet). Nothing escapes: on the notice
+    listener's thread a failure would restart its subscription."""
+    try:
+        _revoke(consumer, arguments)
+    except Exception:
+        logger.exception("baton: a revoke told on the notice channel failed: %s", arguments)
+
+
+def _revoke(consumer: Any, arguments: Mapping[str, Any]) -> None:
     panel = internals.control_panel()
     if panel is None:
         return
