@@ -18,13 +18,16 @@ from __future__ import annotations
 import base64
 import json
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kombu.compression import decompress
 from kombu.serialization import loads, prepare_accept_content
 
 from celery_baton import internals
 from celery_baton.worker.transport.broker import read_broker
+
+_Reply = TypeVar("_Reply")
 
 #: The longest queue (or unacked hash) read for the id.
 SCAN_MAX = 10_000
@@ -104,20 +107,19 @@ def delivered_messages(app: Any, header: str, value: str) -> list[dict[str, Any]
     name) among those delivered to a worker and not acked (kombu's Redis transport: in a
     worker's prefetch, held, waiting for a countdown, or running under ``acks_late``);
     at most :data:`RETURNED_MAX`. None: not known."""
-    if not read_broker(app).kombu_redis:
-        return None
-    timeouts = {"socket_timeout": LOOK_TIMEOUT, "socket_connect_timeout": LOOK_TIMEOUT}
-    with app.connection_for_write(transport_options=timeouts) as connection:
-        connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
-        channel = connection.default_channel
+
+    def look(channel: Any, client: Any) -> list[Any] | None:
         unacked_key = getattr(channel, "unacked_key", None)
         if not isinstance(unacked_key, str):
             return None
         (key,) = internals.prefixed_keys(channel, [unacked_key])
-        with channel.conn_or_acquire() as client:
-            found = client.eval(_FIND_DELIVERED, 1, key, value, SCAN_MAX, RETURNED_MAX)
+        return list(client.eval(_FIND_DELIVERED, 1, key, value, SCAN_MAX, RETURNED_MAX))
+
+    found = _asked(app, look)
+    if found is None:
+        return None
     # Each value is kombu's [message, exchange, routing key].
-    return _own([json.dumps(json.loads(raw)[0]).encode() for raw in found or ()], header, value)
+    return _own_of([json.loads(raw)[0] for raw in found], header, value)
 
 
 # KEYS: the unacked hash. ARGV: what a message holds (a task id, a task's name),
@@ -147,9 +149,13 @@ def queued_messages_of(app: Any, task: str) -> list[dict[str, Any]] | None:
 def _own(messages: list[bytes], header: str, value: str) -> list[dict[str, Any]]:
     """Those of ``messages`` whose ``header`` is ``value`` (a message may hold an id as
     a link's or a parent's, a task's name in its arguments)."""
+    return _own_of([json.loads(raw) for raw in messages], header, value)
+
+
+def _own_of(messages: list[Any], header: str, value: str) -> list[dict[str, Any]]:
+    """:func:`_own` of messages already read."""
     own = []
-    for raw in messages:
-        message = json.loads(raw)
+    for message in messages:
         headers = message.get("headers") if isinstance(message, dict) else None
         if isinstance(headers, dict) and headers.get(header) == value:
             own.append(message)
@@ -160,6 +166,31 @@ def _find(app: Any, needle: str, *, unacked: bool) -> tuple[list[bytes], bool] |
     """``(the queued messages that hold needle, whether an unacked one holds it too)``,
     else where one is: DELIVERED (looked for when ``unacked``), '' (nowhere); None: not
     known (not kombu's Redis transport, a queue too long to read)."""
+
+    def look(channel: Any, client: Any) -> Any:
+        unacked_key = getattr(channel, "unacked_key", None)
+        lists = internals.priority_lists(channel, queue_names(app))
+        if not isinstance(unacked_key, str) or lists is None:
+            return None
+        keys = internals.prefixed_keys(channel, [unacked_key, *lists])
+        return client.eval(
+            _FIND, len(keys), *keys, needle, SCAN_MAX, RETURNED_MAX, "1" if unacked else "0"
+        )
+
+    reply = _asked(app, look)
+    if reply is None:
+        return None
+    if isinstance(reply, list):
+        return list(reply[1:]), int(reply[0]) == 3
+    return _FOUND.get(int(reply))
+
+
+def _asked(app: Any, look: Callable[[Any, Any], _Reply]) -> _Reply | None:
+    """``look(channel, client)`` on the app's broker, once; None when it is not kombu's
+    Redis transport. A broker that failed a look moments ago is not asked again
+    (``BrokerNotAsked``); a broker that hangs (paused, overloaded) must not hold the
+    cancel, already made: its socket waits LOOK_TIMEOUT at most (kombu's own timeouts
+    are none by default)."""
     global _failed_at
     if not read_broker(app).kombu_redis:
         return None
@@ -168,41 +199,17 @@ def _find(app: Any, needle: str, *, unacked: bool) -> tuple[list[bytes], bool] |
             f"the broker did not answer a look {time.monotonic() - _failed_at:.1f}s ago: "
             f"not asked again for {QUIET_AFTER_FAILURE:.0f}s"
         )
-    # A broker that hangs (paused, overloaded) must not hold the cancel, already made:
-    # its socket waits LOOK_TIMEOUT at most (kombu's own timeouts are none by default).
     timeouts = {"socket_timeout": LOOK_TIMEOUT, "socket_connect_timeout": LOOK_TIMEOUT}
     try:
-        return _look(app, needle, unacked=unacked, transport_options=timeouts)
+        with app.connection_for_write(transport_options=timeouts) as connection:
+            # Once, not Celery's 100 retries: the cancel is made, this only says more.
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+            channel = connection.default_channel
+            with channel.conn_or_acquire() as client:
+                return look(channel, client)
     except Exception:
         _failed_at = time.monotonic()
         raise
-
-
-def _look(
-    app: Any, needle: str, *, unacked: bool, transport_options: dict[str, float]
-) -> tuple[list[bytes], bool] | str | None:
-    with app.connection_for_write(transport_options=transport_options) as connection:
-        # Once, not Celery's 100 retries: the cancel is made, this only says more.
-        connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
-        channel = connection.default_channel
-        unacked_key = getattr(channel, "unacked_key", None)
-        lists = internals.priority_lists(channel, queue_names(app))
-        if not isinstance(unacked_key, str) or lists is None:
-            return None
-        keys = internals.prefixed_keys(channel, [unacked_key, *lists])
-        with channel.conn_or_acquire() as client:
-            reply = client.eval(
-                _FIND,
-                len(keys),
-                *keys,
-                needle,
-                SCAN_MAX,
-                RETURNED_MAX,
-                "1" if unacked else "0",
-            )
-    if isinstance(reply, list):
-        return list(reply[1:]), int(reply[0]) == 3
-    return _FOUND.get(int(reply))
 
 
 def queue_names(app: Any) -> list[str]:
